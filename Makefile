@@ -1,0 +1,38 @@
+# Kiln's entry points. The README's two commands are `make image` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+KILN := $(BIN)/kiln
+
+.PHONY: setup image test unit lint bench release clean
+
+$(BIN)/kiln: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[test]'
+	touch $@
+
+setup: $(BIN)/kiln
+	./scripts/setup-host.sh
+
+# Kiln's main job. Until image assembly lands this runs the most complete job Kiln has:
+# load, check and key the package graph and print its build order.
+image: setup
+	$(KILN) validate
+	$(KILN) graph --keys --format mermaid
+
+test: setup
+	$(BIN)/pytest -q
+
+unit: $(BIN)/kiln
+	$(BIN)/pytest -q tests/unit
+
+lint: $(BIN)/kiln
+	$(BIN)/ruff check src tests bench
+	$(BIN)/mypy
+
+bench: $(BIN)/kiln
+	$(BIN)/python bench/graph.py
+
+clean:
+	rm -rf $(VENV) _out .pytest_cache .mypy_cache .ruff_cache

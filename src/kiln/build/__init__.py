@@ -1,0 +1,1 @@
+"""Running the graph: cache keys, store, sources, runners and the scheduler."""

@@ -1,0 +1,121 @@
+"""Cache keys: one sha256 per package that changes exactly when its build could.
+
+A key covers the canonical rendered spec, the bytes (and exec bits) of the files in
+the package directory, local source trees, remote sources' sha256s, the keys
+of its dependencies, the key of its base (variant) and the platform. It never
+reads the clock, the environment, the working directory or absolute paths.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+from kiln.errors import InputError, Location
+from kiln.pkg.graph import Graph
+from kiln.pkg.loader import PKG_FILE, Tree
+from kiln.pkg.model import Package
+
+KEY_SCHEMA = "kiln-key-v1"
+
+
+def digest(value: Any) -> str:
+    """sha256 of a JSON value in canonical form (sorted keys, no whitespace)."""
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def tree_digest(directory: Path, skip_package_dirs: bool = False) -> dict[str, str]:
+    """Relative path -> content hash for every file below `directory`.
+
+    Symlinks hash their target text; executables are marked, since a script's
+    mode changes what a build does. Nested package directories belong to their
+    own package and are skipped when asked.
+    """
+    out: dict[str, str] = {}
+    for dirpath, dirnames, filenames in os.walk(directory):
+        base = Path(dirpath)
+        kept = []
+        for d in sorted(dirnames):
+            sub = base / d
+            if d.startswith(".") or (skip_package_dirs and (sub / PKG_FILE).is_file()):
+                continue
+            if sub.is_symlink():
+                out[sub.relative_to(directory).as_posix()] = "link:" + os.readlink(sub)
+                continue
+            kept.append(d)
+        dirnames[:] = kept
+        for name in sorted(filenames):
+            path = base / name
+            rel = path.relative_to(directory).as_posix()
+            info = path.lstat()
+            if stat.S_ISLNK(info.st_mode):
+                out[rel] = "link:" + os.readlink(path)
+            else:
+                exec_bit = "x" if info.st_mode & 0o111 else "-"
+                out[rel] = f"{exec_bit}{file_sha256(path)}"
+    return out
+
+
+def stage0_key(tree: Tree) -> str:
+    """The seed's key: its definition file, or a fixed marker when there is none."""
+    file = tree.stage0_file
+    content = file.read_bytes().hex() if file.is_file() else "default"
+    return digest({"schema": KEY_SCHEMA, "stage0": content, "platform": str(tree.platform)})
+
+
+def local_source_digest(tree: Tree, package: Package, path: str, where: tuple[str | int, ...]) -> dict[str, str]:
+    root = tree.project_root / path
+    if not root.exists():
+        raise InputError(f"local source path {path!r} does not exist under {tree.project_root}",
+                         Location(str(package.file), package.line(where)))
+    if root.is_file():
+        return {root.name: file_sha256(root)}
+    return tree_digest(root)
+
+
+def compute_keys(graph: Graph) -> dict[str, str]:
+    """Keys for every package of the graph, in one pass along the build order."""
+    tree = graph.tree
+    keys: dict[str, str] = {}
+    seed = stage0_key(tree)
+    for name in graph.order:
+        package = tree.packages[name]
+        if package.variant == "stage0":
+            base = seed
+        elif package.variant == "toolchain":
+            base = digest([seed, keys[tree.toolchain]])
+        else:
+            base = digest("scratch")
+        sources: list[Any] = []
+        for s_index, step in enumerate(package.steps):
+            for index, source in enumerate(step.sources):
+                if source.path is not None:
+                    where = ("steps", s_index, "sources", index, "path")
+                    sources.append({"local": local_source_digest(tree, package, source.path, where)})
+                else:
+                    sources.append(source.sha256)
+        keys[name] = digest(
+            {
+                "schema": KEY_SCHEMA,
+                "spec": package.canonical(),
+                "files": tree_digest(package.directory, skip_package_dirs=True),
+                "sources": sources,
+                "deps": {dep: keys[dep] for dep in graph.edges[name]},
+                "base": base,
+                "platform": str(tree.platform),
+            }
+        )
+    return keys

@@ -1,0 +1,1 @@
+"""The declarative package graph: models, loading, validation and the DAG."""

@@ -1,0 +1,185 @@
+"""Load a pkgs/ tree: find pkg.yaml files, render, parse, validate, check references.
+
+All errors of a tree are collected and raised together, so a user fixes them in
+one pass instead of one run per mistake.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kiln.errors import InputError, InputErrors, KilnError, Location
+from kiln.pkg import schema
+from kiln.pkg.model import Package
+from kiln.pkg.template import Rendered, render
+from kiln.pkg.variables import Platform, builtins, load_vars_file
+from kiln.pkg.yamlpos import DuplicateKey, parse
+
+PKG_FILE = "pkg.yaml"
+VARS_FILE = "vars.yaml"
+STAGE0_FILE = "stage0.yaml"
+
+
+@dataclass
+class Tree:
+    """Every package of a pkgs/ directory, rendered for one platform."""
+
+    root: Path
+    platform: Platform
+    variables: dict[str, Any]
+    overrides: dict[str, str] = field(default_factory=dict)
+    packages: dict[str, Package] = field(default_factory=dict)
+
+    @property
+    def project_root(self) -> Path:
+        """Where local sources are resolved: the directory holding pkgs/."""
+        return self.root.parent
+
+    @property
+    def toolchain(self) -> str:
+        """Name of the package `variant: toolchain` packages build with."""
+        return str(self.variables.get("toolchain", "toolchain"))
+
+    @property
+    def stage0_file(self) -> Path:
+        return self.root / STAGE0_FILE
+
+    def package_context(self, package: Package) -> dict[str, Any]:
+        """The variables a package's template saw."""
+        return package_variables(self.root, package.directory, self.variables, self.overrides)
+
+
+def find_package_files(root: Path) -> list[Path]:
+    """Every pkg.yaml under root, skipping hidden directories, in a stable order."""
+    found = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        if PKG_FILE in filenames:
+            found.append(Path(dirpath) / PKG_FILE)
+    return sorted(found)
+
+
+def package_variables(
+    root: Path, directory: Path, tree_vars: dict[str, Any], overrides: dict[str, str]
+) -> dict[str, Any]:
+    """Tree variables, overlaid by the package directory's vars.yaml; --set wins over both."""
+    local = directory / VARS_FILE
+    if directory == root or not local.is_file():
+        return tree_vars
+    return {**tree_vars, **load_vars_file(local), **overrides}
+
+
+def load_package(file: Path, context: dict[str, Any]) -> Package:
+    """Render, parse and schema-check one pkg.yaml; raises InputError(s)."""
+    source = file.read_text()
+    rendered: Rendered = render(source, file, context)
+    where = str(file)
+    try:
+        positioned = parse(rendered.text)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = rendered.template_line(mark.line + 1) if mark else 0
+        problem = exc.problem or str(exc)
+        raise InputError(f"YAML syntax: {problem}", Location(where, line)) from None
+    except yaml.YAMLError as exc:
+        raise InputError(f"YAML syntax: {exc}", Location(where)) from None
+    except DuplicateKey as exc:
+        raise InputError(str(exc), Location(where, rendered.template_line(exc.line))) from None
+    spec = positioned.value
+    if not isinstance(spec, dict):
+        raise InputError("pkg.yaml must be a mapping with at least 'name'", Location(where, 1))
+    problems = schema.validate(spec)
+    if problems:
+        raise InputErrors(
+            [InputError(msg, Location(where, rendered.template_line(positioned.line(path)))) for path, msg in problems]
+        )
+    package = Package.from_spec(spec, file, positioned, rendered.template_line)
+    if package.steps and not package.finalize:
+        raise InputError(
+            f"package '{package.name}' has steps but no finalize: say what its output is",
+            Location(where, package.line(("steps",))),
+        )
+    return package
+
+
+def load_tree(root: Path, platform: Platform, overrides: dict[str, str] | None = None) -> Tree:
+    """Load and check a whole tree; raises InputErrors listing every problem."""
+    root = root.resolve()
+    if not root.is_dir():
+        raise InputError(f"package tree {str(root)!r} is not a directory (use --pkgs DIR)")
+    overrides = overrides or {}
+    errors: list[KilnError] = []
+    variables: dict[str, Any] = builtins(platform)
+    try:
+        if (root / VARS_FILE).is_file():
+            variables.update(load_vars_file(root / VARS_FILE))
+    except KilnError as exc:
+        errors.append(exc)
+    variables.update(overrides)
+    tree = Tree(root, platform, variables, dict(overrides))
+    files = find_package_files(root)
+    if not files:
+        raise InputError(f"no {PKG_FILE} found under {str(root)!r}")
+    first_seen: dict[str, Package] = {}
+    for file in files:
+        try:
+            context = package_variables(root, file.parent, variables, tree.overrides)
+            package = load_package(file, context)
+        except InputErrors as exc:
+            errors.extend(exc.errors)
+            continue
+        except KilnError as exc:
+            errors.append(exc)
+            continue
+        if package.name in first_seen:
+            other = first_seen[package.name]
+            errors.append(
+                InputError(
+                    f"duplicate package name '{package.name}' (also defined at "
+                    f"{Location(str(other.file), other.line(('name',)))})",
+                    Location(str(file), package.line(("name",))),
+                )
+            )
+            continue
+        first_seen[package.name] = package
+    tree.packages = dict(sorted(first_seen.items()))
+    errors.extend(check_references(tree))
+    if errors:
+        raise InputErrors(errors)
+    return tree
+
+
+def check_references(tree: Tree) -> list[KilnError]:
+    """Unknown dependencies and a missing toolchain package."""
+    errors: list[KilnError] = []
+    names = set(tree.packages)
+    for package in tree.packages.values():
+        for index, dep in enumerate(package.dependencies):
+            if dep.stage not in names:
+                errors.append(
+                    InputError(
+                        f"unknown dependency '{dep.stage}'{schema.suggest(dep.stage, names)}",
+                        Location(str(package.file), package.line(("dependencies", index, "stage"))),
+                    )
+                )
+        if package.variant == "toolchain" and tree.toolchain not in names:
+            errors.append(
+                InputError(
+                    f"variant 'toolchain' builds on package '{tree.toolchain}' (the 'toolchain' variable), "
+                    "which is not in the tree; add it or use variant stage0 or scratch",
+                    Location(str(package.file), package.line(("variant",)) if "variant" in package.spec else 1),
+                )
+            )
+        if package.name == tree.toolchain and package.variant == "toolchain":
+            errors.append(
+                InputError(
+                    f"the toolchain package '{package.name}' cannot build on itself: use variant stage0",
+                    Location(str(package.file), package.line(("variant",)) if "variant" in package.spec else 1),
+                )
+            )
+    return errors

@@ -1,0 +1,104 @@
+"""The pkg.yaml JSON Schema, and its errors turned into messages people read.
+
+The schema file is the single contract: the loader validates with it, the docs
+describe it, and tests check every shipped pkg.yaml against it.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from collections.abc import Iterator
+from functools import cache
+from importlib import resources
+from typing import Any
+
+import jsonschema
+
+from kiln.pkg.yamlpos import Path_
+
+_TYPE_NAMES = {
+    "string": "a string",
+    "array": "a list",
+    "object": "a mapping",
+    "boolean": "true or false",
+    "number": "a number",
+    "integer": "an integer",
+}
+
+
+def _type_of(value: Any) -> str:
+    if value is None:
+        return "empty"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "a mapping"
+    return type(value).__name__
+
+
+@cache
+def load_schema(name: str = "pkg.schema.json") -> dict[str, Any]:
+    """The schema shipped inside the kiln package."""
+    text = resources.files("kiln.pkg").joinpath(name).read_text()
+    schema: dict[str, Any] = json.loads(text)
+    return schema
+
+
+@cache
+def _validator(name: str) -> jsonschema.Draft202012Validator:
+    schema = load_schema(name)
+    jsonschema.Draft202012Validator.check_schema(schema)
+    return jsonschema.Draft202012Validator(schema)
+
+
+def suggest(word: str, choices: list[str] | set[str]) -> str:
+    """A ' (did you mean ...?)' suffix, or nothing."""
+    close = difflib.get_close_matches(word, sorted(choices), n=1, cutoff=0.6)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+def _field(path: Path_) -> str:
+    for part in reversed(path):
+        if isinstance(part, str):
+            return part
+    return "value"
+
+
+def _messages(error: jsonschema.ValidationError) -> Iterator[tuple[Path_, str]]:
+    path: Path_ = tuple(error.absolute_path)
+    value = error.instance
+    schema = error.schema if isinstance(error.schema, dict) else {}
+    custom = schema.get("x-message")
+    where = f" in {_field(path)}" if path else ""
+    if error.validator == "additionalProperties":
+        allowed = set(schema.get("properties", {}))
+        for key in value:
+            if key not in allowed:
+                yield (*path, str(key)), f"unknown key '{key}'{where}{suggest(str(key), allowed)}"
+    elif error.validator == "required":
+        for key in error.validator_value:
+            if key not in value:
+                yield path, f"missing required key '{key}'{where}"
+    elif error.validator == "type":
+        wanted = error.validator_value
+        names = [_TYPE_NAMES.get(t, t) for t in (wanted if isinstance(wanted, list) else [wanted])]
+        yield path, f"{_field(path)} must be {' or '.join(names)}, not {_type_of(value)}"
+    elif custom and error.validator in ("pattern", "enum", "oneOf"):
+        yield path, custom.format(value=value, field=_field(path))
+    else:
+        yield path, f"{_field(path)}: {error.message}"
+
+
+def validate(instance: Any, name: str = "pkg.schema.json") -> list[tuple[Path_, str]]:
+    """All schema violations as (path, message), in document order."""
+    found: list[tuple[Path_, str]] = []
+    for error in _validator(name).iter_errors(instance):
+        found.extend(_messages(error))
+    return found

@@ -8,14 +8,12 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-import yaml
-
 from kiln import __version__, console
 from kiln.build.keys import compute_keys
 from kiln.errors import InputErrors, KilnError
 from kiln.pkg.graph import Graph
 from kiln.pkg.loader import Tree, load_tree
-from kiln.pkg.show import GRAPH_FORMATS, render_graph
+from kiln.pkg.show import GRAPH_FORMATS, dump_yaml, render_graph
 from kiln.pkg.template import render_string
 from kiln.pkg.variables import Platform, parse_overrides
 
@@ -77,7 +75,7 @@ def cmd_dump(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(data, indent=2))
     else:
-        print(yaml.safe_dump(data, sort_keys=False, default_flow_style=False), end="")
+        print(dump_yaml(data), end="")
     return 0
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from kiln.errors import InputError, Location
 from kiln.pkg.graph import Graph
-from kiln.pkg.loader import PKG_FILE, Tree
+from kiln.pkg.loader import PKG_FILE, VARS_FILE, Tree
 from kiln.pkg.model import Package
 
 KEY_SCHEMA = "kiln-key-v1"
@@ -69,6 +69,19 @@ def tree_digest(directory: Path, skip_package_dirs: bool = False) -> dict[str, s
     return out
 
 
+def package_files_digest(package: Package) -> dict[str, str]:
+    """The package directory's files, minus pkg.yaml and vars.yaml.
+
+    Those two reach the key through the rendered, canonical spec instead, so a
+    comment or reordered keys do not cause a rebuild, while any change to what
+    they render to does.
+    """
+    files = tree_digest(package.directory, skip_package_dirs=True)
+    files.pop(PKG_FILE, None)
+    files.pop(VARS_FILE, None)
+    return files
+
+
 def stage0_key(tree: Tree) -> str:
     """The seed's key: its definition file, or a fixed marker when there is none."""
     file = tree.stage0_file
@@ -111,7 +124,7 @@ def compute_keys(graph: Graph) -> dict[str, str]:
             {
                 "schema": KEY_SCHEMA,
                 "spec": package.canonical(),
-                "files": tree_digest(package.directory, skip_package_dirs=True),
+                "files": package_files_digest(package),
                 "sources": sources,
                 "deps": {dep: keys[dep] for dep in graph.edges[name]},
                 "base": base,

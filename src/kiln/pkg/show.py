@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import yaml
+
 from kiln.pkg.graph import Graph
 
 GRAPH_FORMATS = ("dot", "mermaid", "json")
@@ -56,3 +58,19 @@ def render_graph(graph: Graph, names: list[str], fmt: str, keys: dict[str, str] 
             arrow = "-.->" if need["runtime"] else "-->"
             lines.append(f"  {ids[node['name']]} {arrow} {ids[need['name']]}")
     return "\n".join(lines)
+
+
+class _BlockDumper(yaml.SafeDumper):
+    """Shell snippets read best as literal blocks."""
+
+
+def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_BlockDumper.add_representer(str, _str)
+
+
+def dump_yaml(data: Any) -> str:
+    return yaml.dump(data, Dumper=_BlockDumper, sort_keys=False, default_flow_style=False, width=1000)

@@ -19,6 +19,21 @@ import jinja2.meta
 import jinja2.nodes
 
 from kiln.errors import InputError, InputErrors, Location
+from kiln.paths import cache_dir
+
+_SOURCES: dict[str, str] = {}
+
+
+def _bytecode_cache() -> jinja2.BytecodeCache | None:
+    """Compiled templates kept on disk, keyed by source checksum: a warm load skips
+    Jinja's lexer, parser and code generator, which dominate loading a tree."""
+    directory = cache_dir() / "jinja"
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return None
+    return jinja2.FileSystemBytecodeCache(str(directory))
+
 
 _ENV = jinja2.Environment(
     undefined=jinja2.StrictUndefined,
@@ -26,6 +41,9 @@ _ENV = jinja2.Environment(
     lstrip_blocks=True,
     keep_trailing_newline=True,
     autoescape=False,
+    loader=jinja2.FunctionLoader(lambda name: (_SOURCES[name], name, lambda: False)),
+    cache_size=0,
+    bytecode_cache=_bytecode_cache(),
 )
 
 _MARKERS = ("{{", "{%", "{#")
@@ -90,26 +108,30 @@ def render(source: str, file: Path, context: dict[str, Any]) -> Rendered:
     """Render `source`; raise InputError(s) located on template lines."""
     if not is_template(source):
         return Rendered(source, source)
+    _SOURCES[str(file)] = source
     try:
-        undefined = _undefined_names(source, file, context)
+        template = _ENV.get_template(str(file))
     except jinja2.TemplateSyntaxError as exc:
         raise InputError(f"template syntax: {exc.message}", Location(str(file), exc.lineno)) from None
-    if undefined:
-        raise InputErrors(list(undefined))
+    finally:
+        del _SOURCES[str(file)]
     try:
-        template = _ENV.from_string(source)
         return Rendered(source, template.render(context))
     except jinja2.UndefinedError as exc:
-        raise InputError(f"undefined: {exc.message}", Location(str(file), _template_line(exc))) from None
+        # Only now pay for the full analysis, so every undefined name is reported at once.
+        undefined = _undefined_names(source, file, context)
+        if undefined:
+            raise InputErrors(list(undefined)) from None
+        raise InputError(f"undefined: {exc.message}", Location(str(file), _template_line(exc, str(file)))) from None
     except jinja2.TemplateError as exc:
-        raise InputError(f"template error: {exc}", Location(str(file), _template_line(exc))) from None
+        raise InputError(f"template error: {exc}", Location(str(file), _template_line(exc, str(file)))) from None
 
 
-def _template_line(exc: BaseException) -> int:
+def _template_line(exc: BaseException, filename: str = "<template>") -> int:
     """Jinja rewrites tracebacks so template frames carry template lines."""
     line = 0
     for frame in traceback.extract_tb(exc.__traceback__):
-        if frame.filename == "<template>" and frame.lineno:
+        if frame.filename in (filename, "<template>") and frame.lineno:
             line = frame.lineno
     return line
 

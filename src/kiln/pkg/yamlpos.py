@@ -17,6 +17,7 @@ except AttributeError:  # pragma: no cover - pure-Python fallback
     _Loader = yaml.SafeLoader
 
 Path_ = tuple[str | int, ...]
+_STR_TAG = "tag:yaml.org,2002:str"
 
 
 class DuplicateKey(Exception):
@@ -70,6 +71,8 @@ def parse(text: str) -> Positioned:
             return out
         if isinstance(n, yaml.SequenceNode):
             return [build(item, (*path, i)) for i, item in enumerate(n.value)]
+        if n.tag == _STR_TAG:
+            return n.value
         return constructor.construct_object(n, deep=True)
 
     value = build(node, ())

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from kiln import __version__, console
 from kiln.build.keys import compute_keys
-from kiln.errors import InputErrors, KilnError
+from kiln.errors import InputError, InputErrors, KilnError
 from kiln.pkg.graph import Graph
 from kiln.pkg.loader import Tree, load_tree
 from kiln.pkg.show import GRAPH_FORMATS, dump_yaml, render_graph
@@ -21,7 +21,8 @@ Handler = Callable[[argparse.Namespace], int]
 
 
 def _load(args: argparse.Namespace) -> Graph:
-    tree: Tree = load_tree(Path(args.pkgs), Platform.parse(args.platform), parse_overrides(args.set))
+    from_tar = Path(args.from_tar) if args.from_tar else None
+    tree: Tree = load_tree(Path(args.pkgs), Platform.parse(args.platform), parse_overrides(args.set), from_tar)
     return Graph(tree)
 
 
@@ -79,6 +80,83 @@ def cmd_dump(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bootstrap(args: argparse.Namespace) -> int:
+    from kiln.build.session import Session
+
+    session = Session.open(_load(args))
+    key = session.bootstrap()
+    print(f"stage0 {key}")
+    return 0
+
+
+def cmd_fetch(args: argparse.Namespace) -> int:
+    from kiln.build.fetch import fetch_all
+    from kiln.errors import Location
+
+    graph = _load(args)
+    from kiln.build.session import Session
+
+    session = Session.open(graph)
+    names = graph.closure(args.targets) if args.targets else graph.order
+    wanted = []
+    for name in names:
+        package = graph.tree.packages[name]
+        for s_index, step in enumerate(package.steps):
+            for index, source in enumerate(step.sources):
+                if not source.is_local:
+                    where = Location(str(package.file), package.line(("steps", s_index, "sources", index)))
+                    wanted.append((source, where))
+    paths = fetch_all(session.builder.fetcher, wanted)
+    print(f"fetched {len(paths)} source(s) for {len(names)} package(s)")
+    return 0
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    from kiln.build.session import Session, choose_progress, failures, outcome_json
+
+    graph = _load(args)
+    if args.all == bool(args.targets):
+        raise InputError("name TARGETs to build, or --all (not both)")
+    targets = list(graph.order) if args.all else args.targets
+    graph.closure(targets)  # unknown names fail here, with a suggestion
+    session = Session.open(graph, args.runner)
+    outcomes = session.build(targets, args.jobs, args.no_cache, args.keep_going, choose_progress(args.json))
+    failed = failures(outcomes)
+    for outcome in failed:
+        console.error(str(outcome.error))
+    if args.out and not failed:
+        session.export(targets, Path(args.out))
+    if args.json:
+        print(outcome_json(outcomes))
+    return 1 if failed else 0
+
+
+def cmd_shell(args: argparse.Namespace) -> int:
+    from kiln.build.session import Session, shell
+
+    graph = _load(args)
+    graph.closure([args.target])
+    return shell(Session.open(graph), args.target, args.command or ["/bin/bash", "-i"])
+
+
+def cmd_log(args: argparse.Namespace) -> int:
+    from kiln.build.builder import logs_dir
+    from kiln.build.store import Store
+    from kiln.paths import cache_dir
+
+    last = logs_dir(Store(cache_dir())) / args.target / "last.log"
+    if not last.exists():
+        raise InputError(f"no build log for '{args.target}' (build it first)")
+    sys.stdout.write(last.read_text(errors="replace"))
+    return 0
+
+
+def cmd_cache(args: argparse.Namespace) -> int:
+    from kiln.build import cache_cmd
+
+    return cache_cmd.run(args)
+
+
 def _common() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--pkgs", default="pkgs", metavar="DIR", help="package tree (default: ./pkgs)")
@@ -88,6 +166,9 @@ def _common() -> argparse.ArgumentParser:
     common.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE",
         help="override a template variable (string value); repeatable, wins over vars.yaml",
+    )
+    common.add_argument(
+        "--from-tar", metavar="PATH", help="use this root tarball or OCI archive as stage0 instead of debootstrap"
     )
     return common
 
@@ -119,6 +200,36 @@ def build_parser() -> argparse.ArgumentParser:
     dump = verb("dump", cmd_dump, "print the rendered, canonical spec of every package (or of TARGETs)")
     dump.add_argument("targets", nargs="*", metavar="TARGET")
     dump.add_argument("--json", action="store_true", help="JSON instead of YAML")
+
+    verb("bootstrap", cmd_bootstrap, "make the stage0 seed root (debootstrap, or --from-tar PATH) and store it")
+    fetch = verb("fetch", cmd_fetch, "download and verify the sources of TARGETs (default: all packages)")
+    fetch.add_argument("targets", nargs="*", metavar="TARGET")
+    build = verb("build", cmd_build, "build TARGETs and what they need, in parallel, skipping stored keys")
+    build.add_argument("targets", nargs="*", metavar="TARGET")
+    build.add_argument("--all", action="store_true", help="build every package of the tree")
+    build.add_argument("--jobs", "-j", type=int, default=2, metavar="N", help="packages built at once (default 2)")
+    build.add_argument("--no-cache", action="store_true", help="rebuild even what is stored (not stage0)")
+    build.add_argument("--keep-going", "-k", action="store_true", help="after a failure, build what does not need it")
+    build.add_argument("--out", metavar="DIR", help="export each target's output to DIR/<name>/")
+    build.add_argument("--json", action="store_true", help="print a JSON summary of every package at the end")
+    build.add_argument("--runner", default="sandbox", choices=["sandbox"], help="where steps run (default sandbox)")
+    sh = verb("shell", cmd_shell, "open a shell in TARGET's build root (dependencies merged, sources in place)")
+    sh.add_argument("target", metavar="TARGET")
+    sh.add_argument("command", nargs="*", metavar="COMMAND", help="run this instead of an interactive bash")
+    log = verb("log", cmd_log, "print TARGET's last build log")
+    log.add_argument("target", metavar="TARGET")
+
+    cache = verbs.add_parser("cache", help="inspect and clean the store", description="inspect and clean the store")
+    cache_verbs = cache.add_subparsers(dest="cache_verb", metavar="ACTION", required=True)
+    cache_ls = cache_verbs.add_parser("ls", help="list store entries")
+    cache_ls.add_argument("--json", action="store_true")
+    cache_verify = cache_verbs.add_parser("verify", help="check entries against their recorded file lists")
+    cache_verify.add_argument("keys", nargs="*", metavar="KEY|NAME")
+    cache_gc = cache_verbs.add_parser("gc", help="remove stale temporary dirs; with --max-size evict least used")
+    cache_gc.add_argument("--max-size", metavar="SIZE", help="e.g. 20G, 500M")
+    cache_rm = cache_verbs.add_parser("rm", help="remove entries by key (or prefix) or package name")
+    cache_rm.add_argument("keys", nargs="+", metavar="KEY|NAME")
+    cache.set_defaults(handler=cmd_cache)
     return parser
 
 

@@ -83,10 +83,8 @@ def package_files_digest(package: Package) -> dict[str, str]:
 
 
 def stage0_key(tree: Tree) -> str:
-    """The seed's key: its definition file, or a fixed marker when there is none."""
-    file = tree.stage0_file
-    content = file.read_bytes().hex() if file.is_file() else "default"
-    return digest({"schema": KEY_SCHEMA, "stage0": content, "platform": str(tree.platform)})
+    """The seed's key: its definition (defaults filled in), or a user tarball's hash."""
+    return digest({"schema": KEY_SCHEMA, "stage0": tree.stage0.identity(), "platform": str(tree.platform)})
 
 
 def local_source_digest(tree: Tree, package: Package, path: str, where: tuple[str | int, ...]) -> dict[str, str]:

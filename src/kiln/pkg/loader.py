@@ -16,6 +16,7 @@ import yaml
 from kiln.errors import InputError, InputErrors, KilnError, Location
 from kiln.pkg import schema
 from kiln.pkg.model import Package
+from kiln.pkg.stage0 import Stage0, load_stage0
 from kiln.pkg.template import Rendered, render
 from kiln.pkg.variables import Platform, builtins, load_vars_file
 from kiln.pkg.yamlpos import DuplicateKey, parse
@@ -34,6 +35,7 @@ class Tree:
     variables: dict[str, Any]
     overrides: dict[str, str] = field(default_factory=dict)
     packages: dict[str, Package] = field(default_factory=dict)
+    stage0: Stage0 = field(default_factory=Stage0)
 
     @property
     def project_root(self) -> Path:
@@ -107,8 +109,13 @@ def load_package(file: Path, context: dict[str, Any]) -> Package:
     return package
 
 
-def load_tree(root: Path, platform: Platform, overrides: dict[str, str] | None = None) -> Tree:
-    """Load and check a whole tree; raises InputErrors listing every problem."""
+def load_tree(
+    root: Path, platform: Platform, overrides: dict[str, str] | None = None, stage0_tar: Path | None = None
+) -> Tree:
+    """Load and check a whole tree; raises InputErrors listing every problem.
+
+    `stage0_tar` (--from-tar) replaces the seed definition with a user's root tarball.
+    """
     root = root.resolve()
     if not root.is_dir():
         raise InputError(f"package tree {str(root)!r} is not a directory (use --pkgs DIR)")
@@ -122,6 +129,12 @@ def load_tree(root: Path, platform: Platform, overrides: dict[str, str] | None =
         errors.append(exc)
     variables.update(overrides)
     tree = Tree(root, platform, variables, dict(overrides))
+    try:
+        tree.stage0 = load_stage0(root / STAGE0_FILE, stage0_tar)
+    except InputErrors as exc:
+        errors.extend(exc.errors)
+    except KilnError as exc:
+        errors.append(exc)
     files = find_package_files(root)
     if not files:
         raise InputError(f"no {PKG_FILE} found under {str(root)!r}")

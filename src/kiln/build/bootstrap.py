@@ -1,0 +1,151 @@
+"""Making the seed root (stage0): debootstrap, or a user's tarball or OCI archive.
+
+The seed is stored like any package output, under the key of its definition, so
+it is made once per definition and store.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tarfile
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from kiln.build.store import Entry, Store
+from kiln.errors import BuildError
+from kiln.pkg.stage0 import Stage0
+from kiln.pkg.variables import Platform
+
+STAGE0_NAME = "stage0"
+
+# Emptied in the stored seed: caches that only make it bigger and vary between runs, and
+# /dev, whose device nodes the store refuses (the sandbox mounts its own /dev).
+_PRUNE = ("var/cache/apt/archives", "var/lib/apt/lists", "var/log", "dev")
+
+
+def ensure_stage0(
+    stage0: Stage0,
+    key: str,
+    platform: Platform,
+    store: Store,
+    log_dir: Path,
+    say: Callable[[str], None],
+    source_date_epoch: int,
+) -> Entry:
+    """The seed's store entry, made now if it is missing (under the store lock)."""
+    if store.has(key):
+        return store.entry(key)
+    with store.lock(key):
+        if store.has(key):
+            return store.entry(key)
+        staging = store.staging(key)
+        tree = staging / "tree"
+        log_dir.mkdir(parents=True, exist_ok=True)
+        log_path = log_dir / f"{key}.log"
+        start = time.monotonic()
+        with store.hold_staging_lock(staging), log_path.open("wb") as log:
+            if stage0.tarball is not None:
+                say(f"stage0: importing {stage0.tarball}")
+                import_tarball(stage0.tarball, tree)
+            else:
+                say(f"stage0: debootstrap {stage0.suite} ({len(stage0.include)} extra packages), about a minute")
+                debootstrap(stage0, platform, tree, log, log_path)
+            for rel in _PRUNE:
+                target = tree / rel
+                if target.is_dir():
+                    shutil.rmtree(target)
+                    target.mkdir(parents=True)
+            (tree / "tmp").mkdir(exist_ok=True)
+            (tree / "tmp").chmod(0o1777)
+            meta = {"stage0": stage0.identity(), "seconds": round(time.monotonic() - start, 1)}
+            entry = store.commit(key, staging, STAGE0_NAME, meta, source_date_epoch)
+        say(f"stage0: stored as {key[:12]} in {time.monotonic() - start:.0f} s")
+        return entry
+
+
+def debootstrap(stage0: Stage0, platform: Platform, tree: Path, log: object, log_path: Path) -> None:
+    if shutil.which("debootstrap") is None:
+        raise BuildError("debootstrap is not installed: run scripts/setup-host.sh")
+    if os.geteuid() != 0:
+        raise BuildError("debootstrap needs root; or give a root tarball with --from-tar")
+    command = ["debootstrap", f"--variant={stage0.variant}", f"--arch={platform.arch}"]
+    if stage0.include:
+        command.append("--include=" + ",".join(stage0.include))
+    command += [stage0.suite, str(tree), stage0.mirror]
+    result = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT)  # type: ignore[call-overload]
+    if result.returncode != 0:
+        tail = log_path.read_text(errors="replace").splitlines()[-20:]
+        raise BuildError(
+            f"debootstrap failed (exit {result.returncode}); last lines of {log_path}:\n" + "\n".join(tail)
+        )
+
+
+def import_tarball(archive: Path, tree: Path) -> None:
+    """Unpack a root filesystem tarball, or the layers of an OCI archive in order."""
+    tree.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(archive) as tar:
+        names = set(tar.getnames())
+    if "index.json" in names and "oci-layout" in names:
+        with tempfile.TemporaryDirectory(dir=tree.parent) as tmp:
+            _untar(archive, Path(tmp))
+            for layer in oci_layers(Path(tmp)):
+                apply_layer(layer, tree)
+        return
+    _untar(archive, tree)
+
+
+def _untar(archive: Path, dest: Path) -> None:
+    """GNU tar keeps owners, modes, devices and links as a root filesystem needs."""
+    result = subprocess.run(
+        ["tar", "-xpf", str(archive), "-C", str(dest), "--numeric-owner"], capture_output=True, text=True
+    )
+    if result.returncode != 0:
+        raise BuildError(f"cannot unpack {archive}: {result.stderr.strip()}")
+
+
+def oci_layers(layout: Path) -> list[Path]:
+    """Layer blobs of the first (linux) manifest of an OCI image layout, bottom first."""
+    index = json.loads((layout / "index.json").read_text())
+    manifests = index.get("manifests", [])
+    if not manifests:
+        raise BuildError("OCI archive has no manifests")
+
+    def blob(digest: str) -> Path:
+        algo, _, value = digest.partition(":")
+        return layout / "blobs" / algo / value
+
+    manifest = json.loads(blob(manifests[0]["digest"]).read_text())
+    if "manifests" in manifest:  # an image index: take the first entry
+        manifest = json.loads(blob(manifest["manifests"][0]["digest"]).read_text())
+    return [blob(layer["digest"]) for layer in manifest.get("layers", [])]
+
+
+def apply_layer(layer: Path, tree: Path) -> None:
+    """Unpack one layer over `tree`, honouring OCI whiteouts (.wh.name and .wh..wh..opq)."""
+    with tarfile.open(layer) as tar:
+        whiteouts = [m.name for m in tar.getmembers() if os.path.basename(m.name).startswith(".wh.")]
+    for name in whiteouts:
+        parent, base = os.path.split(os.path.normpath(name))
+        target_dir = tree / parent
+        if base == ".wh..wh..opq":
+            if target_dir.is_dir():
+                for child in target_dir.iterdir():
+                    shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
+        else:
+            victim = target_dir / base[len(".wh."):]
+            if victim.is_dir() and not victim.is_symlink():
+                shutil.rmtree(victim)
+            elif victim.exists() or victim.is_symlink():
+                victim.unlink()
+    result = subprocess.run(
+        ["tar", "-xpf", str(layer), "-C", str(tree), "--numeric-owner", "--exclude=.wh.*", "--exclude=*/.wh.*"],
+        capture_output=True,
+        text=True,
+    )
+    if result.returncode != 0:
+        raise BuildError(f"cannot unpack layer {layer.name}: {result.stderr.strip()}")

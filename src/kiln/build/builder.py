@@ -1,0 +1,162 @@
+"""Building one package: assemble its root, place sources, run steps, finalize, store.
+
+The scheduler decides what to build and when; this module knows how, for one
+package whose dependencies are already in the store.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from kiln.build.fetch import Fetcher, place_local, place_source
+from kiln.build.keys import stage0_key
+from kiln.build.sandbox import BuildRoot, Layer, SandboxRunner, base_env
+from kiln.build.store import Entry, Store
+from kiln.errors import BuildError, Location
+from kiln.pkg.graph import Graph
+from kiln.pkg.model import Package
+
+LOG_TAIL = 40
+
+
+class StepFailed(BuildError):
+    """A snippet exited non-zero: says which, shows the log's tail and where the log is."""
+
+    def __init__(self, package: str, step: int, phase: str, snippet: str, log: Path, code: int) -> None:
+        lines = log.read_text(errors="replace").splitlines()[-LOG_TAIL:]
+        shown = "\n".join("    " + line for line in snippet.strip().splitlines())
+        message = (
+            f"package '{package}' failed in step {step} ({phase}), exit code {code}:\n{shown}\n"
+            f"--- last {len(lines)} lines of {log} ---\n" + "\n".join(lines)
+        )
+        super().__init__(message)
+        self.package, self.step, self.phase, self.log = package, step, phase, log
+
+
+def logs_dir(store: Store) -> Path:
+    return store.root / "logs"
+
+
+def log_path(store: Store, name: str, key: str) -> Path:
+    return logs_dir(store) / name / f"{key}.log"
+
+
+@dataclass
+class Builder:
+    """Everything a build of one package needs, shared by all packages of a run."""
+
+    graph: Graph
+    keys: dict[str, str]
+    store: Store
+    fetcher: Fetcher
+    runner: SandboxRunner
+    make_jobs: int
+    source_date_epoch: int
+
+    @property
+    def seed_key(self) -> str:
+        return stage0_key(self.graph.tree)
+
+    def input_keys(self, package: Package) -> list[str]:
+        """Store keys of every tree mounted into the package's root."""
+        keys = [self.keys[d.stage] for d in self.graph.build_inputs(package.name)]
+        if package.variant == "toolchain":
+            keys.append(self.keys[self.graph.tree.toolchain])
+        if package.variant in ("toolchain", "stage0"):
+            keys.append(self.seed_key)
+        return keys
+
+    def layers(self, package: Package) -> list[Layer]:
+        """Top first: dependencies as declared, their runtime closures, the toolchain, the seed."""
+        layers = []
+        for dep in self.graph.build_inputs(package.name):
+            tree = self.store.tree(self.keys[dep.stage])
+            part = tree / dep.source.lstrip("/")
+            if not part.exists():
+                raise BuildError(
+                    f"dependency '{dep.stage}' has no {dep.source} in its output",
+                    Location(str(package.file), package.line(("dependencies",))),
+                )
+            layers.append(Layer(part, dep.to))
+        if package.variant == "toolchain":
+            layers.append(Layer(self.store.tree(self.keys[self.graph.tree.toolchain])))
+        if package.variant in ("toolchain", "stage0"):
+            layers.append(Layer(self.store.tree(self.seed_key)))
+        return layers
+
+    def env(self, extra: tuple[tuple[str, str], ...] = ()) -> dict[str, str]:
+        return {**base_env(self.source_date_epoch, self.make_jobs), **dict(extra)}
+
+    def prepare_root(self, package: Package, work: Path) -> BuildRoot:
+        """The build root with every step's sources in /tmp/build (fetched if needed)."""
+        root = BuildRoot(work, self.layers(package))
+        root.prepare()
+        for s_index, step in enumerate(package.steps):
+            for index, source in enumerate(step.sources):
+                if source.is_local:
+                    place_local(self.graph.tree.project_root, source, root.build_dir)
+                else:
+                    where = Location(str(package.file), package.line(("steps", s_index, "sources", index)))
+                    place_source(self.fetcher.fetch(source, where), root.build_dir, source.destination)
+        return root
+
+    def build(self, name: str, on_phase: Callable[[str], None]) -> Entry:
+        """Build `name` into the store; the caller holds the store lock for its key."""
+        package = self.graph.tree.packages[name]
+        key = self.keys[name]
+        staging = self.store.staging(key)
+        log = log_path(self.store, name, key)
+        log.parent.mkdir(parents=True, exist_ok=True)
+        start = time.monotonic()
+        with contextlib.ExitStack() as stack:
+            # Shared locks on what we mount: gc will not evict a tree under a running build.
+            for dep_key in self.input_keys(package):
+                stack.enter_context(self.store.use(dep_key))
+            # The staging dir is discarded on the way out unless it was committed.
+            stack.enter_context(self.store.hold_staging_lock(staging))
+            return self._build(package, key, staging, log, on_phase, start)
+
+    def _build(
+        self, package: Package, key: str, staging: Path, log: Path, on_phase: Callable[[str], None], start: float
+    ) -> Entry:
+        name = package.name
+        last = log.parent / "last.log"
+        with log.open("wb") as out:
+            last.unlink(missing_ok=True)
+            last.symlink_to(log.name)
+            on_phase("sources")
+            root = self.prepare_root(package, staging / "work")
+            for s_index, step in enumerate(package.steps, start=1):
+                env = self.env(step.env)
+                for phase, script in step.snippets():
+                    on_phase(f"step {s_index} {phase}")
+                    _mark(out, f"==> {name}: step {s_index} {phase}\n{script.rstrip()}\n")
+                    code = self.runner.run(root, script, env, step.network == "default", out)
+                    if code != 0:
+                        out.flush()
+                        raise StepFailed(name, s_index, phase, script, log, code)
+            on_phase("finalize")
+            output = staging / "tree"
+            output.mkdir(exist_ok=True)
+            copies = [(f.source, f.to) for f in package.finalize]
+            _mark(out, f"==> {name}: finalize {copies}\n")
+            if copies and self.runner.finalize(root, copies, output, out) != 0:
+                out.flush()
+                tail = log.read_text(errors="replace").splitlines()[-5:]
+                raise BuildError(f"package '{name}' failed in finalize:\n" + "\n".join(tail))
+            shutil.rmtree(staging / "work")
+            seconds = round(time.monotonic() - start, 2)
+            _mark(out, f"==> {name}: built in {seconds} s\n")
+            meta = {"seconds": seconds, "platform": str(self.graph.tree.platform), "version": package.version}
+            return self.store.commit(key, staging, name, meta, self.source_date_epoch)
+
+
+def _mark(out: IO[bytes], text: str) -> None:
+    out.write(text.encode())
+    out.flush()

@@ -1,0 +1,68 @@
+"""`kiln cache ls|verify|gc|rm`: the store seen and cleaned from the command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from kiln import console
+from kiln.build.store import Entry, Store, parse_size
+from kiln.errors import InputError
+from kiln.paths import cache_dir
+
+
+def _human(size: int) -> str:
+    value = float(size)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.1f} {unit}" if unit != "B" else f"{int(value)} B"
+        value /= 1024
+    return f"{value:.1f} GiB"
+
+
+def resolve(store: Store, wanted: list[str]) -> list[Entry]:
+    """Entries named by full key, unique key prefix, or package name (all its entries)."""
+    entries = store.entries()
+    chosen: dict[str, Entry] = {}
+    for word in wanted:
+        matches = [e for e in entries if e.key == word or e.name == word]
+        if not matches and len(word) >= 6:
+            matches = [e for e in entries if e.key.startswith(word)]
+        if not matches:
+            raise InputError(f"no store entry matches {word!r} (see kiln cache ls)")
+        chosen.update((e.key, e) for e in matches)
+    return list(chosen.values())
+
+
+def run(args: argparse.Namespace) -> int:
+    store = Store(cache_dir())
+    if args.cache_verb == "ls":
+        entries = sorted(store.entries(), key=lambda e: (e.name, e.key))
+        if args.json:
+            print(json.dumps([{"key": e.key, "name": e.name, "size": e.size, "files": e.files} for e in entries]))
+            return 0
+        rows = [[e.name, e.key[:16], str(e.files), _human(e.size)] for e in entries]
+        total = sum(e.size for e in entries)
+        console.print_table(f"store {store.root} ({_human(total)})", ["name", "key", "files", "size"], rows)
+        return 0
+    if args.cache_verb == "verify":
+        entries = resolve(store, args.keys) if args.keys else store.entries()
+        bad = 0
+        for entry in entries:
+            problems = store.verify(entry.key)
+            for problem in problems:
+                console.error(f"{entry.name} {entry.key[:16]}: {problem}")
+            bad += bool(problems)
+        print(f"verified {len(entries)} entries: {bad} damaged")
+        return 1 if bad else 0
+    if args.cache_verb == "gc":
+        limit = parse_size(args.max_size) if args.max_size else None
+        removed = store.gc(limit)
+        print(f"removed {len(removed)} entries")
+        return 0
+    if args.cache_verb == "rm":
+        for entry in resolve(store, args.keys):
+            store.remove(entry.key)
+            print(f"removed {entry.name} {entry.key}")
+        return 0
+    raise InputError(f"unknown cache action {args.cache_verb!r}")

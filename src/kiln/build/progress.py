@@ -1,0 +1,116 @@
+"""Showing a build: a rich live view on a terminal, plain lines otherwise (CI, pipes)."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from typing import TextIO
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from kiln.build.scheduler import BUILT, CACHED, FAILED, SKIPPED, Outcome
+
+
+def summary_table(outcomes: dict[str, Outcome]) -> Table:
+    table = Table(title="kiln build")
+    for column in ("package", "status", "seconds", "key"):
+        table.add_column(column)
+    colours = {BUILT: "green", CACHED: "cyan", FAILED: "red", SKIPPED: "yellow"}
+    for outcome in outcomes.values():
+        table.add_row(
+            outcome.name,
+            Text(outcome.status, style=colours[outcome.status]),
+            f"{outcome.seconds:.1f}",
+            outcome.key[:12],
+        )
+    return table
+
+
+def counts(outcomes: list[Outcome]) -> str:
+    by = {s: sum(1 for o in outcomes if o.status == s) for s in (BUILT, CACHED, FAILED)}
+    return f"built {by[BUILT]}, cached {by[CACHED]}, failed {by[FAILED]}"
+
+
+class PlainProgress:
+    """One line per event, flushed, with counts; readable in CI logs."""
+
+    def __init__(self, stream: TextIO | None = None) -> None:
+        self.stream = stream or sys.stderr
+        self.total = 0
+        self.finished: list[Outcome] = []
+        self._last_phase: dict[str, str] = {}
+        self._lock = threading.Lock()
+
+    def _say(self, text: str) -> None:
+        with self._lock:
+            print(text, file=self.stream, flush=True)
+
+    def begin(self, names: list[str]) -> None:
+        self.total = len(names)
+
+    def started(self, name: str) -> None:
+        self._say(f"[{len(self.finished)}/{self.total}] {name}: building")
+
+    def phase(self, name: str, text: str) -> None:
+        if self._last_phase.get(name) != text:  # one line per phase, not per snippet
+            self._last_phase[name] = text
+            self._say(f"[{len(self.finished)}/{self.total}] {name}: {text}")
+
+    def done(self, outcome: Outcome) -> None:
+        self.finished.append(outcome)
+        timing = f" in {outcome.seconds:.1f} s" if outcome.status == BUILT else ""
+        self._say(f"[{len(self.finished)}/{self.total}] {outcome.name}: {outcome.status}{timing}")
+
+    def end(self, outcomes: dict[str, Outcome]) -> None:
+        skipped = sum(1 for o in outcomes.values() if o.status == SKIPPED)
+        self._say(f"done: {counts(list(outcomes.values()))}, skipped {skipped}")
+
+
+class LiveProgress:
+    """A live table of running packages with their step and elapsed time, then a summary."""
+
+    def __init__(self, console: Console | None = None) -> None:
+        self.console = console or Console(stderr=True)
+        self.total = 0
+        self.finished: list[Outcome] = []
+        self.running: dict[str, tuple[str, float]] = {}
+        self._lock = threading.Lock()
+        self.live = Live(self._render(), console=self.console, refresh_per_second=4, transient=True)
+        self.live.get_renderable = self._render  # type: ignore[method-assign]
+
+    def _render(self) -> Group:
+        with self._lock:
+            table = Table.grid(padding=(0, 2))
+            now = time.monotonic()
+            for name, (text, since) in sorted(self.running.items()):
+                table.add_row(Text(name, style="bold"), text, f"{now - since:5.0f} s")
+            head = Text(f"[{len(self.finished)}/{self.total}] {counts(self.finished)}")
+            return Group(head, table)
+
+    def begin(self, names: list[str]) -> None:
+        self.total = len(names)
+        self.live.start()
+
+    def started(self, name: str) -> None:
+        with self._lock:
+            self.running[name] = ("starting", time.monotonic())
+
+    def phase(self, name: str, text: str) -> None:
+        with self._lock:
+            since = self.running.get(name, ("", time.monotonic()))[1]
+            self.running[name] = (text, since)
+
+    def done(self, outcome: Outcome) -> None:
+        with self._lock:
+            self.running.pop(outcome.name, None)
+            self.finished.append(outcome)
+        if outcome.status in (BUILT, FAILED):
+            self.console.print(f"{outcome.name}: {outcome.status} ({outcome.seconds:.1f} s)")
+
+    def end(self, outcomes: dict[str, Outcome]) -> None:
+        self.live.stop()
+        self.console.print(summary_table(outcomes))

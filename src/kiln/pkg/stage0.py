@@ -1,0 +1,91 @@
+"""The seed definition (pkgs/stage0.yaml): what debootstrap makes, or a user's tarball."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kiln.errors import InputError, InputErrors, Location
+from kiln.pkg import schema
+from kiln.pkg.yamlpos import DuplicateKey, parse
+
+DEFAULT_MIRROR = "http://deb.debian.org/debian"
+
+
+@dataclass(frozen=True)
+class Stage0:
+    """A Debian root by debootstrap, or a root filesystem tarball / OCI archive."""
+
+    suite: str = "bookworm"
+    mirror: str = DEFAULT_MIRROR
+    variant: str = "minbase"
+    include: tuple[str, ...] = ()
+    tarball: Path | None = None
+    tarball_sha256: str | None = None
+    file: Path | None = None
+
+    def identity(self) -> dict[str, Any]:
+        """What the seed's key is made of: the tarball's hash, or the definition."""
+        if self.tarball is not None:
+            return {"tarball": self.tarball_sha256}
+        return {"suite": self.suite, "mirror": self.mirror, "variant": self.variant, "include": list(self.include)}
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def load_stage0(file: Path, from_tar: Path | None = None) -> Stage0:
+    """Read stage0.yaml (if present); `from_tar` (--from-tar) replaces it with a tarball."""
+    definition = Stage0(file=file if file.is_file() else None)
+    if file.is_file():
+        definition = _parse(file)
+    if from_tar is not None:
+        if not from_tar.is_file():
+            raise InputError(f"--from-tar: {str(from_tar)!r} is not a file")
+        return Stage0(tarball=from_tar.resolve(), tarball_sha256=_sha256(from_tar), file=definition.file)
+    if definition.tarball is not None:
+        actual = _sha256(definition.tarball) if definition.tarball.is_file() else None
+        if actual is None:
+            raise InputError(f"stage0 tarball {str(definition.tarball)!r} does not exist", Location(str(file)))
+        if actual != definition.tarball_sha256:
+            raise InputError(
+                f"stage0 tarball {definition.tarball} has sha256 {actual}, expected {definition.tarball_sha256}",
+                Location(str(file)),
+            )
+    return definition
+
+
+def _parse(file: Path) -> Stage0:
+    where = str(file)
+    try:
+        positioned = parse(file.read_text())
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark
+        raise InputError(f"YAML syntax: {exc.problem}", Location(where, mark.line + 1 if mark else 0)) from None
+    except DuplicateKey as exc:
+        raise InputError(str(exc), Location(where, exc.line)) from None
+    data = positioned.value or {}
+    if not isinstance(data, dict):
+        raise InputError("stage0.yaml must be a mapping", Location(where, 1))
+    problems = schema.validate(data, "stage0.schema.json")
+    if problems:
+        raise InputErrors([InputError(msg, Location(where, positioned.line(path))) for path, msg in problems])
+    tarball = (file.parent / data["tarball"]) if "tarball" in data else None
+    return Stage0(
+        suite=data.get("suite", "bookworm"),
+        mirror=data.get("mirror", DEFAULT_MIRROR),
+        variant=data.get("variant", "minbase"),
+        include=tuple(data.get("include", [])),
+        tarball=tarball,
+        tarball_sha256=data.get("sha256"),
+        file=file,
+    )

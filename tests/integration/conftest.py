@@ -1,0 +1,86 @@
+"""Real builds: a real debootstrap seed, real bubblewrap, real compilers.
+
+The seed takes about a minute to make, so it is made once per machine in
+KILN_TEST_SEED (default ~/.cache/kiln-test-seed) and hard-linked into each
+test's otherwise empty store.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from kiln.build.keys import stage0_key
+from kiln.pkg.loader import load_tree
+from kiln.pkg.variables import Platform
+
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURE = ROOT / "tests/fixtures/buildgraph"
+KILN = [sys.executable, "-m", "kiln.cli"]
+
+
+@dataclass
+class Run:
+    code: int
+    out: str
+    err: str
+
+
+@pytest.fixture(scope="session")
+def seed_store() -> Path:
+    """A store holding only the stage0 of pkgs/stage0.yaml, made once per machine."""
+    store = Path(os.environ.get("KILN_TEST_SEED", Path.home() / ".cache/kiln-test-seed"))
+    env = {**os.environ, "KILN_CACHE": str(store)}
+    result = subprocess.run([*KILN, "bootstrap", "--pkgs", str(FIXTURE / "pkgs")], env=env, text=True,
+                            capture_output=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return store
+
+
+@dataclass
+class Project:
+    root: Path
+    cache: Path
+
+    @property
+    def pkgs(self) -> Path:
+        return self.root / "pkgs"
+
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "KILN_CACHE": str(self.cache), "PYTHONUNBUFFERED": "1"}
+
+    def kiln(self, *args: str, check: bool = False, timeout: float = 900) -> Run:
+        result = subprocess.run(
+            [*KILN, *args], cwd=self.root, env=self.env(), capture_output=True, text=True, timeout=timeout,
+        )
+        if check:
+            assert result.returncode == 0, result.stdout + result.stderr
+        return Run(result.returncode, result.stdout, result.stderr)
+
+    def popen(self, *args: str) -> subprocess.Popen[str]:
+        return subprocess.Popen([*KILN, *args], cwd=self.root, env=self.env(), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+
+
+def seed_into(seed: Path, cache: Path, pkgs: Path) -> None:
+    """Hard-link the seed entry into a fresh store: cheap, and the store is otherwise empty."""
+    key = stage0_key(load_tree(pkgs, Platform.parse("linux/amd64")))
+    (cache / "store").mkdir(parents=True, exist_ok=True)
+    subprocess.run(["cp", "-al", str(seed / "store" / key), str(cache / "store" / key)], check=True)
+
+
+@pytest.fixture
+def project(tmp_path: Path, seed_store: Path) -> Iterator[Project]:
+    """A copy of the fixture graph and an empty store that has only the seed."""
+    root = tmp_path / "project"
+    shutil.copytree(FIXTURE, root)
+    cache = tmp_path / "cache"
+    seed_into(seed_store, cache, root / "pkgs")
+    yield Project(root, cache)

@@ -16,7 +16,7 @@ from typing import IO
 
 from kiln.build.fetch import Fetcher, place_local, place_source
 from kiln.build.keys import stage0_key
-from kiln.build.sandbox import BuildRoot, Layer, SandboxRunner, base_env
+from kiln.build.runners.sandbox import BuildRoot, Layer, SandboxRunner, base_env
 from kiln.build.store import Entry, Store
 from kiln.errors import BuildError, Location
 from kiln.pkg.graph import Graph

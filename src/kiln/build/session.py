@@ -20,7 +20,7 @@ from kiln.build.builder import Builder, logs_dir
 from kiln.build.fetch import Fetcher, load_mirrors
 from kiln.build.keys import compute_keys, stage0_key
 from kiln.build.progress import LiveProgress, PlainProgress
-from kiln.build.sandbox import SandboxRunner
+from kiln.build.runners.sandbox import SandboxRunner
 from kiln.build.scheduler import FAILED, Outcome, Progress, Scheduler
 from kiln.build.store import Store
 from kiln.errors import BuildError, InputError

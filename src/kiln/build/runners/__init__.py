@@ -1,0 +1,1 @@
+"""Where steps run: the embedded bubblewrap sandbox (default), Docker, BuildKit."""

@@ -244,7 +244,8 @@ def main(argv: list[str] | None = None) -> int:
     except InputErrors as exc:
         for err in exc.errors:
             console.error(str(err))
-        console.error(f"{len(exc.errors)} error(s)")
+        if len(exc.errors) > 1:
+            console.error(f"{len(exc.errors)} errors")
         return exc.exit_code
     except KilnError as exc:
         console.error(str(exc))

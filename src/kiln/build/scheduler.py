@@ -114,6 +114,6 @@ class Scheduler:
             if store.has(key):
                 if not self.no_cache:
                     return CACHED, round(time.monotonic() - start, 2)
-                store.remove(key)
+                store.remove_locked(key)
             self.builder.build(name, lambda text: self.progress.phase(name, text))
         return BUILT, round(time.monotonic() - start, 2)

@@ -481,6 +481,10 @@ class Store:
         finally:
             _release(path, fd)
 
+    def remove_locked(self, key: str) -> bool:
+        """Delete an entry while the caller holds `lock(key)` (a --no-cache rebuild replaces it)."""
+        return self._evict(key)
+
     def _evict(self, key: str) -> bool:
         """Move `store/<key>` to a locked trash dir in tmp/ and delete it; False if it was gone."""
         self.tmp_dir.mkdir(parents=True, exist_ok=True)

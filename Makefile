@@ -16,10 +16,11 @@ setup: $(BIN)/kiln
 	./scripts/setup-host.sh
 
 # Kiln's main job. Until image assembly lands this runs the most complete job Kiln has:
-# load, check and key the package graph and print its build order.
+# check the package graph, then build every package of pkgs/ (stage0 seed included) and
+# export the outputs to _out/pkgs/.
 image: setup
 	$(KILN) validate
-	$(KILN) graph --keys --format mermaid
+	$(KILN) build --all --out _out/pkgs
 
 test: setup
 	$(BIN)/pytest -q
@@ -33,6 +34,7 @@ lint: $(BIN)/kiln
 
 bench: $(BIN)/kiln
 	$(BIN)/python bench/graph.py
+	$(BIN)/python bench/build.py
 
 clean:
 	rm -rf $(VENV) _out .pytest_cache .mypy_cache .ruff_cache

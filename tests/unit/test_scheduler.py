@@ -158,3 +158,14 @@ def test_live_progress_renders_running_packages_and_a_summary(graph: Graph, tmp_
     assert "kiln build" in text  # the summary table's title
     assert "failed" in text and "built" in text
     assert outcomes["b"].status == "failed"
+
+
+def test_download_lines() -> None:
+    from kiln.build.progress import DownloadLines
+
+    stream = io.StringIO()
+    report = DownloadLines(stream)
+    report("musl-1.2.3.tar.gz", 0, 2 * 1048576)
+    report("musl-1.2.3.tar.gz", 1048576, 2 * 1048576)
+    report("musl-1.2.3.tar.gz", 2 * 1048576, 2 * 1048576)
+    assert stream.getvalue().splitlines() == ["fetch: musl-1.2.3.tar.gz (2.0 MiB)", "fetch: musl-1.2.3.tar.gz: done"]

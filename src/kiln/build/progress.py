@@ -114,3 +114,52 @@ class LiveProgress:
     def end(self, outcomes: dict[str, Outcome]) -> None:
         self.live.stop()
         self.console.print(summary_table(outcomes))
+
+
+class DownloadLines:
+    """Source downloads as plain lines: one when a download starts, one when it completes."""
+
+    def __init__(self, stream: TextIO | None = None) -> None:
+        self.stream = stream or sys.stderr
+        self._lock = threading.Lock()
+
+    def __call__(self, label: str, done: int, total: int | None) -> None:
+        if done == 0:
+            size = f" ({total / 1048576:.1f} MiB)" if total else ""
+            with self._lock:
+                print(f"fetch: {label}{size}", file=self.stream, flush=True)
+        elif total is not None and done == total:
+            with self._lock:
+                print(f"fetch: {label}: done", file=self.stream, flush=True)
+
+
+class DownloadBars:
+    """Source downloads as rich progress bars on a terminal."""
+
+    def __init__(self, console: Console | None = None) -> None:
+        from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+
+        self.bars = Progress(
+            TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+            console=console or Console(stderr=True), transient=True,
+        )
+        self.tasks: dict[str, object] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, label: str, done: int, total: int | None) -> None:
+        with self._lock:
+            if label not in self.tasks:
+                if not self.tasks:
+                    self.bars.start()
+                self.tasks[label] = self.bars.add_task(label, total=total)
+            task = self.tasks[label]
+            self.bars.update(task, completed=done, total=total)  # type: ignore[arg-type]
+            if total is not None and done >= total:
+                self.bars.remove_task(task)  # type: ignore[arg-type]
+                del self.tasks[label]
+                if not self.tasks:
+                    self.bars.stop()
+
+
+def download_progress() -> DownloadLines | DownloadBars:
+    return DownloadBars() if sys.stderr.isatty() else DownloadLines()

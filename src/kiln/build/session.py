@@ -19,7 +19,7 @@ from kiln.build.bootstrap import ensure_stage0
 from kiln.build.builder import Builder, logs_dir
 from kiln.build.fetch import Fetcher, load_mirrors
 from kiln.build.keys import compute_keys, stage0_key
-from kiln.build.progress import LiveProgress, PlainProgress
+from kiln.build.progress import LiveProgress, PlainProgress, download_progress
 from kiln.build.runners.sandbox import SandboxRunner
 from kiln.build.scheduler import FAILED, Outcome, Progress, Scheduler
 from kiln.build.store import Store
@@ -43,7 +43,7 @@ class Session:
             raise InputError(f"unknown runner {runner!r}: choose one of {', '.join(RUNNERS)}")
         keys = compute_keys(graph)
         store = Store(cache_dir())
-        fetcher = Fetcher(cache_dir(), load_mirrors(graph.tree.project_root))
+        fetcher = Fetcher(cache_dir(), load_mirrors(graph.tree.project_root), download_progress())
         sde = int(graph.tree.variables.get("source_date_epoch", 0))
         builder = Builder(graph, keys, store, fetcher, SandboxRunner(), make_jobs or os.cpu_count() or 1, sde)
         return cls(graph, keys, store, builder)

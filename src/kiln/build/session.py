@@ -67,6 +67,12 @@ class Session:
         self, targets: list[str], jobs: int, no_cache: bool, keep_going: bool, progress: Progress
     ) -> dict[str, Outcome]:
         names = self.graph.closure(targets)
+        host = os.uname().machine
+        if self.graph.tree.platform.carch != host:
+            raise InputError(
+                f"cannot build for {self.graph.tree.platform} on this {host} host: cross-arch builds "
+                "(qemu-user in the sandbox) are not supported yet"
+            )
         if self.needs_seed(names):
             self.bootstrap(lambda text: print(text, file=sys.stderr, flush=True))
         return Scheduler(self.builder, progress, jobs, no_cache, keep_going).run(targets)

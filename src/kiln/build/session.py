@@ -121,7 +121,8 @@ def shell(session: Session, target: str, command: list[str]) -> int:
             raise BuildError(f"cannot open a shell: a dependency of '{target}' failed to build")
     elif session.needs_seed([target]):
         session.bootstrap(lambda text: print(text, file=sys.stderr))
-    with tempfile.TemporaryDirectory(dir=session.store.root / "tmp", prefix=f"shell-{target}-") as work:
+    session.store.tmp_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=session.store.tmp_dir, prefix=f"shell-{target}-") as work:
         root = session.builder.prepare_root(package, Path(work))
         env = session.builder.env(package.steps[0].env if package.steps else ())
         env["PS1"] = f"kiln:{target}:\\w# "

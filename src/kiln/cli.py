@@ -120,7 +120,8 @@ def cmd_build(args: argparse.Namespace) -> int:
     targets = list(graph.order) if args.all else args.targets
     graph.closure(targets)  # unknown names fail here, with a suggestion
     session = Session.open(graph, args.runner)
-    outcomes = session.build(targets, args.jobs, args.no_cache, args.keep_going, choose_progress(args.json))
+    outcomes = session.build(targets, args.jobs, args.no_cache, args.keep_going, choose_progress(args.json),
+                             cache_from=args.cache_from, cache_to=args.cache_to)
     failed = failures(outcomes)
     for outcome in failed:
         console.error(str(outcome.error))
@@ -136,7 +137,29 @@ def cmd_shell(args: argparse.Namespace) -> int:
 
     graph = _load(args)
     graph.closure([args.target])
-    return shell(Session.open(graph), args.target, args.command or ["/bin/bash", "-i"])
+    return shell(Session.open(graph, args.runner), args.target, args.command or ["/bin/bash", "-i"])
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from kiln.build.runners.buildkit import OUTPUTS, Exporter
+    from kiln.build.session import Session
+
+    graph = _load(args)
+    names = graph.closure(args.targets)
+    session = Session.open(graph, "none")
+    builder = session.builder
+    seed_tree = None
+    if args.stage0 == "tar":
+        session.bootstrap(lambda text: print(text, file=sys.stderr, flush=True))
+        seed_tree = session.store.tree(builder.seed_key)
+    exporter = Exporter(graph, session.keys, builder.seed_key, builder.place_sources, builder.source_date_epoch,
+                        builder.make_jobs, network_flags=not args.no_network_flags, stage0=args.stage0,
+                        seed_tree=seed_tree)
+    out = Path(args.out)
+    export = exporter.write(names, {n: n for n in args.targets}, out)
+    print(f"wrote {export.dockerfile} ({len(names)} packages) and its build context in {out}")
+    print(f"build: DOCKER_BUILDKIT=1 docker build --target {OUTPUTS} --output type=local,dest=OUT {out}")
+    return 0
 
 
 def cmd_log(args: argparse.Namespace) -> int:
@@ -154,7 +177,35 @@ def cmd_log(args: argparse.Namespace) -> int:
 def cmd_cache(args: argparse.Namespace) -> int:
     from kiln.build import cache_cmd
 
+    if args.cache_verb in ("push", "pull"):
+        return cache_remote(args)
+
     return cache_cmd.run(args)
+
+
+def cache_remote(args: argparse.Namespace) -> int:
+    """`kiln cache push REF [KEY|NAME...]` (default: every entry) and `kiln cache pull REF [TARGET...]`."""
+    from kiln.build.cache_cmd import resolve
+    from kiln.build.session import Session
+    from kiln.build.store import Store
+    from kiln.paths import cache_dir
+
+    if args.cache_verb == "push":
+        store = Store(cache_dir())
+        keys = [e.key for e in (resolve(store, args.names) if args.names else store.entries())]
+        from kiln.build.remote import Ref, Registry
+
+        registry = Registry(Ref.parse(args.ref))
+        sent = sum(1 for key in keys if registry.push(store, key))
+        print(f"pushed {sent} of {len(keys)} entries to {args.ref} (the rest were there)")
+        return 0
+    graph = _load(args)
+    targets = args.names or list(graph.order)
+    graph.closure(targets)
+    session = Session.open(graph, "none")
+    pulled = session.pull_needed(targets, args.ref)
+    print(f"pulled {len(pulled)} entries from {args.ref}")
+    return 0
 
 
 def _common() -> argparse.ArgumentParser:
@@ -212,10 +263,31 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument("--keep-going", "-k", action="store_true", help="after a failure, build what does not need it")
     build.add_argument("--out", metavar="DIR", help="export each target's output to DIR/<name>/")
     build.add_argument("--json", action="store_true", help="print a JSON summary of every package at the end")
-    build.add_argument("--runner", default="sandbox", choices=["sandbox"], help="where steps run (default sandbox)")
+    build.add_argument("--runner", default="sandbox", choices=["sandbox", "docker", "buildkit"],
+                       help="where steps run: sandbox (bubblewrap, default), docker (an engine at DOCKER_HOST), "
+                       "buildkit (the graph as one Dockerfile)")
+    build.add_argument("--cache-from", metavar="oci://HOST/REPO", help="pull needed entries from this registry first")
+    build.add_argument("--cache-to", metavar="oci://HOST/REPO", help="push the closure's entries to this registry")
     sh = verb("shell", cmd_shell, "open a shell in TARGET's build root (dependencies merged, sources in place)")
+    sh.add_argument("--runner", default="sandbox", choices=["sandbox", "docker"], help="where the root is made")
     sh.add_argument("target", metavar="TARGET")
     sh.add_argument("command", nargs="*", metavar="COMMAND", help="run this instead of an interactive bash")
+    export = verbs.add_parser("export", help="write the graph for other build systems",
+                              description="write the graph for other build systems")
+    export_kinds = export.add_subparsers(dest="export_kind", metavar="KIND", required=True)
+    dockerfile = export_kinds.add_parser(
+        "dockerfile", parents=[common], help="a multi-stage Dockerfile and build context for TARGETs' closure",
+        description="a multi-stage Dockerfile (one stage per package) and its build context, for BuildKit",
+    )
+    dockerfile.set_defaults(handler=cmd_export)
+    dockerfile.add_argument("targets", nargs="+", metavar="TARGET")
+    dockerfile.add_argument("--out", required=True, metavar="DIR", help="context directory (emptied first)")
+    dockerfile.add_argument("--stage0", choices=["image", "tar"], default="image",
+                            help="seed as the image kiln/stage0:<key> (ARG KILN_STAGE0; default) or as a "
+                            "stage0.tar in the context (no image store needed)")
+    dockerfile.add_argument("--no-network-flags", action="store_true",
+                            help="omit RUN --network= (frontends before dockerfile 1.3); isolate with "
+                            "`docker build --network none` instead")
     log = verb("log", cmd_log, "print TARGET's last build log")
     log.add_argument("target", metavar="TARGET")
 
@@ -229,6 +301,13 @@ def build_parser() -> argparse.ArgumentParser:
     cache_gc.add_argument("--max-size", metavar="SIZE", help="e.g. 20G, 500M")
     cache_rm = cache_verbs.add_parser("rm", help="remove entries by key (or prefix) or package name")
     cache_rm.add_argument("keys", nargs="+", metavar="KEY|NAME")
+    cache_push = cache_verbs.add_parser("push", help="upload store entries to an OCI registry (default: all)")
+    cache_push.add_argument("ref", metavar="oci://HOST/REPO")
+    cache_push.add_argument("names", nargs="*", metavar="KEY|NAME")
+    cache_pull = cache_verbs.add_parser("pull", parents=[common],
+                                        help="fetch what TARGETs (default: all packages) need from an OCI registry")
+    cache_pull.add_argument("ref", metavar="oci://HOST/REPO")
+    cache_pull.add_argument("names", nargs="*", metavar="TARGET")
     cache.set_defaults(handler=cmd_cache)
     return parser
 

@@ -16,7 +16,7 @@ from typing import IO
 
 from kiln.build.fetch import Fetcher, place_local, place_source
 from kiln.build.keys import stage0_key
-from kiln.build.runners.sandbox import BuildRoot, Layer, SandboxRunner, base_env
+from kiln.build.runners.base import BuildRoot, Layer, RootPlan, Runner, base_env
 from kiln.build.store import Entry, Store
 from kiln.errors import BuildError, Location
 from kiln.pkg.graph import Graph
@@ -55,7 +55,7 @@ class Builder:
     keys: dict[str, str]
     store: Store
     fetcher: Fetcher
-    runner: SandboxRunner
+    runner: Runner
     make_jobs: int
     source_date_epoch: int
 
@@ -72,39 +72,53 @@ class Builder:
             keys.append(self.seed_key)
         return keys
 
-    def layers(self, package: Package) -> list[Layer]:
-        """Top first: dependencies as declared, their runtime closures, the toolchain, the seed."""
-        layers = []
+    def plan(self, package: Package) -> RootPlan:
+        """The package's root: dependencies as declared, their runtime closures, the toolchain, the seed."""
+        deps = []
         for dep in self.graph.build_inputs(package.name):
-            tree = self.store.tree(self.keys[dep.stage])
-            part = tree / dep.source.lstrip("/")
+            key = self.keys[dep.stage]
+            part = self.store.tree(key) / dep.source.lstrip("/")
             if not part.exists():
                 raise BuildError(
                     f"dependency '{dep.stage}' has no {dep.source} in its output",
                     Location(str(package.file), package.line(("dependencies",))),
                 )
-            layers.append(Layer(part, dep.to))
+            deps.append(Layer(part, dep.to, key))
+        toolchain = seed = None
         if package.variant == "toolchain":
-            layers.append(Layer(self.store.tree(self.keys[self.graph.tree.toolchain])))
+            key = self.keys[self.graph.tree.toolchain]
+            toolchain = Layer(self.store.tree(key), "/", key)
         if package.variant in ("toolchain", "stage0"):
-            layers.append(Layer(self.store.tree(self.seed_key)))
-        return layers
+            seed = Layer(self.store.tree(self.seed_key), "/", self.seed_key)
+        return RootPlan(package.name, self.keys[package.name], package.variant, tuple(deps), toolchain, seed)
+
+    def layers(self, package: Package) -> list[Layer]:
+        """Top first: dependencies as declared, their runtime closures, the toolchain, the seed."""
+        return self.plan(package).layers
 
     def env(self, extra: tuple[tuple[str, str], ...] = ()) -> dict[str, str]:
         return {**base_env(self.source_date_epoch, self.make_jobs), **dict(extra)}
 
     def prepare_root(self, package: Package, work: Path) -> BuildRoot:
-        """The build root with every step's sources in /tmp/build (fetched if needed)."""
-        root = BuildRoot(work, self.layers(package))
-        root.prepare()
+        """The build root with every step's sources in /tmp/build (fetched if needed); the caller closes it."""
+        work.mkdir(parents=True, exist_ok=True)
+        root = self.runner.open(self.plan(package), work)
+        try:
+            self.place_sources(package, root.build_dir)
+        except BaseException:
+            root.close()
+            raise
+        return root
+
+    def place_sources(self, package: Package, build_dir: Path) -> None:
+        """Every step's sources at their destinations below build_dir (fetched and verified if needed)."""
         for s_index, step in enumerate(package.steps):
             for index, source in enumerate(step.sources):
                 if source.is_local:
-                    place_local(self.graph.tree.project_root, source, root.build_dir)
+                    place_local(self.graph.tree.project_root, source, build_dir)
                 else:
                     where = Location(str(package.file), package.line(("steps", s_index, "sources", index)))
-                    place_source(self.fetcher.fetch(source, where), root.build_dir, source.destination)
-        return root
+                    place_source(self.fetcher.fetch(source, where), build_dir, source.destination)
 
     def build(self, name: str, on_phase: Callable[[str], None]) -> Entry:
         """Build `name` into the store; the caller holds the store lock for its key."""
@@ -131,30 +145,41 @@ class Builder:
             last.unlink(missing_ok=True)
             last.symlink_to(log.name)
             on_phase("sources")
-            root = self.prepare_root(package, staging / "work")
-            for s_index, step in enumerate(package.steps, start=1):
-                env = self.env(step.env)
-                for phase, script in step.snippets():
-                    on_phase(f"step {s_index} {phase}")
-                    _mark(out, f"==> {name}: step {s_index} {phase}\n{script.rstrip()}\n")
-                    code = self.runner.run(root, script, env, step.network == "default", out)
-                    if code != 0:
-                        out.flush()
-                        raise StepFailed(name, s_index, phase, script, log, code)
-            on_phase("finalize")
-            output = staging / "tree"
-            output.mkdir(exist_ok=True)
-            copies = [(f.source, f.to) for f in package.finalize]
-            _mark(out, f"==> {name}: finalize {copies}\n")
-            if copies and self.runner.finalize(root, copies, output, out) != 0:
-                out.flush()
-                tail = log.read_text(errors="replace").splitlines()[-5:]
-                raise BuildError(f"package '{name}' failed in finalize:\n" + "\n".join(tail))
+            with contextlib.closing(self.prepare_root(package, staging / "work")) as root:
+                self._steps(package, root, staging, log, out, on_phase)
             shutil.rmtree(staging / "work")
             seconds = round(time.monotonic() - start, 2)
             _mark(out, f"==> {name}: built in {seconds} s\n")
-            meta = {"seconds": seconds, "platform": str(self.graph.tree.platform), "version": package.version}
+            meta = {
+                "seconds": seconds, "platform": str(self.graph.tree.platform), "version": package.version,
+                "runner": self.runner.name,
+            }
             return self.store.commit(key, staging, name, meta, self.source_date_epoch)
+
+    def _steps(
+        self, package: Package, root: BuildRoot, staging: Path, log: Path, out: IO[bytes],
+        on_phase: Callable[[str], None],
+    ) -> None:
+        """Run every snippet in order, then finalize into staging/tree."""
+        name = package.name
+        for s_index, step in enumerate(package.steps, start=1):
+            env = self.env(step.env)
+            for phase, script in step.snippets():
+                on_phase(f"step {s_index} {phase}")
+                _mark(out, f"==> {name}: step {s_index} {phase}\n{script.rstrip()}\n")
+                code = root.run(script, env, step.network == "default", out)
+                if code != 0:
+                    out.flush()
+                    raise StepFailed(name, s_index, phase, script, log, code)
+        on_phase("finalize")
+        output = staging / "tree"
+        output.mkdir(exist_ok=True)
+        copies = [(f.source, f.to) for f in package.finalize]
+        _mark(out, f"==> {name}: finalize {copies}\n")
+        if copies and root.finalize(copies, output, out) != 0:
+            out.flush()
+            tail = log.read_text(errors="replace").splitlines()[-5:]
+            raise BuildError(f"package '{name}' failed in finalize:\n" + "\n".join(tail))
 
 
 def _mark(out: IO[bytes], text: str) -> None:

@@ -5,6 +5,7 @@ The CLI parses arguments and calls these; tests and benchmarks call them too.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -20,6 +21,8 @@ from kiln.build.builder import Builder, logs_dir
 from kiln.build.fetch import Fetcher, load_mirrors
 from kiln.build.keys import compute_keys, stage0_key
 from kiln.build.progress import LiveProgress, PlainProgress, download_progress
+from kiln.build.runners.base import BuildRoot, RootPlan, Runner
+from kiln.build.runners.buildkit import BuildKitRunner
 from kiln.build.runners.sandbox import SandboxRunner
 from kiln.build.scheduler import FAILED, Outcome, Progress, Scheduler
 from kiln.build.store import Store
@@ -27,7 +30,31 @@ from kiln.errors import BuildError, InputError
 from kiln.paths import cache_dir
 from kiln.pkg.graph import Graph
 
-RUNNERS = ("sandbox",)
+RUNNERS = ("sandbox", "docker", "buildkit")
+
+
+class NoRunner:
+    """For verbs that plan, fetch, export or move cache entries but never run a step."""
+
+    name = "none"
+
+    def open(self, plan: RootPlan, work: Path) -> BuildRoot:
+        raise BuildError(f"package '{plan.name}': no runner was chosen for this command")
+
+
+def make_runner(name: str) -> Runner:
+    """The runner called `name`; docker and buildkit need an engine and are imported only then."""
+    if name == "sandbox":
+        return SandboxRunner()
+    if name == "docker":
+        from kiln.build.runners.docker import DockerRunner
+
+        return DockerRunner()
+    if name == "buildkit":
+        return BuildKitRunner()
+    if name == "none":
+        return NoRunner()
+    raise InputError(f"unknown runner {name!r}: choose one of {', '.join(RUNNERS)}")
 
 
 @dataclass
@@ -39,13 +66,12 @@ class Session:
 
     @classmethod
     def open(cls, graph: Graph, runner: str = "sandbox", make_jobs: int | None = None) -> Session:
-        if runner not in RUNNERS:
-            raise InputError(f"unknown runner {runner!r}: choose one of {', '.join(RUNNERS)}")
+        chosen = make_runner(runner)
         keys = compute_keys(graph)
         store = Store(cache_dir())
         fetcher = Fetcher(cache_dir(), load_mirrors(graph.tree.project_root), download_progress())
         sde = int(graph.tree.variables.get("source_date_epoch", 0))
-        builder = Builder(graph, keys, store, fetcher, SandboxRunner(), make_jobs or os.cpu_count() or 1, sde)
+        builder = Builder(graph, keys, store, fetcher, chosen, make_jobs or os.cpu_count() or 1, sde)
         return cls(graph, keys, store, builder)
 
     @property
@@ -64,8 +90,10 @@ class Session:
         return key
 
     def build(
-        self, targets: list[str], jobs: int, no_cache: bool, keep_going: bool, progress: Progress
+        self, targets: list[str], jobs: int, no_cache: bool, keep_going: bool, progress: Progress,
+        cache_from: str | None = None, cache_to: str | None = None,
     ) -> dict[str, Outcome]:
+        """Build targets and their needs; with cache_from, first pull what a registry has that is needed."""
         names = self.graph.closure(targets)
         host = os.uname().machine
         if self.graph.tree.platform.carch != host:
@@ -73,9 +101,62 @@ class Session:
                 f"cannot build for {self.graph.tree.platform} on this {host} host: cross-arch builds "
                 "(qemu-user in the sandbox) are not supported yet"
             )
-        if self.needs_seed(names):
+        if cache_from and not no_cache:
+            self.pull_needed(targets, cache_from)
+        runner = self.builder.runner
+        if self.needs_seed(names) or runner.name == "buildkit":
             self.bootstrap(lambda text: print(text, file=sys.stderr, flush=True))
-        return Scheduler(self.builder, progress, jobs, no_cache, keep_going).run(targets)
+        if isinstance(runner, BuildKitRunner):
+            outcomes = runner.build_graph(self.builder, targets, no_cache, progress)
+        else:
+            outcomes = Scheduler(self.builder, progress, jobs, no_cache, keep_going).run(targets)
+        if cache_to:
+            self.push([self.keys[n] for n in names if self.store.has(self.keys[n])], cache_to)
+        return outcomes
+
+    def pull_needed(self, targets: list[str], ref: str) -> list[str]:
+        """Pull from the registry what a build of targets would read and is not stored, top down.
+
+        A target found remotely is pulled and its own needs are not: only what must be built
+        locally pulls in its inputs. Returns the names pulled.
+        """
+        from kiln.build.remote import Ref, Registry
+
+        registry = Registry(Ref.parse(ref))
+        stack = list(reversed(targets))
+        seen: set[str] = set()
+        pulled: list[str] = []
+        while stack:
+            name = stack.pop()
+            if name in seen:
+                continue
+            seen.add(name)
+            key = self.keys[name]
+            if self.store.has(key):
+                continue
+            with self.store.lock(key):
+                entry = self.store.entry(key) if self.store.has(key) else registry.pull(
+                    self.store, key, self.source_date_epoch
+                )
+            if entry is not None:
+                pulled.append(name)
+                continue
+            inputs = [d.stage for d in self.graph.build_inputs(name)] + self.graph.edges[name]
+            stack.extend(reversed(list(dict.fromkeys(inputs))))
+        if pulled:
+            print(f"kiln: pulled {len(pulled)} entr{'y' if len(pulled) == 1 else 'ies'} from {ref}: "
+                  + ", ".join(pulled), file=sys.stderr, flush=True)
+        return pulled
+
+    def push(self, keys: list[str], ref: str) -> int:
+        """Upload stored entries the registry lacks; returns how many were uploaded."""
+        from kiln.build.remote import Ref, Registry
+
+        registry = Registry(Ref.parse(ref))
+        sent = sum(1 for key in keys if registry.push(self.store, key))
+        print(f"kiln: pushed {sent} of {len(keys)} entries to {ref} (the rest were there)", file=sys.stderr,
+              flush=True)
+        return sent
 
     def export(self, names: list[str], out: Path) -> None:
         """Copy target outputs to out/<name>/ (hard links when on the same filesystem)."""
@@ -123,9 +204,9 @@ def shell(session: Session, target: str, command: list[str]) -> int:
         session.bootstrap(lambda text: print(text, file=sys.stderr))
     session.store.tmp_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=session.store.tmp_dir, prefix=f"shell-{target}-") as work:
-        root = session.builder.prepare_root(package, Path(work))
         env = session.builder.env(package.steps[0].env if package.steps else ())
         env["PS1"] = f"kiln:{target}:\\w# "
-        print(f"kiln: shell in {target}'s build root; changes are discarded on exit", file=sys.stderr)
-        return session.builder.runner.shell(root, env, command)
+        with contextlib.closing(session.builder.prepare_root(package, Path(work))) as root:
+            print(f"kiln: shell in {target}'s build root; changes are discarded on exit", file=sys.stderr)
+            return root.shell(env, command)
 

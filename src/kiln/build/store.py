@@ -428,11 +428,16 @@ class Store:
         finally:
             _release(*held)
 
-    def commit(self, key: str, staging: Path, name: str, meta: dict[str, Any], source_date_epoch: int) -> Entry:
+    def commit(
+        self, key: str, staging: Path, name: str, meta: dict[str, Any], source_date_epoch: int,
+        expect_manifest: bytes | None = None,
+    ) -> Entry:
         """Normalize `staging/tree`, record its manifest and publish it as `store/<key>` atomically.
 
         Consumes `staging` whatever happens. If another process published the key first, its
-        entry wins and is returned: equal keys mean interchangeable outputs.
+        entry wins and is returned: equal keys mean interchangeable outputs. With
+        `expect_manifest` (an entry pulled from a remote cache), a tree whose manifest differs
+        from it is refused and never published.
         """
         check_key(key)
         self._adopt(staging)
@@ -447,6 +452,8 @@ class Store:
             if extra:
                 raise BuildError(f"staging dir {staging} holds more than {TREE}/: {', '.join(extra)}")
             records = _Scan(tree, normalize=True, source_date_epoch=source_date_epoch).run()
+            if expect_manifest is not None and manifest_bytes(records) != expect_manifest:
+                raise BuildError(f"entry {key}: the unpacked tree does not match its recorded manifest")
             size = sum(r.size for r in records if r.type == "file")
             count = sum(1 for r in records if r.type != "dir")
             _write_durable(staging / MANIFEST, manifest_bytes(records))

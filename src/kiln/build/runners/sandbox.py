@@ -21,17 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from kiln.build.runners.base import BUILD_DIR, CAPABILITIES, Layer, RootPlan, base_env, finalize_script
 from kiln.errors import BuildError
 
-PATH = "/toolchain/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-
-# Docker's default capabilities: steps may chown, setuid and mknod in their own root,
-# but not mount, load modules or touch the host's network configuration.
-CAPABILITIES = (
-    "CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_MKNOD", "CAP_NET_RAW", "CAP_SETGID",
-    "CAP_SETUID", "CAP_SETFCAP", "CAP_SETPCAP", "CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT", "CAP_KILL",
-    "CAP_AUDIT_WRITE",
-)
+__all__ = ["BuildRoot", "Layer", "SandboxRoot", "SandboxRunner", "base_env", "bwrap_args", "finalize_script"]
 
 # Mounts overlays given as "lowers|upper|work|target" arguments up to "--", then execs the rest.
 _MOUNT_SCRIPT = r"""
@@ -56,14 +49,6 @@ def _die_with_parent() -> None:
     """Runs in the child before exec: if kiln is killed, so is the sandbox."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
-@dataclass(frozen=True)
-class Layer:
-    """A read-only tree (host path) that appears at `at` in the build root."""
-
-    tree: Path
-    at: str = "/"
 
 
 @dataclass
@@ -138,38 +123,10 @@ def bwrap_args(root: Path, env: dict[str, str], network: bool, interactive: bool
     args += ["--cap-drop", "ALL"]
     for cap in CAPABILITIES:
         args += ["--cap-add", cap]
-    args += ["--clearenv", "--chdir", "/tmp/build"]
+    args += ["--clearenv", "--chdir", BUILD_DIR]
     for name, value in sorted(env.items()):
         args += ["--setenv", name, value]
     return args
-
-
-def base_env(source_date_epoch: int, jobs: int) -> dict[str, str]:
-    """What every step sees before its declared env."""
-    return {
-        "PATH": PATH,
-        "HOME": "/root",
-        "LANG": "C.UTF-8",
-        "LC_ALL": "C.UTF-8",
-        "TZ": "UTC",
-        "SHELL": "/bin/sh",
-        "SOURCE_DATE_EPOCH": str(source_date_epoch),
-        "KILN_JOBS": str(jobs),
-    }
-
-
-def finalize_script(root: Path, copies: list[tuple[str, str]], out: Path) -> str:
-    """Shell that copies each `from` of the merged root to `to` under out."""
-    lines = ["set -eu"]
-    for source, to in copies:
-        src = f"{root}{source}" if source != "/" else str(root)
-        dst = f"{out}{to}" if to != "/" else str(out)
-        lines.append(
-            f'if [ -d "{src}" ] && [ ! -L "{src}" ]; then mkdir -p "{dst}"; cp -a "{src}/." "{dst}/"; '
-            f'elif [ -e "{src}" ] || [ -L "{src}" ]; then mkdir -p "$(dirname "{dst}")"; cp -a "{src}" "{dst}"; '
-            f'else echo "finalize: {source} does not exist in the build root" >&2; exit 3; fi'
-        )
-    return "\n".join(lines)
 
 
 class SandboxRunner:
@@ -195,6 +152,36 @@ class SandboxRunner:
         """An interactive process in the build root, attached to the caller's terminal."""
         inner = [*bwrap_args(root.root, env, network=False, interactive=True), *command]
         return subprocess.call(root.command(inner), preexec_fn=_die_with_parent)
+
+    def open(self, plan: RootPlan, work: Path) -> SandboxRoot:
+        """The Runner protocol: an overlay root of the plan's layers, prepared in `work`."""
+        root = BuildRoot(work, plan.layers)
+        root.prepare()
+        return SandboxRoot(self, root)
+
+
+@dataclass
+class SandboxRoot:
+    """The BuildRoot protocol over an overlay root; nothing to release, the mounts die with each call."""
+
+    runner: SandboxRunner
+    overlay: BuildRoot
+
+    @property
+    def build_dir(self) -> Path:
+        return self.overlay.build_dir
+
+    def run(self, script: str, env: dict[str, str], network: bool, log: IO[bytes]) -> int:
+        return self.runner.run(self.overlay, script, env, network, log)
+
+    def finalize(self, copies: list[tuple[str, str]], out: Path, log: IO[bytes]) -> int:
+        return self.runner.finalize(self.overlay, copies, out, log)
+
+    def shell(self, env: dict[str, str], command: list[str]) -> int:
+        return self.runner.shell(self.overlay, env, command)
+
+    def close(self) -> None:
+        pass
 
 
 def _call(command: list[str], log: IO[bytes]) -> int:

@@ -1,0 +1,481 @@
+"""The buildkit runner: the graph as one multi-stage Dockerfile, so any BuildKit can run it.
+
+Each package becomes up to three stages:
+
+- `src-<name>` (only with sources): FROM the seed, the package's placed /tmp/build copied from
+  the context and checked in a RUN against a SHA256SUMS file whose own sha256 is written in the
+  Dockerfile, so a build context altered after export fails;
+- `build-<name>`: FROM the variant's base (the seed, `kiln-base-toolchain`, or scratch), then the
+  dependency outputs COPYed to their `to` (shallow first, bottom first, as the overlay stacks
+  them), /tmp/build, and one RUN per snippet with the sandbox's environment;
+- `out-<name>`: FROM scratch, the finalize paths COPYed out of `build-<name>`.
+
+`kiln-outputs` gathers the wanted `out-` stages under /<label>/ for `--output type=local`.
+The seed is a base image (`ARG KILN_STAGE0`, by default `kiln/stage0:<key>` as the docker
+runner imports it) or, with `stage0="tar"`, `ADD stage0.tar` into a stage of its own, which
+needs no image store and suits remote builders at the price of a large context.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, NoReturn
+
+from kiln.build.builder import Builder, log_path, logs_dir
+from kiln.build.keys import file_sha256
+from kiln.build.runners.base import STEP_WRAPPER, RootPlan, base_env
+from kiln.build.scheduler import BUILT, CACHED, FAILED, Outcome, Progress
+from kiln.build.store import Store
+from kiln.errors import BuildError, InputError
+from kiln.pkg.graph import Graph
+from kiln.pkg.model import Package
+
+SKEL = "skel"
+TOOLCHAIN_BASE = "kiln-base-toolchain"
+SEED_STAGE = "kiln-stage0"
+OUTPUTS = "kiln-outputs"
+_UNKNOWN_FLAG = re.compile(r"unknown flag: network", re.IGNORECASE)
+
+
+def stage_id(name: str) -> str:
+    """Package names may hold '+', which stage names may not; '_' never occurs in a package name."""
+    return name.replace("+", "_")
+
+
+@dataclass
+class Export:
+    """What `write_context` produced: the Dockerfile's path and which packages need the network."""
+
+    context: Path
+    dockerfile: Path
+    networked: list[str] = field(default_factory=list)
+    stages: dict[str, str] = field(default_factory=dict)  # stage name -> package name
+
+
+@dataclass
+class Exporter:
+    """Writes the build context for `names` (a closure in build order) of `graph`."""
+
+    graph: Graph
+    keys: dict[str, str]
+    seed_key: str
+    place_sources: Callable[[Package, Path], None]
+    source_date_epoch: int
+    jobs: int
+    network_flags: bool = True
+    stage0: str = "image"  # or "tar"
+    seed_tree: Path | None = None
+    prebuilt: dict[str, Path] = field(default_factory=dict)  # name -> stored tree, used instead of building
+
+    def write(self, names: list[str], exported: dict[str, str], context: Path) -> Export:
+        """Fill `context` (emptied first); `exported` maps package name -> directory in kiln-outputs."""
+        if context.exists():
+            shutil.rmtree(context)
+        context.mkdir(parents=True)
+        skel = context / SKEL / "tmp" / "build"
+        skel.mkdir(parents=True)
+        (context / SKEL / "tmp").chmod(0o1777)
+        skel.chmod(0o755)
+        result = Export(context, context / "Dockerfile")
+        lines = [
+            "# Written by `kiln export dockerfile`: one stage per package, in build order.",
+            f"# Build: DOCKER_BUILDKIT=1 docker build --target {OUTPUTS} --output type=local,dest=OUT .",
+            f"ARG KILN_STAGE0=kiln/stage0:{self.seed_key}",
+        ]
+        seed_ref = "${KILN_STAGE0}"
+        if self.stage0 == "tar":
+            if self.seed_tree is None:
+                raise BuildError("the stage0 tarball needs the seed in the store: run kiln bootstrap")
+            _tar_tree(self.seed_tree, context / "stage0.tar")
+            lines += ["", f"FROM scratch AS {SEED_STAGE}", "ADD stage0.tar /"]
+            seed_ref = SEED_STAGE
+        elif self.stage0 != "image":
+            raise InputError(f"unknown stage0 mode {self.stage0!r}: choose image or tar")
+        toolchain = self.graph.tree.toolchain
+        toolchain_base_done = False
+        for name in names:
+            package = self.graph.tree.packages[name]
+            sid = stage_id(name)
+            lines.append("")
+            if name in self.prebuilt:
+                _link_tree(self.prebuilt[name], context / "prebuilt" / self.keys[name])
+                lines += [f"# {name}: stored by kiln as {self.keys[name]}",
+                          f"FROM scratch AS out-{sid}", f"COPY prebuilt/{self.keys[name]}/ /"]
+                result.stages[f"out-{sid}"] = name
+                continue
+            if package.variant == "toolchain" and not toolchain_base_done:
+                lines += [f"FROM {seed_ref} AS {TOOLCHAIN_BASE}", f"COPY --from=out-{stage_id(toolchain)} / /", ""]
+                toolchain_base_done = True
+            lines.append(f"# {name} {package.version}".rstrip() + f" (key {self.keys[name]})")
+            has_sources = any(step.sources for step in package.steps)
+            if has_sources:
+                lines += self._sources_stage(package, context, seed_ref)
+                result.stages[f"src-{sid}"] = name
+            base = {"stage0": seed_ref, "toolchain": TOOLCHAIN_BASE}.get(package.variant, "scratch")
+            lines += [f"FROM {base} AS build-{sid}", f"COPY {SKEL}/ /"]
+            result.stages[f"build-{sid}"] = name
+            lines += self._dependency_copies(package)
+            if has_sources:
+                lines.append(f"COPY --from=src-{sid} /kiln-src/tree/ /tmp/build/")
+            if package.steps:
+                env = base_env(self.source_date_epoch, self.jobs)
+                lines.append("ENV " + " ".join(f"{k}={json.dumps(v)}" for k, v in sorted(env.items())))
+            for step in package.steps:
+                exports = "".join(f"export {k}={shlex.quote(v)}; " for k, v in sorted(step.env))
+                if step.network == "default":
+                    result.networked.append(name)
+                flag = ""
+                if self.network_flags:
+                    flag = "--network=default " if step.network == "default" else "--network=none "
+                for _, script in step.snippets():
+                    argv = ["/bin/sh", "-c", f"{exports}{STEP_WRAPPER}", "kiln-env", script]
+                    lines.append(f"RUN {flag}{json.dumps(argv)}")
+            lines.append(f"FROM scratch AS out-{sid}")
+            result.stages[f"out-{sid}"] = name
+            for final in package.finalize:
+                lines.append(f"COPY --from=build-{sid} {_q(final.source)} {_q(final.to)}")
+        lines += ["", "# Every wanted output under /<name>/ (/<key>/ when kiln builds).", f"FROM scratch AS {OUTPUTS}"]
+        for name, label in exported.items():
+            lines.append(f"COPY --from=out-{stage_id(name)} / /{label}/")
+        result.networked = sorted(set(result.networked))
+        result.dockerfile.write_text("\n".join(lines) + "\n")
+        (context / ".dockerignore").write_text("Dockerfile\n")
+        return result
+
+    def _sources_stage(self, package: Package, context: Path, seed_ref: str) -> list[str]:
+        """Sources placed as the sandbox places them, then verified by sha256 inside the build."""
+        sid = stage_id(package.name)
+        where = context / "sources" / sid
+        tree = where / "tree"
+        tree.mkdir(parents=True)
+        tree.chmod(0o755)
+        self.place_sources(package, tree)
+        sums = []
+        for path in sorted(p for p in tree.rglob("*") if p.is_file() and not p.is_symlink()):
+            rel = path.relative_to(tree).as_posix()
+            if "\n" in rel or "\\" in rel:
+                raise InputError(f"package '{package.name}': source file name {rel!r} cannot be checked by sha256sum")
+            sums.append(f"{file_sha256(path)}  ./{rel}\n")
+        (where / "SHA256SUMS").write_text("".join(sums))
+        pins = [s.sha256 for step in package.steps for s in step.sources if s.sha256]
+        check = (
+            f"cd /kiln-src/tree && echo '{file_sha256(where / 'SHA256SUMS')}  ../SHA256SUMS' | sha256sum -c --quiet - "
+            "&& sha256sum -c --quiet ../SHA256SUMS"
+        )
+        flag = "--network=none " if self.network_flags else ""
+        return [
+            *(f"# source sha256 {pin}" for pin in pins),
+            f"FROM {seed_ref} AS src-{sid}",
+            f"COPY sources/{sid}/ /kiln-src/",
+            f"RUN {flag}{json.dumps(['/bin/sh', '-euc', check])}",
+            "",
+        ]
+
+    def _dependency_copies(self, package: Package) -> list[str]:
+        """Dependency outputs at their `to`: shallow paths first, bottom layer first, like the overlay."""
+        groups: dict[str, list[str]] = {}
+        for dep in self.graph.build_inputs(package.name):
+            at = os.path.normpath(dep.to)
+            source = dep.source.rstrip("/") + "/"
+            line = f"COPY --from=out-{stage_id(dep.stage)} {_q(source)} {_q(at.rstrip('/') + '/')}"
+            groups.setdefault(at, []).append(line)
+        lines: list[str] = []
+        for at in sorted(groups, key=lambda p: (0 if p == "/" else p.count("/"), p)):
+            lines += reversed(groups[at])
+        return lines
+
+
+def _q(path: str) -> str:
+    """A path as a JSON-free COPY argument; spaces would need the JSON form, which COPY --from also takes."""
+    if any(c.isspace() for c in path):
+        raise InputError(f"path {path!r} has white space, which the Dockerfile export does not support")
+    return path
+
+
+def _link_tree(tree: Path, dest: Path) -> None:
+    """Hard-link a stored tree into the context: no copy, and BuildKit only reads it."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    result = subprocess.run(["cp", "-al", str(tree), str(dest)], capture_output=True, text=True)
+    if result.returncode != 0:
+        raise BuildError(f"cannot link {tree} into the build context: {result.stderr.strip()}")
+
+
+def _tar_tree(tree: Path, dest: Path) -> None:
+    result = subprocess.run(
+        ["tar", "-C", str(tree), "--numeric-owner", "--sort=name", "-cf", str(dest), "."],
+        capture_output=True, text=True,
+    )
+    if result.returncode != 0:
+        raise BuildError(f"cannot archive the seed: {result.stderr.strip()}")
+
+
+# --- running it ----------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Client:
+    """How to run a BuildKit build here: `docker buildx build`, or a pre-23 client with DOCKER_BUILDKIT=1."""
+
+    argv: tuple[str, ...]
+    env: tuple[tuple[str, str], ...]
+    version: str
+
+    def environ(self) -> dict[str, str]:
+        return {**os.environ, **dict(self.env)}
+
+
+def find_client() -> Client:
+    """The first docker CLI that can run a BuildKit build ($KILN_DOCKER first, then PATH, then /usr/bin).
+
+    Docker 23+ clients hand `docker build` to buildx and fail without it; clients before 23
+    (Debian's docker.io 20.10) carry a BuildKit client of their own behind DOCKER_BUILDKIT=1.
+    """
+    candidates = [os.environ.get("KILN_DOCKER"), shutil.which("docker"), "/usr/bin/docker"]
+    seen: list[str] = []
+    for cand in candidates:
+        if not cand or cand in seen or not os.access(cand, os.X_OK):
+            continue
+        seen.append(cand)
+        buildx = subprocess.run([cand, "buildx", "version"], capture_output=True, text=True)
+        if buildx.returncode == 0:
+            return Client((cand, "buildx", "build"), (), buildx.stdout.strip())
+        version = subprocess.run([cand, "--version"], capture_output=True, text=True).stdout.strip()
+        match = re.search(r"version (\d+)\.", version)
+        if match and int(match.group(1)) < 23:
+            return Client((cand, "build"), (("DOCKER_BUILDKIT", "1"),), version)
+    raise BuildError(
+        "no docker client here can run BuildKit builds: install the buildx plugin, or Debian's docker.io "
+        f"(its /usr/bin/docker 20.10 builds with DOCKER_BUILDKIT=1); tried {', '.join(seen) or 'nothing'}"
+    )
+
+
+def probe_network_flag(client: Client, base_image: str, cache: Path, engine_id: str) -> bool:
+    """Does this client's Dockerfile frontend take `RUN --network=`? Asked once per client and engine."""
+    ident = hashlib.sha256(json.dumps([client.argv, client.version, engine_id,
+                                       os.environ.get("BUILDX_BUILDER", "")]).encode()).hexdigest()
+    known: dict[str, bool] = {}
+    if cache.is_file():
+        try:
+            known = json.loads(cache.read_text())
+        except ValueError:
+            known = {}
+    if ident in known:
+        return bool(known[ident])
+    with tempfile.TemporaryDirectory(prefix="kiln-probe-") as tmp:
+        (Path(tmp) / "Dockerfile").write_text(f"FROM {base_image}\nRUN --network=none true\n")
+        probe = subprocess.run([*client.argv, "--progress", "plain", "--no-cache", tmp], capture_output=True,
+                               text=True, env=client.environ())
+    output = probe.stdout + probe.stderr
+    if probe.returncode == 0:
+        supported = True
+    elif _UNKNOWN_FLAG.search(output):
+        supported = False
+    else:
+        raise BuildError(f"a BuildKit probe build failed (exit {probe.returncode}):\n{output[-2000:]}")
+    known[ident] = supported
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    cache.write_text(json.dumps(known, indent=1, sort_keys=True) + "\n")
+    return supported
+
+
+_VERTEX = re.compile(r"^#(\d+) \[([a-z0-9._-]+) \d+/\d+\]")
+_ERROR = re.compile(r"^#(\d+) ERROR")
+_DONE = re.compile(r"^#(\d+) DONE ([0-9.]+)s")
+_ANY = re.compile(r"^#(\d+) ")
+
+
+@dataclass
+class BuildLog:
+    """Splits BuildKit's plain progress into per-package logs and finds which package failed."""
+
+    stages: dict[str, str]
+    on_line: Callable[[str, str], None]  # (package, line)
+    vertex: dict[str, str] = field(default_factory=dict)  # vertex id -> package
+    failed: list[str] = field(default_factory=list)
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    def feed(self, line: str) -> None:
+        match = _VERTEX.match(line)
+        if match and match.group(2) in self.stages:
+            self.vertex[match.group(1)] = self.stages[match.group(2)]
+        any_match = _ANY.match(line)
+        package = self.vertex.get(any_match.group(1)) if any_match else None
+        if package is None:
+            return
+        self.on_line(package, line)
+        if _ERROR.match(line) and package not in self.failed:
+            self.failed.append(package)
+        done = _DONE.match(line)
+        if done:
+            self.seconds[package] = self.seconds.get(package, 0.0) + float(done.group(2))
+
+
+def run_build(client: Client, context: Path, dest: Path, build_args: dict[str, str], network_none: bool,
+              no_cache: bool, log: BuildLog, full_log: Path) -> int:
+    """Run the build of `kiln-outputs` into `dest`; returns the client's exit code."""
+    argv = [*client.argv, "--progress", "plain", "--target", OUTPUTS, "--output", f"type=local,dest={dest}"]
+    for name, value in sorted(build_args.items()):
+        argv += ["--build-arg", f"{name}={value}"]
+    if network_none:
+        argv += ["--network", "none"]
+    if no_cache:
+        argv.append("--no-cache")
+    argv.append(str(context))
+    full_log.parent.mkdir(parents=True, exist_ok=True)
+    with full_log.open("w") as out:
+        out.write("$ " + " ".join(shlex.quote(a) for a in argv) + "\n")
+        process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                   env=client.environ(), errors="replace")
+        assert process.stdout is not None
+        try:
+            for line in process.stdout:
+                out.write(line)
+                log.feed(line.rstrip("\n"))
+        except BaseException:
+            process.kill()
+            raise
+        finally:
+            process.stdout.close()
+        return process.wait()
+
+
+# --- the runner ----------------------------------------------------------------------------------------------------
+
+
+class BuildKitRunner:
+    """Builds a whole closure in one BuildKit solve; packages never run one by one through `open`."""
+
+    name = "buildkit"
+
+    def __init__(self) -> None:
+        self.client = find_client()
+
+    def open(self, plan: RootPlan, work: Path) -> NoReturn:
+        raise BuildError(f"package '{plan.name}': the buildkit runner builds the graph at once; "
+                         "use the sandbox or docker runner for a single root (kiln shell)")
+
+    def build_graph(
+        self, builder: Builder, targets: list[str], no_cache: bool, progress: Progress
+    ) -> dict[str, Outcome]:
+        """Export the closure (stored packages as prebuilt inputs), build what is missing, store it."""
+        from kiln.build.runners.docker import client, ensure_stage0_image
+
+        graph, keys, store = builder.graph, builder.keys, builder.store
+        names = graph.closure(targets)
+        outcomes = {name: Outcome(name, keys[name]) for name in names}
+        progress.begin(names)
+        with contextlib.ExitStack() as stack:
+            missing = [n for n in names if no_cache or not store.has(keys[n])]
+            for name in sorted(missing, key=lambda n: keys[n]):  # one order for every process: no deadlock
+                stack.enter_context(store.lock(keys[name]))
+            missing = [n for n in missing if no_cache or not store.has(keys[n])]
+            for name in names:
+                if name not in missing:
+                    store.touch(keys[name])
+                    outcomes[name].status = CACHED
+                    progress.done(outcomes[name])
+            if not missing:
+                progress.end(outcomes)
+                return outcomes
+            needed = _needed(builder, missing)
+            prebuilt = {n: store.tree(keys[n]) for n in needed if n not in missing}
+            for name in prebuilt:
+                stack.enter_context(store.use(keys[name]))
+            engine = client()
+            seed_key = builder.seed_key
+            seed_tag = ensure_stage0_image(engine, store.tree(seed_key), seed_key)
+            flags = probe_network_flag(self.client, seed_tag, store.root / "buildkit" / "features.json",
+                                       str(engine.info().get("ID", "")))
+            exporter = Exporter(graph, keys, seed_key, builder.place_sources, builder.source_date_epoch,
+                                builder.make_jobs, network_flags=flags, prebuilt=prebuilt)
+            for name in missing:
+                progress.started(name)
+            stack.enter_context(store.lock("buildkit-context"))
+            context = store.root / "buildkit" / "context"
+            export = exporter.write(needed, {n: keys[n] for n in missing}, context)
+            if export.networked and not flags:
+                raise BuildError(
+                    f"{', '.join(export.networked)} declare network: default, and this BuildKit frontend "
+                    f"({self.client.version}) cannot give one RUN a network and another none; build them with "
+                    "--runner sandbox or docker, or use buildx with a current frontend"
+                )
+            store.tmp_dir.mkdir(parents=True, exist_ok=True)
+            dest = Path(stack.enter_context(tempfile.TemporaryDirectory(dir=store.tmp_dir, prefix="buildkit-out-")))
+            logs = {n: stack.enter_context(_package_log(store, n, keys[n])) for n in missing}
+
+            def on_line(package: str, line: str) -> None:
+                if package in logs:
+                    logs[package].write(line + "\n")
+                    logs[package].flush()
+                    progress.phase(package, line.split("] ", 1)[-1][:60] if "] " in line else "building")
+
+            log = BuildLog(export.stages, on_line)
+            full_log = logs_dir(store) / "_buildkit" / "last.log"
+            start = time.monotonic()
+            code = run_build(self.client, context, dest, {"KILN_STAGE0": seed_tag},
+                             network_none=not flags and not export.networked, no_cache=no_cache, log=log,
+                             full_log=full_log)
+            total = round(time.monotonic() - start, 2)
+            if code != 0:
+                culprits = log.failed or missing
+                tail = "\n".join(full_log.read_text(errors="replace").splitlines()[-30:])
+                for name in missing:
+                    outcome = outcomes[name]
+                    if name in culprits:
+                        outcome.status = FAILED
+                        outcome.error = BuildError(
+                            f"package '{name}' failed on buildkit (exit {code}); full log {full_log}, "
+                            f"package log {log_path(store, name, keys[name])}:\n{tail}"
+                        )
+                    progress.done(outcome)
+                progress.end(outcomes)
+                return outcomes
+            for name in missing:
+                key = keys[name]
+                if no_cache and store.has(key):
+                    store.remove(key)
+                staging = store.staging(key)
+                (staging / "tree").rmdir()
+                os.rename(dest / key, staging / "tree")
+                seconds = round(log.seconds.get(name, total), 2)
+                meta = {"seconds": seconds, "platform": str(graph.tree.platform),
+                        "version": graph.tree.packages[name].version, "runner": self.name}
+                store.commit(key, staging, name, meta, builder.source_date_epoch)
+                outcomes[name].status, outcomes[name].seconds = BUILT, seconds
+                progress.done(outcomes[name])
+        progress.end(outcomes)
+        return outcomes
+
+
+def _needed(builder: Builder, missing: list[str]) -> list[str]:
+    """The missing packages and every stage their roots read (in build order)."""
+    graph = builder.graph
+    wanted = set(missing)
+    for name in missing:
+        wanted.update(d.stage for d in graph.build_inputs(name))
+        if graph.tree.packages[name].variant == "toolchain":
+            wanted.add(graph.tree.toolchain)
+    return [n for n in graph.order if n in wanted]
+
+
+@contextlib.contextmanager
+def _package_log(store: Store, name: str, key: str) -> Iterator[IO[str]]:
+    path = log_path(store, name, key)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    last = path.parent / "last.log"
+    with path.open("w") as out:
+        last.unlink(missing_ok=True)
+        last.symlink_to(path.name)
+        yield out

@@ -1,0 +1,1 @@
+"""The booting system's images: rootfs squashfs, initramfs, system extensions."""

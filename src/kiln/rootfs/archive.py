@@ -1,0 +1,64 @@
+"""Reproducible archives of a tree: squashfs (the rootfs, extension layers) and the initramfs cpio.
+
+Both come from real tools made deterministic: mksquashfs with -all-root, fixed times
+and no xattrs; GNU cpio in newc format with --reproducible, fed a sorted list from a
+tree whose times were clamped; zstd without a content checksum of the clock.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+from kiln.errors import BuildError
+from kiln.rootfs.tree import clamp_times
+
+
+def _need(tool: str, package: str) -> str:
+    path = shutil.which(tool)
+    if path is None:
+        raise BuildError(f"'{tool}' is not installed: apt install {package} (scripts/setup-host.sh does)")
+    return path
+
+
+def mksquashfs(tree: Path, out: Path, epoch: int, compression: str = "zstd") -> Path:
+    """A read-only squashfs of `tree`: root-owned, times at `epoch`, no xattrs."""
+    _need("mksquashfs", "squashfs-tools")
+    out.unlink(missing_ok=True)
+    command = [
+        "mksquashfs", str(tree), str(out), "-noappend", "-no-progress", "-quiet",
+        "-comp", compression, "-all-root", "-no-xattrs",
+        "-mkfs-time", str(epoch), "-all-time", str(epoch), "-processors", str(os.cpu_count() or 1),
+    ]
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise BuildError(f"mksquashfs failed: {result.stderr.strip() or result.stdout.strip()}")
+    return out
+
+
+def cpio_newc(tree: Path, out: Path, epoch: int, level: int = 19) -> Path:
+    """A zstd-compressed newc cpio of `tree`: sorted, owners 0:0, times at `epoch`."""
+    _need("cpio", "cpio")
+    _need("zstd", "zstd")
+    clamp_times(tree, epoch)
+    names = sorted(
+        (Path(dirpath) / name).relative_to(tree).as_posix()
+        for dirpath, dirnames, filenames in os.walk(tree)
+        for name in [*dirnames, *filenames]
+    )
+    listing = ("\n".join(names) + "\n").encode() if names else b""
+    cpio = subprocess.run(
+        ["cpio", "--create", "--format=newc", "--reproducible", "--owner=0:0", "--quiet"],
+        cwd=tree, input=listing, capture_output=True,
+    )
+    if cpio.returncode != 0:
+        raise BuildError(f"cpio failed: {cpio.stderr.decode(errors='replace').strip()}")
+    out.unlink(missing_ok=True)
+    zstd = subprocess.run(
+        ["zstd", f"-{level}", "-q", "--no-check", "-o", str(out)], input=cpio.stdout, capture_output=True
+    )
+    if zstd.returncode != 0:
+        raise BuildError(f"zstd failed: {zstd.stderr.decode(errors='replace').strip()}")
+    return out

@@ -115,34 +115,22 @@ class Session:
         return outcomes
 
     def pull_needed(self, targets: list[str], ref: str) -> list[str]:
-        """Pull from the registry what a build of targets would read and is not stored, top down.
+        """Pull from the registry every entry of the targets' closure that is not stored; returns their names.
 
-        A target found remotely is pulled and its own needs are not: only what must be built
-        locally pulls in its inputs. Returns the names pulled.
+        The whole closure, not just the targets: a build walks every package of it, and what
+        the registry has need not be built here.
         """
         from kiln.build.remote import Ref, Registry
 
         registry = Registry(Ref.parse(ref))
-        stack = list(reversed(targets))
-        seen: set[str] = set()
         pulled: list[str] = []
-        while stack:
-            name = stack.pop()
-            if name in seen:
-                continue
-            seen.add(name)
+        for name in self.graph.closure(targets):
             key = self.keys[name]
             if self.store.has(key):
                 continue
             with self.store.lock(key):
-                entry = self.store.entry(key) if self.store.has(key) else registry.pull(
-                    self.store, key, self.source_date_epoch
-                )
-            if entry is not None:
-                pulled.append(name)
-                continue
-            inputs = [d.stage for d in self.graph.build_inputs(name)] + self.graph.edges[name]
-            stack.extend(reversed(list(dict.fromkeys(inputs))))
+                if not self.store.has(key) and registry.pull(self.store, key, self.source_date_epoch):
+                    pulled.append(name)
         if pulled:
             print(f"kiln: pulled {len(pulled)} entr{'y' if len(pulled) == 1 else 'ies'} from {ref}: "
                   + ", ".join(pulled), file=sys.stderr, flush=True)

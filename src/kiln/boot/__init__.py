@@ -1,0 +1,1 @@
+"""The QEMU harness behind `kiln boot` and the end-to-end tests."""

@@ -1,0 +1,61 @@
+"""`kiln boot ARTIFACT`: boot it in QEMU and wait for the ready line (or --expect TEXT)."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from kiln.boot.qemu import READY, boot, machine_for
+from kiln.errors import BuildError, InputError
+from kiln.paths import cache_dir
+
+ACCELS = ("tcg", "kvm")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("artifact", metavar="ARTIFACT", help="a directory with vmlinuz and initramfs.zst, an ISO "
+                        "or a disk image")
+    parser.add_argument("--firmware", choices=("bios", "uefi"), default="bios", help="SeaBIOS or OVMF (UEFI)")
+    parser.add_argument("--disk", metavar="SIZE", help="attach a blank virtio disk of SIZE (e.g. 4G)")
+    parser.add_argument("--disk-file", metavar="PATH", help="attach this qcow2 disk (created with --disk if missing)")
+    parser.add_argument("--cmdline", default="", help="kernel command line (kernel+initramfs boots)")
+    parser.add_argument("--timeout", type=float, default=120.0, help="seconds to wait (default 120)")
+    parser.add_argument("--expect", default=READY, help=f"console text that means success (default {READY!r})")
+    parser.add_argument("--api", type=int, metavar="PORT", help="forward machined's API to 127.0.0.1:PORT")
+    parser.add_argument("--memory", default="1024", help="guest memory in MiB (default 1024)")
+    parser.add_argument("--accel", choices=ACCELS, default="tcg",
+                        help="tcg (default; KVM initialises on some hosts but its guests hang) or kvm")
+    parser.add_argument("--log", metavar="PATH", help="console log (default: in the cache, printed at the end)")
+    parser.add_argument("--quiet", action="store_true", help="do not stream the console")
+
+
+def run(args: argparse.Namespace) -> int:
+    machine = machine_for(Path(args.artifact))
+    machine.cmdline = args.cmdline or "console=ttyS0"
+    machine.firmware = args.firmware
+    machine.memory = args.memory
+    machine.accel = args.accel
+    machine.api_port = args.api
+    with tempfile.TemporaryDirectory(prefix="kiln-disk-") as tmp:
+        if args.disk or args.disk_file:
+            disk = Path(args.disk_file) if args.disk_file else Path(tmp) / "disk.qcow2"
+            if not disk.exists():
+                if not args.disk:
+                    raise InputError(f"--disk-file {disk} does not exist: give --disk SIZE to create it")
+                made = subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", str(disk), args.disk],
+                                      capture_output=True, text=True)
+                if made.returncode != 0:
+                    raise InputError(f"--disk {args.disk}: {made.stderr.strip()}")
+            machine.blank_disk = disk
+        log = Path(args.log) if args.log else cache_dir() / "boot" / "last-console.log"
+        echo = None if args.quiet else (lambda line: print(line, flush=True))
+        result = boot(machine, args.expect, args.timeout, log, echo)
+    if result.ok:
+        print(f"kiln boot: {args.expect!r} after {result.seconds:.1f} s (console log: {log})", file=sys.stderr)
+        return 0
+    tail = "\n".join(result.tail)
+    raise BuildError(f"boot failed: {result.reason}; last {len(result.tail)} console lines "
+                     f"(full log: {log}):\n{tail}")

@@ -1,0 +1,171 @@
+"""Booting an artifact in QEMU and waiting for a line on the serial console.
+
+Used by `kiln boot` and the end-to-end tests. The console is streamed as it comes
+(to the terminal and a log file); the run ends when the expected line appears, on
+a kernel panic, or at the timeout, with the last console lines to show why.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import re
+import selectors
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kiln.errors import BuildError, InputError
+
+READY = "machined ready:"
+PANIC = re.compile(r"Kernel panic|end Kernel panic|kiln-init: fatal")
+OVMF_CODE = Path("/usr/share/OVMF/OVMF_CODE_4M.fd")
+OVMF_VARS = Path("/usr/share/OVMF/OVMF_VARS_4M.fd")
+DISK_FORMATS = {".raw": "raw", ".img": "raw", ".qcow2": "qcow2", ".vhd": "vpc", ".vmdk": "vmdk"}
+TAIL = 50
+
+
+@dataclass
+class Machine:
+    """What to boot and how; `command()` turns it into a QEMU command line."""
+
+    kernel: Path | None = None
+    initrd: Path | None = None
+    cdrom: Path | None = None
+    disk: Path | None = None
+    disk_format: str = "raw"
+    cmdline: str = ""
+    firmware: str = "bios"
+    memory: str = "1024"
+    accel: str = "tcg"
+    blank_disk: Path | None = None
+    api_port: int | None = None
+    extra: list[str] = field(default_factory=list)
+
+    def command(self, vars_copy: Path | None = None) -> list[str]:
+        qemu = shutil.which("qemu-system-x86_64")
+        if qemu is None:
+            raise BuildError("qemu-system-x86_64 is not installed: apt install qemu-system-x86")
+        args = [qemu, "-accel", self.accel, "-m", self.memory, "-smp", "2", "-nographic", "-no-reboot",
+                "-serial", "stdio", "-monitor", "none", "-nodefaults"]
+        if self.firmware == "uefi":
+            if vars_copy is None:
+                raise BuildError("UEFI boots need a writable copy of OVMF_VARS")
+            args += ["-machine", "q35", "-drive", f"if=pflash,format=raw,unit=0,readonly=on,file={OVMF_CODE}",
+                     "-drive", f"if=pflash,format=raw,unit=1,file={vars_copy}"]
+        if self.kernel:
+            args += ["-kernel", str(self.kernel)]
+            if self.initrd:
+                args += ["-initrd", str(self.initrd)]
+            args += ["-append", self.cmdline or "console=ttyS0"]
+        if self.cdrom:
+            args += ["-drive", f"file={self.cdrom},media=cdrom,readonly=on,if=ide,index=1"]
+        if self.disk:
+            args += ["-drive", f"file={self.disk},format={self.disk_format},if=virtio,snapshot=on"]
+        if self.blank_disk:
+            args += ["-drive", f"file={self.blank_disk},format=qcow2,if=virtio"]
+        net = "user,id=net0"
+        if self.api_port:
+            net += f",hostfwd=tcp:127.0.0.1:{self.api_port}-:50000"
+        args += ["-netdev", net, "-device", "virtio-net-pci,netdev=net0", "-device", "virtio-rng-pci"]
+        return args + self.extra
+
+
+def machine_for(artifact: Path) -> Machine:
+    """Pick how to boot an artifact from what it is."""
+    if artifact.is_dir():
+        kernel = artifact / "vmlinuz"
+        initrds = [artifact / n for n in ("initramfs.zst", "initramfs", "initramfs.xz") if (artifact / n).exists()]
+        if kernel.is_file() and initrds:
+            return Machine(kernel=kernel, initrd=initrds[0])
+        raise InputError(f"{artifact} holds no vmlinuz and initramfs.zst to boot")
+    if not artifact.is_file():
+        raise InputError(f"no such artifact: {artifact}")
+    if artifact.suffix == ".iso":
+        return Machine(cdrom=artifact)
+    if artifact.suffix in DISK_FORMATS:
+        return Machine(disk=artifact, disk_format=DISK_FORMATS[artifact.suffix])
+    raise InputError(f"do not know how to boot {artifact.name}: expected a directory, .iso or a disk image")
+
+
+@dataclass
+class BootResult:
+    ok: bool
+    seconds: float
+    line: str | None
+    tail: list[str]
+    reason: str
+
+
+def boot(
+    machine: Machine, expect: str, timeout: float, log: Path, echo: Callable[[str], None] | None = None
+) -> BootResult:
+    """Run QEMU until `expect` shows on the console, a panic, QEMU's exit, or the timeout."""
+    with tempfile.TemporaryDirectory(prefix="kiln-boot-") as tmp:
+        vars_copy = None
+        if machine.firmware == "uefi":
+            if not OVMF_CODE.exists():
+                raise BuildError("UEFI firmware is not installed: apt install ovmf")
+            vars_copy = Path(tmp) / "OVMF_VARS.fd"
+            shutil.copyfile(OVMF_VARS, vars_copy)
+        if machine.blank_disk and not machine.blank_disk.exists():
+            raise BuildError(f"blank disk {machine.blank_disk} does not exist")
+        command = machine.command(vars_copy)
+        log.parent.mkdir(parents=True, exist_ok=True)
+        tail: collections.deque[str] = collections.deque(maxlen=TAIL)
+        start = time.monotonic()
+        with log.open("w") as out:
+            out.write("# " + " ".join(command) + "\n")
+            process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                       stderr=subprocess.STDOUT)
+            assert process.stdout is not None
+            os.set_blocking(process.stdout.fileno(), False)
+            selector = selectors.DefaultSelector()
+            selector.register(process.stdout, selectors.EVENT_READ)
+            pending = b""
+            result: BootResult | None = None
+            try:
+                while result is None:
+                    left = timeout - (time.monotonic() - start)
+                    if left <= 0:
+                        result = BootResult(False, timeout, None, list(tail), f"timed out after {timeout:.0f} s")
+                        break
+                    if not selector.select(min(left, 0.5)):
+                        if process.poll() is not None:
+                            result = BootResult(False, time.monotonic() - start, None, list(tail),
+                                                f"QEMU exited with code {process.returncode}")
+                        continue
+                    chunk = process.stdout.read() or b""
+                    if not chunk and process.poll() is not None:
+                        result = BootResult(False, time.monotonic() - start, None, list(tail),
+                                            f"QEMU exited with code {process.returncode}")
+                        continue
+                    pending += chunk
+                    *lines, pending = pending.split(b"\n")
+                    for raw in lines:
+                        line = raw.decode(errors="replace").rstrip("\r")
+                        out.write(line + "\n")
+                        out.flush()
+                        tail.append(line)
+                        if echo:
+                            echo(line)
+                        if expect in line:
+                            result = BootResult(True, time.monotonic() - start, line, list(tail), "found")
+                            break
+                        if PANIC.search(line):
+                            result = BootResult(False, time.monotonic() - start, line, list(tail), "kernel panic")
+                            break
+            finally:
+                selector.close()
+                if process.poll() is None:
+                    process.terminate()
+                    try:
+                        process.wait(timeout=5)
+                    except subprocess.TimeoutExpired:
+                        process.kill()
+                        process.wait()
+        return result

@@ -208,6 +208,24 @@ def cache_remote(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_kernel(args: argparse.Namespace) -> int:
+    from kiln.build.session import Session
+    from kiln.kernel import tool
+
+    arch = args.arch or Platform.parse(args.platform).arch
+    tree = load_tree(Path(args.pkgs), tool.host_platform(), parse_overrides(args.set),
+                     Path(args.from_tar) if args.from_tar else None)
+    output = Path(args.output) if args.output else None
+    result = tool.run(Session.open(Graph(tree)), args.kernel_verb, arch, output)
+    if result.written is None:
+        print("kernel_fragments is set: the main config was left as it is (fragments stay separate)")
+    else:
+        print(f"{'wrote' if result.changed else 'unchanged:'} {result.written}")
+    if output is not None:
+        print(f"full .config written to {output}")
+    return 0
+
+
 def _common() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--pkgs", default="pkgs", metavar="DIR", help="package tree (default: ./pkgs)")
@@ -309,6 +327,19 @@ def build_parser() -> argparse.ArgumentParser:
     cache_pull.add_argument("ref", metavar="oci://HOST/REPO")
     cache_pull.add_argument("names", nargs="*", metavar="TARGET")
     cache.set_defaults(handler=cmd_cache)
+
+    kernel = verbs.add_parser("kernel", help="edit the kernel config in the kernel's build container",
+                              description="edit the kernel config in the kernel's build container")
+    kernel_verbs = kernel.add_subparsers(dest="kernel_verb", metavar="ACTION", required=True)
+    for action, text in (
+        ("menuconfig", "edit pkgs/kernel/config-ARCH interactively, then save it in savedefconfig form"),
+        ("olddefconfig", "resolve config-ARCH (+ kernel_fragments) against the kernel source; write it back"),
+        ("savedefconfig", "rewrite config-ARCH in minimal (savedefconfig) form"),
+    ):
+        sub = kernel_verbs.add_parser(action, parents=[common], help=text, description=text)
+        sub.add_argument("--arch", choices=["amd64", "arm64"], help="which config (default: --platform's arch)")
+        sub.add_argument("--output", metavar="FILE", help="also write the full resolved .config here")
+    kernel.set_defaults(handler=cmd_kernel)
     return parser
 
 

@@ -1,0 +1,1 @@
+"""Kernel config tooling: fragments, checks, and config work in the kernel's build container."""

@@ -360,7 +360,14 @@ class BuildKitRunner:
     name = "buildkit"
 
     def __init__(self) -> None:
-        self.client = find_client()
+        self._client: Client | None = None
+
+    @property
+    def client(self) -> Client:
+        """Found on first use, so a build that finds everything stored never looks for one."""
+        if self._client is None:
+            self._client = find_client()
+        return self._client
 
     def open(self, plan: RootPlan, work: Path) -> NoReturn:
         raise BuildError(f"package '{plan.name}': the buildkit runner builds the graph at once; "
@@ -393,11 +400,15 @@ class BuildKitRunner:
             prebuilt = {n: store.tree(keys[n]) for n in needed if n not in missing}
             for name in prebuilt:
                 stack.enter_context(store.use(keys[name]))
-            engine = client()
             seed_key = builder.seed_key
-            seed_tag = ensure_stage0_image(engine, store.tree(seed_key), seed_key)
-            flags = probe_network_flag(self.client, seed_tag, store.root / "buildkit" / "features.json",
-                                       str(engine.info().get("ID", "")))
+            # A remote builder cannot see this engine's images: KILN_STAGE0_IMAGE names the seed in a registry.
+            seed_tag = os.environ.get("KILN_STAGE0_IMAGE", "")
+            engine_id = "remote"
+            if not seed_tag:
+                engine = client()
+                seed_tag = ensure_stage0_image(engine, store.tree(seed_key), seed_key)
+                engine_id = str(engine.info().get("ID", ""))
+            flags = probe_network_flag(self.client, seed_tag, store.root / "buildkit" / "features.json", engine_id)
             exporter = Exporter(graph, keys, seed_key, builder.place_sources, builder.source_date_epoch,
                                 builder.make_jobs, network_flags=flags, prebuilt=prebuilt)
             for name in missing:

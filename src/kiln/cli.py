@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from kiln import __version__, console
+from kiln.boot import command as boot_command
 from kiln.build.keys import compute_keys
 from kiln.errors import InputError, InputErrors, KilnError
 from kiln.pkg.graph import Graph
@@ -340,6 +341,11 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_argument("--arch", choices=["amd64", "arm64"], help="which config (default: --platform's arch)")
         sub.add_argument("--output", metavar="FILE", help="also write the full resolved .config here")
     kernel.set_defaults(handler=cmd_kernel)
+
+    boot = verbs.add_parser("boot", help="boot an artifact in QEMU and wait for machined's ready line",
+                            description="boot an artifact in QEMU and wait for machined's ready line")
+    boot_command.add_arguments(boot)
+    boot.set_defaults(handler=boot_command.run)
     return parser
 
 

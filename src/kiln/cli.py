@@ -17,6 +17,7 @@ from kiln.pkg.loader import Tree, load_tree
 from kiln.pkg.show import GRAPH_FORMATS, dump_yaml, render_graph
 from kiln.pkg.template import render_string
 from kiln.pkg.variables import Platform, parse_overrides
+from kiln.rootfs import command as image_command
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -227,6 +228,10 @@ def cmd_kernel(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_image(args: argparse.Namespace) -> int:
+    return image_command.run(_load(args), args)
+
+
 def _common() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--pkgs", default="pkgs", metavar="DIR", help="package tree (default: ./pkgs)")
@@ -341,6 +346,10 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_argument("--arch", choices=["amd64", "arm64"], help="which config (default: --platform's arch)")
         sub.add_argument("--output", metavar="FILE", help="also write the full resolved .config here")
     kernel.set_defaults(handler=cmd_kernel)
+
+    image = verb("image", cmd_image, "build what is missing, then write vmlinuz and initramfs.zst (kiln image "
+                 "--output kernel,initramfs --extension PKG --out DIR)")
+    image_command.add_arguments(image)
 
     boot = verbs.add_parser("boot", help="boot an artifact in QEMU and wait for machined's ready line",
                             description="boot an artifact in QEMU and wait for machined's ready line")

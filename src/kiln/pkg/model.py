@@ -144,6 +144,7 @@ class Package:
                 for st in self.steps
             ],
             "finalize": [{"from": f.source, "to": f.to} for f in self.finalize],
+            "extension": self.spec.get("extension"),
         }
 
 

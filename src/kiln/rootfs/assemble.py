@@ -1,0 +1,116 @@
+"""Kernel + initramfs from package outputs: the first bootable output of a Kiln image.
+
+The initramfs holds `/init` (the tiny init), `/rootfs.sqsh` (the read-only rootfs)
+and `/extensions/NN-name.sqsh` layers. Everything is derived from store trees and
+SOURCE_DATE_EPOCH, so the same inputs give the same bytes.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kiln.errors import BuildError
+from kiln.rootfs import extension
+from kiln.rootfs.archive import cpio_newc, mksquashfs
+from kiln.rootfs.tree import Part, check_minimal, largest_files, merge, prune, strip_binaries
+
+# What a base Kiln rootfs is made of (the kernel adds its modules).
+BASE_ROOTFS = ("fhs", "ca-certificates", "util-linux", "e2fsprogs", "dosfstools", "kmod", "machined")
+KERNEL = "kernel"
+INIT = "init"
+
+
+@dataclass
+class Inputs:
+    """Store trees by package name, and which of them are extensions (in layer order)."""
+
+    trees: dict[str, Path]
+    rootfs: list[str]
+    extensions: list[tuple[extension.Manifest, str]] = field(default_factory=list)
+
+
+@dataclass
+class Report:
+    sizes: dict[str, int]
+    largest: list[tuple[int, str]]
+    stripped: int
+
+
+def kernel_parts(tree: Path, work: Path) -> tuple[Path, Path]:
+    """vmlinuz and a copy of the kernel output without /boot (its modules go in the rootfs)."""
+    vmlinuz = tree / "boot/vmlinuz"
+    if not vmlinuz.is_file():
+        raise BuildError(f"the kernel package has no /boot/vmlinuz in its output ({tree})")
+    modules = work / "kernel-modules"
+    if (tree / "usr/lib/modules").is_dir():
+        shutil.copytree(tree / "usr/lib/modules", modules / "usr/lib/modules", symlinks=True)
+    else:
+        modules.mkdir(parents=True)
+    return vmlinuz, modules
+
+
+def build_rootfs(inputs: Inputs, modules: Path, work: Path, epoch: int) -> tuple[Path, Path, Report]:
+    """Merge, prune, strip and check the rootfs tree; then squash it."""
+    root = work / "rootfs"
+    parts = [Part(name, inputs.trees[name]) for name in inputs.rootfs]
+    merge([*parts, Part(KERNEL, modules)], root)
+    prune(root)
+    stripped = strip_binaries(root)
+    check_minimal(root)
+    image = mksquashfs(root, work / "rootfs.sqsh", epoch)
+    return root, image, Report({"rootfs.sqsh": image.stat().st_size}, largest_files(root), stripped)
+
+
+def build_layers(inputs: Inputs, rootfs: Path, work: Path, epoch: int) -> list[Path]:
+    """One squashfs per extension, plus a regenerated modules index layer when they carry modules."""
+    trees = []
+    for index, (manifest, name) in enumerate(inputs.extensions, start=1):
+        extension.check_compatible(manifest)
+        extension.check_paths(name, inputs.trees[name])
+        trees.append((f"{index:02d}-{name}", extension.layer_tree(inputs.trees[name], manifest,
+                                                                  work / "ext" / name)))
+    index_tree = extension.modules_layer(rootfs, [t for _, t in trees], work / "ext" / "modules-index")
+    if index_tree is not None:
+        trees.append((f"{len(trees) + 1:02d}-modules-index", index_tree))
+    layers = []
+    for label, tree in trees:
+        layers.append(mksquashfs(tree, work / "layers" / f"{label}.sqsh", epoch))
+    return layers
+
+
+def assemble(inputs: Inputs, out: Path, epoch: int, say: Callable[[str], None]) -> Report:
+    """Write out/vmlinuz and out/initramfs.zst."""
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="kiln-image-", dir=out) as tmp:
+        work = Path(tmp)
+        (work / "layers").mkdir()
+        vmlinuz, modules = kernel_parts(inputs.trees[KERNEL], work)
+        say(f"rootfs: merging {len(inputs.rootfs)} packages")
+        root, squash, report = build_rootfs(inputs, modules, work, epoch)
+        layers = build_layers(inputs, root, work, epoch)
+        initramfs = work / "initramfs"
+        (initramfs / "extensions").mkdir(parents=True)
+        init = inputs.trees[INIT] / "init"
+        if not init.is_file():
+            raise BuildError(f"the init package has no /init in its output ({inputs.trees[INIT]})")
+        shutil.copy2(init, initramfs / "init")
+        (initramfs / "init").chmod(0o755)
+        shutil.copy2(squash, initramfs / "rootfs.sqsh")
+        for layer in layers:
+            shutil.copy2(layer, initramfs / "extensions" / layer.name)
+        say(f"initramfs: init, rootfs.sqsh and {len(layers)} extension layer(s)")
+        cpio_newc(initramfs, out / "initramfs.zst", epoch)
+        shutil.copy2(vmlinuz, out / "vmlinuz")
+        (out / "vmlinuz").chmod(0o644)
+        report.sizes |= {
+            "init": init.stat().st_size,
+            "vmlinuz": (out / "vmlinuz").stat().st_size,
+            "initramfs.zst": (out / "initramfs.zst").stat().st_size,
+        }
+        for layer in layers:
+            report.sizes[f"extensions/{layer.name}"] = layer.stat().st_size
+    return report

@@ -1,0 +1,69 @@
+"""`kiln image --output kernel,initramfs`: build what is missing, then assemble the boot assets."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from kiln.errors import BuildError, InputError
+from kiln.pkg.graph import Graph
+
+OUTPUTS = ("kernel", "initramfs")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--output", default="kernel,initramfs",
+                        help="what to write, comma-separated: kernel,initramfs (default both)")
+    parser.add_argument("--extension", action="append", default=[], metavar="PKG",
+                        help="turn this package into a system-extension layer (repeatable, in layer order)")
+    parser.add_argument("--package", action="append", default=[], metavar="PKG",
+                        help="add this package's output to the rootfs (repeatable)")
+    parser.add_argument("--out", default="_out/image", metavar="DIR", help="where to write (default _out/image)")
+    parser.add_argument("--jobs", "-j", type=int, default=2, metavar="N", help="packages built at once")
+    parser.add_argument("--json", action="store_true", help="print sizes as JSON")
+
+
+def run(graph: Graph, args: argparse.Namespace) -> int:
+    # Imported here: `kiln validate` and friends should not pay for the build machinery.
+    from kiln.build.session import Session, choose_progress, failures
+    from kiln.rootfs import extension
+    from kiln.rootfs.assemble import BASE_ROOTFS, INIT, KERNEL, Inputs, assemble
+
+    outputs = [o.strip() for o in args.output.split(",") if o.strip()]
+    unknown = [o for o in outputs if o not in OUTPUTS]
+    if unknown:
+        raise InputError(f"unknown --output {', '.join(unknown)}: choose from {', '.join(OUTPUTS)} "
+                         "(iso, disk images and the rest come with profiles)")
+    packages = graph.tree.packages
+    rootfs = [name for name in BASE_ROOTFS if name in packages] + list(args.package)
+    for name in [*args.package, *args.extension]:
+        graph.closure([name])  # unknown names fail here, with a suggestion
+    manifests = [(extension.manifest_for(packages[name]), name) for name in args.extension]
+    targets = list(dict.fromkeys([KERNEL, INIT, *rootfs, *args.extension]))
+    session = Session.open(graph)
+    outcomes = session.build(targets, args.jobs, False, False, choose_progress(args.json))
+    failed = failures(outcomes)
+    if failed:
+        for outcome in failed:
+            print(str(outcome.error), file=sys.stderr)
+        raise BuildError(f"cannot assemble the image: {len(failed)} package(s) failed")
+    trees = {name: session.store.tree(session.keys[name]) for name in targets}
+    out = Path(args.out)
+    report = assemble(Inputs(trees, rootfs, manifests), out, session.source_date_epoch,
+                      lambda text: print(text, file=sys.stderr, flush=True))
+    if "kernel" not in outputs:
+        (out / "vmlinuz").unlink()
+    if "initramfs" not in outputs:
+        (out / "initramfs.zst").unlink()
+    if args.json:
+        print(json.dumps({"sizes": report.sizes, "largest": report.largest}, indent=2))
+        return 0
+    for name, size in report.sizes.items():
+        print(f"{name:32s} {size / 1048576:8.2f} MiB")
+    print("largest files in the rootfs:")
+    for size, path in report.largest:
+        print(f"  {size / 1048576:8.2f} MiB  {path}")
+    print(f"wrote {', '.join(outputs)} to {out}/ ({report.stripped} binaries stripped)")
+    return 0

@@ -1,0 +1,110 @@
+"""Benchmark: QEMU start to the ready line (TCG), Kiln's kernel + initramfs beside a Debian baseline.
+
+The baseline is Debian's own cloud kernel with a busybox initramfs whose /init prints a line
+and powers off: the floor for "a kernel and a tiny userspace" on this machine. Both are booted
+in the same run, alternately, three times each. Sizes of init, machined, rootfs.sqsh and the
+initramfs are printed too (target: initramfs at most 12 MB; Talos's is about 56 MB).
+
+Run: `.venv/bin/python bench/boot.py ARTIFACT_DIR` where ARTIFACT_DIR holds vmlinuz and
+initramfs.zst from `kiln image --output kernel,initramfs`.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from kiln.boot.qemu import Machine, boot
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench/results/boot.json"
+BASELINE_LINE = "baseline ready"
+
+
+def debian_package(name: str, dest: Path) -> Path:
+    """Download and unpack one Debian package (the archive is the only thing reachable here)."""
+    subprocess.run(["apt-get", "download", "-q", name], cwd=dest, check=True, capture_output=True)
+    deb = next(dest.glob("*.deb"))
+    unpacked = dest / "root"
+    subprocess.run(["dpkg-deb", "-x", str(deb), str(unpacked)], check=True)
+    deb.unlink()
+    return unpacked
+
+
+def baseline(work: Path) -> Path:
+    kernel_pkg = subprocess.run(["apt-cache", "depends", "linux-image-cloud-amd64"], capture_output=True,
+                                text=True, check=True).stdout.split("Depends: ")[1].split()[0]
+    (work / "k").mkdir()
+    (work / "b").mkdir()
+    kernel_root = debian_package(kernel_pkg, work / "k")
+    busybox_root = debian_package("busybox-static", work / "b")
+    out = work / "baseline"
+    tree = out / "tree"
+    (tree / "bin").mkdir(parents=True)
+    shutil.copy(busybox_root / "bin/busybox", tree / "bin/busybox")
+    (tree / "init").write_text(f"#!/bin/busybox sh\n/bin/busybox echo {BASELINE_LINE}\n/bin/busybox poweroff -f\n")
+    (tree / "init").chmod(0o755)
+    shutil.copy(next((kernel_root / "boot").glob("vmlinuz-*")), out / "vmlinuz")
+    cpio = subprocess.run("find . -mindepth 1 | sort | cpio -o -H newc --quiet | zstd -19 -q",
+                          shell=True, cwd=tree, capture_output=True, check=True).stdout
+    (out / "initramfs.zst").write_bytes(cpio)
+    return out
+
+
+def timed(directory: Path, expect: str, log: Path) -> float:
+    machine = Machine(kernel=directory / "vmlinuz", initrd=directory / "initramfs.zst",
+                      cmdline="console=ttyS0 quiet kiln.test=poweroff")
+    result = boot(machine, expect, 120, log)
+    if not result.ok:
+        raise SystemExit(f"{directory}: {result.reason}\n" + "\n".join(result.tail))
+    return result.seconds
+
+
+def sizes(artifact: Path, work: Path) -> dict[str, int]:
+    unpacked = work / "unpacked"
+    unpacked.mkdir()
+    raw = subprocess.run(["zstd", "-dc", str(artifact / "initramfs.zst")], capture_output=True, check=True).stdout
+    subprocess.run(["cpio", "-id", "--quiet"], input=raw, cwd=unpacked, check=True)
+    root = work / "rootfs"
+    subprocess.run(["unsquashfs", "-q", "-d", str(root), str(unpacked / "rootfs.sqsh")], check=True,
+                   capture_output=True)
+    return {
+        "init": (unpacked / "init").stat().st_size,
+        "machined": (root / "usr/sbin/machined").stat().st_size,
+        "rootfs.sqsh": (unpacked / "rootfs.sqsh").stat().st_size,
+        "initramfs.zst": (artifact / "initramfs.zst").stat().st_size,
+        "vmlinuz": (artifact / "vmlinuz").stat().st_size,
+    }
+
+
+def main() -> int:
+    if len(sys.argv) != 2:
+        raise SystemExit(__doc__)
+    artifact = Path(sys.argv[1])
+    with tempfile.TemporaryDirectory(prefix="kiln-bench-boot-") as tmp:
+        work = Path(tmp)
+        base = baseline(work)
+        kiln_runs, base_runs = [], []
+        for attempt in range(3):
+            kiln_runs.append(timed(artifact, "machined ready:", work / f"kiln{attempt}.log"))
+            base_runs.append(timed(base, BASELINE_LINE, work / f"base{attempt}.log"))
+        found = sizes(artifact, work)
+    kiln_s, base_s = statistics.median(kiln_runs), statistics.median(base_runs)
+    print(f"QEMU start to ready (TCG, median of 3): Kiln {kiln_s:.2f} s, Debian kernel + busybox {base_s:.2f} s "
+          f"-> {kiln_s / base_s:.2f} x baseline; target <= 5 s")
+    for name, size in found.items():
+        print(f"  {name:14s} {size / 1048576:8.2f} MiB")
+    print(f"initramfs {found['initramfs.zst'] / 1e6:.1f} MB; target <= 12 MB (Talos: about 56 MB)")
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps({"kiln_ready_seconds": round(kiln_s, 2), "baseline_ready_seconds":
+                                   round(base_s, 2), "sizes": found}, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

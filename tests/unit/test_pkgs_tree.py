@@ -1,0 +1,90 @@
+"""Graph-level checks of Kiln's own pkgs/ tree: it validates, its sources are pinned, --all reaches it all."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from kiln.build.keys import compute_keys
+from kiln.pkg.graph import Graph
+from kiln.pkg.loader import Tree, load_tree
+from kiln.pkg.variables import Platform
+
+ROOT = Path(__file__).resolve().parents[2]
+PKGS = ROOT / "pkgs"
+PLATFORMS = ["linux/amd64", "linux/arm64"]
+
+# The rootfs userland and runtime packages (issue 4, items 5 and 6): they must stay in the tree.
+USERLAND = {"fhs", "ca-certificates", "util-linux", "e2fsprogs", "dosfstools", "kmod"}
+RUNTIME = {"init", "machined", "go"}
+
+DEBIAN_HINT = re.compile(r"^[a-z0-9][a-z0-9.+-]+=[0-9][A-Za-z0-9.+~:-]*$")
+SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+@pytest.fixture(scope="module", params=PLATFORMS)
+def tree(request: pytest.FixtureRequest) -> Tree:
+    return load_tree(PKGS, Platform.parse(request.param))
+
+
+def test_every_pkg_yaml_validates_on_every_platform(tree: Tree) -> None:
+    files = sorted(PKGS.rglob("pkg.yaml"))
+    assert len(tree.packages) == len(files)
+    assert USERLAND | RUNTIME | {"toolchain-seed"} <= set(tree.packages)
+
+
+def test_every_package_is_reachable_from_all(tree: Tree) -> None:
+    graph = Graph(tree)
+    everything = set(tree.packages)
+    # `kiln build --all` builds graph.order; nothing is left out and the closure adds nothing new
+    assert set(graph.order) == everything
+    assert set(graph.closure(graph.order)) == everything
+    keys = compute_keys(graph)
+    assert everything <= set(keys)
+
+
+def test_toolchain_variant_builds_with_the_selected_toolchain(tree: Tree) -> None:
+    graph = Graph(tree)
+    assert tree.toolchain in tree.packages
+    for name in USERLAND | RUNTIME:
+        package = tree.packages[name]
+        assert package.variant == "toolchain", name
+        assert tree.toolchain in graph.edges[name], name
+    assert "go" in graph.closure(["machined"])
+
+
+def test_every_remote_source_is_pinned_with_a_debian_hint(tree: Tree) -> None:
+    remote = 0
+    for package in tree.packages.values():
+        for step in package.steps:
+            for source in step.sources:
+                if source.is_local:
+                    continue
+                remote += 1
+                where = f"{package.name}: {source.url}"
+                assert source.sha256 and SHA256.match(source.sha256), where
+                assert source.debian and DEBIAN_HINT.match(source.debian), where
+    assert remote >= len(USERLAND - {"fhs"}) + 2  # + musl and go
+
+
+def test_runtime_packages_build_this_repositorys_sources(tree: Tree) -> None:
+    for name, path in (("init", "runtime/init"), ("machined", "runtime/machined")):
+        sources = [s for step in tree.packages[name].steps for s in step.sources]
+        assert [s.path for s in sources] == [path], name
+        assert (ROOT / path).is_dir()
+
+
+def test_userland_packages_test_what_they_build(tree: Tree) -> None:
+    for name in USERLAND | RUNTIME:
+        package = tree.packages[name]
+        assert any(step.test for step in package.steps), f"{name} has no test step"
+        assert package.finalize, name
+
+
+def test_go_is_bootstrapped_by_stage0s_go() -> None:
+    stage0 = (PKGS / "stage0.yaml").read_text()
+    assert re.search(r"^\s*-\s*golang-go\s*$", stage0, re.M)
+    fixture = ROOT / "tests/fixtures/buildgraph/pkgs/stage0.yaml"
+    assert fixture.read_text() == stage0, "tests share one seed: keep the fixture's stage0.yaml a copy"

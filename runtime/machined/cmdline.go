@@ -1,0 +1,53 @@
+package main
+
+import (
+	"os"
+	"strings"
+)
+
+// Kernel command line parameters machined reads.
+const (
+	paramConfig = "kiln.config" // path or http(s) URL of the machine config
+	paramDisk   = "kiln.disk"   // the disk machined owns (/dev/vda), or "none" to stay diskless
+	paramTest   = "kiln.test"   // "poweroff": power off once ready (end-to-end tests)
+)
+
+// parseCmdline splits /proc/cmdline into key=value pairs the way the kernel does:
+// whitespace separates, double quotes group; a bare word maps to "". Later ones win.
+func parseCmdline(text string) map[string]string {
+	params := map[string]string{}
+	var word strings.Builder
+	quoted := false
+	flush := func() {
+		if word.Len() == 0 {
+			return
+		}
+		w := word.String()
+		word.Reset()
+		if k, v, ok := strings.Cut(w, "="); ok {
+			params[k] = v
+		} else {
+			params[w] = ""
+		}
+	}
+	for _, r := range text {
+		switch {
+		case r == '"':
+			quoted = !quoted
+		case !quoted && (r == ' ' || r == '\t' || r == '\n'):
+			flush()
+		default:
+			word.WriteRune(r)
+		}
+	}
+	flush()
+	return params
+}
+
+func readCmdline() map[string]string {
+	data, err := os.ReadFile("/proc/cmdline")
+	if err != nil {
+		return map[string]string{}
+	}
+	return parseCmdline(string(data))
+}

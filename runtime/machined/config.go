@@ -1,0 +1,229 @@
+package main
+
+import (
+	"bytes"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"fmt"
+	"net"
+	"regexp"
+	"strings"
+)
+
+// Config is the machine config (docs/machine-config.md). Every field is optional: an
+// empty config means DHCP on every interface, no extra services and the API off.
+type Config struct {
+	Version  int           `json:"version,omitempty"`
+	Hostname string        `json:"hostname,omitempty"`
+	Install  InstallConfig `json:"install,omitempty"`
+	Network  NetworkConfig `json:"network,omitempty"`
+	Services []ServiceSpec `json:"services,omitempty"`
+	API      APIConfig     `json:"api,omitempty"`
+}
+
+// InstallConfig names the disk machined owns (STATE and EPHEMERAL go there).
+type InstallConfig struct {
+	Disk       string `json:"disk,omitempty"`       // /dev/vda, /dev/nvme0n1, ...
+	Filesystem string `json:"filesystem,omitempty"` // of EPHEMERAL (/var): ext4 (default) or xfs
+}
+
+type NetworkConfig struct {
+	Interfaces  []InterfaceConfig `json:"interfaces,omitempty"`
+	Nameservers []string          `json:"nameservers,omitempty"`
+}
+
+// InterfaceConfig configures one interface; with no addresses it uses DHCP.
+type InterfaceConfig struct {
+	Name      string   `json:"name"`
+	DHCP      *bool    `json:"dhcp,omitempty"`
+	Addresses []string `json:"addresses,omitempty"` // CIDR: 192.168.1.10/24
+	Gateway   string   `json:"gateway,omitempty"`
+}
+
+// UsesDHCP: DHCP unless addresses are given and dhcp is not forced on.
+func (i InterfaceConfig) UsesDHCP() bool {
+	if i.DHCP != nil {
+		return *i.DHCP
+	}
+	return len(i.Addresses) == 0
+}
+
+// APIConfig holds PEM text: the server's certificate and key, and the CA that signs clients.
+type APIConfig struct {
+	Listen string `json:"listen,omitempty"` // default :50000
+	CA     string `json:"ca,omitempty"`
+	Cert   string `json:"cert,omitempty"`
+	Key    string `json:"key,omitempty"`
+}
+
+func (a APIConfig) Enabled() bool { return a.CA != "" || a.Cert != "" || a.Key != "" }
+
+// stringMap is an env block: YAML's `PORT: 8080` is a number, but env values are strings.
+type stringMap map[string]string
+
+func (m *stringMap) UnmarshalJSON(data []byte) error {
+	var raw map[string]interface{}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.UseNumber()
+	if err := dec.Decode(&raw); err != nil {
+		return err
+	}
+	*m = stringMap{}
+	for k, v := range raw {
+		switch v := v.(type) {
+		case string:
+			(*m)[k] = v
+		case json.Number, bool:
+			(*m)[k] = fmt.Sprint(v)
+		default:
+			return fmt.Errorf("env %s: want a string, got %T", k, v)
+		}
+	}
+	return nil
+}
+
+// isJSON: a config whose first significant character opens an object is JSON.
+func isJSON(data []byte) bool {
+	trimmed := bytes.TrimLeft(data, " \t\r\n\ufeff")
+	return len(trimmed) > 0 && trimmed[0] == '{'
+}
+
+// decodeDocument decodes YAML (the subset) or JSON into v. Strict decoding refuses unknown
+// fields, so a typo ("hostnme") is an error rather than a silently ignored setting.
+func decodeDocument(name string, data []byte, v interface{}, strict bool) error {
+	if !isJSON(data) {
+		tree, err := parseYAML(name, data)
+		if err != nil {
+			return err
+		}
+		if tree == nil {
+			tree = map[string]interface{}{}
+		}
+		if data, err = json.Marshal(tree); err != nil {
+			return fmt.Errorf("%s: %v", name, err)
+		}
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	if strict {
+		dec.DisallowUnknownFields()
+	}
+	if err := dec.Decode(v); err != nil {
+		return fmt.Errorf("%s: %s", name, strings.TrimPrefix(err.Error(), "json: "))
+	}
+	if dec.More() {
+		return fmt.Errorf("%s: more than one JSON document", name)
+	}
+	return nil
+}
+
+// parseConfig decodes and validates a machine config. NoCloud user-data is decoded
+// leniently (strict=false) because it may carry cloud-init keys meant for other tools.
+func parseConfig(name string, data []byte, strict bool) (*Config, error) {
+	var c Config
+	if err := decodeDocument(name, data, &c, strict); err != nil {
+		return nil, err
+	}
+	if err := c.validate(); err != nil {
+		return nil, fmt.Errorf("%s: %v", name, err)
+	}
+	return &c, nil
+}
+
+var hostnameRE = regexp.MustCompile(`^[a-zA-Z0-9]([a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?(\.[a-zA-Z0-9]([a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?)*$`)
+
+func (c *Config) validate() error {
+	if c.Version != 0 && c.Version != 1 {
+		return fmt.Errorf("version %d is not supported (1 is)", c.Version)
+	}
+	if c.Hostname != "" && (len(c.Hostname) > 253 || !hostnameRE.MatchString(c.Hostname)) {
+		return fmt.Errorf("hostname %q is not a valid host name", c.Hostname)
+	}
+	if d := c.Install.Disk; d != "" && !strings.HasPrefix(d, "/dev/") {
+		return fmt.Errorf("install.disk %q: want a device path such as /dev/vda", d)
+	}
+	switch c.Install.Filesystem {
+	case "", "ext4", "xfs":
+	default:
+		return fmt.Errorf("install.filesystem %q: want ext4 or xfs", c.Install.Filesystem)
+	}
+	if err := c.Network.validate(); err != nil {
+		return err
+	}
+	seen := map[string]bool{}
+	for i := range c.Services {
+		s := &c.Services[i]
+		if err := s.validate(); err != nil {
+			return fmt.Errorf("services[%d]: %v", i, err)
+		}
+		if seen[s.Name] {
+			return fmt.Errorf("services: %q is defined twice", s.Name)
+		}
+		seen[s.Name] = true
+	}
+	if c.API.Enabled() {
+		if _, err := c.API.tlsConfig(); err != nil {
+			return fmt.Errorf("api: %v", err)
+		}
+	}
+	return nil
+}
+
+func (n *NetworkConfig) validate() error {
+	names := map[string]bool{}
+	for i, iface := range n.Interfaces {
+		if iface.Name == "" {
+			return fmt.Errorf("network.interfaces[%d]: name is required", i)
+		}
+		if names[iface.Name] {
+			return fmt.Errorf("network.interfaces: %q is listed twice", iface.Name)
+		}
+		names[iface.Name] = true
+		for _, a := range iface.Addresses {
+			if ip, _, err := net.ParseCIDR(a); err != nil || ip.To4() == nil {
+				return fmt.Errorf("network.interfaces[%d] (%s): address %q: want IPv4 CIDR such as 192.168.1.10/24", i, iface.Name, a)
+			}
+		}
+		if g := iface.Gateway; g != "" && (net.ParseIP(g) == nil || net.ParseIP(g).To4() == nil) {
+			return fmt.Errorf("network.interfaces[%d] (%s): gateway %q is not an IPv4 address", i, iface.Name, g)
+		}
+		if iface.Gateway != "" && len(iface.Addresses) == 0 {
+			return fmt.Errorf("network.interfaces[%d] (%s): a gateway needs a static address", i, iface.Name)
+		}
+	}
+	for _, ns := range n.Nameservers {
+		if net.ParseIP(ns) == nil {
+			return fmt.Errorf("network.nameservers: %q is not an IP address", ns)
+		}
+	}
+	return nil
+}
+
+// tlsConfig builds the API's mutual-TLS server config: clients must present a certificate
+// signed by the configured CA, or the handshake fails.
+func (a APIConfig) tlsConfig() (*tls.Config, error) {
+	if a.CA == "" || a.Cert == "" || a.Key == "" {
+		return nil, fmt.Errorf("ca, cert and key are all required to turn the API on")
+	}
+	pair, err := tls.X509KeyPair([]byte(a.Cert), []byte(a.Key))
+	if err != nil {
+		return nil, fmt.Errorf("cert/key: %v", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM([]byte(a.CA)) {
+		return nil, fmt.Errorf("ca: no PEM certificate found")
+	}
+	return &tls.Config{
+		Certificates: []tls.Certificate{pair},
+		ClientAuth:   tls.RequireAndVerifyClientCert,
+		ClientCAs:    pool,
+		MinVersion:   tls.VersionTLS12,
+	}, nil
+}
+
+func (a APIConfig) listen() string {
+	if a.Listen == "" {
+		return ":50000"
+	}
+	return a.Listen
+}

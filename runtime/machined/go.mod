@@ -1,0 +1,3 @@
+module kiln/machined
+
+go 1.19

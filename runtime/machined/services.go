@@ -1,0 +1,177 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+)
+
+// servicesDir is where extensions drop service definitions, one service per file.
+const servicesDir = "/usr/local/lib/kiln/services"
+
+// Restart policies.
+const (
+	restartAlways    = "always"
+	restartOnFailure = "on-failure"
+	restartNever     = "never"
+)
+
+// ServiceSpec defines one supervised service, in a service file or the machine config.
+type ServiceSpec struct {
+	Name    string    `json:"name"`
+	Command string    `json:"command"`
+	Args    []string  `json:"args,omitempty"`
+	Env     stringMap `json:"env,omitempty"`
+	Restart string    `json:"restart,omitempty"` // always | on-failure (default) | never
+	After   []string  `json:"after,omitempty"`   // services that must have started first
+	Source  string    `json:"-"`                 // where it was defined, for messages
+}
+
+var serviceNameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9_.-]{0,62}$`)
+
+func (s *ServiceSpec) validate() error {
+	if !serviceNameRE.MatchString(s.Name) || s.Name == "machined" {
+		return fmt.Errorf("service name %q: want lower-case letters, digits, '-', '_' or '.' (and not \"machined\")", s.Name)
+	}
+	if !strings.HasPrefix(s.Command, "/") {
+		return fmt.Errorf("service %s: command %q must be an absolute path", s.Name, s.Command)
+	}
+	switch s.Restart {
+	case "":
+		s.Restart = restartOnFailure
+	case restartAlways, restartOnFailure, restartNever:
+	default:
+		return fmt.Errorf("service %s: restart %q: want always, on-failure or never", s.Name, s.Restart)
+	}
+	for k := range s.Env {
+		if k == "" || strings.ContainsAny(k, "=\x00") {
+			return fmt.Errorf("service %s: bad env name %q", s.Name, k)
+		}
+	}
+	for _, dep := range s.After {
+		if dep == s.Name {
+			return fmt.Errorf("service %s: cannot start after itself", s.Name)
+		}
+	}
+	return nil
+}
+
+// loadServiceFile reads one service file; the name defaults to the file's base name.
+func loadServiceFile(path string) (ServiceSpec, error) {
+	var s ServiceSpec
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return s, err
+	}
+	if err := decodeDocument(path, data, &s, true); err != nil {
+		return s, err
+	}
+	if s.Name == "" {
+		s.Name = strings.TrimSuffix(filepath.Base(path), filepath.Ext(path))
+	}
+	s.Source = path
+	if err := s.validate(); err != nil {
+		return s, fmt.Errorf("%s: %v", path, err)
+	}
+	return s, nil
+}
+
+// loadServiceDir reads *.json, *.yaml and *.yml under dir in name order. A bad file is
+// reported and skipped: one broken extension must not keep the others' services down.
+func loadServiceDir(dir string) ([]ServiceSpec, []error) {
+	var specs []ServiceSpec
+	var errs []error
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		if !os.IsNotExist(err) {
+			errs = append(errs, err)
+		}
+		return nil, errs
+	}
+	for _, e := range entries {
+		switch filepath.Ext(e.Name()) {
+		case ".json", ".yaml", ".yml":
+		default:
+			continue
+		}
+		s, err := loadServiceFile(filepath.Join(dir, e.Name()))
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		specs = append(specs, s)
+	}
+	return specs, errs
+}
+
+// mergeServices lays the machine config's services over the extensions': a config
+// service with an extension service's name replaces it (to change its args or env).
+func mergeServices(fromExtensions, fromConfig []ServiceSpec) []ServiceSpec {
+	byName := map[string]ServiceSpec{}
+	for _, s := range fromExtensions {
+		if prev, dup := byName[s.Name]; dup {
+			s.Source = prev.Source + ", replaced by " + s.Source
+		}
+		byName[s.Name] = s
+	}
+	for _, s := range fromConfig {
+		if s.Source == "" {
+			s.Source = "machine config"
+		}
+		byName[s.Name] = s
+	}
+	out := make([]ServiceSpec, 0, len(byName))
+	for _, s := range byName {
+		out = append(out, s)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+// checkDependencies refuses unknown dependencies and cycles, which would otherwise leave
+// services waiting forever with no word on the console.
+func checkDependencies(specs []ServiceSpec) error {
+	byName := map[string]*ServiceSpec{}
+	for i := range specs {
+		byName[specs[i].Name] = &specs[i]
+	}
+	for _, s := range specs {
+		for _, dep := range s.After {
+			if byName[dep] == nil {
+				return fmt.Errorf("service %s starts after %q, which is not defined", s.Name, dep)
+			}
+		}
+	}
+	const (
+		unvisited = iota
+		visiting
+		done
+	)
+	state := map[string]int{}
+	var visit func(name string, path []string) error
+	visit = func(name string, path []string) error {
+		switch state[name] {
+		case visiting:
+			return fmt.Errorf("services depend on each other in a cycle: %s", strings.Join(append(path, name), " -> "))
+		case done:
+			return nil
+		}
+		state[name] = visiting
+		for _, dep := range byName[name].After {
+			if err := visit(dep, append(path, name)); err != nil {
+				return err
+			}
+		}
+		state[name] = done
+		return nil
+	}
+	for _, s := range specs {
+		if err := visit(s.Name, nil); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,341 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// Service states, as the API reports them.
+const (
+	stateWaiting  = "waiting"  // for the services it starts after
+	stateRunning  = "running"  // started, not exited
+	stateBackoff  = "backoff"  // exited or failed to start; restarting after a delay
+	stateExited   = "exited"   // exited 0 and will not restart
+	stateFailed   = "failed"   // failed and will not restart (policy never, or on-failure ran out)
+	stateStopped  = "stopped"  // stopped by machined (shutdown)
+)
+
+type supervisorOptions struct {
+	LogDir      string        // per-service <name>.log files; "" keeps logs in memory only
+	BackoffBase time.Duration // first restart delay, doubled per consecutive failure
+	BackoffMax  time.Duration
+	ResetAfter  time.Duration // a run at least this long forgets earlier failures
+	StopTimeout time.Duration // SIGTERM, then SIGKILL after this
+	Events      func(string)  // one line per start, exit and restart (the console)
+}
+
+func defaultSupervisorOptions() supervisorOptions {
+	return supervisorOptions{BackoffBase: time.Second, BackoffMax: 30 * time.Second,
+		ResetAfter: 30 * time.Second, StopTimeout: 10 * time.Second}
+}
+
+// ServiceStatus is one service's state as /v1/services reports it.
+type ServiceStatus struct {
+	Name     string    `json:"name"`
+	State    string    `json:"state"`
+	PID      int       `json:"pid,omitempty"`
+	Restarts int       `json:"restarts"`
+	LastExit string    `json:"last_exit,omitempty"`
+	Since    time.Time `json:"since"`
+	Restart  string    `json:"restart"`
+	After    []string  `json:"after,omitempty"`
+	Source   string    `json:"source,omitempty"`
+	Waiting  []string  `json:"waiting_for,omitempty"`
+}
+
+type service struct {
+	spec     ServiceSpec
+	state    string
+	pid      int
+	restarts int
+	lastExit string
+	exitOK   bool
+	since    time.Time
+	log      *ringLog
+	file     *os.File
+}
+
+type supervisor struct {
+	opts     supervisorOptions
+	mu       sync.Mutex
+	services map[string]*service
+	changed  chan struct{} // closed and replaced on every state change
+	stopping bool
+	wake     chan struct{} // closed on stop: ends backoff and dependency waits
+	wg       sync.WaitGroup
+}
+
+func newSupervisor(opts supervisorOptions) *supervisor {
+	return &supervisor{opts: opts, services: map[string]*service{}, changed: make(chan struct{}), wake: make(chan struct{})}
+}
+
+// Start validates the set (unknown dependencies, cycles) and starts every service, each
+// once the services it starts after are running (or have exited successfully).
+func (s *supervisor) Start(specs []ServiceSpec) error {
+	if err := checkDependencies(specs); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, spec := range specs {
+		svc := &service{spec: spec, state: stateWaiting, since: time.Now(), log: newRingLog(1000, 256<<10)}
+		if s.opts.LogDir != "" {
+			path := filepath.Join(s.opts.LogDir, spec.Name+".log")
+			if f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND|syscall.O_CLOEXEC, 0o640); err == nil {
+				svc.file = f
+			} else {
+				s.event("service %s: log file: %v (logs kept in memory only)", spec.Name, err)
+			}
+		}
+		s.services[spec.Name] = svc
+	}
+	for _, spec := range specs {
+		s.wg.Add(1)
+		go s.supervise(s.services[spec.Name])
+	}
+	return nil
+}
+
+func (s *supervisor) event(format string, args ...interface{}) {
+	if s.opts.Events != nil {
+		s.opts.Events(fmt.Sprintf(format, args...))
+	}
+}
+
+// setState records a change and wakes everyone waiting on one. Callers hold s.mu.
+func (s *supervisor) setState(svc *service, state string) {
+	svc.state = state
+	svc.since = time.Now()
+	close(s.changed)
+	s.changed = make(chan struct{})
+}
+
+// note writes one of machined's own lines into the service's log, so its history reads whole.
+func (svc *service) note(format string, args ...interface{}) {
+	line := fmt.Sprintf("[machined %s] %s\n", time.Now().UTC().Format(time.RFC3339), fmt.Sprintf(format, args...))
+	svc.log.Write([]byte(line))
+	if svc.file != nil {
+		_, _ = svc.file.WriteString(line)
+	}
+}
+
+// pending lists the dependencies that are not yet satisfied. Callers hold s.mu.
+func (s *supervisor) pending(svc *service) []string {
+	var out []string
+	for _, name := range svc.spec.After {
+		dep := s.services[name]
+		if dep.state != stateRunning && !(dep.state == stateExited && dep.exitOK) {
+			out = append(out, name)
+		}
+	}
+	return out
+}
+
+func (s *supervisor) supervise(svc *service) {
+	defer s.wg.Done()
+	// Wait for dependencies.
+	for {
+		s.mu.Lock()
+		if s.stopping {
+			s.setState(svc, stateStopped)
+			s.mu.Unlock()
+			return
+		}
+		if len(s.pending(svc)) == 0 {
+			s.mu.Unlock()
+			break
+		}
+		changed := s.changed
+		s.mu.Unlock()
+		select {
+		case <-changed:
+		case <-s.wake:
+		}
+	}
+	failures := 0
+	for {
+		began := time.Now()
+		status, err := s.runOnce(svc)
+		s.mu.Lock()
+		if s.stopping {
+			s.setState(svc, stateStopped)
+			s.mu.Unlock()
+			return
+		}
+		ok := err == nil && status.Exited() && status.ExitStatus() == 0
+		if err != nil {
+			svc.lastExit = "start failed: " + err.Error()
+		} else {
+			svc.lastExit = describeExit(status)
+		}
+		svc.exitOK, svc.pid = ok, 0
+		restart := svc.spec.Restart == restartAlways || (svc.spec.Restart == restartOnFailure && !ok)
+		if !restart {
+			if ok {
+				s.setState(svc, stateExited)
+			} else {
+				s.setState(svc, stateFailed)
+			}
+			svc.note("%s; not restarting (restart: %s)", svc.lastExit, svc.spec.Restart)
+			s.event("service %s: %s; not restarting (restart: %s)", svc.spec.Name, svc.lastExit, svc.spec.Restart)
+			s.mu.Unlock()
+			return
+		}
+		if time.Since(began) >= s.opts.ResetAfter {
+			failures = 0
+		}
+		failures++
+		delay := backoff(s.opts.BackoffBase, s.opts.BackoffMax, failures)
+		s.setState(svc, stateBackoff)
+		svc.note("%s; restarting in %s", svc.lastExit, delay)
+		s.event("service %s: %s; restarting in %s", svc.spec.Name, svc.lastExit, delay)
+		s.mu.Unlock()
+		select {
+		case <-time.After(delay):
+		case <-s.wake:
+		}
+		s.mu.Lock()
+		if !s.stopping {
+			svc.restarts++
+		}
+		s.mu.Unlock()
+	}
+}
+
+// backoff is base*2^(n-1), capped: 1 s, 2 s, 4 s ... 30 s with the defaults.
+func backoff(base, max time.Duration, n int) time.Duration {
+	d := base
+	for i := 1; i < n && d < max; i++ {
+		d *= 2
+	}
+	if d > max {
+		d = max
+	}
+	return d
+}
+
+// runOnce starts the service and waits for it to exit.
+func (s *supervisor) runOnce(svc *service) (syscall.WaitStatus, error) {
+	cmd := &exec.Cmd{
+		Path: svc.spec.Command,
+		Args: append([]string{svc.spec.Command}, svc.spec.Args...),
+		Env:  append(baseEnv(), envList(svc.spec.Env)...),
+		Dir:  "/",
+		// its own process group, so stopping it reaches the children it forked too
+		SysProcAttr: &syscall.SysProcAttr{Setpgid: true},
+	}
+	s.mu.Lock()
+	if s.stopping {
+		s.mu.Unlock()
+		return 0, fmt.Errorf("stopping")
+	}
+	out, done, err := children().startPiped(cmd)
+	if err != nil {
+		s.mu.Unlock()
+		return 0, err
+	}
+	svc.pid = cmd.Process.Pid
+	s.setState(svc, stateRunning)
+	svc.note("started pid %d", svc.pid)
+	s.event("service %s: started (pid %d)", svc.spec.Name, svc.pid)
+	s.mu.Unlock()
+	go svc.collect(out)
+	return <-done, nil
+}
+
+// collect copies the service's output into its ring buffer and log file until EOF.
+func (svc *service) collect(out io.ReadCloser) {
+	defer out.Close()
+	var w io.Writer = svc.log
+	if svc.file != nil {
+		w = io.MultiWriter(svc.log, svc.file)
+	}
+	_, _ = io.Copy(w, out)
+}
+
+func envList(env stringMap) []string {
+	keys := make([]string, 0, len(env))
+	for k := range env {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	out := make([]string, 0, len(keys))
+	for _, k := range keys {
+		out = append(out, k+"="+env[k])
+	}
+	return out
+}
+
+// Stop stops every service: SIGTERM to each process group, SIGKILL after the timeout.
+func (s *supervisor) Stop() {
+	s.mu.Lock()
+	if s.stopping {
+		s.mu.Unlock()
+		return
+	}
+	s.stopping = true
+	close(s.wake)
+	s.signalAll(syscall.SIGTERM)
+	s.mu.Unlock()
+	done := make(chan struct{})
+	go func() { s.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(s.opts.StopTimeout):
+		s.mu.Lock()
+		s.signalAll(syscall.SIGKILL)
+		s.mu.Unlock()
+		<-done
+	}
+	s.mu.Lock()
+	for _, svc := range s.services {
+		if svc.file != nil {
+			svc.file.Close()
+			svc.file = nil
+		}
+	}
+	s.mu.Unlock()
+}
+
+func (s *supervisor) signalAll(sig syscall.Signal) {
+	for _, svc := range s.services {
+		if svc.pid > 0 {
+			_ = syscall.Kill(-svc.pid, sig)
+		}
+	}
+}
+
+// Status lists every service, by name.
+func (s *supervisor) Status() []ServiceStatus {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]ServiceStatus, 0, len(s.services))
+	for _, svc := range s.services {
+		st := ServiceStatus{Name: svc.spec.Name, State: svc.state, PID: svc.pid, Restarts: svc.restarts,
+			LastExit: svc.lastExit, Since: svc.since, Restart: svc.spec.Restart, After: svc.spec.After, Source: svc.spec.Source}
+		if svc.state == stateWaiting {
+			st.Waiting = s.pending(svc)
+		}
+		out = append(out, st)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+// Logs returns a service's kept log lines; ok is false for an unknown service.
+func (s *supervisor) Logs(name string) ([]string, bool) {
+	s.mu.Lock()
+	svc := s.services[name]
+	s.mu.Unlock()
+	if svc == nil {
+		return nil, false
+	}
+	return svc.log.Lines(), true
+}

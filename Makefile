@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 KILN := $(BIN)/kiln
 
-.PHONY: setup image test unit lint bench release clean
+.PHONY: setup image test unit lint bench bench-runners release clean
 
 $(BIN)/kiln: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,10 @@ lint: $(BIN)/kiln
 bench: $(BIN)/kiln
 	$(BIN)/python bench/graph.py
 	$(BIN)/python bench/build.py
+
+# sandbox vs docker vs buildkit; needs dockerd (scripts/ci-services.sh starts it)
+bench-runners: $(BIN)/kiln
+	$(BIN)/python bench/runners.py
 
 clean:
 	rm -rf $(VENV) _out .pytest_cache .mypy_cache .ruff_cache

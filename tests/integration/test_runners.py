@@ -71,22 +71,62 @@ def runner_of(project: Project) -> set[str]:
             if json.loads(m.read_text())["name"] != "stage0"}
 
 
+# A toolchain package and one of variant toolchain; a dependency's sub-tree at a nested `to`; step env
+# with a space; a symlink, an odd mode and file finalize paths.
+TOOLCHAIN = """
+name: toolchain
+variant: stage0
+steps:
+  - build:
+      - mkdir -p /out/toolchain/bin /out/toolchain/share
+      - printf '#!/bin/sh\\necho "tool $*"\\n' > /out/toolchain/bin/kiln-tool
+      - chmod 755 /out/toolchain/bin/kiln-tool
+      - echo data > /out/toolchain/share/data
+finalize: [{from: /out, to: /}]
+"""
+USES_TOOLCHAIN = """
+name: uses-tc
+variant: toolchain
+dependencies:
+  - stage: greet-lib
+    from: /include
+    to: /usr/include/greet
+steps:
+  - env: {GREETING: hi there}
+    build:
+      - mkdir res && kiln-tool "$GREETING" > res/result
+      - test -f /usr/include/greet/greet.h
+      - ln -s result res/link && chmod 640 res/result
+finalize:
+  - {from: /tmp/build/res, to: /res}
+  - {from: /toolchain/share/data, to: /share/data}
+"""
+EVERY = FIXTURE_PACKAGES | {"toolchain", "uses-tc"}
+
+
 def test_same_output_on_every_runner(project: Project, seed_store: Path, buildkit: None) -> None:
-    sandbox = project.kiln("build", "greet-test", "--json", check=True)
-    assert statuses(sandbox.out) == {n: "built" for n in FIXTURE_PACKAGES}
+    for name, text in (("toolchain", TOOLCHAIN), ("uses-tc", USES_TOOLCHAIN)):
+        (project.pkgs / name).mkdir()
+        (project.pkgs / name / "pkg.yaml").write_text(text)
+    targets = ["greet-test", "uses-tc"]
+    sandbox = project.kiln("build", *targets, "--json", check=True)
+    assert statuses(sandbox.out) == {n: "built" for n in EVERY}
     docker_store = other_store(project, seed_store, "docker-cache")
-    docker = docker_store.kiln("build", "greet-test", "--runner", "docker", "--json", check=True)
-    assert statuses(docker.out) == {n: "built" for n in FIXTURE_PACKAGES}
+    docker = docker_store.kiln("build", *targets, "--runner", "docker", "--json", check=True)
+    assert statuses(docker.out) == {n: "built" for n in EVERY}
     bk_store = other_store(project, seed_store, "buildkit-cache")
     # --no-cache: BuildKit solves every stage now, not from an earlier test's cache.
-    bk = bk_store.kiln("build", "greet-test", "--runner", "buildkit", "--no-cache", "--json", check=True)
-    assert statuses(bk.out) == {n: "built" for n in FIXTURE_PACKAGES}
+    bk = bk_store.kiln("build", *targets, "--runner", "buildkit", "--no-cache", "--json", check=True)
+    assert statuses(bk.out) == {n: "built" for n in EVERY}
+    tree = project.cache / "store" / json.loads(sandbox.out)["packages"]["uses-tc"]["key"] / "tree"
+    assert (tree / "res/result").read_text() == "tool hi there\n"
+    assert (tree / "res/link").is_symlink()
 
     assert runner_of(project) == {"sandbox"}
     assert runner_of(docker_store) == {"docker"}
     assert runner_of(bk_store) == {"buildkit"}
     expected = manifests(project)
-    assert len(expected) == len(FIXTURE_PACKAGES)
+    assert len(expected) == len(EVERY)
     assert manifests(docker_store) == expected
     assert manifests(bk_store) == expected
     for store in (docker_store, bk_store):
@@ -107,6 +147,14 @@ def test_docker_runner_on_a_remote_engine(project: Project, second_engine: str) 
     tags = {tag for image in remote.images.list() for tag in image.tags}
     assert any(tag.startswith("kiln/stage0:") for tag in tags), tags
     assert not remote.containers.list(all=True), "build containers must be removed"
+
+
+def test_shell_on_the_docker_runner(project: Project, engine: None) -> None:
+    result = project.kiln("shell", "--runner", "docker", "greet-app", "--", "sh", "-c",
+                          "ls /deps/lib /tmp/build/src; cat /etc/greet.conf; id -u")
+    assert result.code == 0, result.err
+    assert "libgreet.a" in result.out and "main.c" in result.out and "Howdy" in result.out
+    assert result.out.split()[-1] == "0"
 
 
 def run_with_env(project: Project, extra: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
@@ -145,6 +193,8 @@ def test_buildkit_isolates_steps_or_refuses_to_build(project: Project, buildkit:
     (project.pkgs / "probe-net/pkg.yaml").write_text(isolated)
     result = project.kiln("build", "probe-net", "--runner", "buildkit", "--no-cache")
     assert result.code == 0, result.err
+    again = project.kiln("build", "probe-net", "--runner", "buildkit", "--no-cache", "--json")  # replaces the entry
+    assert statuses(again.out) == {"probe-net": "built"}, again.err
     (project.pkgs / "probe-net/pkg.yaml").write_text(NETWORK_PROBE)
     mixed = project.kiln("build", "probe-net", "--runner", "buildkit")
     features = json.loads((project.cache / "buildkit/features.json").read_text())

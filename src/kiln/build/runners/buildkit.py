@@ -456,7 +456,7 @@ class BuildKitRunner:
             for name in missing:
                 key = keys[name]
                 if no_cache and store.has(key):
-                    store.remove(key)
+                    store.remove_locked(key)  # we hold its lock
                 staging = store.staging(key)
                 (staging / "tree").rmdir()
                 os.rename(dest / key, staging / "tree")

@@ -20,6 +20,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import tarfile
 import threading
 from collections.abc import Iterator
@@ -315,7 +316,8 @@ class DockerRoot:
         docker_cli = shutil.which("docker")
         if docker_cli is None:
             raise BuildError("kiln shell on the docker runner needs the docker CLI")
-        args = [docker_cli, "exec", "-it", "-u", "0:0", "-w", BUILD_DIR]
+        terminal = ["-t"] if sys.stdin.isatty() else []
+        args = [docker_cli, "exec", "-i", *terminal, "-u", "0:0", "-w", BUILD_DIR]
         for name, value in sorted(env.items()):
             args += ["-e", f"{name}={value}"]
         return subprocess.call([*args, self.container.id, *command])

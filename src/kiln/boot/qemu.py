@@ -14,10 +14,12 @@ import selectors
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 from kiln.errors import BuildError, InputError
 
@@ -99,12 +101,18 @@ class BootResult:
     line: str | None
     tail: list[str]
     reason: str
+    exit_code: int | None = None
 
 
 def boot(
-    machine: Machine, expect: str, timeout: float, log: Path, echo: Callable[[str], None] | None = None
+    machine: Machine, expect: str, timeout: float, log: Path, echo: Callable[[str], None] | None = None,
+    until_exit: bool = False,
 ) -> BootResult:
-    """Run QEMU until `expect` shows on the console, a panic, QEMU's exit, or the timeout."""
+    """Run QEMU until `expect` shows on the console, a panic, QEMU's exit, or the timeout.
+
+    With `until_exit`, a found line is not the end: the guest must also stop QEMU (power off)
+    before the timeout, and the result carries QEMU's exit code.
+    """
     with tempfile.TemporaryDirectory(prefix="kiln-boot-") as tmp:
         vars_copy = None
         if machine.firmware == "uefi":
@@ -159,6 +167,8 @@ def boot(
                         if PANIC.search(line):
                             result = BootResult(False, time.monotonic() - start, line, list(tail), "kernel panic")
                             break
+                if result.ok and until_exit:
+                    result = _wait_exit(process, out, tail, echo, result, timeout - (time.monotonic() - start))
             finally:
                 selector.close()
                 if process.poll() is None:
@@ -169,3 +179,32 @@ def boot(
                         process.kill()
                         process.wait()
         return result
+
+
+def _wait_exit(
+    process: subprocess.Popen[bytes], out: IO[str], tail: collections.deque[str],
+    echo: Callable[[str], None] | None, found: BootResult, left: float,
+) -> BootResult:
+    """After the expected line: read the console until QEMU exits on its own."""
+    assert process.stdout is not None
+    os.set_blocking(process.stdout.fileno(), True)
+    deadline = time.monotonic() + max(left, 0)
+    reader = threading.Thread(target=_drain, args=(process.stdout, out, tail, echo), daemon=True)
+    reader.start()
+    try:
+        code = process.wait(timeout=max(deadline - time.monotonic(), 0.1))
+    except subprocess.TimeoutExpired:
+        return BootResult(False, found.seconds, found.line, list(tail), "the guest did not power off")
+    reader.join(timeout=2)
+    return BootResult(code == 0, found.seconds, found.line, list(tail),
+                      "powered off" if code == 0 else f"QEMU exited with code {code}", code)
+
+
+def _drain(stream: IO[bytes], out: IO[str], tail: collections.deque[str],
+           echo: Callable[[str], None] | None) -> None:
+    for raw in stream:
+        line = raw.decode(errors="replace").rstrip("\r\n")
+        out.write(line + "\n")
+        tail.append(line)
+        if echo:
+            echo(line)

@@ -1,13 +1,17 @@
-// Command machined is Kiln's machine daemon. This is a placeholder until the runtime issue
-// lands: it announces itself the way the boot harness waits for, then stays up.
+// Command machined is Kiln's machine daemon: PID 1 after Kiln's tiny init. It mounts what
+// the system needs, loads drivers, reads the machine config, sets up the network and the
+// disk it owns (STATE, EPHEMERAL at /var), supervises services and serves an mTLS API.
+//
+// Not as PID 1 it touches nothing on the host: `-once` prints the version's ready line
+// (the package's build test), and otherwise it runs only the supervisor and the API from
+// -config and -services, which is how to try services and the API on a workstation.
 package main
 
 import (
 	"flag"
 	"fmt"
 	"os"
-	"os/signal"
-	"syscall"
+	"time"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -15,12 +19,59 @@ var version = "dev"
 
 func main() {
 	once := flag.Bool("once", false, "print the ready line and exit (for build tests)")
+	configPath := flag.String("config", "", "machine config (not PID 1 only; PID 1 reads kiln.config=)")
+	services := flag.String("services", servicesDir, "service definitions directory (not PID 1 only)")
+	logDir := flag.String("logdir", "", "write <service>.log files here (not PID 1 only; default: memory only)")
 	flag.Parse()
-	fmt.Printf("machined ready: version=%s\n", version)
 	if *once {
+		fmt.Printf("machined ready: version=%s\n", version)
 		return
 	}
-	signals := make(chan os.Signal, 1)
-	signal.Notify(signals, syscall.SIGTERM, syscall.SIGINT)
-	<-signals
+	m := &machine{pid1: os.Getpid() == 1, version: version, started: time.Now(), power: make(chan string, 4)}
+	if m.pid1 {
+		handleSignals(m.power, func(f string, a ...interface{}) {
+			if m.con != nil {
+				m.con.printf(f, a...)
+			}
+		})
+		children() // reap orphans from the start
+		m.boot()   // never returns
+		return
+	}
+	userMode(m, *configPath, *services, *logDir)
+}
+
+// userMode runs the supervisor and the API of a config on an ordinary system.
+func userMode(m *machine, configPath, services, logDir string) {
+	m.con = &console{stdout: os.Stdout, log: newRingLog(2000, 256<<10)}
+	handleSignals(m.power, m.con.printf)
+	m.cfg = &Config{}
+	if configPath != "" {
+		data, err := os.ReadFile(configPath)
+		if err == nil {
+			m.cfg, err = parseConfig(configPath, data, true)
+		}
+		if err != nil {
+			m.con.printf("config: %v", err)
+			os.Exit(2)
+		}
+		m.configSource = configPath
+	}
+	m.kernel, m.varSource = kernelRelease(), "none"
+	m.extensions = listExtensions(extensionsDir)
+	specs, errs := loadServiceDir(services)
+	for _, err := range errs {
+		m.con.printf("services: %v", err)
+	}
+	opts := defaultSupervisorOptions()
+	opts.LogDir = logDir
+	opts.Events = func(line string) { m.con.printf("%s", line) }
+	m.sup = newSupervisor(opts)
+	if err := m.sup.Start(mergeServices(specs, m.cfg.Services)); err != nil {
+		m.con.printf("services: %v", err)
+		os.Exit(2)
+	}
+	m.startAPI()
+	m.ready()
+	m.shutdown(<-m.power)
 }

@@ -19,12 +19,19 @@ const (
 	restartNever     = "never"
 )
 
+// Service types: when a service counts as started for the services that start after it.
+const (
+	typeSimple  = "simple"  // as soon as it runs (daemons)
+	typeOneshot = "oneshot" // once it has exited successfully (setup steps)
+)
+
 // ServiceSpec defines one supervised service, in a service file or the machine config.
 type ServiceSpec struct {
 	Name    string    `json:"name"`
 	Command string    `json:"command"`
 	Args    []string  `json:"args,omitempty"`
 	Env     stringMap `json:"env,omitempty"`
+	Type    string    `json:"type,omitempty"`    // simple (default): ready once started; oneshot: once exited 0
 	Restart string    `json:"restart,omitempty"` // always | on-failure (default) | never
 	After   []string  `json:"after,omitempty"`   // services that must have started first
 	Source  string    `json:"-"`                 // where it was defined, for messages
@@ -38,6 +45,13 @@ func (s *ServiceSpec) validate() error {
 	}
 	if !strings.HasPrefix(s.Command, "/") {
 		return fmt.Errorf("service %s: command %q must be an absolute path", s.Name, s.Command)
+	}
+	switch s.Type {
+	case "":
+		s.Type = typeSimple
+	case typeSimple, typeOneshot:
+	default:
+		return fmt.Errorf("service %s: type %q: want simple or oneshot", s.Name, s.Type)
 	}
 	switch s.Restart {
 	case "":

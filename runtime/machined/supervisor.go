@@ -14,12 +14,12 @@ import (
 
 // Service states, as the API reports them.
 const (
-	stateWaiting  = "waiting"  // for the services it starts after
-	stateRunning  = "running"  // started, not exited
-	stateBackoff  = "backoff"  // exited or failed to start; restarting after a delay
-	stateExited   = "exited"   // exited 0 and will not restart
-	stateFailed   = "failed"   // failed and will not restart (policy never, or on-failure ran out)
-	stateStopped  = "stopped"  // stopped by machined (shutdown)
+	stateWaiting = "waiting" // for the services it starts after
+	stateRunning = "running" // started, not exited
+	stateBackoff = "backoff" // exited or failed to start; restarting after a delay
+	stateExited  = "exited"  // exited 0 and will not restart
+	stateFailed  = "failed"  // failed and will not restart (policy never, or on-failure ran out)
+	stateStopped = "stopped" // stopped by machined (shutdown)
 )
 
 type supervisorOptions struct {
@@ -44,6 +44,7 @@ type ServiceStatus struct {
 	Restarts int       `json:"restarts"`
 	LastExit string    `json:"last_exit,omitempty"`
 	Since    time.Time `json:"since"`
+	Type     string    `json:"type"`
 	Restart  string    `json:"restart"`
 	After    []string  `json:"after,omitempty"`
 	Source   string    `json:"source,omitempty"`
@@ -77,7 +78,7 @@ func newSupervisor(opts supervisorOptions) *supervisor {
 }
 
 // Start validates the set (unknown dependencies, cycles) and starts every service, each
-// once the services it starts after are running (or have exited successfully).
+// once the services it starts after are running (simple) or have exited 0 (oneshot).
 func (s *supervisor) Start(specs []ServiceSpec) error {
 	if err := checkDependencies(specs); err != nil {
 		return err
@@ -131,7 +132,8 @@ func (s *supervisor) pending(svc *service) []string {
 	var out []string
 	for _, name := range svc.spec.After {
 		dep := s.services[name]
-		if dep.state != stateRunning && !(dep.state == stateExited && dep.exitOK) {
+		done := dep.state == stateExited && dep.exitOK
+		if !done && (dep.spec.Type == typeOneshot || dep.state != stateRunning) {
 			out = append(out, name)
 		}
 	}
@@ -319,7 +321,7 @@ func (s *supervisor) Status() []ServiceStatus {
 	out := make([]ServiceStatus, 0, len(s.services))
 	for _, svc := range s.services {
 		st := ServiceStatus{Name: svc.spec.Name, State: svc.state, PID: svc.pid, Restarts: svc.restarts,
-			LastExit: svc.lastExit, Since: svc.since, Restart: svc.spec.Restart, After: svc.spec.After, Source: svc.spec.Source}
+			LastExit: svc.lastExit, Since: svc.since, Type: svc.spec.Type, Restart: svc.spec.Restart, After: svc.spec.After, Source: svc.spec.Source}
 		if svc.state == stateWaiting {
 			st.Waiting = s.pending(svc)
 		}

@@ -116,7 +116,10 @@ func (p *yamlParser) sequence(indent int) (interface{}, error) {
 		if l == nil || l.indent < indent {
 			return items, nil
 		}
-		if l.indent > indent || !isSeqItem(l.text) {
+		if l.indent == indent && !isSeqItem(l.text) {
+			return items, nil // the next key of a mapping whose items sat at its key's column
+		}
+		if l.indent > indent {
 			return nil, p.errAt(l, "expected a '- ' item at column %d", indent+1)
 		}
 		rest := strings.TrimLeft(l.text[1:], " ")
@@ -156,8 +159,8 @@ func (p *yamlParser) mapping(indent int) (interface{}, error) {
 		if l.indent > indent {
 			return nil, p.errAt(l, "unexpected indentation")
 		}
-		if isSeqItem(l.text) {
-			return m, nil // a sequence at a parent mapping's key column ends this mapping
+		if isSeqItem(l.text) || (indent == 0 && (l.text == "---" || l.text == "...")) {
+			return m, nil // a sequence at a parent mapping's key column, or the document's end
 		}
 		key, rest, ok := splitKey(l.text)
 		if !ok {
@@ -321,9 +324,13 @@ func foldLines(lines []string) string {
 	for i, line := range lines {
 		if i > 0 {
 			prev := lines[i-1]
-			if line == "" || prev == "" || strings.HasPrefix(line, " ") || strings.HasPrefix(prev, " ") {
-				b.WriteByte('\n')
-			} else {
+			switch {
+			case line == "":
+				b.WriteByte('\n') // each blank line is one line break
+			case prev == "":
+			case strings.HasPrefix(line, " ") || strings.HasPrefix(prev, " "):
+				b.WriteByte('\n') // more-indented lines are kept as they are
+			default:
 				b.WriteByte(' ')
 			}
 		}

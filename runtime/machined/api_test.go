@@ -1,0 +1,138 @@
+package main
+
+import (
+	"bytes"
+	"crypto/tls"
+	"encoding/json"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+type fakeBackend struct {
+	mu      sync.Mutex
+	actions []string
+}
+
+func (f *fakeBackend) Status() interface{} { return map[string]string{"version": "test"} }
+func (f *fakeBackend) Services() []ServiceStatus {
+	return []ServiceStatus{{Name: "web", State: stateRunning, PID: 42, Restart: restartAlways}}
+}
+func (f *fakeBackend) Logs(name string) ([]string, bool) {
+	if name != "web" {
+		return nil, false
+	}
+	return []string{"line 1", "line 2"}, true
+}
+func (f *fakeBackend) Power(action string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.actions = append(f.actions, action)
+}
+
+// startTestAPI serves the API with real mutual TLS on a loopback port.
+func startTestAPI(t *testing.T) (url string, serverCA, clientCA *testCA, backend *fakeBackend) {
+	serverCA, clientCA = newTestCA(t, "server CA"), newTestCA(t, "client CA")
+	cert, key := serverCA.issue(t, "machine", true)
+	backend = &fakeBackend{}
+	var errLog bytes.Buffer
+	addr, stop, err := serveAPI(APIConfig{Listen: "127.0.0.1:0", CA: clientCA.pem, Cert: cert, Key: key}, backend, &errLog)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(stop)
+	return "https://" + addr.String(), serverCA, clientCA, backend
+}
+
+func client(cfg *tls.Config) *http.Client {
+	return &http.Client{Transport: &http.Transport{TLSClientConfig: cfg}, Timeout: 10 * time.Second}
+}
+
+func TestAPIAcceptsTheRightClientCertificate(t *testing.T) {
+	url, serverCA, clientCA, backend := startTestAPI(t)
+	c := client(clientCA.clientTLS(t, serverCA, true))
+
+	get := func(path string, wantCode int) map[string]interface{} {
+		t.Helper()
+		resp, err := c.Get(url + path)
+		if err != nil {
+			t.Fatalf("GET %s: %v", path, err)
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode != wantCode {
+			body, _ := io.ReadAll(resp.Body)
+			t.Fatalf("GET %s: %d %s, want %d", path, resp.StatusCode, body, wantCode)
+		}
+		var out map[string]interface{}
+		if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+			t.Fatalf("GET %s: %v", path, err)
+		}
+		return out
+	}
+	if got := get("/v1/status", 200); got["version"] != "test" {
+		t.Errorf("status: %v", got)
+	}
+	if got := get("/v1/services", 200); !strings.Contains(fmtJSON(t, got), `"name":"web"`) {
+		t.Errorf("services: %v", got)
+	}
+	if got := get("/v1/logs?service=web", 200); fmtJSON(t, got["lines"]) != `["line 1","line 2"]` {
+		t.Errorf("logs: %v", got)
+	}
+	get("/v1/logs?service=ghost", 404)
+	get("/v1/logs", 400)
+	get("/v1/reboot", 405) // power actions are POST only
+	get("/v2/nothing", 404)
+
+	for _, action := range []string{"reboot", "poweroff"} {
+		resp, err := c.Post(url+"/v1/"+action, "application/json", nil)
+		if err != nil || resp.StatusCode != http.StatusAccepted {
+			t.Fatalf("POST %s: %v %v", action, resp, err)
+		}
+		resp.Body.Close()
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		backend.mu.Lock()
+		n := len(backend.actions)
+		backend.mu.Unlock()
+		if n == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("power actions: %v", backend.actions)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func TestAPIRefusesWithoutAClientCertificate(t *testing.T) {
+	url, serverCA, clientCA, _ := startTestAPI(t)
+	c := client(clientCA.clientTLS(t, serverCA, false))
+	if resp, err := c.Get(url + "/v1/status"); err == nil {
+		resp.Body.Close()
+		t.Fatalf("a client without a certificate got %s", resp.Status)
+	}
+}
+
+func TestAPIRefusesACertificateFromAnotherCA(t *testing.T) {
+	url, serverCA, _, _ := startTestAPI(t)
+	stranger := newTestCA(t, "another CA")
+	c := client(stranger.clientTLS(t, serverCA, true))
+	if resp, err := c.Get(url + "/v1/status"); err == nil {
+		resp.Body.Close()
+		t.Fatalf("a client with another CA's certificate got %s", resp.Status)
+	}
+}
+
+func TestAPIOffWithoutCertificates(t *testing.T) {
+	if (APIConfig{}).Enabled() {
+		t.Fatal("an empty API config must leave the API off")
+	}
+	m := &machine{version: "v1", kernel: "6.1", varSource: "tmpfs", extensions: []Extension{{Name: "a"}, {Name: "b"}}}
+	if got := m.readyLine(); got != "machined ready: version=v1 kernel=6.1 extensions=[a,b] var=tmpfs api=off" {
+		t.Fatalf("ready line: %q", got)
+	}
+}

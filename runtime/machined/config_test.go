@@ -1,0 +1,237 @@
+package main
+
+import (
+	"reflect"
+	"strings"
+	"testing"
+)
+
+const exampleYAML = `# a machine config
+version: 1
+hostname: node-1
+install:
+  disk: /dev/vda
+  filesystem: xfs
+network:
+  interfaces:
+    - name: eth0              # DHCP
+    - name: eth1
+      addresses: [192.168.10.5/24, "10.0.0.5/8"]
+      gateway: 192.168.10.1
+  nameservers:
+  - 1.1.1.1
+  - 9.9.9.9
+services:
+  - name: web
+    command: /usr/local/bin/web
+    args: ["--port", "8080", 'it''s']
+    env:
+      PORT: 8080
+      DEBUG: true
+      GREETING: "hello\tworld"
+    restart: always
+    after: [db]
+  - name: db
+    command: /usr/local/bin/db
+    restart: on-failure
+api:
+  listen: ":50000"
+`
+
+func TestParseYAMLConfig(t *testing.T) {
+	cfg, err := parseConfig("kiln.yaml", []byte(exampleYAML), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := &Config{
+		Version:  1,
+		Hostname: "node-1",
+		Install:  InstallConfig{Disk: "/dev/vda", Filesystem: "xfs"},
+		Network: NetworkConfig{
+			Interfaces: []InterfaceConfig{
+				{Name: "eth0"},
+				{Name: "eth1", Addresses: []string{"192.168.10.5/24", "10.0.0.5/8"}, Gateway: "192.168.10.1"},
+			},
+			Nameservers: []string{"1.1.1.1", "9.9.9.9"},
+		},
+		Services: []ServiceSpec{
+			{Name: "web", Command: "/usr/local/bin/web", Args: []string{"--port", "8080", "it's"},
+				Env: stringMap{"PORT": "8080", "DEBUG": "true", "GREETING": "hello\tworld"}, Type: "simple", Restart: "always", After: []string{"db"}},
+			{Name: "db", Command: "/usr/local/bin/db", Type: "simple", Restart: "on-failure"},
+		},
+		API: APIConfig{Listen: ":50000"},
+	}
+	if !reflect.DeepEqual(cfg, want) {
+		t.Fatalf("got  %+v\nwant %+v", cfg, want)
+	}
+	if !cfg.Network.Interfaces[0].UsesDHCP() || cfg.Network.Interfaces[1].UsesDHCP() {
+		t.Fatal("eth0 should use DHCP and eth1 not")
+	}
+}
+
+func TestParseJSONConfigMatchesYAML(t *testing.T) {
+	js := `{"version": 1, "hostname": "node-1", "install": {"disk": "/dev/vda", "filesystem": "xfs"},
+	 "network": {"interfaces": [{"name": "eth0"}, {"name": "eth1", "addresses": ["192.168.10.5/24", "10.0.0.5/8"], "gateway": "192.168.10.1"}],
+	             "nameservers": ["1.1.1.1", "9.9.9.9"]},
+	 "services": [{"name": "web", "command": "/usr/local/bin/web", "args": ["--port", "8080", "it's"],
+	               "env": {"PORT": 8080, "DEBUG": true, "GREETING": "hello\tworld"}, "restart": "always", "after": ["db"]},
+	              {"name": "db", "command": "/usr/local/bin/db", "restart": "on-failure"}],
+	 "api": {"listen": ":50000"}}`
+	fromJSON, err := parseConfig("kiln.json", []byte(js), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fromYAML, err := parseConfig("kiln.yaml", []byte(exampleYAML), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(fromJSON, fromYAML) {
+		t.Fatalf("JSON and YAML differ:\n%+v\n%+v", fromJSON, fromYAML)
+	}
+}
+
+func TestYAMLSubset(t *testing.T) {
+	doc := `---
+pem: |
+  -----BEGIN CERTIFICATE-----
+  MIIB
+    indented
+  -----END CERTIFICATE-----
+stripped: |-
+  one
+  two
+folded: >
+  a
+  b
+
+  c
+empty_map: {}
+flow: {a: 1, b: [x, "y, z"], c: null}
+list:
+- a
+- - nested
+  - seq
+- k: v
+  k2: v2
+-
+  deep: 1
+quoted: "a # not a comment"
+plain: value # a comment
+url: http://example.com:8080/x
+nums: [0, -3, 1.5, .5, 0x10, 0755, 1e3]
+bools: [true, false, ~, null]
+"quoted key": 1
+...
+`
+	got, err := parseYAML("t.yaml", []byte(doc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := got.(map[string]interface{})
+	checks := map[string]interface{}{
+		"pem":      "-----BEGIN CERTIFICATE-----\nMIIB\n  indented\n-----END CERTIFICATE-----\n",
+		"stripped": "one\ntwo",
+		"folded":   "a b\nc\n",
+		"quoted":   "a # not a comment",
+		"plain":    "value",
+		"url":      "http://example.com:8080/x",
+	}
+	for k, want := range checks {
+		if m[k] != want {
+			t.Errorf("%s = %q, want %q", k, m[k], want)
+		}
+	}
+	str := func(v interface{}) string { return strings.TrimSpace(strings.ReplaceAll(fmtJSON(t, v), "\n", "")) }
+	for k, want := range map[string]string{
+		"empty_map":  `{}`,
+		"flow":       `{"a":1,"b":["x","y, z"],"c":null}`,
+		"list":       `["a",["nested","seq"],{"k":"v","k2":"v2"},{"deep":1}]`,
+		"nums":       `[0,-3,1.5,0.5,16,"0755",1000]`,
+		"bools":      `[true,false,null,null]`,
+		"quoted key": `1`,
+	} {
+		if got := str(m[k]); got != want {
+			t.Errorf("%s = %s, want %s", k, got, want)
+		}
+	}
+}
+
+func TestYAMLErrorsNameTheLine(t *testing.T) {
+	for doc, want := range map[string]string{
+		"a: 1\n\tb: 2\n":         "t.yaml:2: tabs",
+		"a: 1\na: 2\n":           "t.yaml:2: duplicate key",
+		"a: &anchor 1\n":         "t.yaml:1: \"&anchor 1\": anchors",
+		"a: *ref\n":              "t.yaml:1:",
+		"a: [1, 2\n":             "t.yaml:1: missing",
+		"a: \"open\n":            "t.yaml:1: unterminated",
+		"a:\n  b: 1\n c: 2\n":    "t.yaml:3:",
+		"a: 1\n---\nb: 2\n":      "t.yaml:2: multiple documents",
+		"list:\n  - a\n  b: 1\n": "t.yaml:3: unexpected indentation",
+		"a: !!str 1\n":           "t.yaml:1:",
+	} {
+		_, err := parseYAML("t.yaml", []byte(doc))
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: got %v, want an error containing %q", doc, err, want)
+		}
+	}
+}
+
+func TestConfigValidation(t *testing.T) {
+	for doc, want := range map[string]string{
+		"hostnme: x\n":                   `unknown field "hostnme"`,
+		"hostname: -bad-\n":              "not a valid host name",
+		"version: 2\n":                   "version 2",
+		"install: {disk: vda}\n":         "want a device path",
+		"install: {filesystem: btrfs}\n": "want ext4 or xfs",
+		"network: {interfaces: [{name: eth0, addresses: [10.0.0.1]}]}\n": "want IPv4 CIDR",
+		"network: {interfaces: [{name: eth0, gateway: 10.0.0.1}]}\n":     "needs a static address",
+		"network: {nameservers: [dns.example]}\n":                        "not an IP address",
+		"services: [{name: a, command: rel/path}]\n":                     "absolute path",
+		"services: [{name: a, command: /x, restart: sometimes}]\n":       "want always, on-failure or never",
+		"services: [{name: A, command: /x}]\n":                           "service name",
+		"services: [{name: a, command: /x}, {name: a, command: /y}]\n":   "defined twice",
+		"api: {cert: x}\n":                "all required",
+		"api: {ca: x, cert: y, key: z}\n": "cert/key",
+		"services: {name: a}\n":           "cannot unmarshal object",
+	} {
+		_, err := parseConfig("c.yaml", []byte(doc), true)
+		if err == nil || !strings.Contains(err.Error(), want) || !strings.HasPrefix(err.Error(), "c.yaml") {
+			t.Errorf("%q: got %v, want an error containing %q", doc, err, want)
+		}
+	}
+}
+
+func TestEmptyConfigAndLenientUserData(t *testing.T) {
+	cfg, err := parseConfig("empty.yaml", []byte("# nothing\n"), true)
+	if err != nil || !reflect.DeepEqual(cfg, &Config{}) {
+		t.Fatalf("empty config: %+v %v", cfg, err)
+	}
+	userData := "#cloud-config\nhostname: from-user-data\nssh_authorized_keys: [key]\n"
+	if _, err := parseConfig("user-data", []byte(userData), true); err == nil {
+		t.Fatal("strict decoding should refuse cloud-init keys")
+	}
+	cfg, err = parseConfig("user-data", []byte(userData), false)
+	if err != nil || cfg.Hostname != "from-user-data" {
+		t.Fatalf("lenient user-data: %+v %v", cfg, err)
+	}
+}
+
+func TestServiceDefaultsAndDependencies(t *testing.T) {
+	s := ServiceSpec{Name: "a", Command: "/bin/true"}
+	if err := s.validate(); err != nil || s.Restart != restartOnFailure {
+		t.Fatalf("default restart: %q %v", s.Restart, err)
+	}
+	specs := []ServiceSpec{{Name: "a", After: []string{"b"}}, {Name: "b", After: []string{"c"}}, {Name: "c", After: []string{"a"}}}
+	if err := checkDependencies(specs); err == nil || !strings.Contains(err.Error(), "cycle: a -> b -> c -> a") {
+		t.Fatalf("cycle: %v", err)
+	}
+	if err := checkDependencies([]ServiceSpec{{Name: "a", After: []string{"ghost"}}}); err == nil || !strings.Contains(err.Error(), "ghost") {
+		t.Fatalf("unknown dependency: %v", err)
+	}
+	merged := mergeServices(
+		[]ServiceSpec{{Name: "web", Command: "/ext/web", Source: "ext.json"}, {Name: "agent", Command: "/ext/agent"}},
+		[]ServiceSpec{{Name: "web", Command: "/cfg/web"}})
+	if len(merged) != 2 || merged[1].Command != "/cfg/web" || merged[1].Source != "machine config" {
+		t.Fatalf("merge: %+v", merged)
+	}
+}

@@ -1,0 +1,279 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// machine is machined's state: what the boot found and set up, served by the API.
+type machine struct {
+	pid1         bool
+	con          *console
+	version      string
+	kernel       string
+	params       map[string]string
+	cfg          *Config
+	configSource string
+	varSource    string // the EPHEMERAL device, or "tmpfs"
+	extensions   []Extension
+	net          *network
+	sup          *supervisor
+	apiAddr      string // "" when the API is off
+	stopAPI      func()
+	started      time.Time
+	power        chan string
+	shutdownOnce sync.Once
+}
+
+// boot brings the machine up as PID 1, in order: kernel filesystems and the read-only root
+// check, drivers, config, then network and disk side by side, services, API, ready line.
+func (m *machine) boot() {
+	if err := mountBase(); err != nil {
+		m.con = newConsole(os.Stdout)
+		m.fatal("%v", err)
+	}
+	m.con = newConsole(os.Stdout) // /dev is certainly there now
+	if ok, what := rootReadOnly(readMounts()); !ok {
+		m.fatal("the root filesystem must be read-only and is not: %s; refusing to continue", what)
+	}
+	// with Ctrl-Alt-Del off the kernel sends PID 1 a SIGINT instead of rebooting at once
+	_ = syscall.Reboot(syscall.LINUX_REBOOT_CMD_CAD_OFF)
+	m.params = readCmdline()
+	m.kernel = kernelRelease()
+	m.con.printf("version %s starting on kernel %s", m.version, m.kernel)
+	loadModules(m.kernel, m.con.printf)
+	settleDevices()
+	m.net = newNetwork(m.con.printf)
+
+	m.loadConfig()
+	if m.cfg.Hostname != "" {
+		if err := syscall.Sethostname([]byte(m.cfg.Hostname)); err != nil {
+			m.con.printf("hostname %s: %v", m.cfg.Hostname, err)
+		}
+	}
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); m.net.Configure(m.cfg.Network, 5*time.Second) }()
+	m.setupVar()
+	wg.Wait()
+
+	m.extensions = listExtensions(extensionsDir)
+	m.startServices("/var/log")
+	m.startAPI()
+	m.ready()
+	if m.params[paramTest] == actionPoweroff {
+		m.shutdown(actionPoweroff)
+	}
+	for action := range m.power {
+		m.shutdown(action)
+	}
+}
+
+func kernelRelease() string {
+	var u syscall.Utsname
+	if syscall.Uname(&u) != nil {
+		return "unknown"
+	}
+	var b strings.Builder
+	for _, c := range u.Release {
+		if c == 0 {
+			break
+		}
+		b.WriteByte(byte(c))
+	}
+	return b.String()
+}
+
+// settleDevices waits until the set of block devices stops changing (at most 2 s): drivers
+// just loaded probe their disks asynchronously, and there is no udev to tell us when done.
+func settleDevices() {
+	count := func() int { entries, _ := os.ReadDir("/sys/class/block"); return len(entries) }
+	last, stable := count(), 0
+	for i := 0; i < 20 && stable < 3; i++ {
+		time.Sleep(100 * time.Millisecond)
+		if n := count(); n == last {
+			stable++
+		} else {
+			last, stable = n, 0
+		}
+	}
+}
+
+// loadConfig reads the machine config from kiln.config= or a config drive. Without one
+// the machine runs on defaults; a broken one is reported and also means defaults, so the
+// machine still comes up and can be reached to fix it.
+func (m *machine) loadConfig() {
+	m.cfg = &Config{}
+	if value, ok := m.params[paramConfig]; ok && value != "" {
+		if isURL(value) {
+			m.net.Configure(NetworkConfig{}, 10*time.Second) // DHCP everywhere, to reach the URL
+		}
+		cfg, err := configFromParam(value, m.con.printf)
+		if err != nil {
+			m.con.printf("config: %v; using defaults", err)
+			return
+		}
+		m.cfg, m.configSource = cfg, value
+	} else if dev, fstype := findConfigDrive("/sys"); dev != "" {
+		cfg, source, err := configFromDrive(dev, fstype)
+		if err != nil {
+			m.con.printf("config: %v; using defaults", err)
+			return
+		}
+		m.cfg, m.configSource = cfg, source
+	}
+	if m.configSource != "" {
+		m.con.printf("config: %s", m.configSource)
+	}
+}
+
+// setupVar mounts /var: EPHEMERAL on the owned disk, or a tmpfs when there is none (or
+// the disk cannot be set up, which is said on the console).
+func (m *machine) setupVar() {
+	settleDevices()
+	disk, why := chooseDisk(listBlockDevices("/sys"), m.cfg.Install.Disk, m.params[paramDisk], isBlank)
+	if disk != "" {
+		m.con.printf("disk: using %s (%s)", disk, why)
+		state, ephemeral, err := prepareDisk(disk, m.cfg.Install.Filesystem, m.con.printf)
+		if err == nil {
+			err = mountFS(ephemeral, "/var", syscall.MS_NOSUID|syscall.MS_NODEV)
+		}
+		if err == nil {
+			m.varSource = ephemeral
+			if err := mountFS(state, stateMount, syscall.MS_NOSUID|syscall.MS_NODEV|syscall.MS_NOEXEC); err != nil {
+				m.con.printf("disk: STATE: %v", err)
+			} else {
+				m.persistConfig()
+			}
+		} else {
+			m.con.printf("disk: %v; /var is a tmpfs", err)
+		}
+	} else {
+		m.con.printf("disk: none (%s); /var is a tmpfs", why)
+	}
+	if m.varSource == "" {
+		if err := syscall.Mount("tmpfs", "/var", "tmpfs", syscall.MS_NOSUID|syscall.MS_NODEV, "mode=0755"); err != nil {
+			m.con.printf("tmpfs /var: %v", err)
+		}
+		m.varSource = "tmpfs"
+	}
+	populateVar()
+}
+
+// persistConfig keeps the config on STATE, so a machine that booted once from a config
+// drive or URL still has its config when that is gone; without a new one, the kept one
+// is used.
+func (m *machine) persistConfig() {
+	path := filepath.Join(stateMount, "config.json")
+	if m.configSource == "" {
+		data, err := os.ReadFile(path)
+		if err != nil {
+			return
+		}
+		cfg, err := parseConfig(path, data, true)
+		if err != nil {
+			m.con.printf("config: kept config: %v", err)
+			return
+		}
+		m.cfg, m.configSource = cfg, path
+		m.con.printf("config: %s (kept from an earlier boot)", path)
+		if cfg.Hostname != "" {
+			_ = syscall.Sethostname([]byte(cfg.Hostname))
+		}
+		return
+	}
+	data, _ := json.MarshalIndent(m.cfg, "", "  ")
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, data, 0o600); err == nil {
+		_ = os.Rename(tmp, path)
+	}
+}
+
+// startServices starts the extensions' services and the config's, supervised.
+func (m *machine) startServices(logDir string) {
+	specs, errs := loadServiceDir(servicesDir)
+	for _, err := range errs {
+		m.con.printf("services: %v", err)
+	}
+	opts := defaultSupervisorOptions()
+	opts.LogDir = logDir
+	opts.Events = func(line string) { m.con.printf("%s", line) }
+	m.sup = newSupervisor(opts)
+	if err := m.sup.Start(mergeServices(specs, m.cfg.Services)); err != nil {
+		m.con.printf("services: %v; none started", err)
+	}
+}
+
+func (m *machine) startAPI() {
+	if !m.cfg.API.Enabled() {
+		return
+	}
+	addr, stop, err := serveAPI(m.cfg.API, m, m.con.log)
+	if err != nil {
+		m.con.printf("api: %v; the API is off", err)
+		return
+	}
+	m.apiAddr, m.stopAPI = addr.String(), stop
+}
+
+// readyLine is the one line the boot harness waits for.
+func (m *machine) readyLine() string {
+	names := make([]string, len(m.extensions))
+	for i, e := range m.extensions {
+		names[i] = e.Name
+	}
+	api := "off"
+	if m.apiAddr != "" {
+		api = m.apiAddr
+	}
+	return fmt.Sprintf("machined ready: version=%s kernel=%s extensions=[%s] var=%s api=%s",
+		m.version, m.kernel, strings.Join(names, ","), m.varSource, api)
+}
+
+func (m *machine) ready() { m.con.line(m.readyLine()) }
+
+// The API's view of the machine (apiBackend).
+
+func (m *machine) Status() interface{} {
+	hostname, _ := os.Hostname()
+	var addrs map[string][]string
+	if m.net != nil {
+		addrs = m.net.Addresses()
+	}
+	return map[string]interface{}{
+		"version":        m.version,
+		"kernel":         m.kernel,
+		"hostname":       hostname,
+		"uptime_seconds": int(time.Since(m.started).Seconds()),
+		"extensions":     m.extensions,
+		"var":            m.varSource,
+		"config":         m.configSource,
+		"addresses":      addrs,
+		"services":       m.Services(),
+	}
+}
+
+func (m *machine) Services() []ServiceStatus {
+	if m.sup == nil {
+		return []ServiceStatus{}
+	}
+	return m.sup.Status()
+}
+
+func (m *machine) Logs(name string) ([]string, bool) {
+	if name == "machined" {
+		return m.con.log.Lines(), true
+	}
+	if m.sup == nil {
+		return nil, false
+	}
+	return m.sup.Logs(name)
+}
+
+func (m *machine) Power(action string) { m.power <- action }

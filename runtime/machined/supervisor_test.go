@@ -1,0 +1,243 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// Real child processes (/bin/sh) under the real reaper: fast backoff settings keep it short.
+
+type eventLog struct {
+	mu    sync.Mutex
+	lines []string
+}
+
+func (e *eventLog) add(line string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.lines = append(e.lines, line)
+}
+
+func (e *eventLog) all() []string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return append([]string(nil), e.lines...)
+}
+
+func testSupervisor(t *testing.T, specs ...ServiceSpec) (*supervisor, *eventLog) {
+	t.Helper()
+	events := &eventLog{}
+	s := newSupervisor(supervisorOptions{LogDir: t.TempDir(), BackoffBase: 50 * time.Millisecond,
+		BackoffMax: 200 * time.Millisecond, ResetAfter: 5 * time.Second, StopTimeout: 500 * time.Millisecond, Events: events.add})
+	for i := range specs {
+		if err := specs[i].validate(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.Start(specs); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Stop)
+	return s, events
+}
+
+func sh(name, script string, restart string, after ...string) ServiceSpec {
+	return ServiceSpec{Name: name, Command: "/bin/sh", Args: []string{"-c", script}, Restart: restart, After: after}
+}
+
+func oneshot(s ServiceSpec) ServiceSpec {
+	s.Type = typeOneshot
+	return s
+}
+
+func status(s *supervisor, name string) ServiceStatus {
+	for _, st := range s.Status() {
+		if st.Name == name {
+			return st
+		}
+	}
+	return ServiceStatus{}
+}
+
+func eventually(t *testing.T, what string, max time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(max)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func TestRestartWithExponentialBackoff(t *testing.T) {
+	s, events := testSupervisor(t, sh("crash", "echo attempt; exit 3", restartOnFailure))
+	eventually(t, "five restarts", 5*time.Second, func() bool { return status(s, "crash").Restarts >= 5 })
+	var delays []string
+	for _, e := range events.all() {
+		if i := strings.Index(e, "restarting in "); i >= 0 {
+			delays = append(delays, e[i+len("restarting in "):])
+		}
+	}
+	want := []string{"50ms", "100ms", "200ms", "200ms", "200ms"}
+	if len(delays) < len(want) || strings.Join(delays[:5], " ") != strings.Join(want, " ") {
+		t.Fatalf("backoff delays %v, want %v first", delays, want)
+	}
+	if st := status(s, "crash"); st.LastExit != "exit status 3" {
+		t.Fatalf("last exit %q", st.LastExit)
+	}
+	logs, _ := s.Logs("crash")
+	if n := strings.Count(strings.Join(logs, "\n"), "attempt"); n < 5 {
+		t.Fatalf("ring buffer kept %d attempts:\n%s", n, strings.Join(logs, "\n"))
+	}
+	data, err := os.ReadFile(filepath.Join(s.opts.LogDir, "crash.log"))
+	if err != nil || strings.Count(string(data), "attempt") < 5 {
+		t.Fatalf("crash.log: %v\n%s", err, data)
+	}
+}
+
+func TestRestartPolicies(t *testing.T) {
+	s, _ := testSupervisor(t,
+		sh("done", "exit 0", restartOnFailure),
+		sh("fail-never", "exit 1", restartNever),
+		sh("always", "exit 0", restartAlways),
+		ServiceSpec{Name: "missing", Command: "/nonexistent/binary", Restart: restartNever})
+	eventually(t, "done to exit", 3*time.Second, func() bool { return status(s, "done").State == stateExited })
+	eventually(t, "fail-never to fail", 3*time.Second, func() bool { return status(s, "fail-never").State == stateFailed })
+	eventually(t, "missing to fail", 3*time.Second, func() bool { return status(s, "missing").State == stateFailed })
+	eventually(t, "always to restart", 3*time.Second, func() bool { return status(s, "always").Restarts >= 2 })
+	if st := status(s, "done"); st.Restarts != 0 {
+		t.Fatalf("on-failure restarted a clean exit: %+v", st)
+	}
+	if st := status(s, "missing"); !strings.HasPrefix(st.LastExit, "start failed") {
+		t.Fatalf("missing binary: %+v", st)
+	}
+}
+
+func TestKilledServiceRestarts(t *testing.T) {
+	s, _ := testSupervisor(t, sh("daemon", "exec sleep 60", restartAlways))
+	eventually(t, "daemon running", 3*time.Second, func() bool { return status(s, "daemon").State == stateRunning })
+	first := status(s, "daemon").PID
+	if err := syscall.Kill(first, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "a new pid", 3*time.Second, func() bool {
+		st := status(s, "daemon")
+		return st.State == stateRunning && st.PID != first && st.PID != 0
+	})
+	if st := status(s, "daemon"); st.Restarts != 1 || st.LastExit != "killed by killed" {
+		t.Fatalf("after kill: %+v", st)
+	}
+}
+
+func TestDependenciesStartInOrder(t *testing.T) {
+	dir := t.TempDir()
+	// db starts only once its own dependency (setup, a one-shot) has exited successfully;
+	// web starts after db is running; stuck waits for a service that failed for good.
+	s, events := testSupervisor(t,
+		sh("web", "exec sleep 60", restartAlways, "db"),
+		sh("db", "test -f "+dir+"/setup-done && exec sleep 60", restartNever, "setup"),
+		oneshot(sh("setup", "sleep 0.3; touch "+dir+"/setup-done", restartNever)),
+		sh("broken", "exit 1", restartNever),
+		sh("stuck", "exec sleep 60", restartAlways, "broken"))
+	eventually(t, "web running", 5*time.Second, func() bool { return status(s, "web").State == stateRunning })
+	if st := status(s, "db"); st.State != stateRunning {
+		t.Fatalf("db should be running (setup had finished first): %+v", st)
+	}
+	order := []string{}
+	for _, e := range events.all() {
+		if strings.Contains(e, ": started") {
+			order = append(order, strings.Fields(e)[1])
+		}
+	}
+	pos := map[string]int{}
+	for i, name := range order {
+		pos[strings.TrimSuffix(name, ":")] = i
+	}
+	if !(pos["setup"] < pos["db"] && pos["db"] < pos["web"]) {
+		t.Fatalf("start order %v", order)
+	}
+	eventually(t, "broken to fail", 3*time.Second, func() bool { return status(s, "broken").State == stateFailed })
+	time.Sleep(200 * time.Millisecond)
+	if st := status(s, "stuck"); st.State != stateWaiting || strings.Join(st.Waiting, ",") != "broken" {
+		t.Fatalf("stuck should wait for broken: %+v", st)
+	}
+}
+
+func TestStopEscalatesToSIGKILL(t *testing.T) {
+	s, _ := testSupervisor(t,
+		sh("polite", "exec sleep 60", restartAlways),
+		sh("stubborn", "trap '' TERM; while :; do sleep 0.05; done", restartAlways))
+	eventually(t, "both running", 3*time.Second, func() bool {
+		return status(s, "polite").State == stateRunning && status(s, "stubborn").State == stateRunning
+	})
+	pids := []int{status(s, "polite").PID, status(s, "stubborn").PID}
+	began := time.Now()
+	s.Stop()
+	took := time.Since(began)
+	if took < 400*time.Millisecond || took > 3*time.Second {
+		t.Fatalf("stop took %s; want the 500ms SIGKILL escalation", took)
+	}
+	for _, pid := range pids {
+		if syscall.Kill(pid, 0) == nil {
+			t.Fatalf("pid %d still alive after Stop", pid)
+		}
+	}
+	for _, name := range []string{"polite", "stubborn"} {
+		if st := status(s, name); st.State != stateStopped {
+			t.Fatalf("%s: %+v", name, st)
+		}
+	}
+}
+
+func TestServiceEnvironmentAndFiles(t *testing.T) {
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "env.yaml"), []byte("command: /bin/sh\nargs: [-c, 'echo \"$GREETING from $0\"']\nenv: {GREETING: hi}\nrestart: never\n"), 0o644)
+	os.WriteFile(filepath.Join(dir, "bad.json"), []byte(`{"command": "relative"}`), 0o644)
+	os.WriteFile(filepath.Join(dir, "README"), []byte("not a service"), 0o644)
+	specs, errs := loadServiceDir(dir)
+	if len(specs) != 1 || specs[0].Name != "env" || len(errs) != 1 || !strings.Contains(errs[0].Error(), "bad.json") {
+		t.Fatalf("specs %+v errs %v", specs, errs)
+	}
+	s, _ := testSupervisor(t, specs...)
+	eventually(t, "env to exit", 3*time.Second, func() bool { return status(s, "env").State == stateExited })
+	logs, _ := s.Logs("env")
+	if !strings.Contains(strings.Join(logs, "\n"), "hi from /bin/sh") {
+		t.Fatalf("logs: %v", logs)
+	}
+}
+
+func TestRunCommandsThroughTheReaper(t *testing.T) {
+	out, err := run("/bin/sh", "-c", "echo out; echo err >&2")
+	if err != nil || out != "out\nerr\n" {
+		t.Fatalf("%q %v", out, err)
+	}
+	out, err = runInput([]byte("piped\n"), "/bin/cat")
+	if err != nil || out != "piped\n" {
+		t.Fatalf("%q %v", out, err)
+	}
+	if _, err := run("/bin/sh", "-c", "echo first; echo why it failed; exit 4"); err == nil || err.Error() != "/bin/sh: exit status 4: why it failed" {
+		t.Fatalf("failure: %v", err)
+	}
+}
+
+func TestRingLogBounds(t *testing.T) {
+	r := newRingLog(3, 1000)
+	r.Write([]byte("a\nb\nc\nd\npartial"))
+	if got := strings.Join(r.Lines(), ","); got != "b,c,d,partial" {
+		t.Fatalf("lines: %s", got)
+	}
+	r = newRingLog(100, 10)
+	r.Write([]byte("12345\n67890\nabcde\n"))
+	if got := strings.Join(r.Lines(), ","); got != "67890,abcde" {
+		t.Fatalf("byte bound: %s", got)
+	}
+	if backoff(time.Second, 30*time.Second, 1) != time.Second || backoff(time.Second, 30*time.Second, 6) != 30*time.Second {
+		t.Fatal("backoff")
+	}
+}

@@ -1,0 +1,237 @@
+package main
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+func TestParseCmdline(t *testing.T) {
+	got := parseCmdline(`console=ttyS0 quiet kiln.config="/etc/a b.yaml" kiln.test=poweroff kiln.disk=/dev/vda kiln.disk=none` + "\n")
+	want := map[string]string{"console": "ttyS0", "quiet": "", "kiln.config": "/etc/a b.yaml", "kiln.test": "poweroff", "kiln.disk": "none"}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("got %v", got)
+	}
+}
+
+const mountinfo = `22 1 7:0 / / ro,nodev,nosuid,relatime shared:1 - squashfs /dev/loop0 ro,errors=continue
+23 22 0:5 / /dev rw,nosuid shared:2 - devtmpfs devtmpfs rw,size=4k,mode=755
+24 22 0:21 / /proc rw,nosuid,nodev,noexec - proc proc rw
+25 22 0:22 / /run/kiln/with\040space rw - tmpfs tmpfs rw
+`
+
+func TestMountinfo(t *testing.T) {
+	entries := parseMountinfo(mountinfo)
+	if len(entries) != 4 || entries[3].Target != "/run/kiln/with space" || entries[1].FSType != "devtmpfs" {
+		t.Fatalf("%+v", entries)
+	}
+	if ok, what := rootReadOnly(entries); !ok || what != "squashfs (/dev/loop0)" {
+		t.Fatalf("squashfs root: %v %s", ok, what)
+	}
+	rw := strings.Replace(mountinfo, "/ / ro,nodev", "/ / rw,nodev", 1)
+	rw = strings.Replace(rw, "squashfs /dev/loop0 ro,", "ext4 /dev/sda1 rw,", 1)
+	if ok, what := rootReadOnly(parseMountinfo(rw)); ok || !strings.Contains(what, "read-write") {
+		t.Fatalf("rw root: %v %s", ok, what)
+	}
+	// an overlay stacked later over / is what counts
+	stacked := mountinfo + "30 1 0:30 / / ro,relatime - overlay overlay ro,lowerdir=/a:/b\n"
+	if _, what := rootReadOnly(parseMountinfo(stacked)); !strings.HasPrefix(what, "overlay") {
+		t.Fatalf("stacked root: %s", what)
+	}
+	if _, ok := mountedAt(entries, "/sys"); ok {
+		t.Fatal("/sys is not mounted")
+	}
+}
+
+func writeFile(t *testing.T, path, content string) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestCollectModaliases(t *testing.T) {
+	root := t.TempDir()
+	writeFile(t, root+"/pci0000:00/0000:00:02.0/modalias", "pci:v00001AF4d00001000sv*\n")
+	writeFile(t, root+"/pci0000:00/0000:00:02.0/virtio0/modalias", "virtio:d00000001v00001AF4\n")
+	writeFile(t, root+"/pci0000:00/0000:00:03.0/modalias", "pci:v00001AF4d00001000sv*\n") // same device twice
+	writeFile(t, root+"/platform/empty/modalias", "\n")
+	writeFile(t, root+"/platform/other/uevent", "MODALIAS=ignored\n")
+	got := collectModaliases(root)
+	if strings.Join(got, " ") != "pci:v00001AF4d00001000sv* virtio:d00000001v00001AF4" {
+		t.Fatalf("%v", got)
+	}
+	if b := batches([]string{"a", "b", "c"}, 2); len(b) != 2 || len(b[1]) != 1 {
+		t.Fatalf("batches %v", b)
+	}
+}
+
+// fakeSys builds a /sys/class/block the way the kernel lays it out (class entries are
+// links into /sys/devices; a partition's directory sits inside its disk's).
+func fakeSys(t *testing.T) string {
+	sys := t.TempDir()
+	dev := sys + "/devices/pci0000:00/virtio1/block"
+	disk := func(name string, sectors string, parts ...string) {
+		writeFile(t, dev+"/"+name+"/size", sectors)
+		writeFile(t, dev+"/"+name+"/uevent", "DEVTYPE=disk\nDEVNAME="+name+"\n")
+		writeFile(t, dev+"/"+name+"/removable", "0")
+		writeFile(t, dev+"/"+name+"/ro", "0")
+		os.MkdirAll(sys+"/class/block", 0o755)
+		os.Symlink(dev+"/"+name, sys+"/class/block/"+name)
+		for i, p := range parts {
+			pn := name + string(rune('1'+i))
+			writeFile(t, dev+"/"+name+"/"+pn+"/partition", string(rune('1'+i)))
+			writeFile(t, dev+"/"+name+"/"+pn+"/size", "2048")
+			writeFile(t, dev+"/"+name+"/"+pn+"/uevent", "DEVTYPE=partition\nDEVNAME="+pn+"\nPARTNAME="+p+"\n")
+			os.Symlink(dev+"/"+name+"/"+pn, sys+"/class/block/"+pn)
+		}
+	}
+	disk("vda", "8388608", "EFI", "BIOS", "BOOT", "META")
+	disk("vdb", "8388608")
+	disk("loop0", "1024")
+	return sys
+}
+
+func TestListBlockDevicesAndChooseDisk(t *testing.T) {
+	devs := listBlockDevices(fakeSys(t))
+	var names []string
+	for _, d := range devs {
+		names = append(names, d.Name+"<"+d.Disk+":"+d.PartName+">")
+	}
+	if strings.Join(names, " ") != "loop0<:> vda<:> vda1<vda:EFI> vda2<vda:BIOS> vda3<vda:BOOT> vda4<vda:META> vdb<:>" {
+		t.Fatalf("%v", names)
+	}
+	blankAll := func(string) bool { return true }
+	cases := []struct {
+		configured, param, want string
+		devs                    []blockDev
+	}{
+		{"/dev/sdz", "/dev/vdb", "/dev/sdz", devs},     // install.disk wins
+		{"", "/dev/vdb", "/dev/vdb", devs},             // then kiln.disk=
+		{"", "none", "", devs},                         // kiln.disk=none: diskless
+		{"", "", "/dev/vda", devs},                     // the disk holding BOOT/META
+		{"", "", "/dev/vdb", withoutDisk(devs, "vda")}, // the only blank disk
+		{"", "", "", withoutDisk(devs, "vda", "vdb")},  // loop devices never count
+	}
+	for _, c := range cases {
+		if got, why := chooseDisk(c.devs, c.configured, c.param, blankAll); got != c.want {
+			t.Errorf("chooseDisk(%q, %q) = %q (%s), want %q", c.configured, c.param, got, why, c.want)
+		}
+	}
+	two := append(withoutDisk(devs, "vda"), blockDev{Name: "vdc", Path: "/dev/vdc", Sectors: 100})
+	if got, why := chooseDisk(two, "", "", blankAll); got != "" || !strings.Contains(why, "2 blank disks") {
+		t.Fatalf("two blank disks: %q %s", got, why)
+	}
+}
+
+func withoutDisk(devs []blockDev, names ...string) []blockDev {
+	var out []blockDev
+outer:
+	for _, d := range devs {
+		for _, n := range names {
+			if d.Name == n || d.Disk == n {
+				continue outer
+			}
+		}
+		out = append(out, d)
+	}
+	return out
+}
+
+func TestProbeFilesystems(t *testing.T) {
+	dir := t.TempDir()
+	// an ISO 9660 primary volume descriptor, as genisoimage -V cidata writes it
+	iso := make([]byte, 34*1024)
+	copy(iso[32768:], "\x01CD001\x01")
+	copy(iso[32768+40:], "cidata                          ")
+	if fs, label, _ := probeFSBytes(iso); fs != "iso9660" || label != "cidata" {
+		t.Fatalf("iso: %s %q", fs, label)
+	}
+	if fs, _, _ := probeFSBytes(make([]byte, 64*1024)); fs != "" {
+		t.Fatalf("zeros: %s", fs)
+	}
+	blank := filepath.Join(dir, "blank.img")
+	os.WriteFile(blank, make([]byte, 2<<20), 0o644)
+	if !isBlank(blank) {
+		t.Fatal("zeros should be blank")
+	}
+	for _, tool := range []struct{ cmd, fs, label string }{
+		{"mkfs.ext4 -q -F -L EPHEMERAL", "ext4", "EPHEMERAL"},
+		{"mkfs.vfat -n CIDATA", "vfat", "CIDATA"},
+		{"mkfs.vfat -F 32 -n KILNCFG", "vfat", "KILNCFG"},
+		{"mkfs.xfs -q -f -L EPHEMERAL", "xfs", "EPHEMERAL"},
+	} {
+		args := strings.Fields(tool.cmd)
+		bin, err := exec.LookPath(args[0])
+		if err != nil {
+			bin = "/usr/sbin/" + args[0]
+			if _, err := os.Stat(bin); err != nil {
+				t.Logf("%s not installed: skipped", args[0])
+				continue
+			}
+		}
+		img := filepath.Join(dir, tool.fs+tool.label+".img")
+		os.WriteFile(img, nil, 0o644)
+		os.Truncate(img, 300<<20)
+		if out, err := run(bin, append(args[1:], img)...); err != nil {
+			t.Fatalf("%s: %v\n%s", tool.cmd, err, out)
+		}
+		fs, label, err := probeFS(img)
+		if err != nil || fs != tool.fs || label != tool.label {
+			t.Errorf("%s: probed %q %q %v", tool.cmd, fs, label, err)
+		}
+		if isBlank(img) {
+			t.Errorf("%s: a formatted image is not blank", tool.cmd)
+		}
+	}
+}
+
+func TestConfigDriveFiles(t *testing.T) {
+	dir := t.TempDir()
+	writeFile(t, dir+"/user-data", "#cloud-config\nusers: [default]\nservices:\n  - name: web\n    command: /bin/web\n")
+	writeFile(t, dir+"/meta-data", "instance-id: i-1\nlocal-hostname: from-meta\n")
+	cfg, source, err := configFromDir(dir, "/dev/sr0")
+	if err != nil || source != "/dev/sr0:user-data" || cfg.Hostname != "from-meta" || cfg.Services[0].Name != "web" {
+		t.Fatalf("%+v %s %v", cfg, source, err)
+	}
+	writeFile(t, dir+"/kiln.json", `{"hostname": "from-kiln"}`)
+	cfg, source, err = configFromDir(dir, "/dev/sr0")
+	if err != nil || source != "/dev/sr0:kiln.json" || cfg.Hostname != "from-kiln" {
+		t.Fatalf("%+v %s %v", cfg, source, err)
+	}
+	writeFile(t, dir+"/kiln.yaml", "hostname: [not, a, string]\n")
+	if _, _, err := configFromDir(dir, "/dev/sr0"); err == nil || !strings.Contains(err.Error(), "/dev/sr0:kiln.yaml") {
+		t.Fatalf("a broken kiln.yaml must be an error naming it: %v", err)
+	}
+	if _, _, err := configFromDir(t.TempDir(), "/dev/vdb"); err == nil {
+		t.Fatal("an empty drive must be an error")
+	}
+	writeFile(t, dir+"/path.yaml", "hostname: by-path\n")
+	if cfg, err := configFromParam(dir+"/path.yaml", t.Logf); err != nil || cfg.Hostname != "by-path" {
+		t.Fatalf("kiln.config=path: %+v %v", cfg, err)
+	}
+}
+
+func TestListExtensions(t *testing.T) {
+	dir := t.TempDir()
+	writeFile(t, dir+"/zfs.json", `{"name": "zfs", "version": "2.1", "author": "x", "compatibility": ">=0.1"}`)
+	writeFile(t, dir+"/gvisor.json", `{"name": "gvisor"}`)
+	writeFile(t, dir+"/unnamed.json", `{}`)
+	writeFile(t, dir+"/notes.txt", `ignored`)
+	var names []string
+	for _, e := range listExtensions(dir) {
+		names = append(names, e.Name)
+	}
+	if strings.Join(names, ",") != "gvisor,unnamed,zfs" {
+		t.Fatalf("%v", names)
+	}
+	if len(listExtensions(filepath.Join(dir, "missing"))) != 0 {
+		t.Fatal("no directory, no extensions")
+	}
+}

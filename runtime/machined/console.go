@@ -56,3 +56,26 @@ func (c *console) line(text string) {
 func (c *console) printf(format string, args ...interface{}) {
 	c.line("machined: " + fmt.Sprintf(format, args...))
 }
+
+// claimStdio points fds 0-2 at /dev/null and the console. The kernel gives PID 1 the
+// console only if the initramfs had a /dev/console node; if fds 0-2 were closed, the
+// next files machined opened would get those numbers and its stdout would land in them.
+func claimStdio() {
+	if null, err := syscall.Open("/dev/null", syscall.O_RDWR|syscall.O_CLOEXEC, 0); err == nil {
+		_ = syscall.Dup3(null, 0, 0)
+		if null != 0 {
+			syscall.Close(null)
+		}
+	}
+	out, err := syscall.Open("/dev/console", syscall.O_WRONLY|syscall.O_NOCTTY|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		out, err = syscall.Open("/dev/null", syscall.O_WRONLY|syscall.O_CLOEXEC, 0)
+	}
+	if err == nil {
+		_ = syscall.Dup3(out, 1, 0)
+		_ = syscall.Dup3(out, 2, 0)
+		if out > 2 {
+			syscall.Close(out)
+		}
+	}
+}

@@ -29,6 +29,7 @@ func main() {
 	}
 	m := &machine{pid1: os.Getpid() == 1, version: version, started: time.Now(), power: make(chan string, 4)}
 	if m.pid1 {
+		claimStdio()
 		handleSignals(m.power, func(f string, a ...interface{}) {
 			if m.con != nil {
 				m.con.printf(f, a...)

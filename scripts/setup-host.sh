@@ -2,7 +2,7 @@
 # Install the host tools Kiln drives (Debian 12) and the deb-src entry the Debian-source
 # mirror needs. Idempotent: installs only what is missing.
 set -eu
-PACKAGES="python3-venv bubblewrap debootstrap util-linux tar xz-utils zstd cpio squashfs-tools kmod qemu-system-x86 qemu-utils ovmf"
+PACKAGES="python3-venv bubblewrap debootstrap util-linux tar xz-utils zstd cpio squashfs-tools kmod qemu-system-x86 qemu-utils ovmf golang-go"
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
 

@@ -48,7 +48,8 @@ HELLO = Manifest("hello", "1.0", "Kiln", "says hello", ">=0.1,<1")
 
 def members(initramfs: Path) -> list[str]:
     raw = subprocess.run(["zstd", "-dc", str(initramfs)], capture_output=True, check=True).stdout
-    return subprocess.run(["cpio", "-it", "--quiet"], input=raw, capture_output=True, check=True).stdout.decode().split()
+    listing = subprocess.run(["cpio", "-it", "--quiet"], input=raw, capture_output=True, check=True).stdout
+    return listing.decode().split()
 
 
 def test_kernel_and_initramfs_are_written_and_reproducible(trees: dict[str, Path], tmp_path: Path) -> None:

@@ -15,12 +15,12 @@ $(BIN)/kiln: pyproject.toml
 setup: $(BIN)/kiln
 	./scripts/setup-host.sh
 
-# Kiln's main job. Until image assembly lands this runs the most complete job Kiln has:
-# check the package graph, then build every package of pkgs/ (stage0 seed included) and
-# export the outputs to _out/pkgs/.
+# Kiln's main job. Until profiles and the ISO/disk outputs land this builds the first bootable
+# output: the kernel and the initramfs (tiny init + read-only squashfs rootfs with machined),
+# building every package they need through the graph, into _out/image/.
 image: setup
 	$(KILN) validate
-	$(KILN) build --all --out _out/pkgs
+	$(KILN) image --output kernel,initramfs --out _out/image
 
 test: setup
 	$(BIN)/pytest -q

@@ -1,0 +1,161 @@
+"""Cold build time and output sizes of the real packages in pkgs/.
+
+Builds the named packages (default: the rootfs userland, init, go and machined, with the
+toolchain they need) in a fresh store that holds only the stage0 seed, one package at a time
+(`--jobs 1`, so each package's seconds are its own), after fetching every source (not timed).
+Records per package: cold build seconds, output bytes and files, and the size of each ELF
+binary in the output (vmlinuz and modules for a kernel). Results are merged into
+bench/results/pkgs.json by package, so measuring some packages keeps the others' entries.
+
+Run: `.venv/bin/python bench/pkgs.py [PKG...]` (needs root, bubblewrap and the seed, made once in
+$KILN_TEST_SEED like the tests do); `--table` prints the README's table from the results file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from kiln.build.keys import stage0_key
+from kiln.pkg.graph import Graph
+from kiln.pkg.loader import load_tree
+from kiln.pkg.variables import Platform
+
+ROOT = Path(__file__).resolve().parents[1]
+PKGS = ROOT / "pkgs"
+KILN = [sys.executable, "-m", "kiln.cli"]
+RESULTS = ROOT / "bench/results/pkgs.json"
+DEFAULT = ["fhs", "ca-certificates", "util-linux", "e2fsprogs", "dosfstools", "kmod", "init", "go", "machined"]
+
+
+def kiln(args: list[str], cache: Path, check: bool = True) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "KILN_CACHE": str(cache)}
+    result = subprocess.run([*KILN, *args], cwd=ROOT, env=env, capture_output=True, text=True)
+    if check and result.returncode != 0:
+        raise SystemExit(f"kiln {' '.join(args)} failed:\n{result.stderr[-4000:]}")
+    return result
+
+
+def seeded_cache(base: Path) -> Path:
+    """A fresh store holding only the seed (hard links from $KILN_TEST_SEED, made there once)."""
+    seed = Path(os.environ.get("KILN_TEST_SEED", Path.home() / ".cache/kiln-test-seed"))
+    kiln(["bootstrap"], seed)
+    key = stage0_key(load_tree(PKGS, Platform.parse("linux/amd64")))
+    cache = base / "cache"
+    (cache / "store").mkdir(parents=True)
+    subprocess.run(["cp", "-al", str(seed / "store" / key), str(cache / "store" / key)], check=True)
+    return cache
+
+
+def is_binary(path: Path, rel: str) -> bool:
+    """An ELF executable or kernel module, or the kernel image."""
+    if rel.startswith("boot/vmlinuz"):
+        return True
+    with path.open("rb") as handle:
+        if handle.read(4) != b"\x7fELF":
+            return False
+    return rel.endswith(".ko") or bool(path.stat().st_mode & 0o111)
+
+
+def measure_output(tree: Path) -> dict[str, Any]:
+    total = files = 0
+    binaries: dict[str, int] = {}
+    for path in sorted(tree.rglob("*")):
+        if path.is_symlink() or not path.is_file():
+            continue
+        size = path.stat().st_size
+        total += size
+        files += 1
+        rel = path.relative_to(tree).as_posix()
+        if is_binary(path, rel):
+            binaries[rel] = size
+    if len(binaries) > 40:  # a kernel's modules, a Go toolchain: the largest, and a count of the rest
+        largest = dict(sorted(binaries.items(), key=lambda item: -item[1])[:10])
+        largest[f"({len(binaries) - 10} more)"] = sum(binaries.values()) - sum(largest.values())
+        binaries = largest
+    return {"output_bytes": total, "files": files, "binaries": binaries}
+
+
+def run(targets: list[str]) -> dict[str, Any]:
+    tree = load_tree(PKGS, Platform.parse("linux/amd64"))
+    graph = Graph(tree)
+    closure = graph.closure(targets)
+    with tempfile.TemporaryDirectory(prefix="kiln-bench-pkgs-") as tmp:
+        cache = seeded_cache(Path(tmp))
+        kiln(["fetch", *closure], cache)
+        start = time.perf_counter()
+        result = kiln(["build", *closure, "--jobs", "1", "--json"], cache)
+        wall = time.perf_counter() - start
+        outcomes = json.loads(result.stdout)["packages"]
+        packages: dict[str, Any] = {}
+        for name in closure:
+            outcome = outcomes[name]
+            assert outcome["status"] == "built", f"{name}: {outcome['status']}"
+            store_tree = cache / "store" / outcome["key"] / "tree"
+            packages[name] = {
+                "version": tree.packages[name].version,
+                "key": outcome["key"],
+                "seconds": round(outcome["seconds"], 1),
+                **measure_output(store_tree),
+            }
+        shutil.rmtree(cache, ignore_errors=True)
+    return {"wall_seconds": round(wall, 1), "packages": packages}
+
+
+def human(size: int) -> str:
+    value = float(size)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def table(results: dict[str, Any]) -> str:
+    lines = ["| package | version | cold build | output | binaries |", "|---|---|---|---|---|"]
+    for name, info in results["packages"].items():
+        binaries = {rel: size for rel, size in info["binaries"].items() if not rel.startswith("(")}
+        ranked = sorted(binaries.items(), key=lambda item: -item[1])
+        if len(info["binaries"]) > 6:
+            rel, size = ranked[0]
+            shown = f"{len(info['binaries'])} binaries, largest `{Path(rel).name}` {human(size)}"
+        else:
+            shown = ", ".join(f"`{Path(rel).name}` {human(size)}" for rel, size in sorted(binaries.items()))
+        lines.append(f"| {name} | {info['version']} | {info['seconds']:.0f} s | {human(info['output_bytes'])} "
+                     f"| {shown or '-'} |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("packages", nargs="*", help=f"packages to build (default: {' '.join(DEFAULT)})")
+    parser.add_argument("--table", action="store_true", help="print the README table from the results file")
+    args = parser.parse_args()
+    previous: dict[str, Any] = json.loads(RESULTS.read_text()) if RESULTS.exists() else {"packages": {}}
+    if args.table:
+        print(table(previous))
+        return 0
+    measured = run(args.packages or DEFAULT)
+    merged = {
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+        "toolchain": load_tree(PKGS, Platform.parse("linux/amd64")).toolchain,
+        "packages": {**previous.get("packages", {}), **measured["packages"]},
+        "last_run_wall_seconds": measured["wall_seconds"],
+    }
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(merged, indent=2) + "\n")
+    print(table(merged))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import sys
 
-from rich.console import Console
-from rich.table import Table
-
 
 def is_terminal() -> bool:
     return sys.stdout.isatty()
@@ -15,6 +12,9 @@ def is_terminal() -> bool:
 def print_table(title: str, columns: list[str], rows: list[list[str]]) -> None:
     """A rich table on a terminal; tab-separated lines otherwise, easy to grep and cut."""
     if is_terminal():
+        from rich.console import Console  # only on a terminal: importing rich costs a noticeable start-up
+        from rich.table import Table
+
         table = Table(title=title)
         for column in columns:
             table.add_column(column)

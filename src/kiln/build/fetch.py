@@ -23,25 +23,22 @@ import subprocess
 import tarfile
 import tempfile
 import threading
-import urllib.request
 import zlib
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 from urllib.parse import unquote, urlsplit
-from urllib.request import url2pathname
 
-import requests
 import yaml
-from requests.adapters import HTTPAdapter
-from urllib3.exceptions import HTTPError as Urllib3Error
-from urllib3.util.retry import Retry
 
 from kiln.errors import InputError, InputErrors, KilnError, Location
 from kiln.pkg.model import Source
 from kiln.pkg.yamlpos import DuplicateKey, parse
+
+if TYPE_CHECKING:  # requests and urllib3 are imported when a download happens: a no-op build needs neither
+    import requests
 
 Progress = Callable[[str, int, int | None], None]
 """Called as (file name, bytes so far, total bytes or None); may run on worker threads."""
@@ -103,6 +100,8 @@ class Mirror:
         if scheme == "file":
             if parts.netloc not in ("", "localhost"):
                 raise InputError(f"mirror {value!r}: a file:// URL must name a local path (file:///dir)", where)
+            from urllib.request import url2pathname
+
             return cls("dir", os.path.normpath(url2pathname(parts.path)))
         if not value or "://" in value or value.startswith("debian:"):
             raise InputError(
@@ -317,6 +316,10 @@ class Fetcher:
 
     def _session(self) -> requests.Session:
         """A session retrying connection errors and 429/5xx with exponential backoff."""
+        import requests
+        from requests.adapters import HTTPAdapter
+        from urllib3.util.retry import Retry
+
         retry = Retry(
             total=self.retries,
             connect=self.retries,
@@ -338,6 +341,9 @@ class Fetcher:
 
     def _getter(self, url: str) -> Writer:
         def get(sink: _Sink) -> None:
+            import requests
+            from urllib3.exceptions import HTTPError as Urllib3Error
+
             try:
                 with self._session() as session, session.get(url, stream=True, timeout=self.timeout) as response:
                     if response.status_code != 200:
@@ -355,6 +361,8 @@ class Fetcher:
 
     def _ftp(self, url: str) -> Writer:
         def get(sink: _Sink) -> None:
+            import urllib.request
+
             try:
                 with urllib.request.urlopen(url, timeout=self.timeout) as response:
                     length = response.headers.get("Content-Length")

@@ -5,17 +5,19 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from typing import TextIO
-
-from rich.console import Console, Group
-from rich.live import Live
-from rich.table import Table
-from rich.text import Text
+from typing import TYPE_CHECKING, TextIO
 
 from kiln.build.scheduler import BUILT, CACHED, FAILED, SKIPPED, Outcome
 
+if TYPE_CHECKING:  # rich is imported only for a terminal: plain runs (CI, no-op builds) skip its cost
+    from rich.console import Console, Group
+    from rich.table import Table
+
 
 def summary_table(outcomes: dict[str, Outcome]) -> Table:
+    from rich.table import Table
+    from rich.text import Text
+
     table = Table(title="kiln build")
     for column in ("package", "status", "seconds", "key"):
         table.add_column(column)
@@ -74,6 +76,9 @@ class LiveProgress:
     """A live table of running packages with their step and elapsed time, then a summary."""
 
     def __init__(self, console: Console | None = None) -> None:
+        from rich.console import Console
+        from rich.live import Live
+
         self.console = console or Console(stderr=True)
         self.total = 0
         self.finished: list[Outcome] = []
@@ -83,6 +88,10 @@ class LiveProgress:
         self.live.get_renderable = self._render  # type: ignore[method-assign]
 
     def _render(self) -> Group:
+        from rich.console import Group
+        from rich.table import Table
+        from rich.text import Text
+
         with self._lock:
             table = Table.grid(padding=(0, 2))
             now = time.monotonic()
@@ -137,6 +146,7 @@ class DownloadBars:
     """Source downloads as rich progress bars on a terminal."""
 
     def __init__(self, console: Console | None = None) -> None:
+        from rich.console import Console
         from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
         self.bars = Progress(

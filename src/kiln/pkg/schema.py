@@ -11,10 +11,12 @@ import json
 from collections.abc import Iterator
 from functools import cache
 from importlib import resources
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import fastjsonschema
-import jsonschema
+
+if TYPE_CHECKING:  # jsonschema only explains failures: imported when a document is wrong
+    import jsonschema
 
 from kiln.pkg.yamlpos import Path_
 
@@ -54,6 +56,8 @@ def load_schema(name: str = "pkg.schema.json") -> dict[str, Any]:
 
 @cache
 def _validator(name: str) -> jsonschema.Draft202012Validator:
+    import jsonschema
+
     schema = load_schema(name)
     jsonschema.Draft202012Validator.check_schema(schema)
     return jsonschema.Draft202012Validator(schema)

@@ -92,9 +92,12 @@ def run(targets: list[str]) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="kiln-bench-pkgs-") as tmp:
         cache = seeded_cache(Path(tmp))
         kiln(["fetch", *closure], cache)
+        load_before = os.getloadavg()[0]
         start = time.perf_counter()
         result = kiln(["build", *closure, "--jobs", "1", "--json"], cache)
         wall = time.perf_counter() - start
+        # other work on the machine stretches every figure: keep the 1- and 15-minute load with them
+        load = {"before_1min": round(load_before, 1), "after_15min": round(os.getloadavg()[2], 1)}
         outcomes = json.loads(result.stdout)["packages"]
         packages: dict[str, Any] = {}
         for name in closure:
@@ -108,7 +111,7 @@ def run(targets: list[str]) -> dict[str, Any]:
                 **measure_output(store_tree),
             }
         shutil.rmtree(cache, ignore_errors=True)
-    return {"wall_seconds": round(wall, 1), "packages": packages}
+    return {"wall_seconds": round(wall, 1), "load_average": load, "packages": packages}
 
 
 def human(size: int) -> str:
@@ -150,6 +153,7 @@ def main() -> int:
         "toolchain": load_tree(PKGS, Platform.parse("linux/amd64")).toolchain,
         "packages": {**previous.get("packages", {}), **measured["packages"]},
         "last_run_wall_seconds": measured["wall_seconds"],
+        "last_run_load_average": measured["load_average"],
     }
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(merged, indent=2) + "\n")

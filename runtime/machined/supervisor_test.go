@@ -138,12 +138,13 @@ func TestKilledServiceRestarts(t *testing.T) {
 func TestDependenciesStartInOrder(t *testing.T) {
 	dir := t.TempDir()
 	// db starts only once its own dependency (setup, a one-shot) has exited successfully;
-	// web starts after db is running; stuck waits for a service that failed for good.
+	// web starts after db is running; stuck waits for a one-shot that failed for good (a simple
+	// service counts as started while it runs, so a failing simple one would race with stuck).
 	s, events := testSupervisor(t,
 		sh("web", "exec sleep 60", restartAlways, "db"),
 		sh("db", "test -f "+dir+"/setup-done && exec sleep 60", restartNever, "setup"),
 		oneshot(sh("setup", "sleep 0.3; touch "+dir+"/setup-done", restartNever)),
-		sh("broken", "exit 1", restartNever),
+		oneshot(sh("broken", "exit 1", restartNever)),
 		sh("stuck", "exec sleep 60", restartAlways, "broken"))
 	eventually(t, "web running", 5*time.Second, func() bool { return status(s, "web").State == stateRunning })
 	if st := status(s, "db"); st.State != stateRunning {

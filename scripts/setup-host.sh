@@ -2,7 +2,8 @@
 # Install the host tools Kiln drives (Debian 12) and the deb-src entry the Debian-source
 # mirror needs. Idempotent: installs only what is missing.
 set -eu
-PACKAGES="python3-venv bubblewrap debootstrap util-linux tar xz-utils zstd cpio squashfs-tools kmod qemu-system-x86 qemu-utils ovmf golang-go"
+PACKAGES="python3-venv bubblewrap debootstrap util-linux tar xz-utils zstd cpio squashfs-tools kmod qemu-system-x86 qemu-utils ovmf golang-go
+  grub-common grub-pc-bin grub-efi-amd64-bin xorriso mtools dosfstools e2fsprogs fdisk gdisk ipxe-qemu gzip"
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
 

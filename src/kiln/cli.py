@@ -12,12 +12,12 @@ from kiln import __version__, console
 from kiln.boot import command as boot_command
 from kiln.build.keys import compute_keys
 from kiln.errors import InputError, InputErrors, KilnError
+from kiln.installer import command as image_command
 from kiln.pkg.graph import Graph
 from kiln.pkg.loader import Tree, load_tree
 from kiln.pkg.show import GRAPH_FORMATS, dump_yaml, render_graph
 from kiln.pkg.template import render_string
 from kiln.pkg.variables import Platform, parse_overrides
-from kiln.rootfs import command as image_command
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -229,7 +229,11 @@ def cmd_kernel(args: argparse.Namespace) -> int:
 
 
 def cmd_image(args: argparse.Namespace) -> int:
-    return image_command.run(_load(args), args)
+    def load(platform: str) -> Graph:
+        args.platform = platform
+        return _load(args)
+
+    return image_command.run(args, load)
 
 
 def _common() -> argparse.ArgumentParser:
@@ -347,8 +351,8 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_argument("--output", metavar="FILE", help="also write the full resolved .config here")
     kernel.set_defaults(handler=cmd_kernel)
 
-    image = verb("image", cmd_image, "build what is missing, then write vmlinuz and initramfs.zst (kiln image "
-                 "--output kernel,initramfs --extension PKG --out DIR)")
+    image = verb("image", cmd_image, "build what profiles need, then write their outputs (kiln image iso metal "
+                 "aws --out DIR); without a profile, vmlinuz and initramfs.zst")
     image_command.add_arguments(image)
 
     boot = verbs.add_parser("boot", help="boot an artifact in QEMU and wait for machined's ready line",

@@ -47,18 +47,18 @@ def _type_of(value: Any) -> str:
 
 
 @cache
-def load_schema(name: str = "pkg.schema.json") -> dict[str, Any]:
-    """The schema shipped inside the kiln package."""
-    text = resources.files("kiln.pkg").joinpath(name).read_text()
+def load_schema(name: str = "pkg.schema.json", package: str = "kiln.pkg") -> dict[str, Any]:
+    """A schema shipped inside the kiln package (`package` is the module directory holding it)."""
+    text = resources.files(package).joinpath(name).read_text()
     schema: dict[str, Any] = json.loads(text)
     return schema
 
 
 @cache
-def _validator(name: str) -> jsonschema.Draft202012Validator:
+def _validator(name: str, package: str) -> jsonschema.Draft202012Validator:
     import jsonschema
 
-    schema = load_schema(name)
+    schema = load_schema(name, package)
     jsonschema.Draft202012Validator.check_schema(schema)
     return jsonschema.Draft202012Validator(schema)
 
@@ -112,25 +112,25 @@ def _messages(error: jsonschema.ValidationError) -> Iterator[tuple[Path_, str]]:
 
 
 @cache
-def _fast_check(name: str) -> Any:
+def _fast_check(name: str, package: str) -> Any:
     """A compiled validator for the common case: the document is fine.
 
     fastjsonschema generates Python code from the schema and is ~50x quicker, but it
     stops at the first error and its messages are terse; jsonschema explains failures.
     Our schema only uses keywords with the same meaning in draft-07, which it compiles.
     """
-    schema = {**load_schema(name), "$schema": "http://json-schema.org/draft-07/schema#"}
+    schema = {**load_schema(name, package), "$schema": "http://json-schema.org/draft-07/schema#"}
     return fastjsonschema.compile(schema)
 
 
-def validate(instance: Any, name: str = "pkg.schema.json") -> list[tuple[Path_, str]]:
+def validate(instance: Any, name: str = "pkg.schema.json", package: str = "kiln.pkg") -> list[tuple[Path_, str]]:
     """All schema violations as (path, message), in document order."""
     try:
-        _fast_check(name)(instance)
+        _fast_check(name, package)(instance)
         return []
     except fastjsonschema.JsonSchemaException:
         pass
     found: list[tuple[Path_, str]] = []
-    for error in _validator(name).iter_errors(instance):
+    for error in _validator(name, package).iter_errors(instance):
         found.extend(_messages(error))
     return found

@@ -20,7 +20,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="turn this package into a system-extension layer (repeatable, in layer order)")
     parser.add_argument("--package", action="append", default=[], metavar="PKG",
                         help="add this package's output to the rootfs (repeatable)")
-    parser.add_argument("--out", default="_out/image", metavar="DIR", help="where to write (default _out/image)")
+    parser.add_argument("--out", metavar="DIR",
+                        help="where to write (default _out/<profile>/ with profiles, else _out/image)")
     parser.add_argument("--jobs", "-j", type=int, default=2, metavar="N", help="packages built at once")
     parser.add_argument("--json", action="store_true", help="print sizes as JSON")
 
@@ -50,7 +51,7 @@ def run(graph: Graph, args: argparse.Namespace) -> int:
             print(str(outcome.error), file=sys.stderr)
         raise BuildError(f"cannot assemble the image: {len(failed)} package(s) failed")
     trees = {name: session.store.tree(session.keys[name]) for name in targets}
-    out = Path(args.out)
+    out = Path(args.out or "_out/image")
     report = assemble(Inputs(trees, rootfs, manifests), out, session.source_date_epoch,
                       lambda text: print(text, file=sys.stderr, flush=True))
     if "kernel" not in outputs:

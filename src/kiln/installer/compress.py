@@ -1,0 +1,57 @@
+"""An output's `out_format`: the file as is, or compressed / wrapped in a tarball the platform wants.
+
+Each tool is run with the options that make its output depend on the input bytes only:
+gzip -n (no name, no time), xz single-block per thread count fixed to 1 MiB blocks, zstd
+(deterministic for a level), GNU tar with fixed owner, mtime and order.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from kiln.errors import BuildError
+
+OUT_FORMATS = ("raw", ".xz", ".zst", ".gz", ".tar.gz")
+
+
+def _run(command: list[str], what: str, stdout: Path | None = None) -> None:
+    if stdout is None:
+        done = subprocess.run(command, capture_output=True, text=True)
+        error = done.stderr
+    else:
+        with stdout.open("wb") as out:
+            proc = subprocess.run(command, stdout=out, stderr=subprocess.PIPE)
+        error = proc.stderr.decode(errors="replace")
+        done = subprocess.CompletedProcess(command, proc.returncode)
+    if done.returncode != 0:
+        raise BuildError(f"{what} failed ({' '.join(command[:2])}): {error.strip()}")
+
+
+def compress(path: Path, out_format: str, epoch: int) -> Path:
+    """Turn path into its out_format next to it; the uncompressed file is removed. Returns the result."""
+    if out_format == "raw":
+        return path
+    if out_format == ".tar.gz":
+        # GNU format with sparse members: what GCP asks for (disk.raw inside), and small.
+        target = path.with_name(path.name + ".tar.gz")
+        tar = path.with_name(path.name + ".tar")
+        _run(["tar", "--format=gnu", "--sparse", "--sort=name", f"--mtime=@{epoch}", "--owner=0", "--group=0",
+              "--numeric-owner", "--mode=u=rw,go=r", "-C", str(path.parent), "-cf", str(tar), path.name],
+             f"tar of {path.name}")
+        _run(["gzip", "-n", "-6", "-c", str(tar)], f"gzip of {tar.name}", stdout=target)
+        tar.unlink()
+    elif out_format == ".gz":
+        target = path.with_name(path.name + ".gz")
+        _run(["gzip", "-n", "-6", "-c", str(path)], f"gzip of {path.name}", stdout=target)
+    elif out_format == ".xz":
+        # One thread count and block size, so the bytes do not depend on the machine's cores.
+        target = path.with_name(path.name + ".xz")
+        _run(["xz", "-6", "-T2", "--block-size=64MiB", "-c", str(path)], f"xz of {path.name}", stdout=target)
+    elif out_format == ".zst":
+        target = path.with_name(path.name + ".zst")
+        _run(["zstd", "-q", "-10", "-T2", "-f", "-o", str(target), str(path)], f"zstd of {path.name}")
+    else:
+        raise BuildError(f"unknown out_format {out_format}: choose from {', '.join(OUT_FORMATS)}")
+    path.unlink()
+    return target

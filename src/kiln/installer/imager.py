@@ -1,0 +1,264 @@
+"""`kiln image PROFILE...`: build what the profiles need, then write each profile's outputs.
+
+Order of work: load and check every profile (all errors at once), build the union of their
+packages through the graph, assemble kernel + initramfs once per distinct set of inputs, then
+write the outputs of all profiles concurrently (they are independent and mostly wait on
+tools), each into DIR/<name>/ with manifest.json and an SPDX SBOM. A profile's directory is
+written under a temporary name and renamed into place, so a failed run leaves the previous
+output intact.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kiln.errors import BuildError, InputError, InputErrors, KilnError
+from kiln.installer.assets import BootAssets, file_sha256
+from kiln.installer.compress import compress
+from kiln.installer.manifest import SbomPackage, write_manifest, write_sbom
+from kiln.installer.profile import CONFIG_PATH, Profile
+from kiln.pkg.graph import Graph
+
+Say = Callable[[str], None]
+MACHINED = "machined"
+
+
+@dataclass
+class Built:
+    """What the graph gave: store trees and keys by package name."""
+
+    graph: Graph
+    trees: dict[str, Path]
+    keys: dict[str, str]
+    epoch: int
+
+
+@dataclass
+class Result:
+    profile: Profile
+    directory: Path
+    artifacts: list[dict[str, Any]]
+    seconds: float
+
+
+def check_packages(profiles: list[Profile], graph: Graph) -> None:
+    """Every package a profile names exists in the tree: errors point at the profile's line."""
+    known = graph.tree.packages
+    errors: list[KilnError] = []
+    for profile in profiles:
+        fields: list[tuple[tuple[str | int, ...], str]] = []
+        if profile.kernel.package:
+            fields.append((("input", "kernel"), profile.kernel.package))
+        if profile.initramfs is None:
+            fields.append((("input", "init"), profile.init))
+            for key in ("rootfs", "packages", "extensions"):
+                fields += [(("input", key, i), name) for i, name in enumerate(getattr(profile, key))]
+        if profile.kind == "installer":
+            fields.append((("output", "kind"), MACHINED))
+        for path, name in fields:
+            if name not in known:
+                from kiln.pkg.schema import suggest
+
+                errors.append(InputError(f"unknown package '{name}'{suggest(name, set(known))}",
+                                         profile.location(*[str(p) for p in path])))
+    if errors:
+        raise errors[0] if len(errors) == 1 else InputErrors(errors)
+
+
+def build_packages(profiles: list[Profile], graph: Graph, jobs: int, json_output: bool) -> Built:
+    """Build (or find in the store) every package the profiles need."""
+    from kiln.build.session import Session, choose_progress, failures
+
+    targets: list[str] = []
+    for profile in profiles:
+        targets += profile.packages_to_build()
+        if profile.kind == "installer":
+            targets.append(MACHINED)
+    targets = list(dict.fromkeys(targets))
+    session = Session.open(graph)
+    if targets:
+        outcomes = session.build(targets, jobs, False, False, choose_progress(json_output))
+        failed = failures(outcomes)
+        if failed:
+            raise BuildError("cannot make the images: " + "; ".join(str(o.error) for o in failed))
+    trees = {name: session.store.tree(session.keys[name]) for name in targets}
+    return Built(graph, trees, session.keys, session.source_date_epoch)
+
+
+class AssetMaker:
+    """Kernel + initramfs per distinct input set, made once and shared by the profiles that need it."""
+
+    def __init__(self, built: Built, work: Path, say: Say) -> None:
+        self.built = built
+        self.work = work
+        self.say = say
+        self._lock = threading.Lock()
+        self._made: dict[str, tuple[Path, Path]] = {}
+
+    def identity(self, profile: Profile) -> str:
+        data = {
+            "kernel": self.built.keys[profile.kernel.package] if profile.kernel.package else
+            file_sha256(profile.kernel.path) if profile.kernel.path else None,
+            "initramfs": file_sha256(profile.initramfs) if profile.initramfs else None,
+            "init": profile.init, "rootfs": profile.rootfs, "packages": profile.packages,
+            "extensions": profile.extensions, "config": profile.machine_config,
+            "keys": {n: self.built.keys[n] for n in profile.packages_to_build()},
+        }
+        return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+
+    def assets(self, profile: Profile) -> BootAssets:
+        vmlinuz, initramfs = self._files(profile)
+        return BootAssets.make(vmlinuz, initramfs, profile.cmdline(), profile.version, self.built.epoch)
+
+    def _files(self, profile: Profile) -> tuple[Path, Path]:
+        identity = self.identity(profile)
+        with self._lock:
+            if identity not in self._made:
+                self._made[identity] = self._make(profile, self.work / identity[:16])
+            return self._made[identity]
+
+    def _make(self, profile: Profile, where: Path) -> tuple[Path, Path]:
+        from kiln.rootfs import extension
+        from kiln.rootfs.assemble import INIT, KERNEL, Inputs, assemble
+
+        where.mkdir(parents=True)
+        kernel_tree = self._kernel_tree(profile, where)
+        if profile.initramfs is not None:
+            return kernel_tree / "boot/vmlinuz", profile.initramfs
+        trees = {**{n: self.built.trees[n] for n in profile.packages_to_build()}, KERNEL: kernel_tree,
+                 INIT: self.built.trees[profile.init]}
+        rootfs = [*profile.rootfs, *profile.packages]
+        if profile.machine_config is not None:
+            config = where / "config-tree"
+            target = config / CONFIG_PATH.lstrip("/")
+            target.parent.mkdir(parents=True)
+            target.write_text(json.dumps(profile.machine_config, indent=2, sort_keys=True) + "\n")
+            trees["profile machine_config"] = config
+            rootfs.append("profile machine_config")
+        packages = self.built.graph.tree.packages
+        manifests = [(extension.manifest_for(packages[name]), name) for name in profile.extensions]
+        self.say(f"{profile.name}: assembling kernel + initramfs")
+        assemble(Inputs(trees, rootfs, manifests), where, self.built.epoch, self.say)
+        return where / "vmlinuz", where / "initramfs.zst"
+
+    def _kernel_tree(self, profile: Profile, where: Path) -> Path:
+        if profile.kernel.package:
+            return self.built.trees[profile.kernel.package]
+        assert profile.kernel.path is not None
+        tree = where / "kernel-file"
+        (tree / "boot").mkdir(parents=True)
+        shutil.copyfile(profile.kernel.path, tree / "boot/vmlinuz")
+        return tree
+
+
+def write_output(profile: Profile, assets: BootAssets, dest: Path, built: Built) -> None:
+    """The profile's output kind, in dest (an empty directory)."""
+    kind = profile.kind
+    if kind == "kernel":
+        shutil.copyfile(assets.vmlinuz, dest / "vmlinuz")
+    elif kind == "initramfs":
+        shutil.copyfile(assets.initramfs, dest / "initramfs.zst")
+    elif kind == "iso":
+        from kiln.installer.iso import build_iso
+
+        compress(build_iso(assets, dest / f"kiln-{profile.arch}.iso"), profile.out_format, assets.epoch)
+    elif kind == "pxe":
+        from kiln.installer.pxe import build_pxe
+
+        build_pxe(assets, dest)
+    elif kind == "image":
+        from kiln.installer.disk import build_raw
+        from kiln.installer.formats import convert
+
+        with tempfile.TemporaryDirectory(prefix="disk-", dir=dest.parent) as tmp:
+            raw = build_raw(assets, Path(tmp) / "disk.raw", profile.disk_size)
+            final = dest / profile.file_name
+            if profile.disk_format == "raw":
+                raw.rename(final)
+            else:
+                convert(raw, profile.disk_format, final, assets)
+        compress(final, profile.out_format, assets.epoch)
+    elif kind == "installer":
+        from kiln.installer.disk import build_raw
+        from kiln.installer.oci import build_installer
+
+        machined = built.trees[MACHINED] / "usr/sbin/machined"
+        with tempfile.TemporaryDirectory(prefix="disk-", dir=dest.parent) as tmp:
+            raw = build_raw(assets, Path(tmp) / "disk.raw", profile.disk_size)
+            build_installer(assets, raw, machined, dest, profile.name)
+    else:  # the schema allows nothing else
+        raise InputError(f"unknown output kind {kind}", profile.location("output", "kind"))
+
+
+def manifest_inputs(profile: Profile, assets: BootAssets, built: Built) -> dict[str, Any]:
+    return {
+        "packages": {name: built.keys[name] for name in profile.packages_to_build()},
+        "vmlinuz_sha256": file_sha256(assets.vmlinuz),
+        "initramfs_sha256": file_sha256(assets.initramfs),
+        "cmdline": assets.cmdline,
+        "profile_sha256": file_sha256(profile.file),
+        "source_date_epoch": assets.epoch,
+    }
+
+
+def sbom_packages(profile: Profile, built: Built) -> list[SbomPackage]:
+    packages = built.graph.tree.packages
+    roles: list[tuple[str, str]] = []
+    if profile.kernel.package:
+        roles.append((profile.kernel.package, "kernel"))
+    if profile.initramfs is None:
+        roles += [(profile.init, "init"), *[(n, "rootfs") for n in (*profile.rootfs, *profile.packages)],
+                  *[(n, "extension") for n in profile.extensions]]
+    return [SbomPackage(packages[name], built.keys[name], role) for name, role in dict(roles).items()]
+
+
+def make_profile(profile: Profile, maker: AssetMaker, out: Path, say: Say) -> Result:
+    """All of one profile's output, renamed into out/<name>/ once complete."""
+    began = time.monotonic()
+    assets = maker.assets(profile)
+    final = out / profile.name
+    with tempfile.TemporaryDirectory(prefix=f".{profile.name}-", dir=out) as tmp:
+        dest = Path(tmp) / profile.name
+        dest.mkdir()
+        say(f"{profile.name}: writing {profile.kind} output")
+        write_output(profile, assets, dest, maker.built)
+        write_sbom(dest, profile.name, profile.version, assets.seed, assets.epoch, sbom_packages(profile, maker.built))
+        identity = {"name": profile.name, "arch": profile.arch, "platform": profile.platform,
+                    "version": profile.version, "kind": profile.kind}
+        manifest = write_manifest(dest, identity, manifest_inputs(profile, assets, maker.built))
+        if final.exists():
+            shutil.rmtree(final)
+        dest.rename(final)
+    artifacts = json.loads((final / manifest.name).read_text())["artifacts"]
+    seconds = time.monotonic() - began
+    say(f"{profile.name}: done in {seconds:.1f} s")
+    return Result(profile, final, artifacts, seconds)
+
+
+def make_images(profiles: list[Profile], built: Built, out: Path, jobs: int, say: Say) -> list[Result]:
+    """Write every profile's outputs under out/, `jobs` profiles at a time."""
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".kiln-assets-", dir=out) as work:
+        maker = AssetMaker(built, Path(work), say)
+        with ThreadPoolExecutor(max_workers=max(jobs, 1)) as pool:
+            futures = [pool.submit(make_profile, profile, maker, out, say) for profile in profiles]
+            results = []
+            errors: list[str] = []
+            for profile, future in zip(profiles, futures, strict=True):
+                try:
+                    results.append(future.result())
+                except KilnError as exc:
+                    errors.append(f"{profile.name}: {exc}")
+    if errors:
+        raise BuildError("\n".join(errors))
+    return results

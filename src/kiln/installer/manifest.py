@@ -1,0 +1,97 @@
+"""What an output directory holds: manifest.json (artifacts and the inputs that made them) and an SPDX SBOM.
+
+The SBOM lists the packages in the rootfs with their versions, store keys and pinned sources;
+spdx-tools builds and validates it, so a malformed document fails the image build rather than
+a consumer later. Both files are derived from inputs only (created at SOURCE_DATE_EPOCH).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kiln.errors import BuildError
+from kiln.installer.assets import derived_uuid, file_sha256
+from kiln.pkg.model import Package
+
+MANIFEST = "manifest.json"
+SBOM = "sbom.spdx.json"
+
+
+@dataclass(frozen=True)
+class SbomPackage:
+    """One package of the image, as the SBOM shows it."""
+
+    package: Package
+    key: str
+    role: str  # rootfs, kernel, init, extension
+
+
+def artifacts(directory: Path) -> list[dict[str, Any]]:
+    """Every file under directory (but the manifest and SBOM), sorted, with sha256 and size."""
+    found = []
+    for path in sorted(p for p in directory.rglob("*") if p.is_file()):
+        rel = path.relative_to(directory).as_posix()
+        if rel in (MANIFEST, SBOM):
+            continue
+        found.append({"path": rel, "sha256": file_sha256(path), "size": path.stat().st_size})
+    return found
+
+
+def write_manifest(directory: Path, profile: dict[str, Any], inputs: dict[str, Any]) -> Path:
+    """manifest.json: the profile's identity, each artifact, and the keys/hashes of the inputs."""
+    data = {"profile": profile, "artifacts": artifacts(directory), "inputs": inputs}
+    path = directory / MANIFEST
+    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    return path
+
+
+def write_sbom(directory: Path, name: str, version: str, seed: str, epoch: int,
+               packages: list[SbomPackage]) -> Path:
+    """An SPDX 2.3 JSON document describing the image and the packages it contains."""
+    from spdx_tools.spdx.model.actor import Actor, ActorType
+    from spdx_tools.spdx.model.checksum import Checksum, ChecksumAlgorithm
+    from spdx_tools.spdx.model.document import CreationInfo, Document
+    from spdx_tools.spdx.model.package import ExternalPackageRef, ExternalPackageRefCategory, PackagePurpose
+    from spdx_tools.spdx.model.package import Package as SpdxPackage
+    from spdx_tools.spdx.model.relationship import Relationship, RelationshipType
+    from spdx_tools.spdx.model.spdx_no_assertion import SpdxNoAssertion
+    from spdx_tools.spdx.validation.document_validator import validate_full_spdx_document
+    from spdx_tools.spdx.writer.json.json_writer import write_document_to_file
+
+    created = datetime.datetime.fromtimestamp(epoch, tz=datetime.UTC).replace(tzinfo=None)
+    info = CreationInfo(
+        spdx_version="SPDX-2.3", spdx_id="SPDXRef-DOCUMENT", name=f"kiln-{name}-{version}",
+        document_namespace=f"https://kiln.invalid/spdx/{name}/{derived_uuid(seed, 'sbom')}",
+        creators=[Actor(ActorType.TOOL, f"kiln-{version}")], created=created)
+    image = SpdxPackage("SPDXRef-image", f"kiln-{name}", SpdxNoAssertion(), version=version, files_analyzed=False,
+                        primary_package_purpose=PackagePurpose.OPERATING_SYSTEM,
+                        license_concluded=SpdxNoAssertion(), license_declared=SpdxNoAssertion(),
+                        copyright_text=SpdxNoAssertion())
+    spdx_packages = [image]
+    relationships = [Relationship("SPDXRef-DOCUMENT", RelationshipType.DESCRIBES, "SPDXRef-image")]
+    for item in sorted(packages, key=lambda p: p.package.name):
+        pkg = item.package
+        sources = [s for step in pkg.steps for s in step.sources if s.url and s.sha256]
+        spdx_id = "SPDXRef-Package-" + "".join(c if c.isalnum() or c in ".-" else "-" for c in pkg.name)
+        location: str | SpdxNoAssertion = sources[0].url if sources and sources[0].url else SpdxNoAssertion()
+        spdx_packages.append(SpdxPackage(
+            spdx_id, pkg.name, location,
+            version=pkg.version or None, files_analyzed=False,
+            checksums=[Checksum(ChecksumAlgorithm.SHA256, s.sha256) for s in sources[:1] if s.sha256],
+            source_info=f"built by Kiln ({item.role}); store key {item.key}",
+            license_concluded=SpdxNoAssertion(), license_declared=SpdxNoAssertion(),
+            copyright_text=SpdxNoAssertion(), description=pkg.description or None,
+            external_references=[ExternalPackageRef(ExternalPackageRefCategory.OTHER, "kiln-store-key", item.key)],
+        ))
+        relationships.append(Relationship("SPDXRef-image", RelationshipType.CONTAINS, spdx_id))
+    document = Document(info, packages=spdx_packages, relationships=relationships)
+    problems = validate_full_spdx_document(document)
+    if problems:
+        raise BuildError("the SBOM does not validate: " + "; ".join(p.validation_message for p in problems[:5]))
+    path = directory / SBOM
+    write_document_to_file(document, str(path), validate=False)
+    return path

@@ -1,0 +1,228 @@
+"""Image profiles (profiles/<name>.yaml): what to build, how to customise it, which output to write.
+
+A profile is checked like a pkg.yaml: its JSON Schema (profile.schema.json) first, then the
+rules a schema cannot say (options that only fit one output kind); every problem is an
+InputError naming `file:line`, all of them at once.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kiln import __version__
+from kiln.errors import InputError, InputErrors, Location
+from kiln.pkg import schema
+from kiln.pkg.yamlpos import DuplicateKey, Path_, Positioned, parse
+from kiln.rootfs.assemble import BASE_ROOTFS
+
+# Where an embedded machine config lands in the rootfs; the command line names it (kiln.config=).
+CONFIG_PATH = "/usr/lib/kiln/machine-config.json"
+_UNITS = {"": 1, "B": 1, "K": 1 << 10, "KiB": 1 << 10, "M": 1 << 20, "MiB": 1 << 20,
+          "G": 1 << 30, "GiB": 1 << 30, "T": 1 << 40, "TiB": 1 << 40}
+_IMAGE_EXTENSIONS = {"raw": "raw", "qcow2": "qcow2", "vhd": "vhd", "vmdk": "vmdk", "ova": "ova"}
+
+
+@dataclass(frozen=True)
+class Asset:
+    """A boot asset: built from a package, or a file the user already has."""
+
+    package: str | None = None
+    path: Path | None = None
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    file: Path
+    arch: str
+    platform: str
+    version: str
+    kernel: Asset
+    initramfs: Path | None
+    init: str
+    rootfs: tuple[str, ...]
+    packages: tuple[str, ...]
+    extensions: tuple[str, ...]
+    kernel_args: tuple[str, ...]
+    machine_config: dict[str, Any] | None
+    kind: str
+    disk_size: int
+    disk_format: str
+    file_name: str
+    out_format: str
+    positions: Positioned = field(compare=False, repr=False, default_factory=lambda: Positioned({}, {}))
+
+    def location(self, *path: str | int) -> Location:
+        """file:line of a field, for errors found after loading (unknown packages)."""
+        return Location(str(self.file), self.positions.line(path))
+
+    @property
+    def platform_spec(self) -> str:
+        return f"linux/{self.arch}"
+
+    def cmdline(self) -> str:
+        """The kernel command line: the profile's arguments, the platform, the embedded config."""
+        args = [*self.kernel_args, f"kiln.platform={self.platform}"]
+        if self.machine_config is not None:
+            args.append(f"kiln.config={CONFIG_PATH}")
+        return " ".join(args)
+
+    def packages_to_build(self) -> list[str]:
+        """Every package this profile's boot assets are made from, in a stable order."""
+        names: list[str] = []
+        if self.kernel.package:
+            names.append(self.kernel.package)
+        if self.initramfs is None:
+            names += [self.init, *self.rootfs, *self.packages, *self.extensions]
+        return list(dict.fromkeys(names))
+
+
+def parse_size(text: str) -> int:
+    match = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)", text.strip())
+    if not match or match.group(2) not in _UNITS:
+        raise ValueError(f"not a size: {text!r}")
+    return int(float(match.group(1)) * _UNITS[match.group(2)])
+
+
+def load_profile(file: Path) -> Profile:
+    """Read and check one profile; raises InputError(s) with file:line."""
+    where = str(file)
+    try:
+        positioned = parse(file.read_text())
+    except OSError as exc:
+        raise InputError(f"cannot read profile: {exc.strerror}", Location(where)) from None
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark
+        raise InputError(f"YAML syntax: {exc.problem}", Location(where, mark.line + 1 if mark else 0)) from None
+    except DuplicateKey as exc:
+        raise InputError(str(exc), Location(where, exc.line)) from None
+    data = positioned.value
+    if not isinstance(data, dict):
+        raise InputError("a profile must be a mapping", Location(where, 1))
+    problems = schema.validate(data, "profile.schema.json", "kiln.installer")
+    problems += [] if problems else _rules(data)
+    if problems:
+        raise InputErrors([InputError(msg, Location(where, positioned.line(path))) for path, msg in problems])
+    return _build(data, file, positioned)
+
+
+def _rules(data: dict[str, Any]) -> list[tuple[Path_, str]]:
+    """Checks across fields: options that only make sense for some outputs, files that must exist."""
+    found: list[tuple[Path_, str]] = []
+    output = data["output"]
+    kind = output["kind"]
+    if "image" in output and kind not in ("image", "installer"):
+        found.append((("output", "image"), f"output.image options apply to kinds image and installer, not {kind}"))
+    if kind == "installer" and set(output.get("image", {})) - {"disk_size"}:
+        found.append((("output", "image"), "an installer takes only output.image.disk_size (it installs a raw "
+                                           "disk layout)"))
+    out_format = output.get("out_format", "raw")
+    if out_format != "raw" and kind not in ("image", "iso"):
+        found.append((("output", "out_format"), f"out_format {out_format} applies to image and iso outputs, "
+                                                  f"not {kind}"))
+    if out_format == ".tar.gz" and kind != "image":
+        found.append((("output", "out_format"), "out_format .tar.gz wraps a disk image: use it with kind image"))
+    image = output.get("image", {})
+    if "disk_size" in image and parse_size(image["disk_size"]) < 256 << 20:
+        found.append((("output", "image", "disk_size"), f"disk_size {image['disk_size']} is too small: "
+                                                          "at least 256MiB (EFI, BOOT and room to grow)"))
+    arch = data.get("arch", "amd64")
+    if arch != "amd64":
+        found.append((("arch",), f"arch {arch}: only amd64 images can be built so far (arm64 boot assets "
+                                 "validate but no arm64 bootloader output exists yet)"))
+    inputs = data.get("input", {})
+    if "initramfs" in inputs and "package" in inputs["initramfs"]:
+        found.append((("input", "initramfs"), "input.initramfs takes a path; the initramfs is otherwise "
+                                              "assembled from input.init and input.rootfs"))
+    if "initramfs" in inputs and ({"packages", "extensions", "rootfs"} & set(inputs)):
+        found.append((("input", "initramfs"), "a prebuilt input.initramfs cannot take rootfs, packages or "
+                                              "extensions: they go into an assembled one"))
+    if "machine_config" in data.get("customization", {}) and "initramfs" in inputs:
+        found.append((("customization", "machine_config"), "an embedded machine_config needs an assembled "
+                                                            "initramfs, not input.initramfs"))
+    return found
+
+
+def _asset_path(value: str, file: Path) -> Path:
+    path = Path(value)
+    return path if path.is_absolute() else (file.parent / path)
+
+
+def _build(data: dict[str, Any], file: Path, positioned: Positioned) -> Profile:
+    inputs = data.get("input", {})
+    output = data["output"]
+    image = output.get("image", {})
+    custom = data.get("customization", {})
+    kernel_in = inputs.get("kernel", {"package": "kernel"})
+    kernel = Asset(kernel_in.get("package"), _asset_path(kernel_in["path"], file) if "path" in kernel_in else None)
+    initramfs = _asset_path(inputs["initramfs"]["path"], file) if "initramfs" in inputs else None
+    for asset, key in ((kernel.path, "kernel"), (initramfs, "initramfs")):
+        if asset is not None and not asset.is_file():
+            raise InputError(f"input.{key}: no such file {asset}",
+                             Location(str(file), positioned.line(("input", key))))
+    disk_format = image.get("format", "raw")
+    return Profile(
+        name=data.get("name", file.stem),
+        file=file,
+        arch=data.get("arch", "amd64"),
+        platform=data["platform"],
+        version=data.get("version", __version__),
+        kernel=kernel,
+        initramfs=initramfs,
+        init=inputs.get("init", "init"),
+        rootfs=tuple(inputs.get("rootfs", BASE_ROOTFS)),
+        packages=tuple(inputs.get("packages", [])),
+        extensions=tuple(inputs.get("extensions", [])),
+        kernel_args=tuple(custom.get("kernel_args", ["console=ttyS0"])),
+        machine_config=custom.get("machine_config"),
+        kind=output["kind"],
+        disk_size=parse_size(image.get("disk_size", "1GiB")),
+        disk_format=disk_format,
+        file_name=image.get("file_name", f"disk.{_IMAGE_EXTENSIONS[disk_format]}"),
+        out_format=output.get("out_format", "raw"),
+        positions=positioned,
+    )
+
+
+def find_profile(ref: str, profiles_dir: Path) -> Path:
+    """A profile named by path (anything with '/' or ending .yaml) or by name in profiles_dir."""
+    if "/" in ref or ref.endswith((".yaml", ".yml")):
+        path = Path(ref)
+        if not path.is_file():
+            raise InputError(f"no such profile file: {ref}")
+        return path
+    path = profiles_dir / f"{ref}.yaml"
+    if path.is_file():
+        return path
+    names = sorted(p.stem for p in profiles_dir.glob("*.yaml")) if profiles_dir.is_dir() else []
+    known = f"; profiles in {profiles_dir}: {', '.join(names)}" if names else f" ({profiles_dir} has none)"
+    raise InputError(f"unknown profile '{ref}'{schema.suggest(ref, set(names))}{known}")
+
+
+def load_profiles(refs: list[str], profiles_dir: Path) -> list[Profile]:
+    """Load every named profile, reporting all their errors together; names must not collide."""
+    profiles: list[Profile] = []
+    errors: list[InputError] = []
+    for ref in refs:
+        try:
+            profiles.append(load_profile(find_profile(ref, profiles_dir)))
+        except InputErrors as many:
+            errors += [e for e in many.errors if isinstance(e, InputError)]
+        except InputError as one:
+            errors.append(one)
+    seen: dict[str, Profile] = {}
+    for profile in profiles:
+        if profile.name in seen:
+            errors.append(InputError(f"profile name '{profile.name}' is also used by {seen[profile.name].file}: "
+                                     "their outputs would overwrite each other", Location(str(profile.file))))
+        seen[profile.name] = profile
+    if len(errors) == 1:
+        raise errors[0]
+    if errors:
+        raise InputErrors(list(errors))
+    return profiles

@@ -1,0 +1,408 @@
+"""End-to-end: the real Kiln kernel + initramfs boot in QEMU (TCG) and behave as a machine.
+
+Nothing here is stubbed. The images are the real ones built through the graph (conftest's
+`image_dir`, and the same image plus the `e2e-probe` extension from tests/fixtures/e2e-probe);
+machined partitions a real qcow2 disk, which the host then reads with qemu-img, sfdisk and
+blkid; the API is real mutual TLS with certificates made by openssl. The probe service writes
+to the console itself, since a Kiln machine has no shell to ask. Six boots in all, about
+10-30 s each under TCG; each waits at most BOOT_TIMEOUT.
+"""
+
+from __future__ import annotations
+
+import http.client
+import http.server
+import json
+import re
+import shutil
+import socket
+import ssl
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kiln import __version__
+from kiln.boot.qemu import READY, BootResult, Machine, boot, machine_for
+from kiln.rootfs.archive import cpio_newc
+from tests.e2e.conftest import ROOT, kiln
+
+pytestmark = pytest.mark.e2e
+
+BOOT_TIMEOUT = 120.0
+FIXTURES = ROOT / "tests" / "fixtures"
+READY_RE = re.compile(r"machined ready: version=(?P<version>\S+) kernel=(?P<kernel>\S+) "
+                      r"extensions=\[(?P<extensions>[^\]]*)\] var=(?P<var>\S+)$")
+GUEST_HOST = "10.0.2.2"  # the host as QEMU's user network shows it to the guest
+
+
+# --- helpers -------------------------------------------------------------------------------
+
+
+def machine(image: Path, cmdline: str = "") -> Machine:
+    booted = machine_for(image)
+    booted.cmdline = f"console=ttyS0 {cmdline}".strip()
+    return booted
+
+
+def run_boot(booted: Machine, expect: str, log: Path, until_exit: bool = False) -> BootResult:
+    """Boot and insist on `expect`; a failure shows the console's last lines."""
+    result = boot(booted, expect, BOOT_TIMEOUT, log, until_exit=until_exit)
+    assert result.ok, f"boot failed ({result.reason}), waiting for {expect!r}; console:\n" + "\n".join(result.tail)
+    return result
+
+
+def console(log: Path) -> list[str]:
+    return log.read_text(errors="replace").splitlines()
+
+
+def ready(lines: list[str]) -> re.Match[str]:
+    """The one ready line of a boot, parsed."""
+    found = [m for m in (READY_RE.search(line) for line in lines) if m]
+    shown = "\n".join(lines[-40:])
+    assert len(found) == 1, f"expected exactly one well-formed ready line, got {len(found)}:\n{shown}"
+    return found[0]
+
+
+def index_of(lines: list[str], pattern: str) -> int:
+    """Index of the first line matching the regex; fails the test, with the console, if none does."""
+    for i, line in enumerate(lines):
+        if re.search(pattern, line):
+            return i
+    shown = "\n".join(lines[-60:])
+    raise AssertionError(f"no console line matches {pattern!r}:\n{shown}")
+
+
+def kernel_version() -> str:
+    variables = yaml.safe_load((ROOT / "pkgs" / "vars.yaml").read_text())
+    return str(variables["kernel_version"])
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+# --- the image with the probe extension ---------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def probe_image(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The base image plus the e2e-probe extension.
+
+    Built from a copy of the project's pkgs/ and runtime/ (identical files, so identical cache
+    keys: every real package comes from the store) with tests/fixtures/e2e-probe added as a
+    package; only the probe itself is built (a few seconds).
+    """
+    project = tmp_path_factory.mktemp("probe-project")
+    shutil.copytree(ROOT / "pkgs", project / "pkgs", symlinks=True)
+    shutil.copytree(ROOT / "runtime", project / "runtime", symlinks=True)
+    shutil.copytree(FIXTURES / "e2e-probe", project / "pkgs" / "e2e-probe", symlinks=True)
+    if (ROOT / "kiln.yaml").is_file():  # source mirrors, should the store miss a package
+        shutil.copy2(ROOT / "kiln.yaml", project / "kiln.yaml")
+    out = project / "image"
+    kiln("image", "--pkgs", str(project / "pkgs"), "--output", "kernel,initramfs", "--extension", "e2e-probe",
+         "--out", str(out), timeout=5400)
+    return out
+
+
+# --- 1 + 5a: diskless boot to the ready line, then poweroff ----------------------------------
+
+
+def test_diskless_boot_reaches_ready_and_powers_off(image_dir: Path, tmp_path: Path) -> None:
+    """No disk: /var is a tmpfs; kiln.test=poweroff ends QEMU with exit code 0 after the ready line."""
+    log = tmp_path / "console.log"
+    result = run_boot(machine(image_dir, "kiln.test=poweroff"), READY, log, until_exit=True)
+    assert result.exit_code == 0 and result.reason == "powered off"
+    lines = console(log)
+    line = ready(lines)
+    assert line["version"] == __version__
+    assert line["kernel"] == kernel_version()
+    assert line["extensions"] == ""
+    assert line["var"] == "tmpfs"
+    assert index_of(lines, r"kiln-init: rootfs mounted read-only with 0 extension") < index_of(lines, READY)
+    assert index_of(lines, r"machined: disk: none .*/var is a tmpfs") < index_of(lines, READY)
+    assert index_of(lines, READY) < index_of(lines, r"machined: poweroff now")
+
+
+# --- 2 + 3: a blank disk, first boot partitions it, /var persists; the probe restarts --------
+
+
+@dataclass
+class DiskBoots:
+    first: list[str]  # console of the first boot (blank disk)
+    second: list[str]  # console of the second boot (same disk)
+    table: dict[str, object]  # sfdisk --json of the disk between the two boots
+    raw: Path  # the disk as raw, between the two boots
+
+
+@pytest.fixture(scope="module")
+def disk_boots(probe_image: Path, tmp_path_factory: pytest.TempPathFactory) -> DiskBoots:
+    """Two boots of the probe image on one qcow2 disk, blank at first; the disk is read between them.
+
+    Each boot ends (QEMU is stopped) once the probe has been restarted, which is after it
+    wrote and fsynced its /var marker.
+    """
+    work = tmp_path_factory.mktemp("disk")
+    disk = work / "disk.qcow2"
+    subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", str(disk), "1G"], check=True)
+    booted = machine(probe_image)
+    booted.blank_disk = disk
+    run_boot(booted, "e2e-probe: running", work / "first.log")
+    raw = work / "disk.raw"
+    subprocess.run(["qemu-img", "convert", "-O", "raw", str(disk), str(raw)], check=True)
+    dump = subprocess.run(["sfdisk", "--json", str(raw)], capture_output=True, text=True)
+    assert dump.returncode == 0, f"sfdisk cannot read the disk after the first boot: {dump.stderr}"
+    table = json.loads(dump.stdout)["partitiontable"]
+    run_boot(booted, "e2e-probe: running", work / "second.log")
+    return DiskBoots(console(work / "first.log"), console(work / "second.log"), table, raw)
+
+
+def partitions(table: dict[str, object]) -> dict[str, dict[str, object]]:
+    listed = table.get("partitions")
+    assert isinstance(listed, list)
+    return {str(p.get("name")): p for p in listed}
+
+
+def test_first_boot_creates_state_and_ephemeral(disk_boots: DiskBoots) -> None:
+    """machined gives a blank disk a GPT with STATE (100 MiB) and EPHEMERAL (the rest), formatted ext4."""
+    table = disk_boots.table
+    assert table["label"] == "gpt"
+    parts = partitions(table)
+    assert sorted(parts) == ["EPHEMERAL", "STATE"], table
+    sector = int(str(table.get("sectorsize", 512)))
+    state, ephemeral = parts["STATE"], parts["EPHEMERAL"]
+    assert int(str(state["size"])) * sector == 100 * 1024 * 1024
+    assert int(str(ephemeral["size"])) * sector >= 256 * 1024 * 1024
+    for part in (state, ephemeral):
+        assert int(str(part["start"])) * sector % (1024 * 1024) == 0, f"{part} is not 1 MiB aligned"
+    for name, part in parts.items():
+        probe = subprocess.run(["blkid", "-p", "-o", "export", "-O", str(int(str(part["start"])) * sector),
+                                str(disk_boots.raw)], capture_output=True, text=True)
+        tags = dict(line.split("=", 1) for line in probe.stdout.splitlines() if "=" in line)
+        assert tags.get("TYPE") == "ext4" and tags.get("LABEL") == name, probe.stdout + probe.stderr
+
+    first = disk_boots.first
+    line = ready(first)
+    number = str(ephemeral["node"]).removeprefix(str(disk_boots.raw))
+    assert line["var"] == f"/dev/vda{number}", f"ready line says var={line['var']}, EPHEMERAL is partition {number}"
+    assert line["extensions"] == "e2e-probe"
+    assert index_of(first, r"machined: disk: created STATE on /dev/vda") < index_of(first, READY)
+    assert index_of(first, r"machined: disk: formatted EPHEMERAL") < index_of(first, READY)
+
+
+def test_var_survives_a_reboot(disk_boots: DiskBoots) -> None:
+    """A file the probe writes to /var on the first boot is what it finds on the second; nothing is redone."""
+    first, second = disk_boots.first, disk_boots.second
+    index_of(first, r"e2e-probe: no /var marker")
+    index_of(first, r"e2e-probe: wrote /var marker: boot 1")
+    index_of(second, r"e2e-probe: found /var marker: boot 1")
+    index_of(second, r"e2e-probe: wrote /var marker: boot 2")
+    assert not [x for x in second if re.search(r"machined: disk: (created|formatted)", x)], "second boot redid the disk"
+    assert ready(second)["var"] == ready(first)["var"]
+
+
+def test_extension_service_restarts_after_it_is_killed(disk_boots: DiskBoots) -> None:
+    """The extension's service starts, kills itself (SIGKILL), and machined's supervisor restarts it."""
+    lines = disk_boots.first
+    assert index_of(lines, r"kiln-init: extension layer 01-e2e-probe\.sqsh") < index_of(lines, READY)
+    started = index_of(lines, r"machined: service e2e-probe: started \(pid \d+\)")
+    first = index_of(lines, r"e2e-probe: start 1$")
+    killed = index_of(lines, r"e2e-probe: killing myself")
+    restarting = index_of(lines, r"machined: service e2e-probe: killed by killed; restarting in 1s")
+    second = index_of(lines, r"e2e-probe: start 2$")
+    assert started < first < killed < restarting < second
+    assert len([x for x in lines if re.search(r"machined: service e2e-probe: started", x)]) == 2
+
+
+# --- 4 + 5b: the mutual-TLS API, and poweroff through it ------------------------------------
+
+
+def openssl(*args: str, cwd: Path) -> None:
+    result = subprocess.run(["openssl", *args], cwd=cwd, capture_output=True, text=True)
+    assert result.returncode == 0, f"openssl {' '.join(args)}: {result.stderr}"
+
+
+def make_ca(directory: Path, name: str) -> None:
+    openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout",
+            f"{name}.key", "-out", f"{name}.crt", "-subj", f"/CN={name}", "-days", "2", cwd=directory)
+
+
+def make_cert(directory: Path, ca: str, name: str, extensions: str = "") -> None:
+    openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", f"{name}.key",
+            "-out", f"{name}.csr", "-subj", f"/CN={name}", cwd=directory)
+    signed = ["x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.crt", "-CAkey", f"{ca}.key",
+              "-CAcreateserial", "-out", f"{name}.crt", "-days", "2"]
+    if extensions:
+        (directory / f"{name}.ext").write_text(extensions + "\n")
+        signed += ["-extfile", f"{name}.ext"]
+    openssl(*signed, cwd=directory)
+
+
+@pytest.fixture
+def pki(tmp_path: Path) -> Path:
+    """A CA with the machine's and an admin's certificates, and a second CA with its own 'admin'."""
+    directory = tmp_path / "pki"
+    directory.mkdir()
+    make_ca(directory, "ca")
+    make_cert(directory, "ca", "machine", "subjectAltName=IP:127.0.0.1,IP:10.0.2.15,DNS:e2e-api")
+    make_cert(directory, "ca", "admin", "extendedKeyUsage=clientAuth")
+    make_ca(directory, "rogue-ca")
+    make_cert(directory, "rogue-ca", "rogue-admin", "extendedKeyUsage=clientAuth")
+    return directory
+
+
+@pytest.fixture
+def config_server(pki: Path) -> Iterator[str]:
+    """Serves the machine config (hostname, API certificates) over HTTP on the host; yields its guest URL."""
+    config = json.dumps({
+        "hostname": "e2e-api",
+        "api": {"ca": (pki / "ca.crt").read_text(), "cert": (pki / "machine.crt").read_text(),
+                "key": (pki / "machine.key").read_text()},
+    }).encode()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if self.path != "/kiln.json":
+                self.send_error(404)
+                return
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(config)))
+            self.end_headers()
+            self.wfile.write(config)
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://{GUEST_HOST}:{server.server_address[1]}/kiln.json"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def client_context(pki: Path, cert: str | None) -> ssl.SSLContext:
+    context = ssl.create_default_context(cafile=str(pki / "ca.crt"))
+    if cert:
+        context.load_cert_chain(str(pki / f"{cert}.crt"), str(pki / f"{cert}.key"))
+    return context
+
+
+def request(port: int, context: ssl.SSLContext, method: str, path: str) -> tuple[int, bytes]:
+    connection = http.client.HTTPSConnection("127.0.0.1", port, context=context, timeout=30)
+    try:
+        connection.request(method, path)
+        response = connection.getresponse()
+        return response.status, response.read()
+    finally:
+        connection.close()
+
+
+def refused(port: int, context: ssl.SSLContext) -> str:
+    """The error a request fails with; fails the test if the API answers."""
+    try:
+        status, body = request(port, context, "GET", "/v1/status")
+    except (ssl.SSLError, ConnectionError, http.client.RemoteDisconnected) as error:
+        return repr(error)
+    raise AssertionError(f"the API answered {status} without a valid client certificate: {body[:200]!r}")
+
+
+def wait_for_line(log: Path, text: str, thread: threading.Thread, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if log.exists() and text in log.read_text(errors="replace"):
+            return
+        if not thread.is_alive():
+            break
+        time.sleep(0.5)
+    shown = "\n".join(console(log)[-40:]) if log.exists() else "(no console log)"
+    raise AssertionError(f"no {text!r} on the console:\n{shown}")
+
+
+def test_api_mutual_tls_and_poweroff(image_dir: Path, pki: Path, config_server: str, tmp_path: Path) -> None:
+    """Config from a URL turns the API on; only a client certificate from its CA gets answers; POST
+    /v1/poweroff powers the machine off (QEMU exits 0)."""
+    port = free_port()
+    booted = machine(image_dir, f"kiln.config={config_server}")
+    booted.api_port = port
+    log = tmp_path / "console.log"
+    results: list[BootResult] = []
+    thread = threading.Thread(target=lambda: results.append(
+        boot(booted, READY, BOOT_TIMEOUT + 60, log, until_exit=True)), daemon=True)
+    thread.start()
+    try:
+        wait_for_line(log, READY, thread, BOOT_TIMEOUT)
+        lines = console(log)
+        assert index_of(lines, r"machined: config: " + re.escape(config_server)) < index_of(lines, READY)
+        assert index_of(lines, r"machined: api: listening on .*:50000 \(mutual TLS\)") < index_of(lines, READY)
+
+        status, body = request(port, client_context(pki, "admin"), "GET", "/v1/status")
+        assert status == 200, body
+        answer = json.loads(body)
+        assert answer["version"] == __version__
+        assert answer["kernel"] == kernel_version()
+        assert answer["hostname"] == "e2e-api"
+        assert answer["var"] == "tmpfs"
+        assert answer["config"] == config_server
+
+        no_cert = refused(port, client_context(pki, None))
+        wrong_ca = refused(port, client_context(pki, "rogue-admin"))
+        assert no_cert and wrong_ca
+        # still serving the right client after refusing the others
+        assert request(port, client_context(pki, "admin"), "GET", "/v1/services")[0] == 200
+
+        status, body = request(port, client_context(pki, "admin"), "POST", "/v1/poweroff")
+        assert status == 202, body
+        thread.join(BOOT_TIMEOUT)
+    finally:
+        thread.join(BOOT_TIMEOUT + 90)
+    assert results, "the boot did not finish"
+    result = results[0]
+    assert result.ok and result.exit_code == 0, f"{result.reason}:\n" + "\n".join(result.tail)
+    lines = console(log)
+    assert index_of(lines, READY) < index_of(lines, r"machined: poweroff: stopping services") < \
+        index_of(lines, r"machined: poweroff now")
+
+
+# --- 6: a damaged rootfs gives init's message and a reboot ----------------------------------
+
+
+def damaged_initramfs(image: Path, work: Path) -> Path:
+    """A copy of the image's initramfs whose rootfs.sqsh has a damaged superblock."""
+    tree = work / "tree"
+    tree.mkdir()
+    unpacked = subprocess.run(f"zstd -dc {image / 'initramfs.zst'} | cpio -idm --quiet", shell=True, cwd=tree,
+                              capture_output=True, text=True)
+    assert unpacked.returncode == 0, unpacked.stderr
+    rootfs = tree / "rootfs.sqsh"
+    data = bytearray(rootfs.read_bytes())
+    assert data[:4] == b"hsqs"
+    data[0:96] = bytes(96)  # magic, inode count, block size, table offsets: all gone
+    rootfs.write_bytes(bytes(data))
+    out = work / "damaged"
+    out.mkdir()
+    shutil.copy2(image / "vmlinuz", out / "vmlinuz")
+    cpio_newc(tree, out / "initramfs.zst", 0, level=3)
+    return out
+
+
+def test_damaged_rootfs_reports_and_reboots(image_dir: Path, tmp_path: Path) -> None:
+    """init says what failed in one 'kiln-init: fatal: ...' line and reboots (QEMU, with -no-reboot, exits)."""
+    damaged = damaged_initramfs(image_dir, tmp_path)
+    log = tmp_path / "console.log"
+    result = run_boot(machine(damaged), "kiln-init: fatal:", log, until_exit=True)
+    assert result.line is not None
+    assert "rootfs.sqsh" in result.line, f"init's message does not name the rootfs: {result.line}"
+    assert "rebooting" in result.line
+    lines = console(log)
+    assert not [x for x in lines if "machined" in x], "machined started from a damaged rootfs"

@@ -13,6 +13,7 @@
 #include <fcntl.h>
 #include <linux/loop.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -55,13 +56,23 @@ static void say(const char *fmt, ...) {
     if (fd != 2) close(fd);
 }
 
-static void fatal(const char *what) {
-    int err = errno;
-    say("fatal: %s: %s; rebooting in %d s", what, strerror(err), REBOOT_DELAY);
+static void reboot_later(void) {
     sync();
     sleep(REBOOT_DELAY);
     reboot(RB_AUTOBOOT);
     for (;;) pause();
+}
+
+static void fatal(const char *what) {
+    int err = errno;
+    say("fatal: %s: %s; rebooting in %d s", what, strerror(err), REBOOT_DELAY);
+    reboot_later();
+}
+
+/* A failure that errno does not describe (a damaged image). */
+static void fatal_damaged(const char *file, const char *why) {
+    say("fatal: %s is damaged (%s): rebuild or re-download the image; rebooting in %d s", file, why, REBOOT_DELAY);
+    reboot_later();
 }
 
 static void mount_or_die(const char *src, const char *dst, const char *type, unsigned long flags, const char *data) {
@@ -119,10 +130,48 @@ static int attach_loop(const char *file, char *dev, size_t size) {
     return -1;
 }
 
+static uint64_t le(const unsigned char *p, int bytes) {
+    uint64_t v = 0;
+    for (int i = bytes - 1; i >= 0; i--) v = v << 8 | p[i];
+    return v;
+}
+
+/* Check the squashfs superblock before mounting, so a damaged or truncated image is named
+ * as such instead of surfacing as the kernel's bare EINVAL (or, worse, as I/O errors later). */
+static void check_squashfs(const char *file) {
+    unsigned char sb[96];
+    char what[320];
+    int fd = open(file, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        snprintf(what, sizeof what, "open %s", file);
+        fatal(what);
+    }
+    struct stat st;
+    ssize_t n = fstat(fd, &st) == 0 ? read(fd, sb, sizeof sb) : -1;
+    close(fd);
+    if (n != (ssize_t)sizeof sb) fatal_damaged(file, "shorter than a squashfs superblock");
+    if (memcmp(sb, "hsqs", 4) != 0) fatal_damaged(file, "no squashfs magic");
+    uint64_t block_size = le(sb + 12, 4), block_log = le(sb + 22, 2), major = le(sb + 28, 2);
+    uint64_t bytes_used = le(sb + 40, 8);
+    if (major != 4) fatal_damaged(file, "not squashfs version 4");
+    if (block_log < 12 || block_log > 20 || block_size != (1ULL << block_log))
+        fatal_damaged(file, "inconsistent block size");
+    if (bytes_used > (uint64_t)st.st_size) {
+        snprintf(what, sizeof what, "truncated: %llu of %llu bytes", (unsigned long long)st.st_size,
+                 (unsigned long long)bytes_used);
+        fatal_damaged(file, what);
+    }
+}
+
 static void mount_squashfs(const char *file, const char *dst) {
-    char dev[64];
+    char dev[64], what[320];
+    check_squashfs(file);
     int loop = attach_loop(file, dev, sizeof dev);
-    mount_or_die(dev, dst, "squashfs", MS_RDONLY | MS_NODEV | MS_NOSUID, NULL);
+    mkdir(dst, 0755);
+    if (mount(dev, dst, "squashfs", MS_RDONLY | MS_NODEV | MS_NOSUID, NULL) != 0) {
+        snprintf(what, sizeof what, "mount %s (%s) on %s as squashfs (is it damaged?)", file, dev, dst);
+        fatal(what);
+    }
     close(loop);
 }
 

@@ -18,6 +18,9 @@ import (
 var version = "dev"
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == "install" && os.Getpid() != 1 {
+		os.Exit(installMain(os.Args[2:], os.Stdout, os.Stderr)) // see install.go; never as PID 1
+	}
 	once := flag.Bool("once", false, "print the ready line and exit (for build tests)")
 	configPath := flag.String("config", "", "machine config (not PID 1 only; PID 1 reads kiln.config=)")
 	services := flag.String("services", servicesDir, "service definitions directory (not PID 1 only)")

@@ -1,0 +1,327 @@
+package main
+
+// `machined install` writes Kiln's raw disk image onto a target disk, so the installed disk
+// has exactly the image's layout (EFI, BIOS, BOOT, META); machined creates STATE and
+// EPHEMERAL in the free space on the first boot, moving the backup GPT to the disk's end.
+// The installer container and `kiln install` on the host both run this one implementation.
+
+import (
+	"bufio"
+	"bytes"
+	"compress/gzip"
+	"encoding/binary"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"syscall"
+	"time"
+)
+
+const (
+	installBlock = 1 << 20 // write unit; also the sparse-skip granularity
+	// probeSize covers every signature installCheck looks for (btrfs's sits at 64 KiB).
+	probeSize = 68 << 10
+	// gzipSizeID tags the FEXTRA subfield (RFC 1952 2.3.1.1) holding the raw image's size
+	// as 8 bytes little-endian, so a compressed image's size is known without inflating it.
+	gzipSizeID = "KS"
+)
+
+// defaultImages are tried in order when --image is not given (the installer container's).
+var defaultImages = []string{"/usr/share/kiln/disk.raw.gz", "/usr/share/kiln/disk.raw"}
+
+// installError carries the exit code: 2 for what the user can fix, 1 for a failed write.
+type installError struct {
+	code int
+	msg  string
+}
+
+func (e *installError) Error() string { return e.msg }
+
+func refuse(format string, a ...interface{}) error {
+	return &installError{2, fmt.Sprintf(format, a...)}
+}
+
+func failed(format string, a ...interface{}) error {
+	return &installError{1, fmt.Sprintf(format, a...)}
+}
+
+// installMain is `machined install ...`; it returns the process's exit code.
+func installMain(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("machined install", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	disk := fs.String("disk", "", "target disk: a block device or a disk image file (required)")
+	image := fs.String("image", "", "raw disk image, plain or gzip (default: "+defaultImages[0]+" or "+defaultImages[1]+")")
+	wipe := fs.Bool("wipe", false, "overwrite a target that already holds partitions or a filesystem")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "install: unexpected argument %q\n", fs.Arg(0))
+		return 2
+	}
+	if *disk == "" {
+		fmt.Fprintln(stderr, "install: --disk is required (the disk to install onto)")
+		return 2
+	}
+	if *image == "" {
+		*image = defaultImages[0]
+		for _, p := range defaultImages {
+			if exists(p) {
+				*image = p
+				break
+			}
+		}
+	}
+	err := install(*image, *disk, *wipe, func(f string, a ...interface{}) { fmt.Fprintf(stdout, "install: "+f+"\n", a...) })
+	if err != nil {
+		code := 1
+		var ie *installError
+		if errors.As(err, &ie) {
+			code = ie.code
+		}
+		fmt.Fprintf(stderr, "install: %v\n", err)
+		return code
+	}
+	return 0
+}
+
+// sourceImage is the image to write: its raw size and a reader of its raw bytes.
+type sourceImage struct {
+	size       int64
+	compressed bool
+	open       func() (io.ReadCloser, error)
+}
+
+// openImage recognises gzip by its magic, not by the file's name. A gzip image without
+// Kiln's size field is inflated once to count its bytes.
+func openImage(path string) (*sourceImage, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, refuse("image: %v", unwrapPath(err))
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil || !st.Mode().IsRegular() {
+		return nil, refuse("image %s is not a regular file", path)
+	}
+	magic := make([]byte, 2)
+	if n, _ := f.ReadAt(magic, 0); n < 2 || magic[0] != 0x1f || magic[1] != 0x8b {
+		return &sourceImage{size: st.Size(), open: func() (io.ReadCloser, error) { return os.Open(path) }}, nil
+	}
+	open := func() (io.ReadCloser, error) {
+		g, err := os.Open(path)
+		if err != nil {
+			return nil, err
+		}
+		zr, err := gzip.NewReader(bufio.NewReaderSize(g, 1<<20))
+		if err != nil {
+			g.Close()
+			return nil, err
+		}
+		zr.Multistream(false)
+		return &gzipFile{zr, g}, nil
+	}
+	rc, err := open()
+	if err != nil {
+		return nil, refuse("image %s: %v", path, err)
+	}
+	defer rc.Close()
+	src := &sourceImage{size: -1, compressed: true, open: open}
+	if size, ok := gzipSize(rc.(*gzipFile).Header.Extra); ok {
+		src.size = size
+	} else if src.size, err = io.Copy(io.Discard, rc); err != nil {
+		return nil, refuse("image %s: %v", path, err)
+	}
+	return src, nil
+}
+
+type gzipFile struct {
+	*gzip.Reader
+	file *os.File
+}
+
+func (g *gzipFile) Close() error {
+	g.Reader.Close()
+	return g.file.Close()
+}
+
+// gzipSize finds the KS subfield in a gzip header's FEXTRA.
+func gzipSize(extra []byte) (int64, bool) {
+	for len(extra) >= 4 {
+		id, n := string(extra[:2]), int(binary.LittleEndian.Uint16(extra[2:4]))
+		if len(extra) < 4+n {
+			break
+		}
+		if id == gzipSizeID && n == 8 {
+			return int64(binary.LittleEndian.Uint64(extra[4:12])), true
+		}
+		extra = extra[4+n:]
+	}
+	return 0, false
+}
+
+// describeContent names what a disk already holds ("" when nothing install knows of).
+func describeContent(b []byte) string {
+	if fs, _, _ := probeFSBytes(b); fs != "" {
+		return "a " + fs + " filesystem"
+	}
+	for _, sector := range []int{512, 4096} {
+		if len(b) >= sector+8 && string(b[sector:sector+8]) == "EFI PART" {
+			return "a GPT partition table"
+		}
+	}
+	if len(b) >= 512 && b[510] == 0x55 && b[511] == 0xAA {
+		for i := 0; i < 4; i++ {
+			if b[446+16*i+4] != 0 { // partition type
+				return "an MBR partition table"
+			}
+		}
+	}
+	switch {
+	case len(b) >= 6 && string(b[:6]) == "LUKS\xba\xbe":
+		return "a LUKS volume"
+	case len(b) >= 4096 && (string(b[4086:4096]) == "SWAPSPACE2" || string(b[4086:4096]) == "SWAP-SPACE"):
+		return "swap space"
+	case len(b) >= 0x10048 && string(b[0x10040:0x10048]) == "_BHRfS_M":
+		return "a btrfs filesystem"
+	}
+	return ""
+}
+
+// install writes the image at imagePath onto disk; say prints a progress line.
+func install(imagePath, disk string, wipe bool, say func(string, ...interface{})) error {
+	src, err := openImage(imagePath)
+	if err != nil {
+		return err
+	}
+	st, err := os.Stat(disk)
+	if err != nil {
+		return refuse("disk: %v", unwrapPath(err))
+	}
+	isBlock := st.Mode()&os.ModeDevice != 0 && st.Mode()&os.ModeCharDevice == 0
+	if !isBlock && !st.Mode().IsRegular() {
+		return refuse("%s is neither a block device nor a disk image file", disk)
+	}
+	flags := os.O_RDWR
+	if isBlock {
+		flags |= syscall.O_EXCL // on a block device: fail if it is mounted or otherwise claimed
+	}
+	f, err := os.OpenFile(disk, flags, 0)
+	if err != nil {
+		if errors.Is(err, syscall.EBUSY) {
+			return refuse("%s is in use (mounted or claimed); unmount it first", disk)
+		}
+		return refuse("disk: %v", unwrapPath(err))
+	}
+	defer f.Close()
+	diskSize, err := f.Seek(0, io.SeekEnd)
+	if err != nil {
+		return failed("%s: size: %v", disk, err)
+	}
+	if diskSize < src.size {
+		return refuse("%s (%d bytes) is smaller than the image (%d bytes)", disk, diskSize, src.size)
+	}
+	head := make([]byte, probeSize)
+	n, _ := f.ReadAt(head, 0)
+	if what := describeContent(head[:n]); what != "" {
+		if !wipe {
+			return refuse("%s holds %s; pass --wipe to overwrite it", disk, what)
+		}
+		say("--wipe: overwriting %s on %s", what, disk)
+	}
+	kind := "raw"
+	if src.compressed {
+		kind = "gzip"
+	}
+	say("writing %s (%s, %d MiB) to %s (%d MiB)", imagePath, kind, src.size>>20, disk, diskSize>>20)
+	start := time.Now()
+	sparse := !isBlock
+	if sparse {
+		// A file becomes all zeros, its size kept, so skipped zero blocks read as zeros.
+		if err := f.Truncate(0); err != nil {
+			return failed("%s: %v", disk, err)
+		}
+		if err := f.Truncate(diskSize); err != nil {
+			return failed("%s: %v", disk, err)
+		}
+	}
+	rc, err := src.open()
+	if err != nil {
+		return failed("image %s: %v", imagePath, err)
+	}
+	defer rc.Close()
+	written, err := copyImage(f, rc, src.size, sparse, say)
+	if err != nil {
+		return failed("writing %s: %v", disk, err)
+	}
+	if isBlock && diskSize-written >= installBlock {
+		// a backup GPT left by an earlier table at the end would confuse partitioning tools
+		if _, err := f.WriteAt(make([]byte, installBlock), diskSize-installBlock); err != nil {
+			return failed("clearing the end of %s: %v", disk, err)
+		}
+	}
+	if err := f.Sync(); err != nil {
+		return failed("fsync %s: %v", disk, err)
+	}
+	say("synced %d MiB in %.1f s", written>>20, time.Since(start).Seconds())
+	if isBlock {
+		const blkrrpart = 0x125f
+		if _, _, errno := syscall.Syscall(syscall.SYS_IOCTL, f.Fd(), blkrrpart, 0); errno != 0 {
+			say("warning: the kernel did not re-read %s's partition table (%v); reboot or run partprobe", disk, errno)
+		} else {
+			say("the kernel re-read %s's partition table", disk)
+		}
+	}
+	say("done: %s now holds the image", disk)
+	return nil
+}
+
+// copyImage writes exactly size bytes from r to f from offset 0, skipping all-zero blocks
+// when sparse; it prints a progress line at every tenth.
+func copyImage(f *os.File, r io.Reader, size int64, sparse bool, say func(string, ...interface{})) (int64, error) {
+	buf := make([]byte, installBlock)
+	zero := make([]byte, installBlock)
+	var off int64
+	next := int64(1)
+	for off < size {
+		want := int64(len(buf))
+		if size-off < want {
+			want = size - off
+		}
+		n, err := io.ReadFull(r, buf[:want])
+		if err != nil {
+			return off, fmt.Errorf("the image ends after %d of %d bytes: %v", off+int64(n), size, err)
+		}
+		if !sparse || !bytes.Equal(buf[:n], zero[:n]) {
+			if _, err := f.WriteAt(buf[:n], off); err != nil {
+				return off, err
+			}
+		}
+		off += int64(n)
+		for size > 0 && off*10 >= next*size && next <= 10 {
+			say("%d%% (%d/%d MiB)", next*10, off>>20, size>>20)
+			next++
+		}
+	}
+	// reading to the end also makes gzip check its CRC and length
+	if extra, err := r.Read(buf[:1]); extra > 0 {
+		return off, fmt.Errorf("the image is longer than its recorded size (%d bytes)", size)
+	} else if err != nil && err != io.EOF {
+		return off, fmt.Errorf("the image: %v", err)
+	}
+	return off, nil
+}
+
+// unwrapPath keeps a PathError's path and cause, without the operation ("open").
+func unwrapPath(err error) error {
+	var pe *os.PathError
+	if errors.As(err, &pe) {
+		return fmt.Errorf("%s: %v", pe.Path, pe.Err)
+	}
+	return err
+}

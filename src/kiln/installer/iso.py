@@ -1,0 +1,120 @@
+"""The hybrid ISO: one file that boots BIOS and UEFI, from a CD and written raw to a USB stick.
+
+Layout is grub-mkrescue's (El Torito BIOS image with GRUB's boot info, GRUB's hybrid MBR,
+an EFI El Torito image that GPT also exposes as the EFI system partition), but the pieces are
+made here step by step because grub-mkrescue itself is not reproducible: it derives the ISO's
+GRUB UUID from the wall clock (baked into both GRUB core images as `search --fs-uuid`) and
+formats its efi.img with a random FAT serial. Here the UUID (the ISO's modification date, as
+GRUB reads it) comes from SOURCE_DATE_EPOCH, the FAT serial from the assets' seed, and
+xorriso gets every date and GUID explicitly, so the same assets give the same bytes.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from datetime import UTC, datetime
+from pathlib import Path
+
+from kiln.errors import BuildError
+from kiln.installer.assets import BootAssets, derived_uuid
+from kiln.installer.grub import grub_config
+
+GRUB_LIB = Path("/usr/lib/grub")
+# Modules built into the GRUB core images: nothing is loaded from the ISO but grub.cfg, so the
+# ISO does not carry GRUB's module directories (about 20 MB with grub-mkrescue).
+COMMON_MODULES = ["iso9660", "part_msdos", "part_gpt", "search", "search_fs_uuid", "normal", "configfile",
+                  "linux", "serial", "terminal", "echo", "test"]
+BIOS_MODULES = ["biosdisk", *COMMON_MODULES]
+EFI_MODULES = ["fat", "efi_gop", *COMMON_MODULES]
+TOOLS = {"grub-mkimage": "grub-common", "xorriso": "xorriso", "mkfs.fat": "dosfstools", "mmd": "mtools",
+         "mcopy": "mtools"}
+
+
+def volume_id(version: str) -> str:
+    """ISO 9660 volume id for a version: upper case, [A-Z0-9_] only, at most 32 characters."""
+    return re.sub(r"[^A-Z0-9_]", "_", f"KILN_{version}".upper())[:32]
+
+
+def iso_date(epoch: int) -> str:
+    """xorriso's YYYYMMDDhhmmsscc form of an epoch (UTC); GRUB reads the ISO's modification
+    date as its filesystem UUID (YYYY-MM-DD-hh-mm-ss-cc)."""
+    return datetime.fromtimestamp(epoch, tz=UTC).strftime("%Y%m%d%H%M%S") + "00"
+
+
+def grub_uuid(epoch: int) -> str:
+    date = iso_date(epoch)
+    return "-".join([date[0:4], *(date[i:i + 2] for i in range(4, 16, 2))])
+
+
+def build_iso(assets: BootAssets, out: Path) -> Path:
+    """Write the hybrid ISO for `assets` to `out` and return it."""
+    _require_tools()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "SOURCE_DATE_EPOCH": str(assets.epoch), "TZ": "UTC", "LC_ALL": "C"}
+    with tempfile.TemporaryDirectory(prefix="kiln-iso-") as tmp:
+        work = Path(tmp)
+        load_cfg = work / "load.cfg"
+        # The core images find the ISO (CD or whole USB disk) by its UUID and read grub.cfg there.
+        load_cfg.write_text(f"search --no-floppy --set=root --fs-uuid {grub_uuid(assets.epoch)}\n"
+                            "set prefix=($root)/boot/grub\n")
+        bios = work / "eltorito.img"
+        _run(["grub-mkimage", "-O", "i386-pc-eltorito", "-d", str(GRUB_LIB / "i386-pc"), "-p", "/boot/grub",
+              "-c", str(load_cfg), "-o", str(bios), *BIOS_MODULES], env)
+        efi_binary = work / "BOOTX64.EFI"
+        _run(["grub-mkimage", "-O", "x86_64-efi", "-d", str(GRUB_LIB / "x86_64-efi"), "-p", "/boot/grub",
+              "-c", str(load_cfg), "-o", str(efi_binary), *EFI_MODULES], env)
+        efi_image = _efi_image(assets, efi_binary, work, env)
+        grub_cfg = work / "grub.cfg"
+        grub_cfg.write_text(grub_config(assets, "/boot/vmlinuz", "/boot/initramfs.zst"))
+        partial = out.with_name(out.name + ".partial")
+        partial.unlink(missing_ok=True)
+        date = iso_date(assets.epoch)
+        _run(["xorriso", "-as", "mkisofs", "-graft-points",
+              "-V", volume_id(assets.version), "-A", f"KILN {assets.version}",
+              f"--modification-date={date}", "--set_all_file_dates", date,
+              "--gpt_disk_guid", str(derived_uuid(assets.seed, "iso-gpt")),
+              # BIOS: El Torito no-emulation GRUB image; the same core booted from the hybrid MBR on USB.
+              "-b", "boot/grub/i386-pc/eltorito.img", "-no-emul-boot", "-boot-load-size", "4",
+              "-boot-info-table", "--grub2-boot-info", "--grub2-mbr", str(GRUB_LIB / "i386-pc/boot_hybrid.img"),
+              # UEFI: El Torito EFI image, exposed in GPT as the EFI system partition for USB.
+              "--efi-boot", "efi.img", "-efi-boot-part", "--efi-boot-image", "--protective-msdos-label",
+              "-r", "-o", str(partial),
+              f"/boot/vmlinuz={assets.vmlinuz}", f"/boot/initramfs.zst={assets.initramfs}",
+              f"/boot/grub/grub.cfg={grub_cfg}", f"/boot/grub/i386-pc/eltorito.img={bios}",
+              f"/efi.img={efi_image}"], env)
+        partial.chmod(0o644)
+        partial.replace(out)
+    return out
+
+
+def _efi_image(assets: BootAssets, efi_binary: Path, work: Path, env: dict[str, str]) -> Path:
+    """FAT image holding EFI/BOOT/BOOTX64.EFI: serial from the seed, times from SOURCE_DATE_EPOCH."""
+    image = work / "efi.img"
+    # Room for the binary plus FAT overhead, in whole MiB (a FAT12/16 size mkfs.fat accepts).
+    size_kib = ((efi_binary.stat().st_size // 1024 + 512) // 1024 + 1) * 1024
+    serial = derived_uuid(assets.seed, "iso-efi-fat").hex[:8]
+    # --invariant first: it fixes the remaining time-based fields; -i after it sets our serial.
+    _run(["mkfs.fat", "-C", "--invariant", "-i", serial, "-n", "KILN_EFI", str(image), str(size_kib)], env)
+    os.utime(efi_binary, (assets.epoch, assets.epoch))
+    _run(["mmd", "-i", str(image), "::/EFI", "::/EFI/BOOT"], env)
+    _run(["mcopy", "-m", "-i", str(image), str(efi_binary), "::/EFI/BOOT/BOOTX64.EFI"], env)
+    return image
+
+
+def _require_tools() -> None:
+    missing = sorted({package for tool, package in TOOLS.items() if shutil.which(tool) is None})
+    for platform, needed in (("i386-pc", "boot_hybrid.img"), ("x86_64-efi", "normal.mod")):
+        if not (GRUB_LIB / platform / needed).exists():
+            missing.append("grub-pc-bin" if platform == "i386-pc" else "grub-efi-amd64-bin")
+    if missing:
+        raise BuildError(f"building an ISO needs: apt install {' '.join(missing)}")
+
+
+def _run(command: list[str], env: dict[str, str]) -> None:
+    result = subprocess.run(command, env=env, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise BuildError(f"{command[0]} failed (exit {result.returncode}): {result.stderr.strip()[-2000:]}")

@@ -70,7 +70,7 @@ def check_packages(profiles: list[Profile], graph: Graph) -> None:
                 from kiln.pkg.schema import suggest
 
                 errors.append(InputError(f"unknown package '{name}'{suggest(name, set(known))}",
-                                         profile.location(*[str(p) for p in path])))
+                                         profile.location(*path)))
     if errors:
         raise errors[0] if len(errors) == 1 else InputErrors(errors)
 

@@ -1,0 +1,99 @@
+"""The parts every output shares: out_format compression, manifest.json and the SPDX SBOM (real tools)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from kiln.installer.compress import compress
+from kiln.installer.manifest import SbomPackage, write_manifest, write_sbom
+from kiln.pkg.loader import load_tree
+from kiln.pkg.variables import Platform
+
+ROOT = Path(__file__).resolve().parents[2]
+EPOCH = 1700000000
+
+
+def sparse_disk(path: Path) -> Path:
+    """A 64 MiB sparse file with some data in it: stands in for a disk image (content does not matter here)."""
+    with path.open("wb") as out:
+        out.write(b"kiln" * 4096)
+        out.seek(32 << 20)
+        out.write(bytes(range(256)) * 64)
+        out.truncate(64 << 20)
+    return path
+
+
+def sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.mark.parametrize("out_format", [".gz", ".xz", ".zst", ".tar.gz"])
+def test_compression_is_reproducible_and_round_trips(tmp_path: Path, out_format: str) -> None:
+    hashes = []
+    for run in ("a", "b"):
+        (tmp_path / run).mkdir()
+        disk = sparse_disk(tmp_path / run / "disk.raw")
+        original = sha(disk)
+        made = compress(disk, out_format, EPOCH)
+        assert made.name == "disk.raw" + out_format and not disk.exists()
+        hashes.append(sha(made))
+    assert hashes[0] == hashes[1]
+    if out_format == ".tar.gz":
+        with tarfile.open(made) as archive:
+            members = archive.getmembers()
+            assert [m.name for m in members] == ["disk.raw"]
+            assert members[0].mtime == EPOCH and members[0].uid == 0
+            data = archive.extractfile(members[0])
+            assert data is not None and hashlib.sha256(data.read()).hexdigest() == original
+        raw_tar = subprocess.run(["gzip", "-dc", str(made)], capture_output=True, check=True).stdout
+        assert raw_tar[257:265] == b"ustar  \0"  # GNU format, as GCP requires
+    else:
+        tool = {".gz": "gzip", ".xz": "xz", ".zst": "zstd"}[out_format]
+        back = subprocess.run([tool, "-dc", str(made)], capture_output=True, check=True).stdout
+        assert hashlib.sha256(back).hexdigest() == original
+
+
+def test_raw_out_format_leaves_the_file(tmp_path: Path) -> None:
+    disk = sparse_disk(tmp_path / "disk.raw")
+    assert compress(disk, "raw", EPOCH) == disk and disk.exists()
+
+
+def test_sbom_validates_lists_the_packages_and_is_reproducible(tmp_path: Path) -> None:
+    from spdx_tools.spdx.parser.parse_anything import parse_file
+    from spdx_tools.spdx.validation.document_validator import validate_full_spdx_document
+
+    tree = load_tree(ROOT / "pkgs", Platform.parse("linux/amd64"))
+    chosen = [SbomPackage(tree.packages[n], f"{i:064x}", "rootfs") for i, n in enumerate(["kmod", "e2fsprogs"])]
+    chosen.append(SbomPackage(tree.packages["kernel"], "f" * 64, "kernel"))
+    outputs = []
+    for run in ("a", "b"):
+        (tmp_path / run).mkdir()
+        outputs.append(write_sbom(tmp_path / run, "metal", "0.1.0", "ab" * 32, EPOCH, chosen))
+    assert outputs[0].read_bytes() == outputs[1].read_bytes()
+    document = parse_file(str(outputs[0]))
+    assert validate_full_spdx_document(document) == []
+    names = {p.name: p for p in document.packages}
+    assert set(names) == {"kiln-metal", "kmod", "e2fsprogs", "kernel"}
+    assert names["kmod"].version == tree.packages["kmod"].version
+    assert names["e2fsprogs"].checksums[0].value == tree.packages["e2fsprogs"].steps[0].sources[0].sha256
+    data = json.loads(outputs[0].read_text())
+    assert data["spdxVersion"] == "SPDX-2.3" and data["creationInfo"]["created"] == "2023-11-14T22:13:20Z"
+
+
+def test_manifest_lists_every_artifact_with_hash_and_size(tmp_path: Path) -> None:
+    (tmp_path / "oci/blobs").mkdir(parents=True)
+    (tmp_path / "disk.raw").write_bytes(b"x" * 10)
+    (tmp_path / "oci/blobs/b").write_bytes(b"yy")
+    path = write_manifest(tmp_path, {"name": "metal"}, {"packages": {"kernel": "k" * 64}})
+    data = json.loads(path.read_text())
+    assert data["artifacts"] == [
+        {"path": "disk.raw", "sha256": hashlib.sha256(b"x" * 10).hexdigest(), "size": 10},
+        {"path": "oci/blobs/b", "sha256": hashlib.sha256(b"yy").hexdigest(), "size": 2},
+    ]
+    assert data["inputs"]["packages"]["kernel"] == "k" * 64

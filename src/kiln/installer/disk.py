@@ -1,0 +1,243 @@
+"""The raw GPT disk image: EFI, BIOS, BOOT and META partitions that SeaBIOS and OVMF both boot.
+
+Layout (docs/disk-layout.md): a protective MBR holding GRUB's boot.img, the GPT, then EFI
+(FAT32, /EFI/BOOT/BOOTX64.EFI), BIOS (GRUB's i386-pc core.img, raw), BOOT (FAT32: vmlinuz,
+initramfs.zst, grub/grub.cfg) and META (1 MiB, empty). The rest of the disk stays free:
+machined creates STATE and EPHEMERAL there on first boot. Both GRUB images find BOOT by its
+FAT serial and read the shared menu from it.
+
+Nothing is mounted. The filesystems are made with mkfs.fat and filled with mtools straight at
+their offsets inside the image; every GUID and FAT serial derives from the assets' seed and
+every FAT time from SOURCE_DATE_EPOCH (TZ=UTC), so the same assets give the same bytes.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import struct
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from kiln.errors import BuildError, InputError
+from kiln.installer.assets import BootAssets, derived_uuid
+from kiln.installer.grub import grub_config
+
+MIB = 1 << 20
+SECTOR = 512
+GRUB_LIB = Path("/usr/lib/grub")
+
+ESP_TYPE = "C12A7328-F81F-11D2-BA4B-00A0C93EC93B"
+BIOS_BOOT_TYPE = "21686148-6449-6E6F-744E-656564454649"
+LINUX_DATA_TYPE = "0FC63DAF-8483-4772-8E79-3D69D8477DE4"
+
+ESP_SIZE = 100 * MIB
+BIOS_SIZE = 1 * MIB
+BOOT_MIN_SIZE = 128 * MIB
+META_SIZE = 1 * MIB
+# The backup GPT (header + 128 entries) at the end of the disk, rounded up to the alignment.
+BACKUP_GPT = 1 * MIB
+
+KERNEL_NAME = "vmlinuz"
+INITRD_NAME = "initramfs.zst"
+
+# Modules built into both core images: nothing is loaded from disk but grub.cfg.
+COMMON_MODULES = ["part_gpt", "fat", "search", "search_fs_uuid", "normal", "configfile", "linux", "serial",
+                  "terminal", "echo", "test"]
+BIOS_MODULES = ["biosdisk", *COMMON_MODULES]
+EFI_MODULES = ["efi_gop", *COMMON_MODULES]
+
+# Offsets GRUB's i386-pc boot.img and diskboot.img (core.img's first sector) keep their
+# patchable fields at (grub/include/grub/i386/pc/boot.h).
+BPB_START, BPB_END = 0x03, 0x5A  # a DOS BPB, copied from the existing MBR
+KERNEL_SECTOR = 0x5C  # 64-bit LBA of core.img's first sector
+BOOT_DRIVE = 0x64  # 0xff: use the drive the BIOS booted from
+DRIVE_CHECK = 0x66  # a jump that treats drives < 0x80 as floppies; NOPed for hard disks
+TABLE_START, TABLE_END = 0x1B8, 0x1FE  # disk signature + partition table, kept from the MBR
+BLOCKLIST = SECTOR - 12  # diskboot.img's first blocklist entry: start (u64), length (u16), segment (u16)
+
+TOOLS = {"sfdisk": "fdisk", "mkfs.fat": "dosfstools", "mmd": "mtools", "mcopy": "mtools",
+         "grub-mkimage": "grub-common"}
+
+
+@dataclass(frozen=True)
+class Partition:
+    """One GPT entry: name, type GUID, start and size in bytes, and the purpose its GUID derives from."""
+
+    name: str
+    type: str
+    start: int
+    size: int
+
+    @property
+    def end(self) -> int:
+        return self.start + self.size
+
+
+def layout(assets: BootAssets) -> list[Partition]:
+    """EFI, BIOS, BOOT, META back to back from 1 MiB, each 1 MiB aligned.
+
+    BOOT is 128 MiB, or more when twice the kernel and initramfs (room for an upgrade's second
+    set) do not fit in it.
+    """
+    payload = assets.vmlinuz.stat().st_size + assets.initramfs.stat().st_size
+    boot_size = max(BOOT_MIN_SIZE, _align(2 * payload + 16 * MIB, MIB))
+    parts: list[Partition] = []
+    at = MIB
+    for name, kind, size in (("EFI", ESP_TYPE, ESP_SIZE), ("BIOS", BIOS_BOOT_TYPE, BIOS_SIZE),
+                             ("BOOT", LINUX_DATA_TYPE, boot_size), ("META", LINUX_DATA_TYPE, META_SIZE)):
+        parts.append(Partition(name, kind, at, size))
+        at += size
+    return parts
+
+
+def minimum_size(assets: BootAssets) -> int:
+    """The smallest disk the partitions fit on (machined wants 356 MiB more for STATE and EPHEMERAL)."""
+    return layout(assets)[-1].end + BACKUP_GPT
+
+
+def disk_guid(assets: BootAssets) -> str:
+    return str(derived_uuid(assets.seed, "disk")).upper()
+
+
+def partition_guid(assets: BootAssets, name: str) -> str:
+    return str(derived_uuid(assets.seed, f"disk-part-{name}")).upper()
+
+
+def fat_serial(assets: BootAssets, name: str) -> str:
+    """The FAT volume serial of partition `name`, 8 hex digits (GRUB shows it as XXXX-XXXX)."""
+    return derived_uuid(assets.seed, f"disk-fat-{name}").hex[:8].upper()
+
+
+def grub_fs_uuid(serial: str) -> str:
+    """How GRUB's `search --fs-uuid` names a FAT serial."""
+    return f"{serial[:4]}-{serial[4:]}".upper()
+
+
+def build_raw(assets: BootAssets, out: Path, size: int) -> Path:
+    """Write the raw disk image of `size` bytes (sparse) to `out` and return it."""
+    if size % SECTOR:
+        raise InputError(f"disk size {size} is not a multiple of {SECTOR} bytes")
+    needed = minimum_size(assets)
+    if size < needed:
+        raise InputError(f"disk size {size // MIB} MiB is too small: EFI, BIOS, BOOT and META need "
+                         f"{needed // MIB} MiB (and machined 356 MiB more for STATE and EPHEMERAL)")
+    _require_tools()
+    parts = {p.name: p for p in layout(assets)}
+    env = {**os.environ, "SOURCE_DATE_EPOCH": str(assets.epoch), "TZ": "UTC", "LC_ALL": "C",
+           "MTOOLS_SKIP_CHECK": "1"}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = out.with_name(out.name + ".partial")
+    partial.unlink(missing_ok=True)
+    with partial.open("wb") as image:
+        image.truncate(size)
+    try:
+        _partition(assets, partial, list(parts.values()), env)
+        with tempfile.TemporaryDirectory(prefix="kiln-disk-") as tmp:
+            work = Path(tmp)
+            boot_uuid = grub_fs_uuid(fat_serial(assets, "BOOT"))
+            load_cfg = work / "load.cfg"
+            # Both core images look for BOOT by its serial and read the menu there.
+            load_cfg.write_text(f"search --no-floppy --set=root --fs-uuid {boot_uuid}\nset prefix=($root)/grub\n")
+            core = work / "core.img"
+            _run(["grub-mkimage", "-O", "i386-pc", "-d", str(GRUB_LIB / "i386-pc"), "-p", "/grub",
+                  "-c", str(load_cfg), "-o", str(core), *BIOS_MODULES], env)
+            efi = work / "BOOTX64.EFI"
+            _run(["grub-mkimage", "-O", "x86_64-efi", "-d", str(GRUB_LIB / "x86_64-efi"), "-p", "/grub",
+                  "-c", str(load_cfg), "-o", str(efi), *EFI_MODULES], env)
+            grub_cfg = work / "grub.cfg"
+            grub_cfg.write_text(grub_config(assets, f"/{KERNEL_NAME}", f"/{INITRD_NAME}"))
+
+            _fat(assets, partial, parts["EFI"], "EFI", env)
+            _copy_in(partial, parts["EFI"], env, {"EFI/BOOT/BOOTX64.EFI": efi})
+            _fat(assets, partial, parts["BOOT"], "BOOT", env)
+            _copy_in(partial, parts["BOOT"], env, {KERNEL_NAME: assets.vmlinuz, INITRD_NAME: assets.initramfs,
+                                                   "grub/grub.cfg": grub_cfg})
+            install_bios_grub(partial, core, parts["BIOS"])
+        partial.chmod(0o644)
+        partial.replace(out)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+    return out
+
+
+def install_bios_grub(image: Path, core_img: Path, bios: Partition) -> None:
+    """Put core.img in the BIOS boot partition and boot.img in the protective MBR.
+
+    This is what grub-bios-setup does for a GPT disk with a BIOS boot partition, done here
+    because grub-bios-setup insists on resolving the GRUB directory's own filesystem to a
+    GRUB device (it must sit on the target disk), which needs the image mounted. The steps:
+    boot.img keeps the MBR's BPB and partition table, learns core.img's first sector and
+    boots from whatever drive the BIOS passed; core.img's first sector (diskboot) learns
+    where the rest of core.img lies (the sectors right after it, loaded at 0x8200).
+    """
+    core = bytearray(core_img.read_bytes())
+    if len(core) > bios.size:
+        raise BuildError(f"GRUB's core.img ({len(core)} bytes) does not fit the BIOS boot partition")
+    first = bios.start // SECTOR
+    _, length, segment = struct.unpack_from("<QHH", core, BLOCKLIST)
+    if length != (len(core) + SECTOR - 1) // SECTOR - 1 or segment != 0x820:
+        raise BuildError("unexpected GRUB core.img: its first blocklist does not cover the image")
+    struct.pack_into("<QHH", core, BLOCKLIST, first + 1, length, segment)
+    boot = bytearray((GRUB_LIB / "i386-pc/boot.img").read_bytes())
+    if len(boot) != SECTOR:
+        raise BuildError("unexpected GRUB boot.img: not one sector")
+    with image.open("r+b") as disk:
+        mbr = disk.read(SECTOR)
+        boot[BPB_START:BPB_END] = mbr[BPB_START:BPB_END]
+        struct.pack_into("<Q", boot, KERNEL_SECTOR, first)
+        boot[BOOT_DRIVE] = 0xFF
+        boot[DRIVE_CHECK:DRIVE_CHECK + 2] = b"\x90\x90"
+        boot[TABLE_START:TABLE_END] = mbr[TABLE_START:TABLE_END]
+        disk.seek(0)
+        disk.write(boot)
+        disk.seek(bios.start)
+        disk.write(core)
+
+
+def _partition(assets: BootAssets, image: Path, parts: list[Partition], env: dict[str, str]) -> None:
+    """GPT with derived disk and partition GUIDs; names are what machined looks for."""
+    lines = ["label: gpt", f"label-id: {disk_guid(assets)}", "unit: sectors", ""]
+    lines += [f"start={p.start // SECTOR}, size={p.size // SECTOR}, type={p.type}, "
+              f'uuid={partition_guid(assets, p.name)}, name="{p.name}"' for p in parts]
+    _run(["sfdisk", "--quiet", "--no-reread", "--no-tell-kernel", str(image)], env, "\n".join(lines) + "\n")
+
+
+def _fat(assets: BootAssets, image: Path, part: Partition, label: str, env: dict[str, str]) -> None:
+    """FAT32 at the partition's offset, one sector per cluster (FAT32 needs at least 65525 clusters,
+    and tools tell FAT types apart by that count); --invariant fixes the time-based fields, -i the serial."""
+    _run(["mkfs.fat", "--invariant", "-i", fat_serial(assets, part.name), "-F", "32", "-s", "1", "-n", label,
+          "-h", str(part.start // SECTOR), f"--offset={part.start // SECTOR}", str(image),
+          str(part.size // 1024)], env)
+
+
+def _copy_in(image: Path, part: Partition, env: dict[str, str], files: dict[str, Path]) -> None:
+    """Copy files into the FAT at the partition's offset; directories first, in sorted order."""
+    target = f"{image}@@{part.start}"
+    dirs = sorted({str(Path(name).parents[i]) for name in files for i in range(len(Path(name).parents) - 1)})
+    if dirs:
+        _run(["mmd", "-i", target, *(f"::/{d}" for d in dirs)], env)
+    for name in sorted(files):
+        _run(["mcopy", "-i", target, str(files[name]), f"::/{name}"], env)
+
+
+def _require_tools() -> None:
+    missing = sorted({package for tool, package in TOOLS.items() if shutil.which(tool) is None})
+    for platform, needed in (("i386-pc", "boot.img"), ("x86_64-efi", "normal.mod")):
+        if not (GRUB_LIB / platform / needed).exists():
+            missing.append("grub-pc-bin" if platform == "i386-pc" else "grub-efi-amd64-bin")
+    if missing:
+        raise BuildError(f"building a disk image needs: apt install {' '.join(missing)}")
+
+
+def _run(command: list[str], env: dict[str, str], stdin: str | None = None) -> None:
+    result = subprocess.run(command, env=env, input=stdin, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise BuildError(f"{command[0]} failed (exit {result.returncode}): {result.stderr.strip()[-2000:]}")
+
+
+def _align(value: int, to: int) -> int:
+    return (value + to - 1) // to * to

@@ -1,0 +1,101 @@
+"""Every shipped profile through `kiln image`, twice: the same bytes, the right formats, a manifest and an SBOM.
+
+Both runs use the same package outputs from the store (building the kernel twice would take
+half an hour here); everything the imager derives from them (rootfs, initramfs, ISO, disks,
+every format and compression, the installer image) is made from scratch in each run.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.conftest import ROOT, kiln
+
+pytestmark = pytest.mark.e2e
+
+PROFILES = sorted(p.stem for p in (ROOT / "profiles").glob("*.yaml"))
+
+
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory: pytest.TempPathFactory, image_dir: Path) -> tuple[Path, Path]:
+    """All profiles written twice into two directories (image_dir: the packages are built)."""
+    first = tmp_path_factory.mktemp("first")
+    second = tmp_path_factory.mktemp("second")
+    kiln("image", *PROFILES, "--out", str(first), timeout=3600)
+    kiln("image", *PROFILES, "--out", str(second), "--jobs", "1", timeout=3600)
+    return first, second
+
+
+def manifest(directory: Path) -> dict[str, object]:
+    data: dict[str, object] = json.loads((directory / "manifest.json").read_text())
+    return data
+
+
+def info(path: Path, fmt: str | None = None) -> dict[str, object]:
+    command = ["qemu-img", "info", "--output=json", *(["-f", fmt] if fmt else []), str(path)]
+    data: dict[str, object] = json.loads(subprocess.run(command, capture_output=True, text=True, check=True).stdout)
+    return data
+
+
+def test_every_artifact_is_byte_identical_across_runs(two_runs: tuple[Path, Path]) -> None:
+    first, second = two_runs
+    for name in PROFILES:
+        a, b = manifest(first / name), manifest(second / name)
+        assert a["artifacts"], f"{name} wrote nothing"
+        assert a["artifacts"] == b["artifacts"], f"{name} differs between runs"
+        assert (first / name / "sbom.spdx.json").read_bytes() == (second / name / "sbom.spdx.json").read_bytes()
+
+
+def test_manifests_name_inputs_and_the_sbom_lists_the_rootfs(two_runs: tuple[Path, Path]) -> None:
+    first, _ = two_runs
+    data = manifest(first / "metal")
+    inputs = data["inputs"]
+    assert isinstance(inputs, dict)
+    assert {"kernel", "init", "machined", "kmod"} <= set(inputs["packages"])
+    assert "kiln.platform=metal" in inputs["cmdline"]
+    sbom = json.loads((first / "metal" / "sbom.spdx.json").read_text())
+    assert {"kernel", "machined", "util-linux", "e2fsprogs"} <= {p["name"] for p in sbom["packages"]}
+
+
+def test_cloud_formats(two_runs: tuple[Path, Path], tmp_path: Path) -> None:
+    first, _ = two_runs
+    assert info(first / "openstack/disk.qcow2")["format"] == "qcow2"
+    assert info(first / "nocloud/disk.raw", "raw")["virtual-size"] == 1 << 30
+    assert info(first / "vultr/disk.raw", "raw")["virtual-size"] == 1 << 30
+    # azure: a fixed VHD, whole MiB, footer cookie and disk type 2 (fixed)
+    vhd = first / "azure/disk.vhd"
+    assert info(vhd, "vpc")["format"] == "vpc"
+    footer = vhd.read_bytes()[-512:]
+    assert footer[:8] == b"conectix"
+    assert struct.unpack(">I", footer[60:64])[0] == 2
+    assert (vhd.stat().st_size - 512) % (1 << 20) == 0
+    # vmware: an OVA (tar) holding the OVF descriptor first, then a streamOptimized VMDK
+    with tarfile.open(first / "vmware/disk.ova") as ova:
+        names = ova.getnames()
+        assert names[0].endswith(".ovf") and any(n.endswith(".vmdk") for n in names)
+        ova.extractall(tmp_path, filter="data")
+    vmdk = next(tmp_path.glob("*.vmdk"))
+    assert info(vmdk, "vmdk")["format-specific"]["data"]["create-type"] == "streamOptimized"  # type: ignore[index]
+    # gcp: disk.raw as the only member of a GNU tar, gzip-compressed
+    with tarfile.open(first / "gcp/disk.raw.tar.gz") as tar:
+        assert tar.getnames() == ["disk.raw"]
+        assert tar.getmember("disk.raw").size == 1 << 30
+    # aws, digital-ocean, hcloud: compressed raw disks holding the GPT
+    for path, tool in ((first / "aws/disk.raw.zst", "zstd"), (first / "digital-ocean/disk.raw.gz", "gzip"),
+                       (first / "hcloud/disk.raw.xz", "xz")):
+        head = subprocess.run(f"{tool} -dc {path} | head -c 1024", shell=True, capture_output=True).stdout
+        assert head[512:520] == b"EFI PART", path
+
+
+def test_iso_pxe_and_installer_outputs(two_runs: tuple[Path, Path]) -> None:
+    first, _ = two_runs
+    assert (first / "iso/kiln-amd64.iso").stat().st_size > 0
+    assert {p.name for p in (first / "pxe").iterdir()} >= {"vmlinuz", "initramfs.zst", "boot.ipxe"}
+    installer = {p.name for p in (first / "installer").iterdir()}
+    assert "installer.tar" in installer

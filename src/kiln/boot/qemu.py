@@ -39,6 +39,7 @@ class Machine:
     initrd: Path | None = None
     cdrom: Path | None = None
     disk: Path | None = None
+    pxe: Path | None = None  # a directory with boot.ipxe: served by QEMU's TFTP, booted by the NIC's iPXE
     disk_format: str = "raw"
     cmdline: str = ""
     firmware: str = "bios"
@@ -73,13 +74,20 @@ class Machine:
         net = "user,id=net0"
         if self.api_port:
             net += f",hostfwd=tcp:127.0.0.1:{self.api_port}-:50000"
-        args += ["-netdev", net, "-device", "virtio-net-pci,netdev=net0", "-device", "virtio-rng-pci"]
+        nic = "virtio-net-pci,netdev=net0"
+        if self.pxe:
+            # QEMU's DHCP offers boot.ipxe; the virtio ROM's iPXE fetches it by TFTP and runs it.
+            net += f",tftp={self.pxe},bootfile=boot.ipxe"
+            nic += ",bootindex=0"
+        args += ["-netdev", net, "-device", nic, "-device", "virtio-rng-pci"]
         return args + self.extra
 
 
 def machine_for(artifact: Path) -> Machine:
     """Pick how to boot an artifact from what it is."""
     if artifact.is_dir():
+        if (artifact / "boot.ipxe").is_file():
+            return Machine(pxe=artifact.resolve())
         kernel = artifact / "vmlinuz"
         initrds = [artifact / n for n in ("initramfs.zst", "initramfs", "initramfs.xz") if (artifact / n).exists()]
         if kernel.is_file() and initrds:

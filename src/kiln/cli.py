@@ -236,6 +236,14 @@ def cmd_image(args: argparse.Namespace) -> int:
     return image_command.run(args, load)
 
 
+def cmd_install(args: argparse.Namespace) -> int:
+    def load(platform: str) -> Graph:
+        args.platform = platform
+        return _load(args)
+
+    return image_command.run_install(args, load)
+
+
 def _common() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--pkgs", default="pkgs", metavar="DIR", help="package tree (default: ./pkgs)")
@@ -354,6 +362,10 @@ def build_parser() -> argparse.ArgumentParser:
     image = verb("image", cmd_image, "build what profiles need, then write their outputs (kiln image iso metal "
                  "aws --out DIR); without a profile, vmlinuz and initramfs.zst")
     image_command.add_arguments(image)
+
+    install = verb("install", cmd_install, "write a profile's disk layout (default metal) onto a disk or disk "
+                   "file; a disk holding partitions needs --wipe")
+    image_command.add_install_arguments(install)
 
     boot = verbs.add_parser("boot", help="boot an artifact in QEMU and wait for machined's ready line",
                             description="boot an artifact in QEMU and wait for machined's ready line")

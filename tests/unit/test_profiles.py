@@ -162,3 +162,10 @@ def test_cli_bad_profile_exits_2_without_traceback(kiln: Callable[..., Result], 
     result = kiln("image", "iso", "--extension", "kmod", "--profiles-dir", str(PROFILES), "--pkgs",
                   str(ROOT / "pkgs"))
     assert result.code == 2 and "apply without profiles" in result.err
+
+
+def test_install_refuses_a_profile_that_is_not_a_raw_disk(kiln: Callable[..., Result]) -> None:
+    result = kiln("install", "--disk", "x.img", "--profile", "openstack", "--profiles-dir", str(PROFILES),
+                  "--pkgs", str(ROOT / "pkgs"))
+    assert result.code == 2
+    assert "openstack.yaml:6: profile openstack writes image (qcow2, raw): kiln install needs a raw" in result.err

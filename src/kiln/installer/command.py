@@ -51,3 +51,41 @@ def run(args: argparse.Namespace, load: Callable[[str], Graph]) -> int:
         for artifact in result.artifacts:
             print(f"  {artifact['size'] / 1048576:10.2f} MiB  {artifact['path']}  {artifact['sha256'][:16]}")
     return 0
+
+
+def add_install_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--disk", required=True, metavar="PATH", help="the disk (or disk image file) to write")
+    parser.add_argument("--wipe", action="store_true", help="overwrite a disk that holds partitions or a filesystem")
+    parser.add_argument("--profile", default="metal", metavar="PROFILE",
+                        help="the raw-disk profile whose layout is installed (default metal)")
+    parser.add_argument("--profiles-dir", default="profiles", metavar="DIR", help="where profile names are looked up")
+    parser.add_argument("--image", metavar="FILE", help="install this raw disk image instead of building the profile")
+    parser.add_argument("--out", default="_out", metavar="DIR", help="where the profile's output is written")
+    parser.add_argument("--jobs", "-j", type=int, default=2, metavar="N", help="packages built at once")
+
+
+def run_install(args: argparse.Namespace, load: Callable[[str], Graph]) -> int:
+    """Write a profile's raw disk onto --disk with the same `machined install` the installer image runs."""
+    from kiln.installer.imager import MACHINED, build_packages, check_packages, make_images
+    from kiln.installer.install import install_disk
+    from kiln.installer.profile import load_profiles
+
+    profile = load_profiles([args.profile], Path(args.profiles_dir))[0]
+    if profile.kind != "image" or profile.disk_format != "raw" or profile.out_format != "raw":
+        raise InputError(f"profile {profile.name} writes {profile.kind} ({profile.disk_format}, {profile.out_format}):"
+                         " kiln install needs a raw, uncompressed disk image profile such as metal",
+                         profile.location("output"))
+    graph = load(profile.platform_spec)
+    check_packages([profile], graph)
+    built = build_packages([] if args.image else [profile], graph, args.jobs, False, extra=(MACHINED,))
+    if args.image:
+        image = Path(args.image)
+        if not image.is_file():
+            raise InputError(f"--image {image}: no such file")
+    else:
+        say: Callable[[str], None] = lambda text: print(text, file=sys.stderr, flush=True)  # noqa: E731
+        result = make_images([profile], built, Path(args.out), args.jobs, say)[0]
+        image = result.directory / profile.file_name
+    install_disk(built.trees[MACHINED] / "usr/sbin/machined", image, Path(args.disk), args.wipe)
+    print(f"installed {image} onto {args.disk}")
+    return 0

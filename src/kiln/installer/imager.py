@@ -75,11 +75,12 @@ def check_packages(profiles: list[Profile], graph: Graph) -> None:
         raise errors[0] if len(errors) == 1 else InputErrors(errors)
 
 
-def build_packages(profiles: list[Profile], graph: Graph, jobs: int, json_output: bool) -> Built:
-    """Build (or find in the store) every package the profiles need."""
+def build_packages(profiles: list[Profile], graph: Graph, jobs: int, json_output: bool,
+                   extra: tuple[str, ...] = ()) -> Built:
+    """Build (or find in the store) every package the profiles need, plus `extra` ones."""
     from kiln.build.session import Session, choose_progress, failures
 
-    targets: list[str] = []
+    targets: list[str] = list(extra)
     for profile in profiles:
         targets += profile.packages_to_build()
         if profile.kind == "installer":

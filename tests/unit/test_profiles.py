@@ -168,4 +168,4 @@ def test_install_refuses_a_profile_that_is_not_a_raw_disk(kiln: Callable[..., Re
     result = kiln("install", "--disk", "x.img", "--profile", "openstack", "--profiles-dir", str(PROFILES),
                   "--pkgs", str(ROOT / "pkgs"))
     assert result.code == 2
-    assert "openstack.yaml:6: profile openstack writes image (qcow2, raw): kiln install needs a raw" in result.err
+    assert "openstack.yaml:5: profile openstack writes image (qcow2, raw): kiln install needs a raw" in result.err

@@ -15,12 +15,12 @@ $(BIN)/kiln: pyproject.toml
 setup: $(BIN)/kiln
 	./scripts/setup-host.sh
 
-# Kiln's main job. Until profiles and the ISO/disk outputs land this builds the first bootable
-# output: the kernel and the initramfs (tiny init + read-only squashfs rootfs with machined),
-# building every package they need through the graph, into _out/image/.
+# Kiln's main job: the default image, a bare-metal raw disk (profiles/metal.yaml) and the live ISO
+# (profiles/iso.yaml), building every package they need through the graph, into _out/metal/ and
+# _out/iso/. `kiln boot _out/metal/disk.raw` boots it.
 image: setup
 	$(KILN) validate
-	$(KILN) image --output kernel,initramfs --out _out/image
+	$(KILN) image metal iso --out _out
 
 test: setup
 	$(BIN)/pytest -q

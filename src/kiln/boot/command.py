@@ -16,8 +16,8 @@ ACCELS = ("tcg", "kvm")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("artifact", metavar="ARTIFACT", help="a directory with vmlinuz and initramfs.zst, an ISO "
-                        "or a disk image")
+    parser.add_argument("artifact", metavar="ARTIFACT", help="a directory with vmlinuz and initramfs.zst "
+                        "(or with boot.ipxe: PXE boot), an ISO or a disk image")
     parser.add_argument("--firmware", choices=("bios", "uefi"), default="bios", help="SeaBIOS or OVMF (UEFI)")
     parser.add_argument("--disk", metavar="SIZE", help="attach a blank virtio disk of SIZE (e.g. 4G)")
     parser.add_argument("--disk-file", metavar="PATH", help="attach this qcow2 disk (created with --disk if missing)")

@@ -64,7 +64,7 @@ TOOLS = {"sfdisk": "fdisk", "mkfs.fat": "dosfstools", "mmd": "mtools", "mcopy": 
 
 @dataclass(frozen=True)
 class Partition:
-    """One GPT entry: name, type GUID, start and size in bytes, and the purpose its GUID derives from."""
+    """One GPT entry: name, type GUID, start and size in bytes (its own GUID derives from the name)."""
 
     name: str
     type: str

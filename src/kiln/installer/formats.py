@@ -73,6 +73,7 @@ def _vhd(raw: Path, out: Path, assets: BootAssets, work: Path) -> None:
         raw = grown
     _qemu_img(["convert", "-f", "raw", "-O", "vpc", "-o", "subformat=fixed,force_size=on", str(raw), str(out)])
     patch_vhd_footer(out, assets)
+    _qemu_img(["info", "-f", "vpc", str(out)])  # qemu checks the footer's checksum on open
 
 
 def patch_vhd_footer(vhd: Path, assets: BootAssets) -> None:
@@ -98,6 +99,7 @@ def vhd_checksum(footer: bytes | bytearray) -> int:
 def _vmdk(raw: Path, out: Path, assets: BootAssets) -> None:
     _qemu_img(["convert", "-f", "raw", "-O", "vmdk", "-o", "subformat=streamOptimized", str(raw), str(out)])
     patch_vmdk_cid(out, assets)
+    _qemu_img(["check", "-f", "vmdk", str(out)])
 
 
 def patch_vmdk_cid(vmdk: Path, assets: BootAssets) -> None:

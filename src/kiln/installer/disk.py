@@ -169,10 +169,13 @@ def install_bios_grub(image: Path, core_img: Path, bios: Partition) -> None:
 
     This is what grub-bios-setup does for a GPT disk with a BIOS boot partition, done here
     because grub-bios-setup insists on resolving the GRUB directory's own filesystem to a
-    GRUB device (it must sit on the target disk), which needs the image mounted. The steps:
+    GRUB device in its device map, which needs some filesystem mounted. The steps:
     boot.img keeps the MBR's BPB and partition table, learns core.img's first sector and
     boots from whatever drive the BIOS passed; core.img's first sector (diskboot) learns
-    where the rest of core.img lies (the sectors right after it, loaded at 0x8200).
+    where the rest of core.img lies (the sectors right after it, loaded at 0x8200). The result
+    is byte for byte what `grub-bios-setup --no-rs-codes` writes (compared by hand, with the
+    GRUB directory on a loop-mounted scratch filesystem); the Reed-Solomon codes it adds by
+    default only help read a damaged core.img.
     """
     core = bytearray(core_img.read_bytes())
     if len(core) > bios.size:

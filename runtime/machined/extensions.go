@@ -20,7 +20,7 @@ type Extension struct {
 // listExtensions reads dir/*.json; a manifest without a name is named after its file.
 func listExtensions(dir string) []Extension {
 	paths, _ := filepath.Glob(filepath.Join(dir, "*.json"))
-	var out []Extension
+	out := []Extension{} // "extensions": [] in /v1/status, not null, when there are none
 	for _, p := range paths {
 		var e Extension
 		data, err := os.ReadFile(p)

@@ -353,6 +353,7 @@ def test_api_mutual_tls_and_poweroff(image_dir: Path, pki: Path, config_server: 
         assert answer["kernel"] == kernel_version()
         assert answer["hostname"] == "e2e-api"
         assert answer["var"] == "tmpfs"
+        assert answer["extensions"] == []
         assert answer["config"] == config_server
 
         no_cert = refused(port, client_context(pki, None))

@@ -18,8 +18,8 @@ import (
 var version = "dev"
 
 func main() {
-	if len(os.Args) > 1 && os.Args[1] == "install" && os.Getpid() != 1 {
-		os.Exit(installMain(os.Args[2:], os.Stdout, os.Stderr)) // see install.go; never as PID 1
+	if len(os.Args) > 1 && os.Args[1] == "install" {
+		os.Exit(installMain(os.Args[2:], os.Stdout, os.Stderr)) // install.go; PID 1 even in a container
 	}
 	once := flag.Bool("once", false, "print the ready line and exit (for build tests)")
 	configPath := flag.String("config", "", "machine config (not PID 1 only; PID 1 reads kiln.config=)")

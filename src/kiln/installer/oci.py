@@ -1,0 +1,273 @@
+"""The installer output: an OCI image, FROM scratch, whose entrypoint writes Kiln's disk image onto a disk.
+
+`docker run --rm --privileged -v /dev:/dev kiln-installer:<version> install --disk /dev/sdX` runs
+`machined install` (runtime/machined/install.go), the same code `kiln install` runs on the host.
+The image holds three layers: the boot assets (/usr/share/kiln/vmlinuz, initramfs.zst), the disk
+image (/usr/share/kiln/disk.raw.gz) and the static machined as /usr/bin/installer.
+
+The disk image goes in gzip-compressed with its raw size in a FEXTRA subfield ("KS", 8 bytes
+little-endian; RFC 1952 2.3.1.1) so machined knows the size without inflating it first: a raw
+image is mostly zeros, and once `docker load` unpacks a layer those zeros would take their full
+size in the engine's storage.
+
+Written with tarfile and zlib rather than a tool: nothing in Debian writes both an OCI layout and
+the docker-archive that Debian's docker 20.10 `docker load` needs (it does not read an OCI layout
+alone), without a daemon, with bytes we control (umoci writes OCI layouts only; skopeo converts
+between them but would be one more tool whose output we must pin; oras is for artifacts, not
+runnable images). The formats are a few JSON documents and tars, so every byte stays decided here:
+members sorted, owner 0:0, mtimes at assets.epoch, gzip without name or time, "created" from the
+epoch. The tarball holds the OCI layout plus docker's manifest.json, so both kinds of reader load it.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import json
+import re
+import shutil
+import struct
+import tarfile
+import tempfile
+import zlib
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from kiln.errors import InputError
+from kiln.installer.assets import BootAssets
+
+REPOSITORY = "kiln-installer"
+ENTRYPOINT = "usr/bin/installer"
+SHARE = "usr/share/kiln"
+DISK_MEMBER = f"{SHARE}/disk.raw.gz"  # runtime/machined/install.go's first default image
+
+INDEX_TYPE = "application/vnd.oci.image.index.v1+json"
+MANIFEST_TYPE = "application/vnd.oci.image.manifest.v1+json"
+CONFIG_TYPE = "application/vnd.oci.image.config.v1+json"
+LAYER_TYPE = "application/vnd.oci.image.layer.v1.tar+gzip"
+
+GZIP_LEVEL = 6
+CHUNK = 1 << 20
+ELF_MACHINES = {0x3E: "amd64", 0xB7: "arm64"}
+PT_INTERP = 3
+
+
+@dataclass(frozen=True)
+class Blob:
+    """A content-addressed file under blobs/sha256/."""
+
+    media_type: str
+    digest: str  # "sha256:<hex>"
+    size: int
+
+    def descriptor(self) -> dict[str, Any]:
+        return {"mediaType": self.media_type, "digest": self.digest, "size": self.size}
+
+    @property
+    def path(self) -> str:
+        return "blobs/sha256/" + self.digest.removeprefix("sha256:")
+
+
+def image_tag(version: str) -> str:
+    """The tag for a version: characters Docker refuses in tags (such as '+') become '-'."""
+    tag = re.sub(r"[^A-Za-z0-9_.-]", "-", version)[:128]
+    return tag if tag and tag[0] not in ".-" else "v" + tag[:127]
+
+
+def build_installer(assets: BootAssets, disk_raw: Path, machined: Path, out_dir: Path,
+                    name: str) -> tuple[Path, Path]:
+    """Write out_dir/<name>/ (an OCI image layout) and out_dir/<name>.tar (that layout plus
+    docker's manifest.json, for `docker load`); return both. The image is tagged
+    kiln-installer:<version>."""
+    for what, path in (("disk image", disk_raw), ("machined", machined), ("kernel", assets.vmlinuz),
+                       ("initramfs", assets.initramfs)):
+        if not path.is_file():
+            raise InputError(f"installer: {what} {path} does not exist")
+    arch = static_elf_arch(machined)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tag = image_tag(assets.version)
+    with tempfile.TemporaryDirectory(prefix=".installer-", dir=out_dir) as tmp:
+        work = Path(tmp)
+        layout = work / "layout"
+        (layout / "blobs/sha256").mkdir(parents=True)
+        disk_gz = work / "disk.raw.gz"
+        gzip_with_size(disk_raw, disk_gz)
+        layer_files = [
+            ("boot assets", {f"{SHARE}/vmlinuz": (assets.vmlinuz, 0o644),
+                             f"{SHARE}/initramfs.zst": (assets.initramfs, 0o644)}),
+            ("disk image", {DISK_MEMBER: (disk_gz, 0o644)}),
+            ("installer (machined install)", {ENTRYPOINT: (machined, 0o755)}),
+        ]
+        layers: list[Blob] = []
+        diff_ids: list[str] = []
+        for _, files in layer_files:
+            blob, diff_id = _layer(files, assets.epoch, layout, work)
+            layers.append(blob)
+            diff_ids.append(diff_id)
+        created = datetime.fromtimestamp(assets.epoch, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        config = {
+            "architecture": arch,
+            "os": "linux",
+            "created": created,
+            "config": {
+                "Entrypoint": ["/" + ENTRYPOINT],
+                "Env": ["PATH=/usr/bin"],
+                "WorkingDir": "/",
+                "Labels": {"org.opencontainers.image.title": "Kiln installer",
+                           "org.opencontainers.image.version": assets.version},
+            },
+            "rootfs": {"type": "layers", "diff_ids": diff_ids},
+            "history": [{"created": created, "created_by": f"kiln: {what}"} for what, _ in layer_files],
+        }
+        config_blob = _json_blob(config, CONFIG_TYPE, layout)
+        manifest = {
+            "schemaVersion": 2,
+            "mediaType": MANIFEST_TYPE,
+            "config": config_blob.descriptor(),
+            "layers": [layer.descriptor() for layer in layers],
+            "annotations": {"org.opencontainers.image.created": created,
+                            "org.opencontainers.image.version": assets.version},
+        }
+        manifest_blob = _json_blob(manifest, MANIFEST_TYPE, layout)
+        reference = f"{REPOSITORY}:{tag}"
+        index = {
+            "schemaVersion": 2,
+            "mediaType": INDEX_TYPE,
+            "manifests": [{**manifest_blob.descriptor(),
+                           "platform": {"architecture": arch, "os": "linux"},
+                           "annotations": {"org.opencontainers.image.ref.name": tag,
+                                           "io.containerd.image.name": reference}}],
+        }
+        (layout / "index.json").write_bytes(_canonical(index))
+        (layout / "oci-layout").write_bytes(_canonical({"imageLayoutVersion": "1.0.0"}))
+        # docker-archive's manifest: docker 20.10 reads this, not index.json.
+        docker_manifest = [{"Config": config_blob.path, "RepoTags": [reference],
+                            "Layers": [layer.path for layer in layers]}]
+        tar_tmp = work / "installer.tar"
+        _archive(layout, {"manifest.json": _canonical(docker_manifest)}, assets.epoch, tar_tmp)
+
+        layout_out, tar_out = out_dir / name, out_dir / f"{name}.tar"
+        if layout_out.is_dir() and not layout_out.is_symlink():
+            shutil.rmtree(layout_out)
+        else:
+            layout_out.unlink(missing_ok=True)
+        layout.rename(layout_out)
+        tar_tmp.replace(tar_out)
+    return layout_out, tar_out
+
+
+def static_elf_arch(binary: Path) -> str:
+    """The image architecture of a 64-bit ELF; refuses one that needs a dynamic loader (FROM scratch has none)."""
+    with binary.open("rb") as stream:
+        header = stream.read(64)
+        if len(header) < 64 or header[:4] != b"\x7fELF" or header[4] != 2 or header[5] != 1:
+            raise InputError(f"installer: {binary} is not a 64-bit little-endian ELF executable")
+        machine = struct.unpack_from("<H", header, 18)[0]
+        if machine not in ELF_MACHINES:
+            raise InputError(f"installer: {binary} is for ELF machine {machine:#x}, not amd64 or arm64")
+        phoff = struct.unpack_from("<Q", header, 32)[0]
+        phentsize, phnum = struct.unpack_from("<HH", header, 54)
+        stream.seek(phoff)
+        table = stream.read(phentsize * phnum)
+    for i in range(phnum):
+        if struct.unpack_from("<I", table, i * phentsize)[0] == PT_INTERP:
+            raise InputError(f"installer: {binary} is dynamically linked; the installer image has no libc "
+                             "(build machined with CGO_ENABLED=0)")
+    return ELF_MACHINES[machine]
+
+
+def gzip_with_size(raw: Path, out: Path) -> None:
+    """gzip `raw` into `out` with no name and mtime 0, and its size in the "KS" FEXTRA subfield."""
+    size = raw.stat().st_size
+    extra = b"KS" + struct.pack("<HQ", 8, size)
+    # ID1 ID2, CM=deflate, FLG=FEXTRA, MTIME=0, XFL=0, OS=255 (unknown), XLEN
+    header = b"\x1f\x8b\x08\x04" + struct.pack("<I", 0) + b"\x00\xff" + struct.pack("<H", len(extra)) + extra
+    deflate = zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, -15)
+    crc = 0
+    with raw.open("rb") as src, out.open("wb") as dst:
+        dst.write(header)
+        for block in iter(lambda: src.read(CHUNK), b""):
+            crc = zlib.crc32(block, crc)
+            dst.write(deflate.compress(block))
+        dst.write(deflate.flush())
+        dst.write(struct.pack("<II", crc, size & 0xFFFFFFFF))
+
+
+def _tarinfo(name: str, epoch: int, mode: int, size: int = 0, directory: bool = False) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type = tarfile.DIRTYPE if directory else tarfile.REGTYPE
+    info.mode, info.size, info.mtime = mode, size, epoch
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    return info
+
+
+def _parents(paths: list[str]) -> list[str]:
+    dirs = {"/".join(p.split("/")[:i]) for p in paths for i in range(1, p.count("/") + 1)}
+    return sorted(dirs)
+
+
+def _layer(files: dict[str, tuple[Path, int]], epoch: int, layout: Path, work: Path) -> tuple[Blob, str]:
+    """A gzip'd tar of `files` (member -> (source, mode)) and its parent directories, stored as a blob.
+    Returns the blob and the diff_id (the uncompressed tar's digest)."""
+    tar_path = work / "layer.tar"
+    with tarfile.open(tar_path, "w", format=tarfile.PAX_FORMAT) as tar:
+        entries: list[tuple[str, Path | None, int]] = [(d, None, 0o755) for d in _parents(list(files))]
+        entries += [(member, source, mode) for member, (source, mode) in files.items()]
+        for member, source, mode in sorted(entries, key=lambda e: e[0]):
+            if source is None:
+                tar.addfile(_tarinfo(member, epoch, mode, directory=True))
+            else:
+                with source.open("rb") as stream:
+                    tar.addfile(_tarinfo(member, epoch, mode, source.stat().st_size), stream)
+    diff_id = hashlib.sha256()
+    gz_path = work / "layer.tar.gz"
+    # filename="" and mtime=0: gzip -n
+    with tar_path.open("rb") as src, gz_path.open("wb") as raw_out, \
+            gzip.GzipFile(filename="", mode="wb", compresslevel=GZIP_LEVEL, fileobj=raw_out, mtime=0) as dst:
+        for block in iter(lambda: src.read(CHUNK), b""):
+            diff_id.update(block)
+            dst.write(block)
+    tar_path.unlink()
+    return _store(gz_path, LAYER_TYPE, layout), "sha256:" + diff_id.hexdigest()
+
+
+def _store(path: Path, media_type: str, layout: Path) -> Blob:
+    digest = hashlib.sha256()
+    with path.open("rb") as stream:
+        for block in iter(lambda: stream.read(CHUNK), b""):
+            digest.update(block)
+    blob = Blob(media_type, "sha256:" + digest.hexdigest(), path.stat().st_size)
+    path.replace(layout / blob.path)
+    return blob
+
+
+def _canonical(document: Any) -> bytes:
+    return json.dumps(document, sort_keys=True, separators=(",", ":")).encode()
+
+
+def _json_blob(document: dict[str, Any], media_type: str, layout: Path) -> Blob:
+    data = _canonical(document)
+    blob = Blob(media_type, "sha256:" + hashlib.sha256(data).hexdigest(), len(data))
+    (layout / blob.path).write_bytes(data)
+    return blob
+
+
+def _archive(layout: Path, extra: dict[str, bytes], epoch: int, out: Path) -> None:
+    """Tar the layout directory's contents plus `extra` files, sorted, owner 0:0, at the epoch."""
+    members: dict[str, Path | bytes | None] = {name: data for name, data in extra.items()}
+    for path in layout.rglob("*"):
+        members[path.relative_to(layout).as_posix()] = None if path.is_dir() else path
+    with tarfile.open(out, "w", format=tarfile.PAX_FORMAT) as tar:
+        for name in sorted(members):
+            content = members[name]
+            if content is None:
+                tar.addfile(_tarinfo(name, epoch, 0o755, directory=True))
+            elif isinstance(content, bytes):
+                tar.addfile(_tarinfo(name, epoch, 0o644, len(content)), io.BytesIO(content))
+            else:
+                with content.open("rb") as stream:
+                    tar.addfile(_tarinfo(name, epoch, 0o644, content.stat().st_size), stream)

@@ -203,6 +203,9 @@ func install(imagePath, disk string, wipe bool, say func(string, ...interface{})
 	if err != nil {
 		return refuse("disk: %v", unwrapPath(err))
 	}
+	if ist, err := os.Stat(imagePath); err == nil && os.SameFile(ist, st) {
+		return refuse("%s is the image itself", disk)
+	}
 	isBlock := st.Mode()&os.ModeDevice != 0 && st.Mode()&os.ModeCharDevice == 0
 	if !isBlock && !st.Mode().IsRegular() {
 		return refuse("%s is neither a block device nor a disk image file", disk)

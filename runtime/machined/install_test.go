@@ -251,6 +251,7 @@ func TestInstallRefusals(t *testing.T) {
 	refusedOneLine(t, "no such file or directory", "--disk", filepath.Join(dir, "nope"), "--image", image)
 	refusedOneLine(t, "image: "+filepath.Join(dir, "nope.raw"), "--disk", small, "--image", filepath.Join(dir, "nope.raw"))
 	refusedOneLine(t, "is neither a block device nor a disk image file", "--disk", dir, "--image", image)
+	refusedOneLine(t, "is the image itself", "--disk", image, "--image", image, "--wipe")
 	refusedOneLine(t, "unexpected argument", "--disk", small, "--image", image, "extra")
 	if b, _ := os.ReadFile(small); bytes.IndexFunc(b, func(r rune) bool { return r != 0 }) >= 0 {
 		t.Fatal("a refused install wrote to the disk")

@@ -309,3 +309,34 @@ func kernelReadsGPT() bool {
 	config, _ := io.ReadAll(zr)
 	return bytes.Contains(config, []byte("\nCONFIG_EFI_PARTITION=y"))
 }
+
+// After an install onto a bigger disk the backup GPT is not at the end, and sfdisk warns so
+// before its JSON; machined reads the layout from that combined output on the first boot.
+func TestLayoutReadableAfterInstallOntoBiggerDisk(t *testing.T) {
+	dir := t.TempDir()
+	image := gptImage(t, dir, 4<<20)
+	disk := emptyDisk(t, dir, 16<<20)
+	if code, _, errs := runInstall(t, "--disk", disk, "--image", image); code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	out, err := run(sfdiskPath(t), "--json", disk)
+	if err != nil {
+		t.Fatalf("sfdisk --json: %v\n%s", err, out)
+	}
+	if !strings.Contains(out, "backup GPT table is not on the end") {
+		t.Fatalf("sfdisk did not warn as expected:\n%s", out)
+	}
+	layout, err := parseSfdiskJSON([]byte(out))
+	if err != nil || len(layout.Partitions) != 2 {
+		t.Fatalf("layout %+v, %v", layout, err)
+	}
+}
+
+func sfdiskPath(t *testing.T) string {
+	t.Helper()
+	sf, err := exec.LookPath("sfdisk")
+	if err != nil {
+		t.Skip("sfdisk not installed (Debian: fdisk)")
+	}
+	return sf
+}

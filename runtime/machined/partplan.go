@@ -160,6 +160,11 @@ func parseSfdiskJSON(data []byte) (DiskLayout, error) {
 			Partitions []Partition `json:"partitions"`
 		} `json:"partitiontable"`
 	}
+	// sfdisk's warnings on stderr ("The backup GPT table is not on the end of the device", as on
+	// an image written to a bigger disk) come before the document in the combined output
+	if i := strings.IndexByte(string(data), '{'); i > 0 {
+		data = data[i:]
+	}
 	if err := json.Unmarshal(data, &doc); err != nil {
 		return DiskLayout{}, fmt.Errorf("sfdisk --json: %v", err)
 	}

@@ -10,6 +10,7 @@ to the console itself, since a Kiln machine has no shell to ask. Six boots in al
 
 from __future__ import annotations
 
+import hashlib
 import http.client
 import http.server
 import json
@@ -20,7 +21,7 @@ import ssl
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -379,8 +380,19 @@ def test_api_mutual_tls_and_poweroff(image_dir: Path, pki: Path, config_server: 
 # --- 6: a damaged rootfs gives init's message and a reboot ----------------------------------
 
 
-def damaged_initramfs(image: Path, work: Path) -> Path:
-    """A copy of the image's initramfs whose rootfs.sqsh has a damaged superblock."""
+def damage_superblock(data: bytearray) -> None:
+    data[0:96] = bytes(96)  # magic, inode count, block size, table offsets: all gone
+
+
+def damage_data(data: bytearray) -> None:
+    """Garbage in every 128 KiB of the data blocks; the tables after them (inodes, directories) stay intact."""
+    inode_table = int.from_bytes(data[64:72], "little")
+    for offset in range(96 + 65536, inode_table - 4096, 131072):
+        data[offset:offset + 4096] = hashlib.sha256(offset.to_bytes(8, "little")).digest() * 128
+
+
+def damaged_initramfs(image: Path, work: Path, damage: Callable[[bytearray], None]) -> Path:
+    """A copy of the image's initramfs whose rootfs.sqsh is damaged."""
     tree = work / "tree"
     tree.mkdir()
     unpacked = subprocess.run(f"zstd -dc {image / 'initramfs.zst'} | cpio -idm --quiet", shell=True, cwd=tree,
@@ -389,7 +401,7 @@ def damaged_initramfs(image: Path, work: Path) -> Path:
     rootfs = tree / "rootfs.sqsh"
     data = bytearray(rootfs.read_bytes())
     assert data[:4] == b"hsqs"
-    data[0:96] = bytes(96)  # magic, inode count, block size, table offsets: all gone
+    damage(data)
     rootfs.write_bytes(bytes(data))
     out = work / "damaged"
     out.mkdir()
@@ -398,13 +410,18 @@ def damaged_initramfs(image: Path, work: Path) -> Path:
     return out
 
 
-def test_damaged_rootfs_reports_and_reboots(image_dir: Path, tmp_path: Path) -> None:
-    """init says what failed in one 'kiln-init: fatal: ...' line and reboots (QEMU, with -no-reboot, exits)."""
-    damaged = damaged_initramfs(image_dir, tmp_path)
+@pytest.mark.parametrize("damage", [damage_superblock, damage_data], ids=["superblock", "data"])
+def test_damaged_rootfs_reports_and_reboots(image_dir: Path, tmp_path: Path,
+                                            damage: Callable[[bytearray], None]) -> None:
+    """init says what failed in one 'kiln-init: fatal: ...' line naming rootfs.sqsh and reboots (QEMU, with
+    -no-reboot, exits): a damaged superblock is caught before mounting, damaged data blocks when init reads
+    machined through before exec'ing it (instead of machined dying of SIGBUS, a kernel panic)."""
+    damaged = damaged_initramfs(image_dir, tmp_path, damage)
     log = tmp_path / "console.log"
     result = run_boot(machine(damaged), "kiln-init: fatal:", log, until_exit=True)
     assert result.line is not None
-    assert "rootfs.sqsh" in result.line, f"init's message does not name the rootfs: {result.line}"
+    assert "rootfs.sqsh is damaged" in result.line, f"init's message does not name the rootfs: {result.line}"
     assert "rebooting" in result.line
     lines = console(log)
-    assert not [x for x in lines if "machined" in x], "machined started from a damaged rootfs"
+    assert not [x for x in lines if "machined" in x and "kiln-init" not in x], "machined started from a damaged rootfs"
+    assert not [x for x in lines if "Kernel panic" in x]

@@ -32,7 +32,9 @@ def mksquashfs(tree: Path, out: Path, epoch: int, compression: str = "zstd") -> 
         "-comp", compression, "-all-root", "-no-xattrs",
         "-mkfs-time", str(epoch), "-all-time", str(epoch), "-processors", str(os.cpu_count() or 1),
     ]
-    result = subprocess.run(command, capture_output=True, text=True)
+    # mksquashfs refuses SOURCE_DATE_EPOCH together with -mkfs-time/-all-time: the options say it all.
+    env = {k: v for k, v in os.environ.items() if k != "SOURCE_DATE_EPOCH"}
+    result = subprocess.run(command, capture_output=True, text=True, env=env)
     if result.returncode != 0:
         raise BuildError(f"mksquashfs failed: {result.stderr.strip() or result.stdout.strip()}")
     return out

@@ -148,7 +148,7 @@ def disk_boots(probe_image: Path, tmp_path_factory: pytest.TempPathFactory) -> D
     """Two boots of the probe image on one qcow2 disk, blank at first; the disk is read between them.
 
     Each boot ends (QEMU is stopped) once the probe has been restarted, which is after it
-    wrote and fsynced its /var marker.
+    wrote and fsynced its /var marker, and (machined's 1 s restart backoff) after the ready line.
     """
     work = tmp_path_factory.mktemp("disk")
     disk = work / "disk.qcow2"
@@ -218,9 +218,9 @@ def test_extension_service_restarts_after_it_is_killed(disk_boots: DiskBoots) ->
     restarting = index_of(lines, r"machined: service e2e-probe: killed by killed; restarting in 1s")
     second = index_of(lines, r"e2e-probe: start 2$")
     assert first < killed < restarting < second
-    # machined's own lines are in order; the probe's may come before or after its "started" line
-    started = [i for i, x in enumerate(lines) if re.search(r"machined: service e2e-probe: started \(pid \d+\)", x)]
-    assert len(started) == 2 and started[0] < restarting < started[1], started
+    # the probe's own lines may come before or after machined's "started" line for that run (and the boot
+    # ends at the probe's "running", maybe before the second one), so only the first is placed
+    assert index_of(lines, r"machined: service e2e-probe: started \(pid \d+\)") < restarting
 
 
 # --- 4 + 5b: the mutual-TLS API, and poweroff through it ------------------------------------

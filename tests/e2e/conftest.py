@@ -33,3 +33,14 @@ def image_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("image")
     kiln("image", "--output", "kernel,initramfs", "--out", str(out), timeout=5400)
     return out
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Give end-to-end tests room for the cold image build (whichever test first needs it pays for it).
+
+    The default per-test timeout (pyproject.toml, 30 minutes) fits every boot, but not building
+    the kernel and Go from an empty store on 2 cores, which the first e2e test's fixture does.
+    """
+    for item in items:
+        if item.get_closest_marker("e2e") and not item.get_closest_marker("timeout"):
+            item.add_marker(pytest.mark.timeout(5400))

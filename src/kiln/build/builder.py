@@ -10,12 +10,12 @@ import contextlib
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
 from kiln.build.fetch import Fetcher, place_local, place_source
-from kiln.build.keys import stage0_key
+from kiln.build.keys import file_sha256, local_source_digest, stage0_key, tree_digest
 from kiln.build.runners.base import BuildRoot, Layer, RootPlan, Runner, base_env
 from kiln.build.store import Entry, Store
 from kiln.errors import BuildError, Location
@@ -58,6 +58,17 @@ class Builder:
     runner: Runner
     make_jobs: int
     source_date_epoch: int
+    # Local sources' contents as the keys saw them (taken when the run starts, with the keys).
+    local_digests: dict[tuple[str, int, int], dict[str, str]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for package in self.graph.tree.packages.values():
+            for s_index, step in enumerate(package.steps):
+                for index, source in enumerate(step.sources):
+                    if source.path is not None:
+                        where = ("steps", s_index, "sources", index, "path")
+                        self.local_digests[(package.name, s_index, index)] = local_source_digest(
+                            self.graph.tree, package, source.path, where)
 
     @property
     def seed_key(self) -> str:
@@ -115,10 +126,20 @@ class Builder:
         for s_index, step in enumerate(package.steps):
             for index, source in enumerate(step.sources):
                 if source.is_local:
-                    place_local(self.graph.tree.project_root, source, build_dir)
+                    placed = place_local(self.graph.tree.project_root, source, build_dir)
+                    self._check_unchanged(package, s_index, index, placed)
                 else:
                     where = Location(str(package.file), package.line(("steps", s_index, "sources", index)))
                     place_source(self.fetcher.fetch(source, where), build_dir, source.destination)
+
+    def _check_unchanged(self, package: Package, s_index: int, index: int, placed: Path) -> None:
+        """A local source edited after the run started would be stored under the old contents' key."""
+        expected = self.local_digests.get((package.name, s_index, index))
+        actual = tree_digest(placed) if placed.is_dir() else {placed.name: file_sha256(placed)}
+        if expected is not None and actual != expected:
+            path = package.steps[s_index].sources[index].path
+            raise BuildError(f"{package.name}: local source {path!r} changed since this build started "
+                             "(its cache key was computed from the earlier contents); run the build again")
 
     def build(self, name: str, on_phase: Callable[[str], None]) -> Entry:
         """Build `name` into the store; the caller holds the store lock for its key."""

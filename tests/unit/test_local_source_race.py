@@ -41,3 +41,18 @@ def test_local_source_edited_after_the_keys_is_refused(tmp_path: Path) -> None:
     (root / "src/greet/greet.c").write_text("/* edited while the build ran */\n")
     with pytest.raises(BuildError, match=r"greet-lib: local source 'src/greet' changed since this build started"):
         run.place_sources(run.graph.tree.packages["greet-lib"], tmp_path / "build")
+
+
+def test_single_file_source_placed_under_another_name_is_fine(tmp_path: Path) -> None:
+    root = tmp_path / "project"
+    shutil.copytree(FIXTURE, root)
+    (root / "conf").write_text("CONFIG_X=y\n")
+    pkg = root / "pkgs/greet-lib/pkg.yaml"
+    extra = "        destination: src\n      - path: conf\n        destination: .config\n"
+    pkg.write_text(pkg.read_text().replace("        destination: src\n", extra))
+    run = builder(root, tmp_path)
+    run.place_sources(run.graph.tree.packages["greet-lib"], tmp_path / "build")
+    assert (tmp_path / "build/.config").read_text() == "CONFIG_X=y\n"
+    (root / "conf").write_text("CONFIG_X=n\n")
+    with pytest.raises(BuildError, match="local source 'conf' changed"):
+        run.place_sources(run.graph.tree.packages["greet-lib"], tmp_path / "build2")

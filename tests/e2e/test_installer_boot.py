@@ -11,9 +11,7 @@ machined must move the backup GPT to the disk's end and put STATE and EPHEMERAL 
 
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -53,17 +51,9 @@ def installer(image_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iter
 
 def test_installed_disk_boots(installer: tuple[str, Path], tmp_path: Path) -> None:
     reference, raw = installer
-    if os.geteuid() != 0 or shutil.which("losetup") is None:
-        services.unavailable("loop devices", "run as root with util-linux's losetup")
     disk = tmp_path / "installed.raw"
-    with disk.open("wb") as out:
-        out.truncate(DISK_SIZE)
-    device = subprocess.run(["losetup", "--find", "--show", "--partscan", str(disk)], capture_output=True,
-                            text=True, check=True).stdout.strip()
-    try:
+    with services.loop_device(disk, DISK_SIZE) as device:
         result = run_installer(reference, device)
-    finally:
-        subprocess.run(["losetup", "--detach", device], check=False)
     assert result.returncode == 0, result.stdout + result.stderr
     assert table_dump(disk) == table_dump(raw)
 

@@ -13,6 +13,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -125,3 +126,18 @@ def registry() -> Iterator[tuple[str, Path]]:
     finally:
         _stop(process)
         subprocess.run(["rm", "-rf", str(base)], check=False)
+
+
+@contextmanager
+def loop_device(backing: Path, size: int) -> Iterator[str]:
+    """An empty `size`-byte file at `backing`, attached to a loop device (partition scanning on)."""
+    if os.geteuid() != 0 or shutil.which("losetup") is None:
+        unavailable("loop devices", "run as root with util-linux's losetup")
+    with backing.open("wb") as out:
+        out.truncate(size)
+    device = subprocess.run(["losetup", "--find", "--show", "--partscan", str(backing)], capture_output=True,
+                            text=True, check=True).stdout.strip()
+    try:
+        yield device
+    finally:
+        subprocess.run(["losetup", "--detach", device], check=False)

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from kiln.build.keys import file_sha256
 from kiln.errors import InputError
 from kiln.installer.assets import BootAssets, derived_uuid
 from kiln.installer.disk import (
@@ -61,12 +62,7 @@ def sh(*command: str) -> str:
     return result.stdout + result.stderr
 
 
-def sha(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as stream:
-        for block in iter(lambda: stream.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+sha = file_sha256
 
 
 def partitions(image: Path) -> dict[str, dict[str, object]]:

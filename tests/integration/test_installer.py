@@ -181,15 +181,9 @@ def loaded(built: tuple[Path, Path]) -> Iterator[str]:
 @pytest.fixture
 def loop(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     """An empty 96 MiB disk file attached to a loop device (with partition scanning)."""
-    if os.geteuid() != 0 or shutil.which("losetup") is None:
-        services.unavailable("loop devices", "run as root with util-linux's losetup")
     backing = tmp_path / "target.img"
-    with backing.open("wb") as out:
-        out.truncate(TARGET_SIZE)
-    device = subprocess.run(["losetup", "--find", "--show", "--partscan", str(backing)], capture_output=True,
-                            text=True, check=True).stdout.strip()
-    yield device, backing
-    subprocess.run(["losetup", "--detach", device], check=False)
+    with services.loop_device(backing, TARGET_SIZE) as device:
+        yield device, backing
 
 
 # `--privileged` asks for every capability; where the engine itself runs without one (this project's

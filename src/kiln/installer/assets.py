@@ -13,6 +13,8 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from kiln.build.keys import file_sha256
+
 # Namespace for Kiln's derived UUIDs (itself a uuid5 of the project's name in the URL namespace).
 KILN_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "https://kiln.invalid/uuid")
 
@@ -27,25 +29,24 @@ class BootAssets:
     version: str  # Kiln's version: volume labels and menu titles
     epoch: int  # SOURCE_DATE_EPOCH: every timestamp inside an output
     seed: str  # hex digest of everything above; UUIDs and serials derive from it
+    vmlinuz_sha256: str = ""
+    initramfs_sha256: str = ""
 
     @classmethod
-    def make(cls, vmlinuz: Path, initramfs: Path, cmdline: str, version: str, epoch: int) -> BootAssets:
-        """Assets whose seed hashes the kernel, the initramfs, the command line, version and epoch."""
+    def make(cls, vmlinuz: Path, initramfs: Path, cmdline: str, version: str, epoch: int,
+             digests: tuple[str, str] | None = None) -> BootAssets:
+        """Assets whose seed hashes the kernel, the initramfs, the command line, version and epoch.
+
+        `digests` (the files' sha256s) lets callers that make many assets of the same files hash them once.
+        """
+        vmlinuz_sha256, initramfs_sha256 = digests or (file_sha256(vmlinuz), file_sha256(initramfs))
         digest = hashlib.sha256()
-        for path in (vmlinuz, initramfs):
-            digest.update(file_sha256(path).encode())
+        for file_digest in (vmlinuz_sha256, initramfs_sha256):
+            digest.update(file_digest.encode())
         digest.update(f"\0{cmdline}\0{version}\0{epoch}".encode())
-        return cls(vmlinuz, initramfs, cmdline, version, epoch, digest.hexdigest())
+        return cls(vmlinuz, initramfs, cmdline, version, epoch, digest.hexdigest(), vmlinuz_sha256, initramfs_sha256)
 
 
 def derived_uuid(seed: str, purpose: str) -> uuid.UUID:
     """A UUID that is the same for the same inputs and differs per purpose (disk, ESP, BOOT...)."""
     return uuid.uuid5(KILN_NAMESPACE, f"{seed}:{purpose}")
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as stream:
-        for block in iter(lambda: stream.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()

@@ -22,12 +22,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kiln.build.keys import file_sha256
 from kiln.errors import BuildError, InputError, InputErrors, KilnError
-from kiln.installer.assets import BootAssets, file_sha256
+from kiln.installer.assets import BootAssets
 from kiln.installer.compress import compress
 from kiln.installer.manifest import SbomPackage, write_manifest, write_sbom
 from kiln.installer.profile import CONFIG_PATH, Profile
 from kiln.pkg.graph import Graph
+from kiln.pkg.schema import suggest
 
 Say = Callable[[str], None]
 MACHINED = "machined"
@@ -67,8 +69,6 @@ def check_packages(profiles: list[Profile], graph: Graph) -> None:
             fields.append((("output", "kind"), MACHINED))
         for path, name in fields:
             if name not in known:
-                from kiln.pkg.schema import suggest
-
                 errors.append(InputError(f"unknown package '{name}'{suggest(name, set(known))}",
                                          profile.location(*path)))
     if errors:
@@ -104,7 +104,7 @@ class AssetMaker:
         self.work = work
         self.say = say
         self._lock = threading.Lock()
-        self._made: dict[str, tuple[Path, Path]] = {}
+        self._made: dict[str, tuple[Path, Path, tuple[str, str]]] = {}
 
     def identity(self, profile: Profile) -> str:
         data = {
@@ -118,14 +118,16 @@ class AssetMaker:
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
     def assets(self, profile: Profile) -> BootAssets:
-        vmlinuz, initramfs = self._files(profile)
-        return BootAssets.make(vmlinuz, initramfs, profile.cmdline(), profile.version, self.built.epoch)
+        vmlinuz, initramfs, digests = self._files(profile)
+        return BootAssets.make(vmlinuz, initramfs, profile.cmdline(), profile.version, self.built.epoch, digests)
 
-    def _files(self, profile: Profile) -> tuple[Path, Path]:
+    def _files(self, profile: Profile) -> tuple[Path, Path, tuple[str, str]]:
+        """vmlinuz, initramfs and their sha256s: made and hashed once per input set."""
         identity = self.identity(profile)
         with self._lock:
             if identity not in self._made:
-                self._made[identity] = self._make(profile, self.work / identity[:16])
+                vmlinuz, initramfs = self._make(profile, self.work / identity[:16])
+                self._made[identity] = (vmlinuz, initramfs, (file_sha256(vmlinuz), file_sha256(initramfs)))
             return self._made[identity]
 
     def _make(self, profile: Profile, where: Path) -> tuple[Path, Path]:
@@ -204,8 +206,8 @@ def write_output(profile: Profile, assets: BootAssets, dest: Path, built: Built)
 def manifest_inputs(profile: Profile, assets: BootAssets, built: Built) -> dict[str, Any]:
     return {
         "packages": {name: built.keys[name] for name in profile.packages_to_build()},
-        "vmlinuz_sha256": file_sha256(assets.vmlinuz),
-        "initramfs_sha256": file_sha256(assets.initramfs),
+        "vmlinuz_sha256": assets.vmlinuz_sha256,
+        "initramfs_sha256": assets.initramfs_sha256,
         "cmdline": assets.cmdline,
         "profile_sha256": file_sha256(profile.file),
         "source_date_epoch": assets.epoch,

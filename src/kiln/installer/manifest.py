@@ -13,8 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kiln.build.keys import file_sha256
 from kiln.errors import BuildError
-from kiln.installer.assets import derived_uuid, file_sha256
+from kiln.installer.assets import derived_uuid
 from kiln.pkg.model import Package
 
 MANIFEST = "manifest.json"

@@ -1,9 +1,10 @@
 """The rootfs userland of Kiln's own pkgs/, built for real with the seed toolchain (toolchain-seed).
 
-One cold build of the small musl packages (about 4 minutes on 2 idle cores: util-linux is the
-longest at about 1.5 minutes) into a store that holds only the seed; then the exported binaries
-are checked to be static (no PT_INTERP, no PT_DYNAMIC) and run on the host. The Go toolchain and
-machined are left to `kiln build --all` (`make image`): building Go from source takes minutes more.
+One cold build of the small musl packages (about 5 minutes on 2 idle cores: util-linux and
+xfsprogs are the longest, at about 1.5 minutes each) into a store that holds only the seed; then
+the exported binaries are checked to be static (no PT_INTERP, no PT_DYNAMIC) and run on the host.
+The Go toolchain and machined are left to `kiln build --all` (`make image`): building Go from
+source takes minutes more.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from tests.integration.conftest import ROOT, seed_into
 
 pytestmark = pytest.mark.integration
 
-PACKAGES = ["fhs", "init", "ca-certificates", "dosfstools", "kmod", "e2fsprogs", "util-linux"]
+PACKAGES = ["fhs", "init", "ca-certificates", "dosfstools", "kmod", "e2fsprogs", "util-linux", "xfsprogs"]
 
 BINARIES = {
     "init": ["init"],
@@ -31,6 +32,7 @@ BINARIES = {
     "kmod": ["usr/bin/kmod"],
     "e2fsprogs": ["usr/sbin/mke2fs", "usr/sbin/e2fsck", "usr/sbin/tune2fs", "usr/sbin/resize2fs"],
     "util-linux": ["usr/sbin/sfdisk", "usr/sbin/blkid"],
+    "xfsprogs": ["usr/sbin/mkfs.xfs", "usr/sbin/xfs_repair", "usr/sbin/xfs_growfs", "usr/sbin/xfs_db"],
 }
 
 PT_DYNAMIC, PT_INTERP = 2, 3
@@ -109,6 +111,15 @@ def test_binaries_run_on_the_host(built: Path, tmp_path: Path) -> None:
     probe = run(built / "util-linux/usr/sbin/blkid", "-p", ext4)
     assert 'LABEL="KILNSTATE"' in probe and 'TYPE="ext4"' in probe
     assert 'TYPE="vfat"' in run(built / "util-linux/usr/sbin/blkid", "-p", fat)
+
+    # xfsprogs (built on liburcu and libinih from the same package, libuuid from util-linux)
+    xfs = tmp_path / "xfs.img"
+    subprocess.run(["truncate", "-s", "300M", str(xfs)], check=True)  # mkfs.xfs's minimum
+    run(built / "xfsprogs/usr/sbin/mkfs.xfs", "-q", "-L", "KILNXFS", xfs)
+    run(built / "xfsprogs/usr/sbin/xfs_repair", "-n", "-f", xfs)
+    assert 'label = "KILNXFS"' in run(built / "xfsprogs/usr/sbin/xfs_db", "-r", "-c", "label", xfs)
+    probe = run(built / "util-linux/usr/sbin/blkid", "-p", xfs)
+    assert 'LABEL="KILNXFS"' in probe and 'TYPE="xfs"' in probe
 
 
 def test_fhs_and_ca_certificates(built: Path) -> None:

@@ -17,7 +17,7 @@ PKGS = ROOT / "pkgs"
 PLATFORMS = ["linux/amd64", "linux/arm64"]
 
 # The rootfs userland and runtime packages (issue 4, items 5 and 6): they must stay in the tree.
-USERLAND = {"fhs", "ca-certificates", "util-linux", "e2fsprogs", "dosfstools", "kmod"}
+USERLAND = {"fhs", "ca-certificates", "util-linux", "e2fsprogs", "dosfstools", "kmod", "xfsprogs"}
 RUNTIME = {"init", "machined", "go"}
 
 DEBIAN_HINT = re.compile(r"^[a-z0-9][a-z0-9.+-]+=[0-9][A-Za-z0-9.+~:-]*$")

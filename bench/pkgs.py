@@ -47,6 +47,8 @@ def kiln(args: list[str], cache: Path, check: bool = True) -> subprocess.Complet
 
 def seeded_cache(base: Path) -> Path:
     """A fresh store holding only the seed (hard links from $KILN_TEST_SEED, made there once)."""
+    if (base / "cache").exists():
+        raise SystemExit(f"{base / 'cache'} exists: the store must start empty for cold figures")
     seed = Path(os.environ.get("KILN_TEST_SEED", Path.home() / ".cache/kiln-test-seed"))
     kiln(["bootstrap"], seed)
     key = stage0_key(load_tree(PKGS, Platform.parse("linux/amd64")))
@@ -85,12 +87,13 @@ def measure_output(tree: Path) -> dict[str, Any]:
     return {"output_bytes": total, "files": files, "binaries": binaries}
 
 
-def run(targets: list[str]) -> dict[str, Any]:
+def run(targets: list[str], keep: Path | None) -> dict[str, Any]:
+    """Build `targets` cold; `keep` names a directory whose store is kept for reuse afterwards."""
     tree = load_tree(PKGS, Platform.parse("linux/amd64"))
     graph = Graph(tree)
     closure = graph.closure(targets)
     with tempfile.TemporaryDirectory(prefix="kiln-bench-pkgs-") as tmp:
-        cache = seeded_cache(Path(tmp))
+        cache = seeded_cache(keep or Path(tmp))
         kiln(["fetch", *closure], cache)
         load_before = os.getloadavg()[0]
         start = time.perf_counter()
@@ -110,7 +113,8 @@ def run(targets: list[str]) -> dict[str, Any]:
                 "seconds": round(outcome["seconds"], 1),
                 **measure_output(store_tree),
             }
-        shutil.rmtree(cache, ignore_errors=True)
+        if keep is None:
+            shutil.rmtree(cache, ignore_errors=True)
     return {"wall_seconds": round(wall, 1), "load_average": load, "packages": packages}
 
 
@@ -142,12 +146,14 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("packages", nargs="*", help=f"packages to build (default: {' '.join(DEFAULT)})")
     parser.add_argument("--table", action="store_true", help="print the README table from the results file")
+    parser.add_argument("--keep", type=Path, metavar="DIR",
+                        help="build in DIR/cache and keep it (e.g. to reuse a cold-built toolchain)")
     args = parser.parse_args()
     previous: dict[str, Any] = json.loads(RESULTS.read_text()) if RESULTS.exists() else {"packages": {}}
     if args.table:
         print(table(previous))
         return 0
-    measured = run(args.packages or DEFAULT)
+    measured = run(args.packages or DEFAULT, args.keep)
     merged = {
         "machine": f"{platform.machine()}, {os.cpu_count()} cores",
         "toolchain": load_tree(PKGS, Platform.parse("linux/amd64")).toolchain,

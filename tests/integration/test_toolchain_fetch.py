@@ -2,7 +2,8 @@
 
 This is what CI checks of the full toolchain: its sources (binutils, gcc-12, gmp, mpfr, mpc, musl
 and Debian's Linux tarball, about 250 MB) still come out of Debian's archive with their pinned
-sha256s. Building it (an hour on 2 cores) is left to releases: see .ci/run.
+sha256s. Building it (14 minutes cold on 2 idle cores) is left to releases and
+bench/pkgs.py: see .ci/run.
 """
 
 from __future__ import annotations

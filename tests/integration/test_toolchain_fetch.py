@@ -1,9 +1,8 @@
 """`kiln fetch toolchain` gets every source of the full toolchain through the Debian-source mirror.
 
-This is what CI checks of the full toolchain: its sources (binutils, gcc-12, gmp, mpfr, mpc, musl
-and Debian's Linux tarball, about 250 MB) still come out of Debian's archive with their pinned
-sha256s. Building it (14 minutes cold on 2 idle cores) is left to releases and
-bench/pkgs.py: see .ci/run.
+Its sources (binutils, gcc-12, gmp, mpfr, mpc, musl and Debian's Linux tarball, about 250 MB)
+must still come out of Debian's archive alone, with upstream URLs refused, under their pinned
+sha256s. Building it is tests/integration/test_toolchain_build.py.
 """
 
 from __future__ import annotations

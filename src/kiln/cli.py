@@ -152,7 +152,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     builder = session.builder
     seed_tree = None
     if args.stage0 == "tar":
-        session.bootstrap(lambda text: print(text, file=sys.stderr, flush=True))
+        session.bootstrap(console.say_line)
         seed_tree = session.store.tree(builder.seed_key)
     exporter = Exporter(graph, session.keys, builder.seed_key, builder.place_sources, builder.source_date_epoch,
                         builder.make_jobs, network_flags=not args.no_network_flags, stage0=args.stage0,

@@ -27,5 +27,13 @@ def print_table(title: str, columns: list[str], rows: list[list[str]]) -> None:
         print("\t".join(row))
 
 
+def say_line(text: str) -> None:
+    """A progress line on stderr, written in one call so work done in parallel threads (profiles in
+    `kiln image`) never shares a line: print() writes the text and its newline separately, and another
+    thread's line can land between."""
+    sys.stderr.write(f"{text}\n")
+    sys.stderr.flush()
+
+
 def error(message: str) -> None:
     print(message, file=sys.stderr)

@@ -26,6 +26,7 @@ from kiln.build.runners.buildkit import BuildKitRunner
 from kiln.build.runners.sandbox import SandboxRunner
 from kiln.build.scheduler import FAILED, Outcome, Progress, Scheduler
 from kiln.build.store import Store
+from kiln.console import say_line
 from kiln.errors import BuildError, InputError
 from kiln.paths import cache_dir
 from kiln.pkg.graph import Graph
@@ -105,7 +106,7 @@ class Session:
             self.pull_needed(targets, cache_from)
         runner = self.builder.runner
         if self.needs_seed(names) or runner.name == "buildkit":
-            self.bootstrap(lambda text: print(text, file=sys.stderr, flush=True))
+            self.bootstrap(say_line)
         if isinstance(runner, BuildKitRunner):
             outcomes = runner.build_graph(self.builder, targets, no_cache, progress)
         else:

@@ -4,20 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from kiln.console import say_line
 from kiln.errors import InputError
 from kiln.pkg.graph import Graph
 from kiln.rootfs import command as rootfs_command
-
-
-def say_line(text: str) -> None:
-    """A progress line on stderr, written in one call so profiles made in parallel never share a line
-    (print() writes the text and its newline separately, and another thread's line can land between)."""
-    sys.stderr.write(f"{text}\n")
-    sys.stderr.flush()
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+from kiln.console import say_line
 from kiln.errors import BuildError, InputError
 from kiln.pkg.graph import Graph
 
@@ -53,7 +54,7 @@ def run(graph: Graph, args: argparse.Namespace) -> int:
     trees = {name: session.store.tree(session.keys[name]) for name in targets}
     out = Path(args.out or "_out/image")
     report = assemble(Inputs(trees, rootfs, manifests), out, session.source_date_epoch,
-                      lambda text: print(text, file=sys.stderr, flush=True))
+                      say_line)
     if "kernel" not in outputs:
         (out / "vmlinuz").unlink()
     if "initramfs" not in outputs:

@@ -10,7 +10,9 @@ output intact.
 
 from __future__ import annotations
 
+import errno
 import hashlib
+import importlib
 import json
 import shutil
 import tempfile
@@ -26,7 +28,7 @@ from kiln.build.keys import file_sha256
 from kiln.errors import BuildError, InputError, InputErrors, KilnError
 from kiln.installer.assets import BootAssets
 from kiln.installer.compress import compress
-from kiln.installer.manifest import SbomPackage, write_manifest, write_sbom
+from kiln.installer.manifest import SbomPackage, load_spdx, write_manifest, write_sbom
 from kiln.installer.profile import CONFIG_PATH, Profile
 from kiln.pkg.graph import Graph
 from kiln.pkg.schema import suggest
@@ -225,6 +227,27 @@ def sbom_packages(profile: Profile, built: Built) -> list[SbomPackage]:
     return [SbomPackage(packages[name], built.keys[name], role) for name, role in dict(roles).items()]
 
 
+def replace_dir(new: Path, final: Path, aside: Path, tries: int = 100) -> None:
+    """Rename `new` to `final`, moving an existing `final` to `aside` (a path of ours) first.
+
+    Other `kiln image` runs may write the same out/<profile> at the same time: every move is a
+    rename, so a reader sees one complete output or another, and the last run's stays.
+    """
+    for _ in range(tries):
+        try:
+            new.rename(final)
+            return
+        except OSError as exc:
+            if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                raise
+        try:
+            final.rename(aside)
+        except FileNotFoundError:
+            continue  # another run moved it first
+        shutil.rmtree(aside)
+    raise BuildError(f"could not replace {final}: other runs keep writing it")
+
+
 def make_profile(profile: Profile, maker: AssetMaker, out: Path, say: Say) -> Result:
     """All of one profile's output, renamed into out/<name>/ once complete."""
     began = time.monotonic()
@@ -239,18 +262,35 @@ def make_profile(profile: Profile, maker: AssetMaker, out: Path, say: Say) -> Re
         identity = {"name": profile.name, "arch": profile.arch, "platform": profile.platform,
                     "version": profile.version, "kind": profile.kind}
         manifest = write_manifest(dest, identity, manifest_inputs(profile, assets, maker.built))
-        if final.exists():
-            shutil.rmtree(final)
-        dest.rename(final)
+        replace_dir(dest, final, Path(tmp) / "replaced")
     artifacts = json.loads((final / manifest.name).read_text())["artifacts"]
     seconds = time.monotonic() - began
     say(f"{profile.name}: done in {seconds:.1f} s")
     return Result(profile, final, artifacts, seconds)
 
 
+# The modules write_output and AssetMaker import for each output kind. They are imported in the
+# main thread before the pool starts: concurrent first imports from worker threads can race.
+_KIND_MODULES = {
+    "iso": ("kiln.installer.iso",),
+    "pxe": ("kiln.installer.pxe",),
+    "image": ("kiln.installer.disk", "kiln.installer.formats"),
+    "installer": ("kiln.installer.disk", "kiln.installer.oci"),
+}
+_ASSET_MODULES = ("kiln.rootfs.extension", "kiln.rootfs.assemble")
+
+
+def load_worker_modules(profiles: list[Profile]) -> None:
+    """Import, in this thread, everything the image workers will import for these profiles."""
+    for name in (*_ASSET_MODULES, *(m for p in profiles for m in _KIND_MODULES.get(p.kind, ()))):
+        importlib.import_module(name)
+    load_spdx()
+
+
 def make_images(profiles: list[Profile], built: Built, out: Path, jobs: int, say: Say) -> list[Result]:
     """Write every profile's outputs under out/, `jobs` profiles at a time."""
     out.mkdir(parents=True, exist_ok=True)
+    load_worker_modules(profiles)
     with tempfile.TemporaryDirectory(prefix=".kiln-assets-", dir=out) as work:
         maker = AssetMaker(built, Path(work), say)
         with ThreadPoolExecutor(max_workers=max(jobs, 1)) as pool:

@@ -8,6 +8,7 @@ a consumer later. Both files are derived from inputs only (created at SOURCE_DAT
 from __future__ import annotations
 
 import datetime
+import importlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,21 @@ from kiln.pkg.model import Package
 
 MANIFEST = "manifest.json"
 SBOM = "sbom.spdx.json"
+
+# What write_sbom imports. spdx-tools costs about 0.5 s to import, so only image making pays for
+# it; and concurrent first imports of one package from worker threads race inside importlib
+# (KeyError: 'spdx_tools.spdx.model', seen about one run in six), so load_spdx() runs first.
+_SPDX_MODULES = (
+    "spdx_tools.spdx.model.actor", "spdx_tools.spdx.model.checksum", "spdx_tools.spdx.model.document",
+    "spdx_tools.spdx.model.package", "spdx_tools.spdx.model.relationship", "spdx_tools.spdx.model.spdx_no_assertion",
+    "spdx_tools.spdx.validation.document_validator", "spdx_tools.spdx.writer.json.json_writer",
+)
+
+
+def load_spdx() -> None:
+    """Import spdx-tools in the calling thread, before worker threads call write_sbom."""
+    for name in _SPDX_MODULES:
+        importlib.import_module(name)
 
 
 @dataclass(frozen=True)
@@ -52,7 +68,10 @@ def write_manifest(directory: Path, profile: dict[str, Any], inputs: dict[str, A
 
 def write_sbom(directory: Path, name: str, version: str, seed: str, epoch: int,
                packages: list[SbomPackage]) -> Path:
-    """An SPDX 2.3 JSON document describing the image and the packages it contains."""
+    """An SPDX 2.3 JSON document describing the image and the packages it contains.
+
+    From worker threads, call load_spdx() in the main thread first (see _SPDX_MODULES).
+    """
     from spdx_tools.spdx.model.actor import Actor, ActorType
     from spdx_tools.spdx.model.checksum import Checksum, ChecksumAlgorithm
     from spdx_tools.spdx.model.document import CreationInfo, Document

@@ -117,7 +117,7 @@ def test_download_is_verified_and_kept_by_hash(server: Server, cache: Path) -> N
     assert path == cache / "sources" / sha(data)
     assert path.read_bytes() == data
     assert calls[0] == ("pkg-1.0.txt", 0, len(data)) and calls[-1] == ("pkg-1.0.txt", len(data), len(data))
-    assert leftovers(cache) == [sha(data), sha(data) + ".checked"]  # no temporary files left
+    assert leftovers(cache) == [sha(data), sha(data) + ".checked", sha(data) + ".verified"]  # no temporary files
     # Cached: a second fetch returns at once, even though the server no longer has it.
     del server.files["/pkg-1.0.txt"]
     hits = len(server.hits)
@@ -195,7 +195,7 @@ def test_local_dir_mirror_by_name_and_by_hash(cache: Path, tmp_path: Path) -> No
     assert f.fetch(remote(UNREACHABLE + "/a-1.0.tar.gz", by_name)).read_bytes() == by_name
     assert f.fetch(remote(UNREACHABLE + "/b-1.0.tar.gz", by_hash)).read_bytes() == by_hash
     kept = [sha(by_name), sha(by_hash)]
-    assert leftovers(cache) == sorted(kept + [k + ".checked" for k in kept])
+    assert leftovers(cache) == sorted(kept + [k + suffix for k in kept for suffix in (".checked", ".verified")])
 
 
 def test_http_mirror_is_tried_before_upstream(server: Server, cache: Path) -> None:

@@ -6,6 +6,7 @@ import argparse
 import json
 
 from kiln import console
+from kiln.build.fetch import remove_stale_partials, verify_sources
 from kiln.build.store import Entry, Store, parse_size
 from kiln.errors import InputError
 from kiln.paths import cache_dir
@@ -54,11 +55,21 @@ def run(args: argparse.Namespace) -> int:
                 console.error(f"{entry.name} {entry.key[:16]}: {problem}")
             bad += bool(problems)
         print(f"verified {len(entries)} entries: {bad} damaged")
+        if not args.keys:  # the whole cache: downloaded sources too, fully re-hashed
+            checked, damaged = verify_sources(cache_dir())
+            for problem in damaged:
+                console.error(problem)
+            if checked:
+                print(f"verified {checked} sources: {len(damaged)} damaged")
+            bad += len(damaged)
         return 1 if bad else 0
     if args.cache_verb == "gc":
         limit = parse_size(args.max_size) if args.max_size else None
         removed = store.gc(limit)
         print(f"removed {len(removed)} entries")
+        partials = remove_stale_partials(cache_dir())
+        if partials:
+            print(f"removed {len(partials)} stale partial downloads")
         return 0
     if args.cache_verb == "rm":
         for entry in resolve(store, args.keys):

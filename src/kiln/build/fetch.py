@@ -6,29 +6,53 @@ bytes come from: a local directory, an HTTP mirror, Debian's source archive (thr
 download goes to a temporary file next to the cache entry and is renamed into place
 only once its hash matches, so a bad or partial file is never kept.
 
-Tar archives are also inspected once for members that would land outside the
-extraction root (absolute paths, `..`, links out, device nodes): builds unpack them
-with ordinary `tar`, which follows what the archive says.
+Archives (tar in every compression builds use, and zip) are also inspected once for
+members that would land outside the extraction root (absolute paths, `..`, links
+out, device nodes): builds unpack them with ordinary `tar`, which follows what the
+archive says.
+
+A cached file is never trusted for being there: before each use its stat (size,
+mtime_ns, ctime_ns, inode, device) must match the stamp written when it was last
+hashed (`<sha256>.verified`), or it is hashed again, and a file whose bytes no longer
+match is removed and fetched again. ctime cannot be set back from user space, so
+replacing or editing the bytes changes the stat. `kiln cache verify` re-hashes every
+cached source regardless of stamps (verify_sources).
+
+Layout of `$KILN_CACHE/sources/`:
+    <sha256>            the verified file (mode 0444)
+    <sha256>.checked    the archive check's verdict for those bytes
+    <sha256>.verified   the stat stamp of the last full hash
+    .part-*             downloads and markers being written; a download holds an
+                        flock on its file while it is written, so remove_stale_partials
+                        only removes files no live process holds (and, for markers,
+                        only old ones)
 """
 
 from __future__ import annotations
 
+import bz2
+import fcntl
+import gzip
 import hashlib
 import lzma
 import os
 import pwd
 import re
 import shutil
+import stat
 import subprocess
 import tarfile
 import tempfile
 import threading
+import time
+import zipfile
 import zlib
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, Protocol
 from urllib.parse import unquote, urlsplit
 
 import yaml
@@ -47,6 +71,9 @@ CONFIG_FILE = "kiln.yaml"
 MIRRORS_ENV = "KILN_MIRRORS"
 CHUNK = 1 << 20
 CHECKED_SUFFIX = ".checked"
+STAMP_SUFFIX = ".verified"
+PART_PREFIX = ".part-"
+STALE_PARTIAL_SECONDS = 600.0
 RETRY_STATUSES = (429, 500, 502, 503, 504)
 DEB_SRC_KEYRING = "/usr/share/keyrings/debian-archive-keyring.gpg"
 
@@ -174,7 +201,8 @@ class _Sink:
     """A temporary file in the cache directory that hashes what is written to it."""
 
     def __init__(self, directory: Path, label: str, progress: Progress | None) -> None:
-        fd, name = tempfile.mkstemp(dir=directory, prefix=".part-")
+        fd, name = tempfile.mkstemp(dir=directory, prefix=PART_PREFIX)
+        fcntl.flock(fd, fcntl.LOCK_EX)  # held until closed: remove_stale_partials leaves it alone
         self.path = Path(name)
         self._file = os.fdopen(fd, "wb")
         self._hash = hashlib.sha256()
@@ -254,7 +282,7 @@ class Fetcher:
         if not _SHA256.fullmatch(sha):
             raise FetchError(f"malformed sha256 {sha!r} for {source.url}: expected 64 lowercase hex digits", where)
         target = self.path_for(sha)
-        if not target.is_file():
+        if not _still_verified(target, sha):
             self.sources_dir.mkdir(parents=True, exist_ok=True)
             self._download(source, source.url, sha, target, where)
         self._check_once(target, source.url, where)
@@ -273,8 +301,9 @@ class Fetcher:
                     mismatch = True
                     notes.append(f"{origin}: got sha256 {actual}, expected {sha}; the file was not kept")
                     continue
-                sink.path.chmod(0o444)  # builds get hardlinks to it: make in-place edits fail loudly
+                sink.path.chmod(0o444)  # make in-place edits fail loudly (for anyone but root)
                 os.replace(sink.path, target)
+                _write_stamp(target, sha)
                 return
             except _Miss as miss:
                 notes.append(f"{origin}: {miss}")
@@ -420,22 +449,140 @@ class Fetcher:
             verdict = marker.read_text()
         except FileNotFoundError:
             verdict = self._judge(path, unquote(_url_name(url)) or path.name)
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".part-")
-            with os.fdopen(fd, "w") as handle:
-                handle.write(verdict)
-            os.replace(tmp, marker)
+            _write_atomic(marker, verdict)
         if verdict.startswith("refused\n"):
             raise FetchError(f"{url}: {verdict.removeprefix('refused').strip()}", where)
 
     @staticmethod
     def _judge(path: Path, name: str) -> str:
-        if not tarfile.is_tarfile(path):
-            return "not a tar archive\n"
         try:
-            check_archive(path, name)
+            checked = check_archive(path, name)
         except FetchError as exc:
             return f"refused\n{exc.message}\n"
-        return "ok\n"
+        return "ok\n" if checked else "not an archive\n"
+
+
+def _stamp(sha: str, info: os.stat_result) -> str:
+    return f"{sha} {info.st_size} {info.st_mtime_ns} {info.st_ctime_ns} {info.st_ino} {info.st_dev}\n"
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    """Write a small marker next to its file by rename, so a reader sees all of it or none."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=PART_PREFIX)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(text)
+    os.replace(tmp, path)
+
+
+def _write_stamp(path: Path, sha: str) -> None:
+    """Record the stat of a file just hashed to `sha`; only a matching stat lets a later use skip the hash."""
+    _write_atomic(path.with_name(path.name + STAMP_SUFFIX), _stamp(sha, os.lstat(path)))
+
+
+def _still_verified(path: Path, sha: str) -> bool:
+    """True if the cached `path` still holds `sha`'s bytes; a damaged file is removed (and False returned).
+
+    Cheap when the stamp matches the file's stat; otherwise a full hash decides.
+    """
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    if stat.S_ISREG(info.st_mode):
+        try:
+            if path.with_name(path.name + STAMP_SUFFIX).read_text() == _stamp(sha, info):
+                return True
+        except OSError:
+            pass
+        if _file_sha256(path) == sha:
+            _write_stamp(path, sha)
+            return True
+    _forget(path)
+    return False
+
+
+def _forget(path: Path) -> None:
+    """Remove a cached source and what was recorded about it."""
+    for stale in (path, path.with_name(path.name + CHECKED_SUFFIX), path.with_name(path.name + STAMP_SUFFIX)):
+        if stale.is_dir() and not stale.is_symlink():
+            shutil.rmtree(stale)
+        else:
+            stale.unlink(missing_ok=True)
+
+
+def verify_sources(cache: Path) -> tuple[int, list[str]]:
+    """Re-hash every cached source (stamps ignored): (files checked, problems).
+
+    A file whose bytes do not match its name is removed, so no build uses it; the
+    next build fetches it again.
+    """
+    directory = cache / "sources"
+    if not directory.is_dir():
+        return 0, []
+    problems: list[str] = []
+    checked = 0
+    for path in sorted(directory.iterdir()):
+        if not _SHA256.fullmatch(path.name):
+            continue
+        checked += 1
+        info = os.lstat(path)
+        actual = _file_sha256(path) if stat.S_ISREG(info.st_mode) else None
+        if actual == path.name:
+            _write_stamp(path, actual)
+            continue
+        found = f"has sha256 {actual}" if actual else "is not a regular file"
+        problems.append(f"source {path.name} {found}: removed, it will be fetched again")
+        _forget(path)
+    return checked, problems
+
+
+def stale_partials(cache: Path, older_than: float = STALE_PARTIAL_SECONDS) -> list[Path]:
+    """Partial downloads and markers under sources/ that no live process holds and that are old enough.
+
+    A download flocks its `.part-*` file until it is renamed or removed, so a file we
+    can lock belongs to a process that died. The age guard covers the instant between
+    mkstemp and flock, and markers written without a lock.
+    """
+    directory = cache / "sources"
+    if not directory.is_dir():
+        return []
+    cutoff = time.time() - older_than
+    found: list[Path] = []
+    for path in sorted(directory.glob(PART_PREFIX + "*")):
+        with _unless_held(path) as free:
+            if free and os.lstat(path).st_mtime < cutoff:
+                found.append(path)
+    return found
+
+
+def remove_stale_partials(cache: Path, older_than: float = STALE_PARTIAL_SECONDS) -> list[Path]:
+    """Remove what stale_partials finds, each under its lock so a download cannot take it meanwhile."""
+    removed: list[Path] = []
+    for path in stale_partials(cache, older_than):
+        with _unless_held(path) as free:
+            if free:
+                path.unlink(missing_ok=True)
+                removed.append(path)
+    return removed
+
+
+@contextmanager
+def _unless_held(path: Path) -> Iterator[bool]:
+    """Hold `path`'s flock for the block if nobody else does: yields False if it is held or gone."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        yield False
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)
 
 
 def fetch_all(fetcher: Fetcher, sources: list[tuple[Source, Location]], workers: int = 4) -> list[Path]:
@@ -498,46 +645,322 @@ class _Links:
         return current
 
 
-def check_archive(path: Path, name: str | None = None) -> None:
-    """Refuse a tar archive with a member that would be written or point outside the extraction root.
+MemberKind = Literal["file", "dir", "symlink", "hardlink", "device", "other"]
 
-    Checks: absolute member names, `..` components, symlinks and hardlinks whose
-    target resolves (through the archive's own symlinks) outside the root, and
-    device nodes. Raises FetchError naming the first offending member (and the
-    archive as `name`, when the file on disk is only a hash).
+
+@dataclass(frozen=True)
+class _Member:
+    """One archive member as the checks see it, whatever the archive format."""
+
+    name: str
+    kind: MemberKind
+    link: str = ""
+
+
+# Magic numbers of what `tar -xf` (or unzip) would unpack; compressions Python lacks go through their tool.
+_MAGIC: tuple[tuple[bytes, str], ...] = (
+    (b"\x1f\x8b", "gzip"),
+    (b"BZh", "bzip2"),
+    (b"\xfd7zXZ\x00", "xz"),
+    (b"\x28\xb5\x2f\xfd", "zstd"),
+    (b"LZIP", "lzip"),
+    (b"PK\x03\x04", "zip"),
+    (b"PK\x05\x06", "zip"),
+    (b"\x1f\x9d", "compress"),
+    (b"\x04\x22\x4d\x18", "lz4"),
+)
+# --strip-components levels checked when the caller does not know the one used (see check_archive).
+STRIP_LEVELS = (0, 1)
+_TOOLS = {"zstd": "zstd", "lzip": "lzip"}
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_TAIL_KEEP = 1 << 20
+
+
+class _Readable(Protocol):
+    def read(self, size: int = -1, /) -> bytes: ...
+
+
+class _Tail:
+    """A forward-only reader that remembers the last bytes it handed out.
+
+    tarfile stops silently at an unreadable header once past the first member; GNU tar
+    skips it and extracts what follows. Keeping the tail lets the check look at the
+    block where tarfile stopped and refuse unless it is a clean end of archive.
+    """
+
+    def __init__(self, raw: _Readable) -> None:
+        self._raw = raw
+        self.done = 0
+        self._tail = bytearray()
+
+    def read(self, size: int = -1) -> bytes:
+        data = self._raw.read(size)
+        self.done += len(data)
+        self._tail += data
+        if len(self._tail) > 2 * _TAIL_KEEP:
+            del self._tail[:-_TAIL_KEEP]
+        return data
+
+    def since(self, offset: int) -> bytes:
+        """What was handed out from `offset` on (offset must lie in the kept tail)."""
+        start = offset - (self.done - len(self._tail))
+        if start < 0:
+            raise ValueError(f"offset {offset} is no longer kept")
+        return bytes(self._tail[start:])
+
+    def drain_is_zero(self) -> bool:
+        """Read to the end; True if everything left is zero bytes (tar's padding)."""
+        while chunk := self._raw.read(CHUNK):
+            self.done += len(chunk)
+            if chunk.count(0) != len(chunk):
+                return False
+        return True
+
+
+def _sniff(path: Path) -> str | None:
+    """The container or compression format by magic number, or None (plain tar or no archive)."""
+    with path.open("rb") as handle:
+        head = handle.read(8)
+    return next((kind for magic, kind in _MAGIC if head.startswith(magic)), None)
+
+
+@contextmanager
+def _decompressed(path: Path, kind: str | None, shown: str) -> Iterator[_Readable]:
+    """The bytes of `path` after its compression; zstd and lzip through their tools (argv, no shell)."""
+    if kind is None:
+        with path.open("rb") as handle:
+            yield handle
+        return
+    if kind == "gzip":
+        with gzip.open(path, "rb") as gz:
+            yield gz
+        return
+    if kind == "bzip2":
+        with bz2.open(path, "rb") as bz:
+            yield bz
+        return
+    if kind == "xz":
+        with lzma.open(path, "rb") as xz:
+            yield xz
+        return
+    tool = shutil.which(_TOOLS.get(kind, kind))
+    if kind not in _TOOLS:
+        raise FetchError(f"cannot check archive {shown}: {kind}-compressed data cannot be inspected, so it is refused")
+    if tool is None:
+        raise FetchError(
+            f"cannot check archive {shown}: it is {kind}-compressed and {_TOOLS[kind]} is not installed "
+            f"(apt-get install {_TOOLS[kind]}); an archive that cannot be checked is refused"
+        )
+    with tempfile.TemporaryFile() as errors:
+        proc = subprocess.Popen([tool, "-dc", "--", str(path)], stdout=subprocess.PIPE, stderr=errors,
+                                stdin=subprocess.DEVNULL)
+        assert proc.stdout is not None
+        try:
+            yield proc.stdout
+            while proc.stdout.read(CHUNK):
+                pass
+            if proc.wait() != 0:
+                errors.seek(0)
+                said = errors.read().decode(errors="replace").strip()
+                raise FetchError(f"cannot read archive {shown}: {_TOOLS[kind]} -dc failed: {said}")
+        finally:
+            proc.stdout.close()
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+
+
+def _looks_like_tar(block: bytes) -> bool:
+    """A first block GNU tar would take for a tar header: ustar magic or a matching checksum."""
+    if len(block) < tarfile.BLOCKSIZE:
+        return False
+    if block[257:262] == b"ustar":
+        return True
+    field = block[148:156].replace(b"\0", b" ").strip()
+    if not field or not all(48 <= c <= 55 for c in field):
+        return False
+    return int(field, 8) in tarfile.calc_chksums(block)  # type: ignore[attr-defined]
+
+
+def _tar_kind(member: tarfile.TarInfo) -> MemberKind:
+    if member.issym():
+        return "symlink"
+    if member.islnk():
+        return "hardlink"
+    if member.ischr() or member.isblk():
+        return "device"
+    if member.isdir():
+        return "dir"
+    return "file" if member.isreg() else "other"
+
+
+_READ_ERRORS = (tarfile.TarError, EOFError, OSError, zlib.error, lzma.LZMAError, ValueError)
+
+
+def _open_tar(reader: _Tail, shown: str) -> tarfile.TarFile | None:
+    """tarfile in stream mode over `reader`; None if the data is no tar (GNU tar would not take it either)."""
+    try:
+        return tarfile.open(fileobj=reader, mode="r|")  # type: ignore[call-overload,no-any-return]
+    except tarfile.TarError as exc:
+        if _looks_like_tar(reader.since(0)[: tarfile.BLOCKSIZE]):
+            raise FetchError(f"cannot read archive {shown}: {exc}") from None
+        return None
+    except _READ_ERRORS as exc:  # the compression is damaged: whatever it holds cannot be checked
+        raise FetchError(f"cannot read archive {shown}: {exc}") from None
+
+
+def _tar_members(path: Path, kind: str | None, shown: str) -> list[_Member] | None:
+    """Every member of a (compressed) tar, read to a clean end; None if the data is no tar at all."""
+    with _decompressed(path, kind, shown) as raw:
+        reader = _Tail(raw)
+        tar = _open_tar(reader, shown)
+        if tar is None:
+            return None
+        with tar:
+            try:
+                members = [_Member(m.name, _tar_kind(m), m.linkname) for m in tar]
+            except _READ_ERRORS as exc:
+                raise FetchError(f"cannot read archive {shown}: {exc}") from None
+            _check_tar_end(reader, tar.offset, len(members), shown)
+    return members
+
+
+def _check_tar_end(reader: _Tail, offset: int, count: int, shown: str) -> None:
+    """Refuse unless tarfile stopped at the end of the data or at a zero block followed only by zeros."""
+    block = reader.since(offset)[: tarfile.BLOCKSIZE]
+    where = f"at byte {offset}, after {count} members"
+    if not block and reader.done == offset:
+        return
+    if len(block) < tarfile.BLOCKSIZE:
+        raise FetchError(f"cannot read archive {shown}: truncated header {where}")
+    if block.count(0) != len(block):
+        raise FetchError(
+            f"cannot read archive {shown}: unreadable tar header {where} (GNU tar would skip it and "
+            "extract what follows, so the archive is refused)"
+        )
+    rest = reader.since(offset + tarfile.BLOCKSIZE)
+    if rest.count(0) != len(rest) or not reader.drain_is_zero():
+        raise FetchError(f"cannot read archive {shown}: data after the end-of-archive marker {where}")
+
+
+def _zip_members(path: Path, shown: str) -> list[_Member]:
+    """Members of a zip as unzip would make them: the Unix mode in the external attributes says links and devices."""
+    members: list[_Member] = []
+    try:
+        with zipfile.ZipFile(path) as archive:
+            for info in archive.infolist():
+                mode = info.external_attr >> 16
+                if "\\" in info.filename:
+                    raise FetchError(
+                        f"unsafe archive {shown}: member {info.filename!r} has a backslash "
+                        "(unzip may take it for a path separator)"
+                    )
+                if stat.S_ISLNK(mode):
+                    if info.file_size > 4096:
+                        raise FetchError(f"unsafe archive {shown}: symlink {info.filename!r} has a huge target")
+                    target = archive.read(info).decode("utf-8", "surrogateescape")
+                    members.append(_Member(info.filename, "symlink", target))
+                elif stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+                    members.append(_Member(info.filename, "device"))
+                else:
+                    members.append(_Member(info.filename, "dir" if info.is_dir() else "file"))
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError, zlib.error, lzma.LZMAError,
+            NotImplementedError, ValueError) as exc:
+        raise FetchError(f"cannot read archive {shown}: {exc}") from None
+    return members
+
+
+def check_archive(path: Path, name: str | None = None, strip_components: int | None = None) -> str | None:
+    """Refuse an archive with a member that would be written or point outside the extraction root.
+
+    Formats: tar (plain, gzip, bzip2, xz, and zstd or lzip through their tools) and zip;
+    a tar is read to a clean end, since GNU tar goes on past a header tarfile cannot
+    read. Refused: absolute names, `..` components, control characters in names,
+    symlinks and hardlinks whose target resolves (through the archive's own symlinks)
+    outside the root, device nodes, and anything unreadable or uncheckable.
+
+    `tar --strip-components=N` moves members up, so a symlink that is safe in place
+    (`a/l -> ../x`) can point out once stripped (`l -> ../x`). With `strip_components`
+    the check applies that level (as GNU tar does, to names and hardlink targets).
+    Without it, the levels in STRIP_LEVELS are checked: builds strip in their shell
+    steps, where Kiln cannot see the number, and every pkgs/ step strips 0 or 1.
+    Checking every level instead would refuse ordinary tarballs: a link
+    `pkg/a/b/l -> ../../x` is fine up to one level and points out at two.
+
+    Returns the format checked ("tar" or "zip"), or None for a file that is no
+    archive (a patch, a plain gzip file): its first block is no tar header, so GNU
+    tar would not unpack it either.
     """
     shown = name or path.name
     try:
-        with tarfile.open(path, "r:*") as tar:
-            members = tar.getmembers()
-    except (tarfile.TarError, EOFError, OSError, zlib.error, lzma.LZMAError) as exc:
+        kind = _sniff(path)
+    except OSError as exc:
         raise FetchError(f"cannot read archive {shown}: {exc}") from None
+    if kind == "zip":
+        members: list[_Member] | None = _zip_members(path, shown)
+        checked = "zip"
+    else:
+        members = _tar_members(path, kind, shown)
+        checked = "tar"
+    if members is None:
+        return None
+    _check_names(members, shown)
+    levels = (strip_components,) if strip_components is not None else STRIP_LEVELS
+    for level in levels:
+        _check_links(members, shown, level)
+    return checked
 
-    def refuse(member: tarfile.TarInfo, why: str) -> FetchError:
-        return FetchError(f"unsafe archive {shown}: member {member.name!r} {why}")
 
+def _check_names(members: list[_Member], shown: str) -> None:
+    """What no extraction should ever write: absolute names, `..`, control characters, devices."""
+    for member in members:
+        def refuse(why: str, member: _Member = member) -> FetchError:
+            return FetchError(f"unsafe archive {shown}: member {member.name!r} {why}")
+
+        if member.name.startswith("/"):
+            raise refuse("has an absolute path")
+        if ".." in member.name.split("/"):
+            raise refuse("has a '..' component")
+        if _CONTROL.search(member.name) or _CONTROL.search(member.link):
+            raise refuse("has a control character in its name or link target")
+        if member.kind == "device":
+            raise refuse("is a device node")
+        if member.kind == "hardlink" and (member.link.startswith("/") or ".." in member.link.split("/")):
+            raise refuse(f"is a hardlink that points outside the extraction root (target {member.link!r})")
+
+
+def _strip(name: str, level: int) -> list[str] | None:
+    """Components of `name` after GNU tar's --strip-components (which counts `.`), None if dropped."""
+    parts = [p for p in name.split("/") if p]
+    if len(parts) <= level:
+        return None
+    return [p for p in parts[level:] if p != "."]
+
+
+def _check_links(members: list[_Member], shown: str, level: int) -> None:
+    """Every symlink and hardlink resolves inside the root once `level` components are stripped."""
     symlinks: dict[str, str] = {}
     for member in members:
-        parts = PurePosixPath(member.name).parts
-        if member.name.startswith("/"):
-            raise refuse(member, "has an absolute path")
-        if ".." in parts:
-            raise refuse(member, "has a '..' component")
-        if member.ischr() or member.isblk():
-            raise refuse(member, "is a device node")
-        if member.issym():
-            symlinks["/".join(p for p in parts if p != ".")] = member.linkname
+        parts = _strip(member.name, level) if member.kind == "symlink" else None
+        if parts:
+            symlinks["/".join(parts)] = member.link
     links = _Links(symlinks)
+    after = f" after --strip-components={level}" if level else ""
     for member in members:
+        parts = _strip(member.name, level)
+        if not parts or member.kind not in ("symlink", "hardlink"):
+            continue
         try:
-            if member.issym():
-                parent = [p for p in PurePosixPath(member.name).parent.parts if p != "."]
-                links.resolve(parent, member.linkname)
-            elif member.islnk():
-                links.resolve([], member.linkname)  # hardlink targets are archive paths
+            if member.kind == "symlink":
+                links.resolve(parts[:-1], member.link)
+            else:
+                target = _strip(member.link, level)  # hardlink targets are archive paths, stripped alike
+                links.resolve([], "/".join(target or []))
         except _Escape as exc:
-            kind = "symlink" if member.issym() else "hardlink"
-            raise refuse(member, f"is a {kind} that {exc} (target {member.linkname!r})") from None
+            raise FetchError(
+                f"unsafe archive {shown}: member {member.name!r} is a {member.kind} that {exc}{after} "
+                f"(target {member.link!r})"
+            ) from None
 
 
 def place_source(fetched: Path, build_dir: Path, destination: str) -> Path:
@@ -624,7 +1047,7 @@ def _url_name(url: str) -> str:
 
 def _file_sha256(path: Path) -> str:
     h = hashlib.sha256()
-    with path.open("rb") as handle:
+    with open(os.open(path, os.O_RDONLY | os.O_NOFOLLOW), "rb") as handle:
         for chunk in iter(lambda: handle.read(CHUNK), b""):
             h.update(chunk)
     return h.hexdigest()

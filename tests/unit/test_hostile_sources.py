@@ -1,0 +1,397 @@
+"""Hostile sources: tampered cache files, archives GNU tar reads differently, stale partial downloads.
+
+Archives are built with tarfile/zipfile (corrupt headers by hand); GNU tar, zstd and
+lzip are the real tools, so each test shows what an extraction would really do.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import io
+import os
+import shutil
+import stat
+import subprocess
+import tarfile
+import time
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from kiln.build.fetch import (
+    Fetcher,
+    FetchError,
+    Mirror,
+    check_archive,
+    remove_stale_partials,
+    stale_partials,
+    verify_sources,
+)
+from kiln.pkg.model import Source
+from tests.conftest import Result
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def entry(name: str, kind: bytes = tarfile.REGTYPE, link: str = "") -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type = kind
+    info.linkname = link
+    info.mode = 0o755 if kind == tarfile.DIRTYPE else 0o644
+    return info
+
+
+def tar_bytes(members: list[tarfile.TarInfo]) -> bytes:
+    """A plain tar of `members` (regular files get a short content)."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.GNU_FORMAT) as tar:
+        for member in members:
+            data = b"content\n" if member.isreg() else b""
+            member.size = len(data)
+            tar.addfile(member, io.BytesIO(data) if member.isreg() else None)
+    return buffer.getvalue()
+
+
+# --- the cached source is verified again before use ----------------------------------------------------------------
+
+
+@pytest.fixture
+def mirror(tmp_path: Path) -> Path:
+    directory = tmp_path / "mirror"
+    directory.mkdir()
+    return directory
+
+
+def cached(tmp_path: Path, mirror: Path, data: bytes, name: str = "pkg.tar") -> tuple[Fetcher, Source, Path]:
+    """A fetcher whose only origin is a local mirror directory holding `data` as `name`."""
+    (mirror / name).write_bytes(data)
+    source = Source(url=f"http://127.0.0.1:9/{name}", destination=name, sha256=sha(data))
+    fetcher = Fetcher(tmp_path / "cache", [Mirror("dir", str(mirror))], retries=0)
+    return fetcher, source, fetcher.fetch(source)
+
+
+def overwrite(path: Path, data: bytes, keep_mtime: bool = True) -> None:
+    """Replace a cached file's bytes as an attacker with write access would, hiding the mtime change."""
+    before = path.stat()
+    path.chmod(0o644)
+    path.write_bytes(data)
+    path.chmod(0o444)
+    if keep_mtime:
+        os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+
+
+def test_tampered_cached_source_is_refetched_not_used(tmp_path: Path, mirror: Path) -> None:
+    good = tar_bytes([entry("pkg/"), entry("pkg/f")])
+    fetcher, source, path = cached(tmp_path, mirror, good)
+    evil = tar_bytes([entry("pkg/"), entry("pkg/g")])
+    evil = evil[: len(good)].ljust(len(good), b"\0")  # same size, same mtime: only ctime and the hash differ
+    overwrite(path, evil)
+    assert fetcher.fetch(source).read_bytes() == good
+
+
+def test_tampered_cached_source_without_origin_is_removed_and_reported(tmp_path: Path, mirror: Path) -> None:
+    fetcher, source, path = cached(tmp_path, mirror, b"pinned bytes\n")
+    (mirror / "pkg.tar").unlink()
+    overwrite(path, b"other bytes!\n")
+    with pytest.raises(FetchError, match="cannot fetch"):
+        fetcher.fetch(source)
+    assert not path.exists()
+    assert not path.with_name(path.name + ".verified").exists()
+
+
+def test_forged_stamp_is_not_trusted_for_another_stat(tmp_path: Path, mirror: Path) -> None:
+    fetcher, source, path = cached(tmp_path, mirror, b"pinned bytes\n")
+    stamp = path.with_name(path.name + ".verified")
+    before = stamp.read_text()
+    overwrite(path, b"other bytes!\n")
+    stamp.write_text(before)  # the old stamp says "verified", but for the old inode change time
+    assert fetcher.fetch(source).read_bytes() == b"pinned bytes\n"
+
+
+def test_symlink_in_place_of_a_cached_source_is_replaced(tmp_path: Path, mirror: Path) -> None:
+    fetcher, source, path = cached(tmp_path, mirror, b"pinned bytes\n")
+    secret = tmp_path / "secret"
+    secret.write_text("host secret\n")
+    path.unlink()
+    path.symlink_to(secret)
+    assert fetcher.fetch(source).read_bytes() == b"pinned bytes\n"
+    assert not path.is_symlink()
+
+
+def test_untouched_cached_source_is_not_hashed_again(tmp_path: Path, mirror: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    fetcher, source, path = cached(tmp_path, mirror, b"pinned bytes\n")
+    import kiln.build.fetch as fetch
+
+    def no_hash(path: Path) -> str:
+        raise AssertionError("hashed again although the stat stamp matches")
+
+    monkeypatch.setattr(fetch, "_file_sha256", no_hash)
+    assert fetcher.fetch(source) == path
+
+
+def test_cache_verify_rehashes_sources_and_reports(tmp_path: Path, mirror: Path, monkeypatch: pytest.MonkeyPatch,
+                                                   kiln: Callable[..., Result]) -> None:
+    monkeypatch.setenv("KILN_CACHE", str(tmp_path / "cache"))
+    _, _, good = cached(tmp_path, mirror, b"good source\n", "a.txt")
+    _, _, bad = cached(tmp_path, mirror, b"will be damaged\n", "b.txt")
+    result = kiln("cache", "verify")
+    assert result.code == 0 and "verified 2 sources: 0 damaged" in result.out
+    # Damage that keeps size, mtime and the stamp: only a full hash can tell.
+    stamp = bad.with_name(bad.name + ".verified")
+    stamp_text = stamp.read_text()
+    overwrite(bad, b"will be DAMAGED\n")
+    stamp.write_text(stamp_text.split()[0] + " " + " ".join(_stat_fields(bad)) + "\n")
+    result = kiln("cache", "verify")
+    assert result.code == 1
+    assert f"source {bad.name} has sha256 {sha(b'will be DAMAGED' + bytes([10]))}" in result.err
+    assert "verified 2 sources: 1 damaged" in result.out
+    assert not bad.exists() and good.exists()
+
+
+def _stat_fields(path: Path) -> list[str]:
+    info = os.lstat(path)
+    return [str(v) for v in (info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_ino, info.st_dev)]
+
+
+# --- tar read to the end ------------------------------------------------------------------------------------------
+
+
+def corrupt_after_first(members: list[tarfile.TarInfo]) -> bytes:
+    """A tar whose second header has a broken checksum: tarfile stops there, GNU tar skips it."""
+    data = bytearray(tar_bytes(members))
+    first = members[0]
+    second = 512 + (0 if not first.isreg() else 512)
+    data[second + 148 : second + 156] = b"0000000\0"  # checksum that cannot match
+    return bytes(data)
+
+
+def test_corrupt_header_followed_by_evil_link_is_refused(tmp_path: Path) -> None:
+    archive = tmp_path / "pkg.tar"
+    archive.write_bytes(corrupt_after_first(
+        [entry("pkg/", tarfile.DIRTYPE), entry("pkg/hidden", tarfile.DIRTYPE),
+         entry("pkg/passwd", tarfile.SYMTYPE, "/etc/passwd")]
+    ))
+    # What an extraction does: GNU tar skips the bad header and makes the link.
+    out = tmp_path / "out"
+    out.mkdir()
+    subprocess.run(["tar", "-xf", str(archive), "-C", str(out)], capture_output=True, check=False)
+    assert os.readlink(out / "pkg/passwd") == "/etc/passwd"
+    with pytest.raises(FetchError, match=r"unreadable tar header at byte 512, after 1 members"):
+        check_archive(archive)
+
+
+def test_truncated_member_data_is_refused(tmp_path: Path) -> None:
+    data = tar_bytes([entry("pkg/", tarfile.DIRTYPE), entry("pkg/file")])
+    archive = tmp_path / "cut.tar"
+    archive.write_bytes(data[: 512 * 2 + 4])
+    with pytest.raises(FetchError, match="cannot read archive cut.tar"):
+        check_archive(archive)
+
+
+def test_data_after_end_marker_is_refused(tmp_path: Path) -> None:
+    good = tar_bytes([entry("pkg/f")])
+    evil = tar_bytes([entry("evil", tarfile.SYMTYPE, "/etc")])
+    archive = tmp_path / "two.tar"
+    archive.write_bytes(good[:2048] + evil)  # a lone zero block then another archive
+    with pytest.raises(FetchError, match="data after the end-of-archive marker"):
+        check_archive(archive)
+
+
+def test_plain_files_and_compressed_plain_files_are_no_archive(tmp_path: Path) -> None:
+    patch = tmp_path / "fix.patch"
+    patch.write_text("--- a\n+++ b\n")
+    assert check_archive(patch) is None
+    gz = tmp_path / "fix.patch.gz"
+    subprocess.run(["gzip", "-k", str(patch)], check=True)
+    assert check_archive(gz) is None
+    assert check_archive(_write(tmp_path / "ok.tar", tar_bytes([entry("pkg/f")]))) == "tar"
+
+
+def _write(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path
+
+
+def test_control_characters_in_names_are_refused(tmp_path: Path) -> None:
+    archive = _write(tmp_path / "ctl.tar", tar_bytes([entry("pkg/a\nb")]))
+    with pytest.raises(FetchError, match="control character"):
+        check_archive(archive)
+
+
+# --- every format tar (or unzip) would take ------------------------------------------------------------------------
+
+
+EVIL = [entry("pkg/", tarfile.DIRTYPE), entry("pkg/passwd", tarfile.SYMTYPE, "/etc/passwd")]
+BENIGN = [entry("pkg/", tarfile.DIRTYPE), entry("pkg/f"), entry("pkg/l", tarfile.SYMTYPE, "f")]
+
+
+def compressed(tmp_path: Path, tool: str, members: list[tarfile.TarInfo]) -> Path:
+    plain = _write(tmp_path / f"{tool}-{len(members)}.tar", tar_bytes(members))
+    subprocess.run([tool, "-q", str(plain)], check=True)
+    return plain.with_name(plain.name + {"zstd": ".zst", "lzip": ".lz"}[tool])
+
+
+@pytest.mark.parametrize("tool", ["zstd", "lzip"])
+def test_tools_decompress_what_python_cannot(tmp_path: Path, tool: str) -> None:
+    if shutil.which(tool) is None:
+        pytest.skip(f"{tool} is not installed")
+    assert check_archive(compressed(tmp_path, tool, BENIGN)) == "tar"
+    with pytest.raises(FetchError, match="'pkg/passwd' is a symlink"):
+        check_archive(compressed(tmp_path, tool, EVIL))
+
+
+def test_corrupt_zstd_is_refused(tmp_path: Path) -> None:
+    if shutil.which("zstd") is None:
+        pytest.skip("zstd is not installed")
+    good = compressed(tmp_path, "zstd", BENIGN).read_bytes()
+    broken = _write(tmp_path / "broken.tar.zst", good[: len(good) - 12] + b"\xff" * 12)
+    with pytest.raises(FetchError, match="cannot read archive broken.tar.zst"):
+        check_archive(broken)
+
+
+def test_missing_tool_is_a_clear_refusal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    archive = _write(tmp_path / "x.tar.lz", b"LZIP\x01" + b"\0" * 40)
+    monkeypatch.setenv("PATH", str(tmp_path / "nothing-here"))
+    with pytest.raises(FetchError, match=r"lzip-compressed and lzip is not installed"):
+        check_archive(archive)
+
+
+def test_unsupported_compression_is_refused(tmp_path: Path) -> None:
+    archive = _write(tmp_path / "old.tar.Z", b"\x1f\x9d\x90" + b"\0" * 64)
+    with pytest.raises(FetchError, match="compress-compressed data cannot be inspected"):
+        check_archive(archive)
+
+
+def make_zip(path: Path, members: list[tuple[str, bytes, int]]) -> Path:
+    """A zip of (name, data, unix mode) members."""
+    with zipfile.ZipFile(path, "w") as archive:
+        for name, data, mode in members:
+            info = zipfile.ZipInfo(name)
+            info.external_attr = mode << 16
+            archive.writestr(info, data)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("members", "message"),
+    [
+        ([("pkg/../../x", b"x", stat.S_IFREG | 0o644)], "has a '..' component"),
+        ([("/etc/cron.d/x", b"x", stat.S_IFREG | 0o644)], "has an absolute path"),
+        ([("pkg/passwd", b"/etc/passwd", stat.S_IFLNK | 0o777)], "'pkg/passwd' is a symlink"),
+        ([("pkg/up", b"../../x", stat.S_IFLNK | 0o777)], "'pkg/up' is a symlink that points outside"),
+        ([("pkg\\..\\..\\x", b"x", stat.S_IFREG | 0o644)], "has a backslash"),
+    ],
+    ids=["dotdot", "absolute", "symlink-abs", "symlink-up", "backslash"],
+)
+def test_unsafe_zips_are_refused(tmp_path: Path, members: list[tuple[str, bytes, int]], message: str) -> None:
+    with pytest.raises(FetchError, match="unsafe archive") as info:
+        check_archive(make_zip(tmp_path / "evil.zip", members))
+    assert message in str(info.value)
+
+
+def test_benign_zip_is_accepted(tmp_path: Path) -> None:
+    archive = make_zip(tmp_path / "ok.zip", [("pkg/", b"", stat.S_IFDIR | 0o755), ("pkg/f", b"f", 0o100644),
+                                             ("pkg/l", b"f", stat.S_IFLNK | 0o777)])
+    assert check_archive(archive) == "zip"
+
+
+def test_fetcher_refuses_an_evil_zip(tmp_path: Path, mirror: Path) -> None:
+    data = make_zip(tmp_path / "evil.zip", [("pkg/passwd", b"/etc/passwd", stat.S_IFLNK | 0o777)]).read_bytes()
+    (mirror / "evil.zip").write_bytes(data)
+    fetcher = Fetcher(tmp_path / "cache", [Mirror("dir", str(mirror))], retries=0)
+    with pytest.raises(FetchError, match="unsafe archive evil.zip"):
+        fetcher.fetch(Source(url="http://127.0.0.1:9/evil.zip", destination="evil.zip", sha256=sha(data)))
+
+
+# --- --strip-components ----------------------------------------------------------------------------------------------
+
+
+def test_link_safe_in_place_but_out_once_stripped(tmp_path: Path) -> None:
+    archive = _write(tmp_path / "strip.tar", tar_bytes(
+        [entry("pkg-1.0/", tarfile.DIRTYPE), entry("pkg-1.0/up", tarfile.SYMTYPE, "../x")]))
+    check_archive(archive, strip_components=0)
+    # What the build does with it: the link now points out of the extraction directory.
+    out = tmp_path / "out"
+    out.mkdir()
+    subprocess.run(["tar", "-xf", str(archive), "-C", str(out), "--strip-components=1"], check=True)
+    assert os.readlink(out / "up") == "../x"
+    with pytest.raises(FetchError, match=r"'pkg-1.0/up' is a symlink that points outside .* after --strip-components=1"):
+        check_archive(archive)  # the default checks the levels builds use (0 and 1)
+
+
+def test_dot_counts_as_a_component_when_stripping(tmp_path: Path) -> None:
+    # GNU tar strips "./" as one component: ./pkg/up -> ../x is safe at 1 level, out at 2.
+    archive = _write(tmp_path / "dot.tar", tar_bytes([entry("./pkg/", tarfile.DIRTYPE),
+                                                      entry("./pkg/up", tarfile.SYMTYPE, "../x")]))
+    check_archive(archive)
+    with pytest.raises(FetchError, match="after --strip-components=2"):
+        check_archive(archive, strip_components=2)
+
+
+def test_hardlink_targets_are_stripped_like_names(tmp_path: Path) -> None:
+    archive = _write(tmp_path / "hard.tar", tar_bytes([
+        entry("pkg/", tarfile.DIRTYPE), entry("pkg/d", tarfile.SYMTYPE, ".."),
+        entry("pkg/f"), entry("pkg/h", tarfile.LNKTYPE, "pkg/d/d/f"),
+    ]))
+    with pytest.raises(FetchError, match="'pkg/d' is a symlink that points outside .* --strip-components=1"):
+        check_archive(archive)
+
+
+# --- partial downloads ----------------------------------------------------------------------------------------------
+
+
+def test_stale_partials_removed_but_a_held_one_survives(tmp_path: Path) -> None:
+    sources = tmp_path / "cache" / "sources"
+    sources.mkdir(parents=True)
+    dead = _write(sources / ".part-dead", b"half a download")
+    held = _write(sources / ".part-held", b"a download in progress")
+    young = _write(sources / ".part-young", b"just created")
+    old = time.time() - 3600
+    for path in (dead, held):
+        os.utime(path, (old, old))
+    with held.open("rb") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)  # a live download holds its partial file
+        assert stale_partials(tmp_path / "cache") == [dead]
+        assert remove_stale_partials(tmp_path / "cache") == [dead]
+    assert not dead.exists() and held.exists() and young.exists()
+    assert remove_stale_partials(tmp_path / "cache", older_than=0) == [held, young]
+
+
+def test_a_download_in_progress_holds_its_partial(tmp_path: Path, mirror: Path) -> None:
+    from kiln.build.fetch import _Sink
+
+    (tmp_path / "cache" / "sources").mkdir(parents=True)
+    sink = _Sink(tmp_path / "cache" / "sources", "x", None)
+    try:
+        assert remove_stale_partials(tmp_path / "cache", older_than=0) == []
+        assert sink.path.exists()
+    finally:
+        sink.discard()
+
+
+def test_cache_gc_removes_stale_partials(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                        kiln: Callable[..., Result]) -> None:
+    monkeypatch.setenv("KILN_CACHE", str(tmp_path / "cache"))
+    sources = tmp_path / "cache" / "sources"
+    sources.mkdir(parents=True)
+    dead = _write(sources / ".part-dead", b"half")
+    os.utime(dead, (time.time() - 3600,) * 2)
+    result = kiln("cache", "gc")
+    assert result.code == 0 and "removed 1 stale partial downloads" in result.out
+    assert not dead.exists()
+
+
+def test_verify_sources_ignores_markers(tmp_path: Path) -> None:
+    sources = tmp_path / "sources"
+    sources.mkdir()
+    data = b"x"
+    _write(sources / sha(data), data)
+    _write(sources / (sha(data) + ".checked"), b"ok\n")
+    _write(sources / ".part-x", b"")
+    assert verify_sources(tmp_path) == (1, [])

@@ -7,11 +7,10 @@ one pass instead of one run per mistake.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import yaml
 
 from kiln.errors import InputError, InputErrors, KilnError, Location
 from kiln.pkg import schema
@@ -19,7 +18,7 @@ from kiln.pkg.model import Package
 from kiln.pkg.stage0 import Stage0, load_stage0
 from kiln.pkg.template import Rendered, render
 from kiln.pkg.variables import Platform, builtins, load_vars_file
-from kiln.pkg.yamlpos import DuplicateKey, parse
+from kiln.pkg.yamlpos import parse_text, read_text_file
 
 PKG_FILE = "pkg.yaml"
 VARS_FILE = "vars.yaml"
@@ -71,27 +70,17 @@ def package_variables(
 ) -> dict[str, Any]:
     """Tree variables, overlaid by the package directory's vars.yaml; --set wins over both."""
     local = directory / VARS_FILE
-    if directory == root or not local.is_file():
+    if directory == root or not os.path.lexists(local):
         return tree_vars
     return {**tree_vars, **load_vars_file(local), **overrides}
 
 
 def load_package(file: Path, context: dict[str, Any]) -> Package:
     """Render, parse and schema-check one pkg.yaml; raises InputError(s)."""
-    source = file.read_text()
+    source = read_text_file(file, what=PKG_FILE)
     rendered: Rendered = render(source, file, context)
     where = str(file)
-    try:
-        positioned = parse(rendered.text)
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        line = rendered.template_line(mark.line + 1) if mark else 0
-        problem = exc.problem or str(exc)
-        raise InputError(f"YAML syntax: {problem}", Location(where, line)) from None
-    except yaml.YAMLError as exc:
-        raise InputError(f"YAML syntax: {exc}", Location(where)) from None
-    except DuplicateKey as exc:
-        raise InputError(str(exc), Location(where, rendered.template_line(exc.line))) from None
+    positioned = parse_text(rendered.text, where, rendered.template_line)
     spec = positioned.value
     if not isinstance(spec, dict):
         raise InputError("pkg.yaml must be a mapping with at least 'name'", Location(where, 1))
@@ -123,7 +112,7 @@ def load_tree(
     errors: list[KilnError] = []
     variables: dict[str, Any] = builtins(platform)
     try:
-        if (root / VARS_FILE).is_file():
+        if os.path.lexists(root / VARS_FILE):
             variables.update(load_vars_file(root / VARS_FILE))
     except KilnError as exc:
         errors.append(exc)
@@ -139,15 +128,14 @@ def load_tree(
     if not files:
         raise InputError(f"no {PKG_FILE} found under {str(root)!r}")
     first_seen: dict[str, Package] = {}
+    broken: set[str] = set()
     for file in files:
         try:
             context = package_variables(root, file.parent, variables, tree.overrides)
             package = load_package(file, context)
-        except InputErrors as exc:
-            errors.extend(exc.errors)
-            continue
         except KilnError as exc:
-            errors.append(exc)
+            errors.extend(exc.errors if isinstance(exc, InputErrors) else [exc])
+            broken.update(_readable_name(file))
             continue
         if package.name in first_seen:
             other = first_seen[package.name]
@@ -161,26 +149,47 @@ def load_tree(
             continue
         first_seen[package.name] = package
     tree.packages = dict(sorted(first_seen.items()))
-    errors.extend(check_references(tree))
+    errors.extend(check_references(tree, broken))
     if errors:
         raise InputErrors(errors)
     return tree
 
 
-def check_references(tree: Tree) -> list[KilnError]:
-    """Unknown dependencies and a missing toolchain package."""
+_NAME_LINE = re.compile(r"^name:[ \t]*(['\"]?)([a-z0-9][a-z0-9._+-]*)\1[ \t]*(?:#.*)?$", re.MULTILINE)
+
+
+def _readable_name(file: Path) -> set[str]:
+    """The name a package that failed to load declares, when a plain `name:` line gives it.
+
+    Its dependents then get no second, misleading 'unknown dependency' error.
+    """
+    try:
+        source = read_text_file(file, what=PKG_FILE)
+    except KilnError:
+        return set()
+    match = _NAME_LINE.search(source)
+    return {match.group(2)} if match else set()
+
+
+def check_references(tree: Tree, broken: set[str] | None = None) -> list[KilnError]:
+    """Unknown dependencies and a missing toolchain package.
+
+    Names in `broken` belong to packages that exist but failed to load: their own
+    errors are reported, so dependents are not told the package is unknown.
+    """
     errors: list[KilnError] = []
     names = set(tree.packages)
+    known = names | (broken or set())
     for package in tree.packages.values():
         for index, dep in enumerate(package.dependencies):
-            if dep.stage not in names:
+            if dep.stage not in known:
                 errors.append(
                     InputError(
                         f"unknown dependency '{dep.stage}'{schema.suggest(dep.stage, names)}",
                         Location(str(package.file), package.line(("dependencies", index, "stage"))),
                     )
                 )
-        if package.variant == "toolchain" and tree.toolchain not in names:
+        if package.variant == "toolchain" and tree.toolchain not in known:
             errors.append(
                 InputError(
                     f"variant 'toolchain' builds on package '{tree.toolchain}' (the 'toolchain' variable), "

@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import hashlib
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from kiln.errors import InputError, InputErrors, Location
 from kiln.pkg import schema
-from kiln.pkg.yamlpos import DuplicateKey, parse
+from kiln.pkg.yamlpos import read_yaml_file
 
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
 
@@ -45,8 +44,9 @@ def _sha256(path: Path) -> str:
 
 def load_stage0(file: Path, from_tar: Path | None = None) -> Stage0:
     """Read stage0.yaml (if present); `from_tar` (--from-tar) replaces it with a tarball."""
-    definition = Stage0(file=file if file.is_file() else None)
-    if file.is_file():
+    present = os.path.lexists(file)
+    definition = Stage0(file=file if present else None)
+    if present:  # a dangling link or a FIFO is reported by the reader, not skipped
         definition = _parse(file)
     if from_tar is not None:
         if not from_tar.is_file():
@@ -66,13 +66,7 @@ def load_stage0(file: Path, from_tar: Path | None = None) -> Stage0:
 
 def _parse(file: Path) -> Stage0:
     where = str(file)
-    try:
-        positioned = parse(file.read_text())
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark
-        raise InputError(f"YAML syntax: {exc.problem}", Location(where, mark.line + 1 if mark else 0)) from None
-    except DuplicateKey as exc:
-        raise InputError(str(exc), Location(where, exc.line)) from None
+    positioned = read_yaml_file(file, what="stage0.yaml")
     data = positioned.value or {}
     if not isinstance(data, dict):
         raise InputError("stage0.yaml must be a mapping", Location(where, 1))

@@ -6,11 +6,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from kiln import __version__
 from kiln.errors import InputError, Location
-from kiln.pkg.yamlpos import DuplicateKey, parse
+from kiln.pkg.yamlpos import read_yaml_file
 
 ARCHES = {"amd64": "x86_64", "arm64": "aarch64"}
 
@@ -64,16 +62,7 @@ def builtins(platform: Platform) -> dict[str, Any]:
 
 def load_vars_file(path: Path) -> dict[str, Any]:
     """A vars.yaml: a mapping of names to values, or nothing."""
-    try:
-        parsed = parse(path.read_text())
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        line = mark.line + 1 if mark else 0
-        raise InputError(f"YAML syntax: {exc.problem or exc}", Location(str(path), line)) from None
-    except yaml.YAMLError as exc:
-        raise InputError(f"YAML syntax: {exc}", Location(str(path))) from None
-    except DuplicateKey as exc:
-        raise InputError(str(exc), Location(str(path), exc.line)) from None
+    parsed = read_yaml_file(path, what="vars file")
     if parsed.value is None:
         return {}
     if not isinstance(parsed.value, dict):

@@ -1,15 +1,27 @@
-"""YAML parsing that remembers where every value came from.
+"""YAML parsing that remembers where every value came from, hardened for hostile files.
 
-PyYAML's node graph knows each value's line; plain `safe_load` forgets it. We
-compose nodes (libyaml when available) and build plain Python values plus a
-map from value path to line, so validation can name `file:line`.
+PyYAML's node graph knows each value's line; plain `safe_load` forgets it. We walk
+the parser's event stream (libyaml when available) and build plain Python values
+plus a map from value path to line, so validation can name `file:line`.
+
+Every file Kiln reads as YAML (pkg.yaml, vars.yaml, stage0.yaml, profiles, kiln.yaml)
+is written by someone else and read as root, so the walk is bounded: no aliases or
+anchors (an alias bomb grows memory without bound and the files never need them),
+nesting at most MAX_DEPTH deep (checked while events arrive, before the parser's own
+quadratic cost at thousands of levels), files at most MAX_BYTES, UTF-8 only, and only
+regular files are opened (a FIFO would block the read forever).
 """
 
 from __future__ import annotations
 
+import os
+import stat
+from pathlib import Path
 from typing import Any
 
 import yaml
+
+from kiln.errors import InputError, Location
 
 try:
     _Loader: type = yaml.CSafeLoader
@@ -18,14 +30,24 @@ except AttributeError:  # pragma: no cover - pure-Python fallback
 
 Path_ = tuple[str | int, ...]
 _STR_TAG = "tag:yaml.org,2002:str"
+MAX_DEPTH = 64
+MAX_BYTES = 1 << 20
 
 
-class DuplicateKey(Exception):
+class YamlProblem(Exception):
+    """Valid YAML syntax Kiln still refuses; `line` is 1-based."""
+
+    def __init__(self, message: str, line: int) -> None:
+        super().__init__(message)
+        self.message = message
+        self.line = line
+
+
+class DuplicateKey(YamlProblem):
     """A mapping repeats a key; YAML would silently keep the last one."""
 
     def __init__(self, key: str, line: int, first_line: int) -> None:
-        super().__init__(f"duplicate key '{key}' (first at line {first_line})")
-        self.line = line
+        super().__init__(f"duplicate key '{key}' (first at line {first_line})", line)
 
 
 class Positioned:
@@ -45,35 +67,218 @@ class Positioned:
         return self.lines.get((), 1)
 
 
+class _Builder:
+    """Turns one document's events into values and lines, refusing what could blow up."""
+
+    def __init__(self) -> None:
+        self.lines: dict[Path_, int] = {}
+        self.resolver = yaml.resolver.Resolver()
+        self.constructor = yaml.constructor.SafeConstructor()
+
+    def scalar(self, event: Any) -> Any:
+        """Resolve a scalar the way SafeLoader would; bad literals become YamlProblem."""
+        tag = event.tag
+        if tag is None or tag == "!":
+            tag = self.resolver.resolve(yaml.ScalarNode, event.value, event.implicit)  # type: ignore[no-untyped-call]
+        if tag == _STR_TAG:
+            return event.value
+        node = yaml.ScalarNode(tag, event.value, event.start_mark, event.end_mark, event.style)
+        try:
+            return self.constructor.construct_object(node, deep=True)
+        except yaml.YAMLError:
+            raise
+        except (ValueError, TypeError, OverflowError, ArithmeticError) as exc:
+            # SafeConstructor lets these out for literals like 2024-13-45 or a 5000-digit int.
+            raise YamlProblem(f"bad value {event.value[:40]!r}: {exc}", _line(event)) from None
+
+
+def _line(event: Any) -> int:
+    """1-based line where an event starts."""
+    return int(event.start_mark.line) + 1 if event.start_mark is not None else 1
+
+
+def _refuse_anchor(event: Any) -> None:
+    """Anchors and aliases are refused outright: cheap to check, and none of our files need them."""
+    if isinstance(event, yaml.AliasEvent):
+        raise YamlProblem(f"YAML aliases (*{event.anchor}) are not allowed in Kiln files", _line(event))
+    anchor = getattr(event, "anchor", None)
+    if anchor is not None:
+        raise YamlProblem(f"YAML anchors (&{anchor}) are not allowed in Kiln files", _line(event))
+
+
+def _hashable_key(key: Any) -> Any:
+    """Mapping keys that are collections are kept as their text, as before."""
+    return str(key) if isinstance(key, list | dict) else key
+
+
+def _walk(events: Any, builder: _Builder) -> Any:
+    """Build the first document's value from events, without recursion, depth-capped."""
+    # Each frame: [container, path, pending key or _NO_KEY, key line, seen keys]
+    stack: list[list[Any]] = []
+    root: Any = None
+    done = False
+    for event in events:
+        if isinstance(event, yaml.StreamStartEvent | yaml.DocumentStartEvent | yaml.StreamEndEvent):
+            continue
+        if isinstance(event, yaml.DocumentEndEvent):
+            done = True
+            break
+        _refuse_anchor(event)
+        line = _line(event)
+        if isinstance(event, yaml.SequenceEndEvent | yaml.MappingEndEvent):
+            value = stack.pop()[0]
+        elif isinstance(event, yaml.SequenceStartEvent | yaml.MappingStartEvent):
+            if len(stack) >= MAX_DEPTH:
+                raise YamlProblem(f"nested more than {MAX_DEPTH} levels deep", line)
+            frame_path = _record(stack, line, builder)
+            container: Any = [] if isinstance(event, yaml.SequenceStartEvent) else {}
+            stack.append([container, frame_path, _NO_KEY, 0, {}])
+            continue
+        else:
+            value = builder.scalar(event)
+            _record(stack, line, builder)
+        if not stack:
+            root = value
+            continue
+        _attach(stack[-1], value, line)
+    if not done and stack:  # pragma: no cover - the parser reports unclosed collections first
+        raise YamlProblem("unexpected end of document", 1)
+    return root
+
+
+_NO_KEY = object()
+_KEY_MARK = "\0key"
+
+
+def _record(stack: list[list[Any]], line: int, builder: _Builder) -> Path_:
+    """Path of the value about to be added to the innermost container, its line recorded.
+
+    A mapping value's line is its key's line, as users point at `key: value`; values
+    inside a mapping key (rare) get no lines.
+    """
+    if not stack:
+        builder.lines[()] = line
+        return ()
+    container, path, key = stack[-1][0], stack[-1][1], stack[-1][2]
+    if isinstance(container, list):
+        child: Path_ = (*path, len(container))
+    elif key is _NO_KEY:
+        return (*path, _KEY_MARK)
+    else:
+        child = (*path, key if isinstance(key, str) else str(key))
+        line = stack[-1][3]
+    if _KEY_MARK not in path:
+        builder.lines[child] = line
+    return child
+
+
+def _attach(frame: list[Any], value: Any, line: int) -> None:
+    """Add a finished value to its container: an item, a mapping key, or a key's value."""
+    container = frame[0]
+    if isinstance(container, list):
+        container.append(value)
+        return
+    if frame[2] is _NO_KEY:
+        key = _hashable_key(value)
+        seen: dict[Any, int] = frame[4]
+        try:
+            first = seen.get(key)
+        except TypeError:  # an unhashable scalar key (a set-like value): keep its text
+            key = str(key)
+            first = seen.get(key)
+        if first is not None:
+            raise DuplicateKey(str(key), line, first)
+        seen[key] = line
+        frame[2], frame[3] = key, line
+        return
+    key = frame[2]
+    container[key] = value
+    frame[2] = _NO_KEY
+
+
 def parse(text: str) -> Positioned:
-    """Parse one YAML document; raises yaml.YAMLError or DuplicateKey."""
-    node = yaml.compose(text, Loader=_Loader)
-    lines: dict[Path_, int] = {}
-    if node is None:
+    """Parse one YAML document; raises yaml.YAMLError or YamlProblem (DuplicateKey among them)."""
+    builder = _Builder()
+    value = _walk(yaml.parse(text, Loader=_Loader), builder)
+    if value is None:
         return Positioned(None, {(): 1})
-    constructor = yaml.SafeLoader("")  # only used for scalar resolution
+    return Positioned(value, builder.lines)
 
-    def build(n: yaml.Node, path: Path_) -> Any:
-        lines[path] = n.start_mark.line + 1
-        if isinstance(n, yaml.MappingNode):
-            out: dict[Any, Any] = {}
-            seen: dict[Any, int] = {}
-            for key_node, value_node in n.value:
-                key = constructor.construct_object(key_node, deep=True)
-                if isinstance(key, list | dict):
-                    key = str(key)
-                if key in seen:
-                    raise DuplicateKey(str(key), key_node.start_mark.line + 1, seen[key])
-                seen[key] = key_node.start_mark.line + 1
-                child = (*path, key if isinstance(key, str) else str(key))
-                out[key] = build(value_node, child)
-                lines[child] = key_node.start_mark.line + 1
-            return out
-        if isinstance(n, yaml.SequenceNode):
-            return [build(item, (*path, i)) for i, item in enumerate(n.value)]
-        if n.tag == _STR_TAG:
-            return n.value
-        return constructor.construct_object(n, deep=True)
 
-    value = build(node, ())
-    return Positioned(value, lines)
+def read_text_file(path: Path, max_bytes: int = MAX_BYTES, what: str = "file") -> str:
+    """A regular file's UTF-8 text, at most `max_bytes`; anything else is an InputError at file:line.
+
+    Opened with O_NONBLOCK and checked with fstat before reading, so a FIFO, socket or
+    device named like a Kiln file is refused instead of hanging or streaming forever.
+    """
+    where = str(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    except OSError as exc:
+        raise InputError(f"cannot read {what}: {exc.strerror or exc}", Location(where, 1)) from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise InputError(f"{what} is not a regular file", Location(where, 1))
+        if info.st_size > max_bytes:
+            raise InputError(f"{what} is too large ({info.st_size} bytes; at most {max_bytes})", Location(where, 1))
+        data = _read_at_most(fd, max_bytes + 1)
+    except OSError as exc:
+        raise InputError(f"cannot read {what}: {exc.strerror or exc}", Location(where, 1)) from None
+    finally:
+        os.close(fd)
+    if len(data) > max_bytes:
+        raise InputError(f"{what} is too large (more than {max_bytes} bytes)", Location(where, 1))
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise InputError(f"{what} is not valid UTF-8 (byte {exc.start})", Location(where, line)) from None
+
+
+def _read_at_most(fd: int, limit: int) -> bytes:
+    """Read until EOF or `limit` bytes, whichever comes first."""
+    chunks: list[bytes] = []
+    size = 0
+    while size < limit:
+        chunk = os.read(fd, min(1 << 16, limit - size))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
+
+
+def yaml_input_error(exc: Exception, where: str, line_of: Any = None, text: str = "") -> InputError:
+    """The InputError for a YAML or YamlProblem failure; `line_of` maps parsed lines (templates)."""
+    def mapped(line: int) -> int:
+        return int(line_of(line)) if line_of and line else line
+
+    if isinstance(exc, YamlProblem):
+        return InputError(exc.message, Location(where, mapped(exc.line)))
+    if isinstance(exc, yaml.MarkedYAMLError):
+        mark = exc.problem_mark or exc.context_mark
+        problem = exc.problem or str(exc)
+        return InputError(f"YAML syntax: {problem}", Location(where, mapped(mark.line + 1) if mark else 1))
+    if isinstance(exc, yaml.reader.ReaderError):
+        line = text.count("\n", 0, max(exc.position, 0)) + 1
+        return InputError(f"YAML syntax: {exc.reason}", Location(where, mapped(line)))
+    return InputError(f"YAML syntax: {exc}", Location(where, 1))
+
+
+def parse_text(text: str, where: str, line_of: Any = None) -> Positioned:
+    """parse() with every failure turned into an InputError at file:line."""
+    try:
+        return parse(text)
+    except (yaml.YAMLError, YamlProblem) as exc:
+        raise yaml_input_error(exc, where, line_of, text) from None
+    except RecursionError:  # pragma: no cover - the depth cap comes first
+        raise InputError(f"nested more than {MAX_DEPTH} levels deep", Location(where, 1)) from None
+
+
+def read_yaml_file(path: Path, max_bytes: int = MAX_BYTES, what: str = "file") -> Positioned:
+    """The one way Kiln reads a YAML file: type check, size cap, UTF-8, no aliases, depth cap.
+
+    Raises InputError located at file:line for every problem, never another exception.
+    """
+    return parse_text(read_text_file(path, max_bytes, what), str(path))

@@ -190,7 +190,7 @@ def test_truncated_member_data_is_refused(tmp_path: Path) -> None:
     data = tar_bytes([entry("pkg/", tarfile.DIRTYPE), entry("pkg/file")])
     archive = tmp_path / "cut.tar"
     archive.write_bytes(data[: 512 * 2 + 4])
-    with pytest.raises(FetchError, match="cannot read archive cut.tar"):
+    with pytest.raises(FetchError, match=r"cannot read archive cut\.tar"):
         check_archive(archive)
 
 
@@ -251,7 +251,7 @@ def test_corrupt_zstd_is_refused(tmp_path: Path) -> None:
         pytest.skip("zstd is not installed")
     good = compressed(tmp_path, "zstd", BENIGN).read_bytes()
     broken = _write(tmp_path / "broken.tar.zst", good[: len(good) - 12] + b"\xff" * 12)
-    with pytest.raises(FetchError, match="cannot read archive broken.tar.zst"):
+    with pytest.raises(FetchError, match=r"cannot read archive broken\.tar\.zst"):
         check_archive(broken)
 
 
@@ -305,7 +305,7 @@ def test_fetcher_refuses_an_evil_zip(tmp_path: Path, mirror: Path) -> None:
     data = make_zip(tmp_path / "evil.zip", [("pkg/passwd", b"/etc/passwd", stat.S_IFLNK | 0o777)]).read_bytes()
     (mirror / "evil.zip").write_bytes(data)
     fetcher = Fetcher(tmp_path / "cache", [Mirror("dir", str(mirror))], retries=0)
-    with pytest.raises(FetchError, match="unsafe archive evil.zip"):
+    with pytest.raises(FetchError, match=r"unsafe archive evil\.zip"):
         fetcher.fetch(Source(url="http://127.0.0.1:9/evil.zip", destination="evil.zip", sha256=sha(data)))
 
 
@@ -321,7 +321,7 @@ def test_link_safe_in_place_but_out_once_stripped(tmp_path: Path) -> None:
     out.mkdir()
     subprocess.run(["tar", "-xf", str(archive), "-C", str(out), "--strip-components=1"], check=True)
     assert os.readlink(out / "up") == "../x"
-    with pytest.raises(FetchError, match=r"'pkg-1.0/up' is a symlink that points outside .* after --strip-components=1"):
+    with pytest.raises(FetchError, match=r"'pkg-1\.0/up' is a symlink that points outside .* --strip-components=1"):
         check_archive(archive)  # the default checks the levels builds use (0 and 1)
 
 
@@ -334,12 +334,12 @@ def test_dot_counts_as_a_component_when_stripping(tmp_path: Path) -> None:
         check_archive(archive, strip_components=2)
 
 
-def test_hardlink_targets_are_stripped_like_names(tmp_path: Path) -> None:
+def test_link_to_the_top_directory_is_out_once_stripped(tmp_path: Path) -> None:
     archive = _write(tmp_path / "hard.tar", tar_bytes([
         entry("pkg/", tarfile.DIRTYPE), entry("pkg/d", tarfile.SYMTYPE, ".."),
         entry("pkg/f"), entry("pkg/h", tarfile.LNKTYPE, "pkg/d/d/f"),
     ]))
-    with pytest.raises(FetchError, match="'pkg/d' is a symlink that points outside .* --strip-components=1"):
+    with pytest.raises(FetchError, match=r"'pkg/d' is a symlink that points outside .* --strip-components=1"):
         check_archive(archive)
 
 

@@ -649,7 +649,7 @@ MemberKind = Literal["file", "dir", "symlink", "hardlink", "device", "other"]
 
 
 @dataclass(frozen=True)
-class _Member:
+class Member:
     """One archive member as the checks see it, whatever the archive format."""
 
     name: str
@@ -809,7 +809,20 @@ def _open_tar(reader: _Tail, shown: str) -> tarfile.TarFile | None:
         raise FetchError(f"cannot read archive {shown}: {exc}") from None
 
 
-def _tar_members(path: Path, kind: str | None, shown: str) -> list[_Member] | None:
+def tar_members(path: Path, shown: str | None = None) -> list[Member]:
+    """Every member of a tar in any compression check_archive knows, read to a clean end.
+
+    For callers whose own rules differ from check_archive's (a root filesystem layer
+    holds absolute symlinks): the reading is as strict, the judging is theirs.
+    """
+    name = shown or path.name
+    members = _tar_members(path, _sniff(path), name)
+    if members is None:
+        raise FetchError(f"cannot read archive {name}: it is not a tar archive")
+    return members
+
+
+def _tar_members(path: Path, kind: str | None, shown: str) -> list[Member] | None:
     """Every member of a (compressed) tar, read to a clean end; None if the data is no tar at all."""
     with _decompressed(path, kind, shown) as raw:
         reader = _Tail(raw)
@@ -818,7 +831,7 @@ def _tar_members(path: Path, kind: str | None, shown: str) -> list[_Member] | No
             return None
         with tar:
             try:
-                members = [_Member(m.name, _tar_kind(m), m.linkname) for m in tar]
+                members = [Member(m.name, _tar_kind(m), m.linkname) for m in tar]
             except _READ_ERRORS as exc:
                 raise FetchError(f"cannot read archive {shown}: {exc}") from None
             _check_tar_end(reader, tar.offset, len(members), shown)
@@ -843,9 +856,9 @@ def _check_tar_end(reader: _Tail, offset: int, count: int, shown: str) -> None:
         raise FetchError(f"cannot read archive {shown}: data after the end-of-archive marker {where}")
 
 
-def _zip_members(path: Path, shown: str) -> list[_Member]:
+def _zip_members(path: Path, shown: str) -> list[Member]:
     """Members of a zip as unzip would make them: the Unix mode in the external attributes says links and devices."""
-    members: list[_Member] = []
+    members: list[Member] = []
     try:
         with zipfile.ZipFile(path) as archive:
             for info in archive.infolist():
@@ -859,11 +872,11 @@ def _zip_members(path: Path, shown: str) -> list[_Member]:
                     if info.file_size > 4096:
                         raise FetchError(f"unsafe archive {shown}: symlink {info.filename!r} has a huge target")
                     target = archive.read(info).decode("utf-8", "surrogateescape")
-                    members.append(_Member(info.filename, "symlink", target))
+                    members.append(Member(info.filename, "symlink", target))
                 elif stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-                    members.append(_Member(info.filename, "device"))
+                    members.append(Member(info.filename, "device"))
                 else:
-                    members.append(_Member(info.filename, "dir" if info.is_dir() else "file"))
+                    members.append(Member(info.filename, "dir" if info.is_dir() else "file"))
     except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError, zlib.error, lzma.LZMAError,
             NotImplementedError, ValueError) as exc:
         raise FetchError(f"cannot read archive {shown}: {exc}") from None
@@ -897,7 +910,7 @@ def check_archive(path: Path, name: str | None = None, strip_components: int | N
     except OSError as exc:
         raise FetchError(f"cannot read archive {shown}: {exc}") from None
     if kind == "zip":
-        members: list[_Member] | None = _zip_members(path, shown)
+        members: list[Member] | None = _zip_members(path, shown)
         checked = "zip"
     else:
         members = _tar_members(path, kind, shown)
@@ -911,10 +924,10 @@ def check_archive(path: Path, name: str | None = None, strip_components: int | N
     return checked
 
 
-def _check_names(members: list[_Member], shown: str) -> None:
+def _check_names(members: list[Member], shown: str) -> None:
     """What no extraction should ever write: absolute names, `..`, control characters, devices."""
     for member in members:
-        def refuse(why: str, member: _Member = member) -> FetchError:
+        def refuse(why: str, member: Member = member) -> FetchError:
             return FetchError(f"unsafe archive {shown}: member {member.name!r} {why}")
 
         if member.name.startswith("/"):
@@ -937,7 +950,7 @@ def _strip(name: str, level: int) -> list[str] | None:
     return [p for p in parts[level:] if p != "."]
 
 
-def _check_links(members: list[_Member], shown: str, level: int) -> None:
+def _check_links(members: list[Member], shown: str, level: int) -> None:
     """Every symlink and hardlink resolves inside the root once `level` components are stripped."""
     symlinks: dict[str, str] = {}
     for member in members:

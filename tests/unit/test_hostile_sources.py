@@ -395,3 +395,50 @@ def test_verify_sources_ignores_markers(tmp_path: Path) -> None:
     _write(sources / (sha(data) + ".checked"), b"ok\n")
     _write(sources / ".part-x", b"")
     assert verify_sources(tmp_path) == (1, [])
+
+
+# --- registry blobs (remote cache pulls) ------------------------------------------------------------------------------
+
+
+def zstd_blob(tmp_path: Path, data: bytes) -> Path:
+    blob = tmp_path / "tree.tar.zst"
+    blob.write_bytes(subprocess.run(["zstd", "-q", "-c"], input=data, capture_output=True, check=True).stdout)
+    return blob
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (tar_bytes([entry("etc", tarfile.SYMTYPE, "/etc"), entry("etc/cron.d/x")]), "'etc' is a symlink"),
+        (corrupt_after_first([entry("a", tarfile.DIRTYPE), entry("b", tarfile.DIRTYPE),
+                              entry("c", tarfile.SYMTYPE, "/etc/passwd")]), "unreadable tar header"),
+        (tar_bytes([entry("dev/sda", tarfile.BLKTYPE)]), "device node"),
+    ],
+    ids=["symlink-out", "corrupt-header", "device"],
+)
+def test_pulled_tree_is_checked_before_it_is_unpacked(tmp_path: Path, data: bytes, message: str) -> None:
+    from kiln.build.remote import RemoteError, _unpack
+
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    with pytest.raises(RemoteError, match=message):
+        _unpack(zstd_blob(tmp_path, data), tree, tmp_path)
+    assert list(tree.iterdir()) == []
+
+
+def test_pack_and_unpack_round_trip_without_a_shell(tmp_path: Path) -> None:
+    from kiln.build.remote import _pack, _unpack
+    from kiln.build.store import Store
+
+    store = Store(tmp_path / "cache")
+    staging = store.staging("c" * 64)
+    (staging / "tree" / "bin").mkdir()
+    (staging / "tree" / "bin" / "tool").write_bytes(b"tool")
+    (staging / "tree" / "lib").symlink_to("bin")
+    entry_ = store.commit("c" * 64, staging, "tool", {}, 1704067200)
+    blob = tmp_path / "tree.tar.zst"
+    _pack(entry_, blob)
+    tree = tmp_path / "out"
+    tree.mkdir()
+    _unpack(blob, tree, tmp_path)
+    assert (tree / "bin" / "tool").read_bytes() == b"tool" and os.readlink(tree / "lib") == "bin"

@@ -231,6 +231,9 @@ class Registry:
         algo, _, want = digest.partition(":")
         if algo != "sha256" or not re.fullmatch(r"[0-9a-f]{64}", want):
             raise RemoteError(f"{self.ref}: unsupported blob digest {digest!r}")
+        wanted = descriptor.get("size")
+        if not isinstance(wanted, int) or isinstance(wanted, bool) or wanted < 0:
+            raise RemoteError(f"{self.ref}: blob {digest} has no valid size in its descriptor")
         response = self._check(self._request("GET", f"{self.base}/blobs/{digest}", stream=True),
                                f"fetching blob {digest}")
         h = hashlib.sha256()
@@ -239,8 +242,10 @@ class Registry:
             for chunk in response.iter_content(CHUNK):
                 h.update(chunk)
                 size += len(chunk)
+                if size > wanted:  # a registry serving more than the descriptor says does not fill the disk
+                    break
                 out.write(chunk)
-        if h.hexdigest() != want or size != int(descriptor.get("size", -1)):
+        if h.hexdigest() != want or size != wanted:
             raise RemoteError(f"{self.ref}: blob {digest} does not match its digest (got sha256:{h.hexdigest()}, "
                               f"{size} bytes)")
         return dest
@@ -262,33 +267,48 @@ def _docker_credentials(host: str) -> tuple[str, str] | None:
 
 
 def _pack(entry: Entry, dest: Path) -> None:
-    """The entry's tree as a tar (sorted, numeric owners, clamped times) compressed with zstd."""
-    command = (
-        f"tar -C {_sh(entry.tree)} --sort=name --numeric-owner --format=posix "
-        "--pax-option=exthdr.name=%d/PaxHeaders/%f,delete=atime,delete=ctime -cf - . "
-        f"| zstd -q -T0 -3 -o {_sh(dest)}"
-    )
-    result = subprocess.run(["bash", "-o", "pipefail", "-c", command], capture_output=True, text=True)
-    if result.returncode != 0:
-        raise BuildError(f"cannot pack {entry.name} {entry.key}: {result.stderr.strip()}")
+    """The entry's tree as a tar (sorted, numeric owners, clamped times) compressed with zstd.
+
+    tar's output is piped straight into zstd: two argv lists, no shell.
+    """
+    tar = [
+        "tar", "-C", str(entry.tree), "--sort=name", "--numeric-owner", "--format=posix",
+        "--pax-option=exthdr.name=%d/PaxHeaders/%f,delete=atime,delete=ctime", "-cf", "-", ".",
+    ]
+    with tempfile.TemporaryFile() as tar_err, tempfile.TemporaryFile() as zstd_err:
+        packer = subprocess.Popen(tar, stdout=subprocess.PIPE, stderr=tar_err, stdin=subprocess.DEVNULL)
+        assert packer.stdout is not None
+        try:
+            compressor = subprocess.run(["zstd", "-q", "-T0", "-3", "-f", "-o", str(dest)], stdin=packer.stdout,
+                                        stderr=zstd_err, check=False)
+        finally:
+            packer.stdout.close()
+            packed = packer.wait()
+        for code, err, tool in ((packed, tar_err, "tar"), (compressor.returncode, zstd_err, "zstd")):
+            if code != 0:
+                err.seek(0)
+                said = err.read().decode(errors="replace").strip()
+                raise BuildError(f"cannot pack {entry.name} {entry.key}: {tool}: {said}")
 
 
 def _unpack(blob: Path, tree: Path, work: Path) -> None:
-    """Decompress, refuse members that would land outside the tree, then unpack with GNU tar."""
-    from kiln.build.fetch import check_archive
+    """Decompress, refuse what check_archive refuses (read to a clean end, nothing out of the tree,
+    no devices), then unpack with GNU tar into the empty staging tree."""
+    from kiln.build.fetch import FetchError, check_archive
 
     plain = work / "tree.tar"
-    result = subprocess.run(["zstd", "-q", "-d", str(blob), "-o", str(plain)], capture_output=True, text=True)
+    result = subprocess.run(["zstd", "-q", "-d", "-f", "-o", str(plain), "--", str(blob)],
+                            capture_output=True, text=True)
     if result.returncode != 0:
         raise RemoteError(f"cannot decompress a pulled tree: {result.stderr.strip()}")
-    check_archive(plain, "pulled tree")
-    result = subprocess.run(["tar", "-xpf", str(plain), "--numeric-owner", "-C", str(tree)],
+    try:
+        if check_archive(plain, "pulled tree", strip_components=0) != "tar":
+            raise RemoteError("a pulled tree is not a tar archive")
+    except FetchError as exc:
+        raise RemoteError(exc.message) from None
+    if any(tree.iterdir()):
+        raise RemoteError(f"cannot unpack a pulled tree: {tree} is not empty")
+    result = subprocess.run(["tar", "-xpf", str(plain), "--numeric-owner", "--no-overwrite-dir", "-C", str(tree)],
                             capture_output=True, text=True)
     if result.returncode != 0:
         raise RemoteError(f"cannot unpack a pulled tree: {result.stderr.strip()}")
-
-
-def _sh(path: Path) -> str:
-    import shlex
-
-    return shlex.quote(str(path))

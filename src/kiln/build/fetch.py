@@ -55,11 +55,9 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Literal, Protocol
 from urllib.parse import unquote, urlsplit
 
-import yaml
-
 from kiln.errors import InputError, InputErrors, KilnError, Location
 from kiln.pkg.model import Source
-from kiln.pkg.yamlpos import DuplicateKey, parse
+from kiln.pkg.yamlpos import read_yaml_file
 
 if TYPE_CHECKING:  # requests and urllib3 are imported when a download happens: a no-op build needs neither
     import requests
@@ -154,15 +152,7 @@ def load_mirrors(project_root: Path) -> list[Mirror]:
     if not config.is_file():
         return list(DEFAULT_MIRRORS)
     file = str(config)
-    try:
-        positioned = parse(config.read_text())
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        raise InputError(f"YAML syntax: {exc.problem or exc}", Location(file, mark.line + 1 if mark else 0)) from None
-    except yaml.YAMLError as exc:
-        raise InputError(f"YAML syntax: {exc}", Location(file)) from None
-    except DuplicateKey as exc:
-        raise InputError(str(exc), Location(file, exc.line)) from None
+    positioned = read_yaml_file(config, what=CONFIG_FILE)
     data = positioned.value
     if data is None:
         return list(DEFAULT_MIRRORS)

@@ -384,10 +384,10 @@ def test_fetch_refuses_unsafe_archive_and_remembers(server: Server, cache: Path,
         fetcher(cache).fetch(source, where)
     assert str(info.value).startswith(f"pkgs/evil/pkg.yaml:4: {source.url}: unsafe archive evil.tar.gz: ")
     marker = cache / "sources" / (sha(data) + ".checked")
-    assert marker.read_text().startswith("refused\n")
+    assert marker.read_text().startswith("check 2\nrefused\n")
     with pytest.raises(FetchError, match="'pkg/passwd' is a symlink"):
         fetcher(cache).fetch(source, where)
-    marker.write_text("ok\n")  # the verdict is read, not recomputed
+    marker.write_text("check 2\nok\n")  # the verdict is read, not recomputed
     assert fetcher(cache).fetch(source, where).read_bytes() == data
 
 
@@ -395,7 +395,7 @@ def test_fetch_checks_benign_archive_once(server: Server, cache: Path, tmp_path:
     data = make_tar(tmp_path / "ok.tar.xz", [entry("pkg/"), entry("pkg/f")], "w:xz").read_bytes()
     server.files["/ok.tar.xz"] = data
     fetcher(cache).fetch(remote(server.url + "/ok.tar.xz", data))
-    assert (cache / "sources" / (sha(data) + ".checked")).read_text() == "ok\n"
+    assert (cache / "sources" / (sha(data) + ".checked")).read_text() == "check 2\nok\n"
 
 
 # --- placing ---------------------------------------------------------------------------------------------------

@@ -442,3 +442,17 @@ def test_pack_and_unpack_round_trip_without_a_shell(tmp_path: Path) -> None:
     tree.mkdir()
     _unpack(blob, tree, tmp_path)
     assert (tree / "bin" / "tool").read_bytes() == b"tool" and os.readlink(tree / "lib") == "bin"
+
+
+def test_verdict_of_the_older_check_is_judged_again(tmp_path: Path, mirror: Path) -> None:
+    data = corrupt_after_first([entry("a", tarfile.DIRTYPE), entry("b", tarfile.DIRTYPE),
+                                entry("c", tarfile.SYMTYPE, "/etc/passwd")])
+    fetcher, _, _ = cached(tmp_path, mirror, b"placeholder")
+    (mirror / "evil.tar").write_bytes(data)
+    evil = Source(url="http://127.0.0.1:9/evil.tar", destination="evil.tar", sha256=sha(data))
+    with pytest.raises(FetchError, match="unreadable tar header"):
+        fetcher.fetch(evil)
+    marker = fetcher.path_for(sha(data)).with_name(sha(data) + ".checked")
+    marker.write_text("ok\n")  # what the check before this one said about it
+    with pytest.raises(FetchError, match="unreadable tar header"):
+        fetcher.fetch(evil)

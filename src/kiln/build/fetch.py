@@ -20,7 +20,7 @@ cached source regardless of stamps (verify_sources).
 
 Layout of `$KILN_CACHE/sources/`:
     <sha256>            the verified file (mode 0444)
-    <sha256>.checked    the archive check's verdict for those bytes
+    <sha256>.checked    the archive check's verdict for those bytes (CHECK_VERSION first)
     <sha256>.verified   the stat stamp of the last full hash
     .part-*             downloads and markers being written; a download holds an
                         flock on its file while it is written, so remove_stale_partials
@@ -69,6 +69,8 @@ CONFIG_FILE = "kiln.yaml"
 MIRRORS_ENV = "KILN_MIRRORS"
 CHUNK = 1 << 20
 CHECKED_SUFFIX = ".checked"
+# First line of a `.checked` verdict; a verdict of an older check_archive (another first line) is redone.
+CHECK_VERSION = "check 2\n"
 STAMP_SUFFIX = ".verified"
 PART_PREFIX = ".part-"
 STALE_PARTIAL_SECONDS = 600.0
@@ -438,8 +440,11 @@ class Fetcher:
         try:
             verdict = marker.read_text()
         except FileNotFoundError:
-            verdict = self._judge(path, unquote(_url_name(url)) or path.name)
+            verdict = ""
+        if not verdict.startswith(CHECK_VERSION):  # none yet, or by an older, weaker check: judge again
+            verdict = CHECK_VERSION + self._judge(path, unquote(_url_name(url)) or path.name)
             _write_atomic(marker, verdict)
+        verdict = verdict.removeprefix(CHECK_VERSION)
         if verdict.startswith("refused\n"):
             raise FetchError(f"{url}: {verdict.removeprefix('refused').strip()}", where)
 

@@ -7,8 +7,17 @@ Every error that comes from bad input carries a location so the CLI can print
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
+
+_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """Control characters escaped (\\x1b, \\n): file names and values from hostile input
+    reach the terminal in messages, where raw escapes could rewrite what a user sees."""
+    return _UNPRINTABLE.sub(lambda m: repr(m.group())[1:-1], text)
 
 
 def display_path(path: Path | str) -> str:
@@ -29,7 +38,7 @@ class Location:
     line: int = 0
 
     def __str__(self) -> str:
-        shown = display_path(self.file)
+        shown = printable(display_path(self.file))
         return f"{shown}:{self.line}" if self.line else shown
 
 
@@ -48,7 +57,10 @@ class KilnError(Exception):
 
 
 class InputError(KilnError):
-    """Bad input: a pkg.yaml, vars.yaml, profile or command-line value."""
+    """Bad input: a pkg.yaml, vars.yaml, profile or command-line value; shown on one printable line."""
+
+    def __init__(self, message: str, location: Location | None = None) -> None:
+        super().__init__(printable(message), location)
 
 
 class InputErrors(KilnError):

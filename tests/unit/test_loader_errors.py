@@ -81,12 +81,13 @@ CASES: dict[str, tuple[dict[str, str], list[str]]] = {
     ),
     "relative finalize path": (
         {"a/pkg.yaml": "name: a\nvariant: stage0\nfinalize:\n  - from: out\n    to: /\n"},
-        ["pkgs/a/pkg.yaml:4: from must be an absolute path without '..', not 'out'"],
+        ["pkgs/a/pkg.yaml:4: from must be an absolute path without '..' or control characters, not 'out'"],
     ),
     "dotdot in to": (
         {"base/pkg.yaml": OK_DEP, "a/pkg.yaml": "name: a\nvariant: stage0\ndependencies:\n"
          "  - stage: base\n    to: /usr/../../etc\n"},
-        ["pkgs/a/pkg.yaml:5: to must be an absolute path without '..', not '/usr/../../etc'"],
+        ["pkgs/a/pkg.yaml:5: to must be an absolute path without '..', ':', ',' or control characters (it becomes an "
+         "overlay mount option), not '/usr/../../etc'"],
     ),
     "destination escapes build dir": (
         {
@@ -95,7 +96,8 @@ CASES: dict[str, tuple[dict[str, str], list[str]]] = {
                 f"        destination: ../a.tgz\n        sha256: {SHA}\nfinalize: [{{from: /, to: /}}]\n"
             )
         },
-        ["pkgs/a/pkg.yaml:6: destination must be a path relative to /tmp/build without '..', not '../a.tgz'"],
+        ["pkgs/a/pkg.yaml:6: destination must be a path relative to /tmp/build without '..' or control characters, "
+         "not '../a.tgz'"],
     ),
     "undefined variable": (
         {"a/pkg.yaml": "name: a\nvariant: stage0\nsteps:\n  - build:\n      - make {{ flags }}\n"

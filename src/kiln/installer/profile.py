@@ -12,12 +12,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from kiln import __version__
 from kiln.errors import InputError, InputErrors, Location
 from kiln.pkg import schema
-from kiln.pkg.yamlpos import DuplicateKey, Path_, Positioned, parse
+from kiln.pkg.yamlpos import Path_, Positioned, read_yaml_file
 from kiln.rootfs.assemble import BASE_ROOTFS
 
 # Where an embedded machine config lands in the rootfs; the command line names it (kiln.config=).
@@ -92,15 +90,7 @@ def parse_size(text: str) -> int:
 def load_profile(file: Path) -> Profile:
     """Read and check one profile; raises InputError(s) with file:line."""
     where = str(file)
-    try:
-        positioned = parse(file.read_text())
-    except OSError as exc:
-        raise InputError(f"cannot read profile: {exc.strerror}", Location(where)) from None
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark
-        raise InputError(f"YAML syntax: {exc.problem}", Location(where, mark.line + 1 if mark else 0)) from None
-    except DuplicateKey as exc:
-        raise InputError(str(exc), Location(where, exc.line)) from None
+    positioned = read_yaml_file(file, what="profile")
     data = positioned.value
     if not isinstance(data, dict):
         raise InputError("a profile must be a mapping", Location(where, 1))

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kiln.errors import InputError, InputErrors, Location
+from kiln.pkg.paths import name_problem, path_problem
 from kiln.pkg.yamlpos import Path_, Positioned
 
 VARIANTS = ("stage0", "toolchain", "scratch")
@@ -85,7 +88,12 @@ class Package:
 
     @classmethod
     def from_spec(cls, spec: dict[str, Any], file: Path, positions: Positioned, template_line: Any) -> Package:
-        """Build the model from a spec already validated by the schema; fills defaults."""
+        """Build the model from a spec already validated by the schema; fills defaults.
+
+        Paths and names are checked again here, whole-string, so a schema pattern
+        that is too loose can never let a path through to the runners.
+        """
+        _check_paths(spec, file, positions, template_line)
         deps = tuple(
             Dependency(d["stage"], d.get("from", "/"), d.get("to", "/"), bool(d.get("runtime", False)))
             for d in spec.get("dependencies", [])
@@ -146,6 +154,55 @@ class Package:
             "finalize": [{"from": f.source, "to": f.to} for f in self.finalize],
             "extension": self.spec.get("extension"),
         }
+
+
+def _path_fields(spec: dict[str, Any]) -> list[tuple[Path_, Any, bool, bool]]:
+    """(where, value, absolute, mount option) of every path a spec names."""
+    fields: list[tuple[Path_, Any, bool, bool]] = []
+    for i, dep in enumerate(spec.get("dependencies", [])):
+        for key in ("from", "to"):
+            if key in dep:
+                fields.append((("dependencies", i, key), dep[key], True, True))
+    for i, step in enumerate(spec.get("steps", [])):
+        for j, source in enumerate(step.get("sources", [])):
+            for key in ("destination", "path"):
+                if key in source:
+                    fields.append((("steps", i, "sources", j, key), source[key], False, False))
+    for i, fin in enumerate(spec.get("finalize", [])):
+        for key in ("from", "to"):
+            fields.append((("finalize", i, key), fin.get(key), True, False))
+    return fields
+
+
+def _check_paths(spec: dict[str, Any], file: Path, positions: Positioned, template_line: Any) -> None:
+    """All path and name problems of a spec at once, located on template lines."""
+    def where(path: Path_) -> Location:
+        line = positions.line(path)
+        return Location(str(file), int(template_line(line)) if template_line else line)
+
+    errors: list[InputError] = []
+    names: list[tuple[Path_, Any]] = [(("name",), spec.get("name"))]
+    names += [(("dependencies", i, "stage"), d.get("stage")) for i, d in enumerate(spec.get("dependencies", []))]
+    for path, value in names:
+        problem = name_problem(value)
+        if problem:
+            errors.append(InputError(f"{path[-1]} {problem}, not {value!r}", where(path)))
+    for path, value, absolute, mount in _path_fields(spec):
+        problem = path_problem(value, absolute=absolute, mount=mount)
+        if problem:
+            errors.append(InputError(f"{path[-1]} {problem}, not {value!r}", where(path)))
+    for i, step in enumerate(spec.get("steps", [])):
+        for key in step.get("env", {}):
+            if not isinstance(key, str) or not _ENV_NAME.fullmatch(key):
+                errors.append(InputError(f"env name {key!r} is not a valid shell variable name",
+                                         where(("steps", i, "env"))))
+    if len(errors) == 1:
+        raise errors[0]
+    if errors:
+        raise InputErrors(list(errors))
+
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def _env_value(value: Any) -> str:

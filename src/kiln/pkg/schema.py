@@ -96,7 +96,7 @@ def _messages(error: jsonschema.ValidationError) -> Iterator[tuple[Path_, str]]:
         allowed = set(schema.get("properties", {}))
         for key in value:
             if key not in allowed:
-                yield (*path, str(key)), f"unknown key '{key}'{where}{suggest(str(key), allowed)}"
+                yield (*path, str(key)), f"unknown key {str(key)!r}{where}{suggest(str(key), allowed)}"
     elif error.validator == "required":
         for key in wanted:
             if key not in value:
@@ -128,9 +128,19 @@ def validate(instance: Any, name: str = "pkg.schema.json", package: str = "kiln.
     try:
         _fast_check(name, package)(instance)
         return []
-    except fastjsonschema.JsonSchemaException:
-        pass
+    except fastjsonschema.JsonSchemaException as exc:
+        fast = exc
     found: list[tuple[Path_, str]] = []
     for error in _validator(name, package).iter_errors(instance):
         found.extend(_messages(error))
+    if not found:
+        # The two validators disagree (their regex dialects differ): refusing is the safe side.
+        path = _fast_path(fast)
+        found.append((path, f"{_field(path)}: {fast}"))
     return found
+
+
+def _fast_path(exc: fastjsonschema.JsonSchemaException) -> Path_:
+    """fastjsonschema's error path ('data', 'steps', 0, ...) without its root name."""
+    parts = list(getattr(exc, "path", []) or [])[1:]
+    return tuple(p if isinstance(p, int) else str(p) for p in parts)

@@ -111,53 +111,94 @@ def _hashable_key(key: Any) -> Any:
     return str(key) if isinstance(key, list | dict) else key
 
 
-def _walk(events: Any, builder: _Builder) -> Any:
-    """Build the first document's value from events, without recursion, depth-capped."""
-    # Each frame: [container, path, pending key or _NO_KEY, key line, seen keys]
+_NO_KEY = object()
+_KEY_MARK = "\0key"
+_SCALAR, _ALIAS = yaml.ScalarEvent, yaml.AliasEvent
+_SEQ_START, _MAP_START = yaml.SequenceStartEvent, yaml.MappingStartEvent
+_SEQ_END, _MAP_END, _DOC_END = yaml.SequenceEndEvent, yaml.MappingEndEvent, yaml.DocumentEndEvent
+_IMPLICIT = yaml.resolver.Resolver.yaml_implicit_resolvers
+
+
+def _walk(next_event: Any, builder: _Builder) -> Any:
+    """Build the first document's value from events, without recursion, depth-capped.
+
+    One loop with the event class compared by identity: this walk is most of the cost
+    of loading a tree, so it stays flat.
+    """
+    # Each frame: [container, path, pending key or _NO_KEY, key line, seen keys, under a key]
     stack: list[list[Any]] = []
+    lines = builder.lines
     root: Any = None
-    done = False
-    for event in events:
-        if isinstance(event, yaml.StreamStartEvent | yaml.DocumentStartEvent | yaml.StreamEndEvent):
-            continue
-        if isinstance(event, yaml.DocumentEndEvent):
-            done = True
+    while True:
+        event = next_event()
+        if event is None:
             break
-        _refuse_anchor(event)
-        line = _line(event)
-        if isinstance(event, yaml.SequenceEndEvent | yaml.MappingEndEvent):
-            value = stack.pop()[0]
-        elif isinstance(event, yaml.SequenceStartEvent | yaml.MappingStartEvent):
+        kind = event.__class__
+        if kind is _SCALAR:
+            if event.anchor is not None:
+                _refuse_anchor(event)
+            value = _scalar(event, builder)
+        elif kind is _SEQ_START or kind is _MAP_START:
+            if event.anchor is not None:
+                _refuse_anchor(event)
+            line = event.start_mark.line + 1
             if len(stack) >= MAX_DEPTH:
                 raise YamlProblem(f"nested more than {MAX_DEPTH} levels deep", line)
-            frame_path = _record(stack, line, builder)
-            container: Any = [] if isinstance(event, yaml.SequenceStartEvent) else {}
-            stack.append([container, frame_path, _NO_KEY, 0, {}])
+            path = _record(stack, line, lines)
+            stack.append([[] if kind is _SEQ_START else {}, path, _NO_KEY, 0, {}])
             continue
-        else:
-            value = builder.scalar(event)
-            _record(stack, line, builder)
+        elif kind is _SEQ_END or kind is _MAP_END:
+            value = stack.pop()[0]
+        elif kind is _ALIAS:
+            _refuse_anchor(event)
+        elif kind is _DOC_END:
+            _single_document(next_event())
+            break
+        else:  # stream and document starts
+            continue
         if not stack:
+            if kind is _SCALAR:
+                lines[()] = event.start_mark.line + 1
             root = value
             continue
-        _attach(stack[-1], value, line)
-    if not done and stack:  # pragma: no cover - the parser reports unclosed collections first
-        raise YamlProblem("unexpected end of document", 1)
+        frame = stack[-1]
+        container = frame[0]
+        if container.__class__ is list:
+            if kind is _SCALAR and _KEY_MARK not in frame[1]:
+                lines[(*frame[1], len(container))] = event.start_mark.line + 1
+            container.append(value)
+        elif frame[2] is _NO_KEY:
+            _take_key(frame, value, event.start_mark.line + 1)
+        else:
+            if kind is _SCALAR and _KEY_MARK not in frame[1]:
+                key = frame[2]
+                lines[(*frame[1], key if key.__class__ is str else str(key))] = frame[3]
+            container[frame[2]] = value
+            frame[2] = _NO_KEY
     return root
 
 
-_NO_KEY = object()
-_KEY_MARK = "\0key"
+def _single_document(event: Any) -> None:
+    """As yaml.compose: a second document in the stream is an error, not silently dropped."""
+    if isinstance(event, yaml.DocumentStartEvent):
+        raise YamlProblem("expected a single YAML document, found another", _line(event))
 
 
-def _record(stack: list[list[Any]], line: int, builder: _Builder) -> Path_:
-    """Path of the value about to be added to the innermost container, its line recorded.
+def _scalar(event: Any, builder: _Builder) -> Any:
+    """Plain text stays text without the resolver unless its first character could start another type."""
+    if event.tag is None and (not event.implicit[0] or event.value[:1] not in _IMPLICIT):
+        return event.value
+    return builder.scalar(event)
+
+
+def _record(stack: list[list[Any]], line: int, lines: dict[Path_, int]) -> Path_:
+    """Path of a collection about to be added to the innermost container, its line recorded.
 
     A mapping value's line is its key's line, as users point at `key: value`; values
     inside a mapping key (rare) get no lines.
     """
     if not stack:
-        builder.lines[()] = line
+        lines[()] = line
         return ()
     container, path, key = stack[-1][0], stack[-1][1], stack[-1][2]
     if isinstance(container, list):
@@ -168,38 +209,33 @@ def _record(stack: list[list[Any]], line: int, builder: _Builder) -> Path_:
         child = (*path, key if isinstance(key, str) else str(key))
         line = stack[-1][3]
     if _KEY_MARK not in path:
-        builder.lines[child] = line
+        lines[child] = line
     return child
 
 
-def _attach(frame: list[Any], value: Any, line: int) -> None:
-    """Add a finished value to its container: an item, a mapping key, or a key's value."""
-    container = frame[0]
-    if isinstance(container, list):
-        container.append(value)
-        return
-    if frame[2] is _NO_KEY:
-        key = _hashable_key(value)
-        seen: dict[Any, int] = frame[4]
-        try:
-            first = seen.get(key)
-        except TypeError:  # an unhashable scalar key (a set-like value): keep its text
-            key = str(key)
-            first = seen.get(key)
-        if first is not None:
-            raise DuplicateKey(str(key), line, first)
-        seen[key] = line
-        frame[2], frame[3] = key, line
-        return
-    key = frame[2]
-    container[key] = value
-    frame[2] = _NO_KEY
+def _take_key(frame: list[Any], value: Any, line: int) -> None:
+    """A finished mapping key: refused if repeated, else waiting for its value."""
+    key = _hashable_key(value)
+    seen: dict[Any, int] = frame[4]
+    try:
+        first = seen.get(key)
+    except TypeError:  # an unhashable scalar key (a set-like value): keep its text
+        key = str(key)
+        first = seen.get(key)
+    if first is not None:
+        raise DuplicateKey(str(key), line, first)
+    seen[key] = line
+    frame[2], frame[3] = key, line
 
 
 def parse(text: str) -> Positioned:
     """Parse one YAML document; raises yaml.YAMLError or YamlProblem (DuplicateKey among them)."""
     builder = _Builder()
-    value = _walk(yaml.parse(text, Loader=_Loader), builder)
+    loader = _Loader(text)
+    try:
+        value = _walk(loader.get_event, builder)
+    finally:
+        loader.dispose()
     if value is None:
         return Positioned(None, {(): 1})
     return Positioned(value, builder.lines)

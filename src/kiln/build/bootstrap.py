@@ -273,7 +273,9 @@ class Image:
                 return manifest
             seen.append(f"{config.get('os')}/{config.get('architecture')}")
         has = ", ".join(dict.fromkeys(seen)) or "no image at all"
-        raise NoImage(f"no image for {platform} in this archive (it has {has}); choose one of those with --platform", self.where)
+        raise NoImage(
+            f"no image for {platform} in this archive (it has {has}); choose one of those with --platform", self.where
+        )
 
     def check_platform(self, config: Any, platform: Platform) -> None:
         found = (_mapping(config).get("os"), _mapping(config).get("architecture"))

@@ -198,7 +198,7 @@ def test_data_after_end_marker_is_refused(tmp_path: Path) -> None:
     good = tar_bytes([entry("pkg/f")])
     evil = tar_bytes([entry("evil", tarfile.SYMTYPE, "/etc")])
     archive = tmp_path / "two.tar"
-    archive.write_bytes(good[:2048] + evil)  # a lone zero block then another archive
+    archive.write_bytes(good[:2048] + evil)  # the end marker, then another archive (`tar -i` would unpack it)
     with pytest.raises(FetchError, match="data after the end-of-archive marker"):
         check_archive(archive)
 
@@ -297,7 +297,8 @@ def test_unsafe_zips_are_refused(tmp_path: Path, members: list[tuple[str, bytes,
 
 def test_benign_zip_is_accepted(tmp_path: Path) -> None:
     archive = make_zip(tmp_path / "ok.zip", [("pkg/", b"", stat.S_IFDIR | 0o755), ("pkg/f", b"f", 0o100644),
-                                             ("pkg/l", b"f", stat.S_IFLNK | 0o777)])
+                                             ("pkg/l", b"f", stat.S_IFLNK | 0o777),
+                                             ("pkg/top", b"../pkg/f", stat.S_IFLNK | 0o777)])  # unzip strips nothing
     assert check_archive(archive) == "zip"
 
 
@@ -361,6 +362,9 @@ def test_stale_partials_removed_but_a_held_one_survives(tmp_path: Path) -> None:
         assert remove_stale_partials(tmp_path / "cache") == [dead]
     assert not dead.exists() and held.exists() and young.exists()
     assert remove_stale_partials(tmp_path / "cache", older_than=0) == [held, young]
+    (sources / ".part-dir").mkdir()
+    (sources / ".part-link").symlink_to(tmp_path)
+    assert remove_stale_partials(tmp_path / "cache", older_than=0) == []  # only regular files are partials
 
 
 def test_a_download_in_progress_holds_its_partial(tmp_path: Path, mirror: Path) -> None:

@@ -56,6 +56,7 @@ from typing import TYPE_CHECKING, Literal, Protocol
 from urllib.parse import unquote, urlsplit
 
 from kiln.errors import InputError, InputErrors, KilnError, Location
+from kiln.paths import PathEscape, join_inside
 from kiln.pkg.model import Source
 from kiln.pkg.yamlpos import read_yaml_file
 
@@ -570,6 +571,9 @@ def _unless_held(path: Path) -> Iterator[bool]:
         yield False
         return
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            yield False
+            return
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -913,7 +917,10 @@ def check_archive(path: Path, name: str | None = None, strip_components: int | N
     if members is None:
         return None
     _check_names(members, shown)
-    levels = (strip_components,) if strip_components is not None else STRIP_LEVELS
+    if strip_components is not None:
+        levels: tuple[int, ...] = (strip_components,)
+    else:
+        levels = STRIP_LEVELS if checked == "tar" else (0,)  # unzip strips nothing
     for level in levels:
         _check_links(members, shown, level)
     return checked
@@ -1025,10 +1032,11 @@ def _target(build_dir: Path, destination: str) -> Path:
         current = current / part
         if current.is_symlink() and not current.resolve().is_relative_to(root):
             raise FetchError(f"destination {destination!r} leads out of the build directory through a symlink")
-        current.mkdir(exist_ok=True)
-    target = current / parts[-1]
-    if not target.parent.resolve().is_relative_to(root):
-        raise FetchError(f"destination {destination!r} leads out of the build directory")
+    try:  # the join itself resolves links inside the build directory, never with the host's view
+        target = join_inside(root, destination, follow_last=False, what="destination")
+    except PathEscape as exc:
+        raise FetchError(exc.message) from None
+    target.parent.mkdir(parents=True, exist_ok=True)
     if target.is_symlink() or target.is_file():
         target.unlink()
     return target

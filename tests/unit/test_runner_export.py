@@ -11,9 +11,10 @@ import pytest
 from kiln.build.fetch import place_local
 from kiln.build.keys import compute_keys, stage0_key
 from kiln.build.remote import Ref
-from kiln.build.runners.base import Layer, RootPlan, finalize_script
+from kiln.build.runners.base import Layer, RootPlan
 from kiln.build.runners.buildkit import BuildLog, Exporter, stage_id
-from kiln.errors import InputError
+from kiln.build.runners.finalize import finalize_tree
+from kiln.errors import BuildError, InputError
 from kiln.pkg.graph import Graph
 from kiln.pkg.loader import load_tree
 from kiln.pkg.model import Package
@@ -123,7 +124,7 @@ def test_root_plan_orders_layers_top_first() -> None:
     assert plan.base == [seed, tool]
 
 
-def test_finalize_script_copies_directory_contents_files_and_links(tmp_path: Path) -> None:
+def test_finalize_copies_directory_contents_files_and_links(tmp_path: Path) -> None:
     root, out = tmp_path / "root", tmp_path / "out"
     (root / "out/sub").mkdir(parents=True)
     (root / "out/sub/f").write_text("x")
@@ -131,10 +132,9 @@ def test_finalize_script_copies_directory_contents_files_and_links(tmp_path: Pat
     (root / "etc/conf").write_text("c")
     (root / "link").symlink_to("etc/conf")
     out.mkdir()
-    script = finalize_script(root, [("/out", "/"), ("/etc/conf", "/etc/renamed"), ("/link", "/l")], out)
-    assert subprocess.run(["sh", "-c", script]).returncode == 0
+    finalize_tree(root, [("/out", "/"), ("/etc/conf", "/etc/renamed"), ("/link", "/l")], out)
     assert (out / "sub/f").read_text() == "x"
     assert (out / "etc/renamed").read_text() == "c"
     assert (out / "l").is_symlink()
-    missing = finalize_script(root, [("/nope", "/")], out)
-    assert subprocess.run(["sh", "-c", missing], capture_output=True).returncode == 3
+    with pytest.raises(BuildError, match="finalize: /nope does not exist in the build root"):
+        finalize_tree(root, [("/nope", "/")], out)

@@ -19,6 +19,7 @@ from kiln.build.keys import file_sha256, local_source_digest, stage0_key, tree_d
 from kiln.build.runners.base import BuildRoot, Layer, RootPlan, Runner, base_env
 from kiln.build.store import Entry, Store
 from kiln.errors import BuildError, Location
+from kiln.paths import PathEscape, join_inside, spec_parts
 from kiln.pkg.graph import Graph
 from kiln.pkg.model import Package
 
@@ -86,14 +87,17 @@ class Builder:
     def plan(self, package: Package) -> RootPlan:
         """The package's root: dependencies as declared, their runtime closures, the toolchain, the seed."""
         deps = []
+        where = Location(str(package.file), package.line(("dependencies",)))
         for dep in self.graph.build_inputs(package.name):
             key = self.keys[dep.stage]
-            part = self.store.tree(key) / dep.source.lstrip("/")
+            # Resolved inside the stored tree: the overlay follows links in it with the host's view.
+            try:
+                part = join_inside(self.store.tree(key), dep.source, what=f"dependency '{dep.stage}' 'from'")
+                spec_parts(dep.to, f"dependency '{dep.stage}' 'to'")
+            except PathEscape as exc:
+                raise BuildError(exc.message, where) from None
             if not part.exists():
-                raise BuildError(
-                    f"dependency '{dep.stage}' has no {dep.source} in its output",
-                    Location(str(package.file), package.line(("dependencies",))),
-                )
+                raise BuildError(f"dependency '{dep.stage}' has no {dep.source} in its output", where)
             deps.append(Layer(part, dep.to, key))
         toolchain = seed = None
         if package.variant == "toolchain":

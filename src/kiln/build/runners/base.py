@@ -2,8 +2,9 @@
 
 The Builder describes a package's root as a `RootPlan` (runner-independent), asks a
 runner to `open` it, places sources in the root's `build_dir`, then runs snippets and
-finalize through the `BuildRoot` protocol. Keeping the environment, capability set and
-finalize copy rules here is what makes one package give one output tree on every runner.
+finalize through the `BuildRoot` protocol. Keeping the environment and capability set
+here, and the finalize copy rules in kiln.build.runners.finalize (which every runner
+ends with), is what makes one package give one output tree on every runner.
 """
 
 from __future__ import annotations
@@ -107,21 +108,3 @@ class Runner(Protocol):
     def open(self, plan: RootPlan, work: Path) -> BuildRoot:
         """A root for `plan` using `work` (an empty host dir) for its state."""
         ...
-
-
-def finalize_script(root: Path, copies: list[tuple[str, str]], out: Path) -> str:
-    """Shell that copies each `from` of the merged root to `to` under out.
-
-    A directory's contents (and its own mode) go to `to`; a file or symlink is copied as
-    itself. Every runner ends with this script on the host, so the copy rules are one.
-    """
-    lines = ["set -eu"]
-    for source, to in copies:
-        src = f"{root}{source}" if source != "/" else str(root)
-        dst = f"{out}{to}" if to != "/" else str(out)
-        lines.append(
-            f'if [ -d "{src}" ] && [ ! -L "{src}" ]; then mkdir -p "{dst}"; cp -a "{src}/." "{dst}/"; '
-            f'elif [ -e "{src}" ] || [ -L "{src}" ]; then mkdir -p "$(dirname "{dst}")"; cp -a "{src}" "{dst}"; '
-            f'else echo "finalize: {source} does not exist in the build root" >&2; exit 3; fi'
-        )
-    return "\n".join(lines)

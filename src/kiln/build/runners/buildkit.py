@@ -39,6 +39,7 @@ from kiln.build.runners.base import STEP_WRAPPER, RootPlan, base_env
 from kiln.build.scheduler import BUILT, CACHED, FAILED, Outcome, Progress
 from kiln.build.store import Store
 from kiln.errors import BuildError, InputError
+from kiln.paths import spec_parts
 from kiln.pkg.graph import Graph
 from kiln.pkg.model import Package
 
@@ -198,7 +199,11 @@ class Exporter:
 
 
 def _q(path: str) -> str:
-    """A path as a JSON-free COPY argument; spaces would need the JSON form, which COPY --from also takes."""
+    """A path as a JSON-free COPY argument; spaces would need the JSON form, which COPY --from also takes.
+
+    Control characters and `..` are refused as on every runner (kiln.paths.spec_parts).
+    """
+    spec_parts(path)
     if any(c.isspace() for c in path):
         raise InputError(f"path {path!r} has white space, which the Dockerfile export does not support")
     return path

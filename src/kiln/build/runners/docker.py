@@ -5,8 +5,10 @@ plus the toolchain output committed once as `kiln/base:<digest>`); each package 
 gets a container from its base image with its dependency outputs written in at their
 `to`, its sources at /tmp/build, the sandbox's environment, uid 0, Docker's default
 capabilities (the sandbox's set) and no network unless a step declares it. Finalize
-copies the paths out with get_archive and leaves the same copy rules to
-`finalize_script`, so the store sees the tree the sandbox would give.
+copies each path out with get_archive (which resolves it inside the container) into a
+fresh directory of its own, then applies the same copy rules as the sandbox
+(kiln.build.runners.finalize: no shell, no host view of symlinks), so the store sees
+the tree the sandbox would give.
 
 Everything crosses the engine API (no bind mounts), so a remote engine (`DOCKER_HOST`)
 works the same as the local one.
@@ -29,8 +31,10 @@ from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
 from kiln.build.keys import digest
-from kiln.build.runners.base import BUILD_DIR, CAPABILITIES, STEP_WRAPPER, Layer, RootPlan, finalize_script
+from kiln.build.runners.base import BUILD_DIR, CAPABILITIES, STEP_WRAPPER, Layer, RootPlan
+from kiln.build.runners.finalize import copy_path
 from kiln.errors import BuildError
+from kiln.paths import join_inside, spec_parts
 
 STAGE0_REPO = "kiln/stage0"
 BASE_REPO = "kiln/base"
@@ -135,15 +139,16 @@ def _dir_headers(paths: list[str]) -> bytes:
     return buffer.getvalue()
 
 
-def _exists_in(layers: list[Layer], path: str) -> Path | None:
-    """The host path of `path` in the topmost layer that has it, or None."""
+def _exists_in(layers: list[Layer], path: str) -> tuple[Layer, str] | None:
+    """The topmost layer that has `path` (resolved inside the layer, never with the host's view), and
+    the path relative to that layer's top; None if no layer has it."""
     for layer in layers:
-        at = PurePosixPath(layer.at)
+        at = PurePosixPath("/", *spec_parts(layer.at, "dependency 'to'"))
         target = PurePosixPath(path)
         if target == at or at in target.parents:
-            host = layer.tree / str(target.relative_to(at))
-            if os.path.lexists(host):
-                return host
+            rel = str(target.relative_to(at))
+            if os.path.lexists(join_inside(layer.tree, rel, follow_last=False)):
+                return layer, rel
     return None
 
 
@@ -266,7 +271,7 @@ class DockerRoot:
         return int(code) if code is not None else 1
 
     def finalize(self, copies: list[tuple[str, str]], out: Path, log: IO[bytes]) -> int:
-        """Stop the container, copy each `from` out into a partial root, then the shared copy rules."""
+        """Stop the container, copy each `from` out into a directory of its own, then the shared copy rules."""
         import docker.errors
 
         if self.container is None:
@@ -274,37 +279,51 @@ class DockerRoot:
         else:
             with contextlib.suppress(docker.errors.APIError):
                 self.container.kill()
-        partial = self.work / "final"
-        partial.mkdir(exist_ok=True)
-        for source, _ in copies:
-            path = os.path.normpath(source)
-            dest = partial / PurePosixPath(path).parent.relative_to("/")
-            dest.mkdir(parents=True, exist_ok=True)
-            try:
-                stream, _ = self.container.get_archive(path if path != "/" else "/.")
-            except docker.errors.NotFound:
-                continue  # finalize_script reports the missing path
-            target = partial if path == "/" else dest
-            _untar(stream, target, log)
+        try:
+            for index, (source, to) in enumerate(copies):
+                partial = self._copy_out(source, self.work / "final" / str(index), log)
+                copy_path(partial, source, out, to)
+        except BuildError as exc:
+            log.write(f"kiln: {exc}\n".encode())
+            return 3
+        return 0
+
+    def _copy_out(self, source: str, partial: Path, log: IO[bytes]) -> Path:
+        """`source` of the container (if it exists) at the same path below `partial`, a fresh directory.
+
+        A fresh directory per entry: an earlier entry's paths (a symlink among them) are never
+        in the way of a later one's, and every directory made here is a plain one of ours.
+        """
+        import docker.errors
+
+        parts = spec_parts(source, "finalize 'from'")
+        dest = partial.joinpath(*parts[:-1])
+        dest.mkdir(parents=True)
+        try:
+            stream, _ = self.container.get_archive("/" + "/".join(parts) if parts else "/.")
+        except docker.errors.NotFound:
+            return partial  # copy_path reports the missing path
+        _untar(stream, dest, log)
         self._drop_init_layer(partial)
-        result = subprocess.run(
-            ["sh", "-c", finalize_script(partial, copies, out)], stdout=log, stderr=subprocess.STDOUT
-        )
-        return result.returncode
+        return partial
 
     def _drop_init_layer(self, partial: Path) -> None:
-        """Replace what Docker's init layer added with what the layers had there (or nothing)."""
+        """Replace what Docker's init layer added with what the layers had there (or nothing).
+
+        Paths are resolved inside `partial` and the layers, never with the host's view: a
+        package may have made /etc a link to anywhere.
+        """
         layers = self.plan.layers
         for path in _INIT_FILES:
-            host = partial / path.lstrip("/")
+            host = join_inside(partial, path, follow_last=False)
             if not os.path.lexists(host):
                 continue
             _remove(host)
             origin = _exists_in(layers, path)
             if origin is not None:
-                subprocess.run(["cp", "-a", str(origin), str(host)], check=True)
+                copy_path(origin[0].tree, origin[1], partial, path)
         for path in _INIT_DIRS:
-            host = partial / path.lstrip("/")
+            host = join_inside(partial, path, follow_last=False)
             if host.is_dir() and not host.is_symlink() and _exists_in(layers, path) is None and not any(
                 host.iterdir()
             ):

@@ -12,35 +12,27 @@ Docker's default capability set.
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import shutil
 import signal
 import subprocess
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
-from kiln.build.runners.base import BUILD_DIR, CAPABILITIES, Layer, RootPlan, base_env, finalize_script
+from kiln.build.runners.base import BUILD_DIR, CAPABILITIES, Layer, RootPlan, base_env
 from kiln.errors import BuildError
+from kiln.paths import spec_parts
 
-__all__ = ["BuildRoot", "Layer", "SandboxRoot", "SandboxRunner", "base_env", "bwrap_args", "finalize_script"]
+__all__ = ["BuildRoot", "Layer", "SandboxRoot", "SandboxRunner", "base_env", "bwrap_args"]
 
-# Mounts overlays given as "lowers|upper|work|target" arguments up to "--", then execs the rest.
-_MOUNT_SCRIPT = r"""
-set -eu
-while [ "$1" != "--" ]; do
-    spec=$1
-    lowers=${spec%%|*}; spec=${spec#*|}
-    upper=${spec%%|*}; spec=${spec#*|}
-    work=${spec%%|*}; target=${spec#*|}
-    mkdir -p "$target"
-    mount -t overlay kiln -o "lowerdir=$lowers,upperdir=$upper,workdir=$work" "$target"
-    shift
-done
-shift
-exec "$@"
-"""
+# The mount helper runs with the interpreter and the kiln package running now, and no
+# current directory on its path (-P), whatever the caller's directory holds.
+_KILN_PARENT = str(Path(__file__).resolve().parents[3])
+_MOUNTER = [sys.executable, "-P", "-m", "kiln.build.runners.mounter"]
 
 _PR_SET_PDEATHSIG = 1
 
@@ -57,7 +49,7 @@ class BuildRoot:
 
     work: Path
     layers: list[Layer]
-    mounts: list[str] = field(default_factory=list)
+    mounts: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def root(self) -> Path:
@@ -69,10 +61,15 @@ class BuildRoot:
         return self.work / "upper0" / "tmp" / "build"
 
     def prepare(self) -> None:
-        """Create uppers and short links to the layers (overlay's option string is capped at 4 KiB)."""
+        """Create uppers and short links to the layers (overlay's option string is capped at 4 KiB).
+
+        Each layer's `at` is checked here and resolved inside the merged root only when
+        mounted (by the mount helper), where the layers below it are visible.
+        """
         groups: dict[str, list[Path]] = {"/": []}
         for layer in self.layers:
-            groups.setdefault(os.path.normpath(layer.at), []).append(layer.tree)
+            at = "/" + "/".join(spec_parts(layer.at, "dependency 'to'"))
+            groups.setdefault(at, []).append(layer.tree)
         links = self.work / "l"
         links.mkdir(parents=True, exist_ok=True)
         empty = self.work / "empty"
@@ -89,25 +86,32 @@ class BuildRoot:
                     link.symlink_to(tree)
                 names.append(str(link))
                 counter += 1
-            target = self.root if at == "/" else self.root / at.lstrip("/")
             if at == "/":
                 names = names or [str(empty)]
-            else:
-                # Keep what the layers below already had at this path.
-                names.append(str(target))
             upper, work = self.work / f"upper{index}", self.work / f"work{index}"
             upper.mkdir(exist_ok=True)
             work.mkdir(exist_ok=True)
-            self.mounts.append(f"{':'.join(names)}|{upper}|{work}|{target}")
+            self.mounts.append({"lowers": names, "upper": str(upper), "work": str(work), "at": at})
         self.build_dir.mkdir(parents=True, exist_ok=True)
         (self.work / "upper0" / "tmp").chmod(0o1777)
 
+    def plan(self, finalize: dict[str, Any] | None = None) -> str:
+        """The mount helper's JSON plan (see kiln.build.runners.mounter)."""
+        plan: dict[str, Any] = {"root": str(self.root), "links": str(self.work / "l"), "mounts": self.mounts}
+        if finalize is not None:
+            plan["finalize"] = finalize
+        return json.dumps(plan)
+
     def command(self, inner: Sequence[str]) -> list[str]:
         """`inner` run inside a private mount namespace with the overlays mounted."""
-        return [
-            "unshare", "--mount", "--propagation", "private",
-            "sh", "-c", _MOUNT_SCRIPT, "kiln-mount", *self.mounts, "--", *inner,
-        ]
+        return [*_NAMESPACE, *_MOUNTER, self.plan(), "--", *inner]
+
+    def finalize_command(self, copies: list[tuple[str, str]], out: Path) -> list[str]:
+        """The finalize copy run inside the namespace, over the merged root (no shell, no bwrap)."""
+        return [*_NAMESPACE, *_MOUNTER, self.plan({"copies": copies, "out": str(out)})]
+
+
+_NAMESPACE = ["unshare", "--mount", "--propagation", "private"]
 
 
 def bwrap_args(root: Path, env: dict[str, str], network: bool, interactive: bool = False) -> list[str]:
@@ -145,13 +149,17 @@ class SandboxRunner:
         return _call(root.command(inner), log)
 
     def finalize(self, root: BuildRoot, copies: list[tuple[str, str]], out: Path, log: IO[bytes]) -> int:
-        """Copy the finalize paths out of the merged root (outside bwrap, inside the mounts)."""
-        return _call(root.command(["sh", "-c", finalize_script(root.root, copies, out)]), log)
+        """Copy the finalize paths out of the merged root (outside bwrap, inside the mounts).
+
+        The copy is kiln.build.runners.finalize, run by the mount helper: no shell, no host
+        view of the root's symlinks; it exits FINALIZE_FAILED with the reason in the log.
+        """
+        return _call(root.finalize_command(copies, out), log)
 
     def shell(self, root: BuildRoot, env: dict[str, str], command: list[str]) -> int:
         """An interactive process in the build root, attached to the caller's terminal."""
         inner = [*bwrap_args(root.root, env, network=False, interactive=True), *command]
-        return subprocess.call(root.command(inner), preexec_fn=_die_with_parent)
+        return subprocess.call(root.command(inner), preexec_fn=_die_with_parent, env=_helper_env())
 
     def open(self, plan: RootPlan, work: Path) -> SandboxRoot:
         """The Runner protocol: an overlay root of the plan's layers, prepared in `work`."""
@@ -187,7 +195,8 @@ class SandboxRoot:
 def _call(command: list[str], log: IO[bytes]) -> int:
     log.flush()
     process = subprocess.Popen(
-        command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent
+        command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent,
+        env=_helper_env(),
     )
     try:
         return process.wait()
@@ -195,3 +204,9 @@ def _call(command: list[str], log: IO[bytes]) -> int:
         process.kill()
         process.wait()
         raise
+
+
+def _helper_env() -> dict[str, str]:
+    """The caller's environment with this kiln first on PYTHONPATH (bwrap clears it for steps)."""
+    paths = [_KILN_PARENT, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}

@@ -246,6 +246,19 @@ def test_tools_decompress_what_python_cannot(tmp_path: Path, tool: str) -> None:
         check_archive(compressed(tmp_path, tool, EVIL))
 
 
+def test_lzma_alone_is_checked_as_gnu_tar_reads_it(tmp_path: Path) -> None:
+    import lzma
+
+    archive = _write(tmp_path / "evil.tar.lzma", lzma.compress(tar_bytes(EVIL), format=lzma.FORMAT_ALONE))
+    if shutil.which("lzma"):
+        out = tmp_path / "out"
+        out.mkdir()
+        subprocess.run(["tar", "-xf", str(archive), "-C", str(out)], check=False)  # the suffix is enough for tar
+        assert os.readlink(out / "pkg/passwd") == "/etc/passwd"
+    with pytest.raises(FetchError, match="'pkg/passwd' is a symlink"):
+        check_archive(archive)
+
+
 def test_corrupt_zstd_is_refused(tmp_path: Path) -> None:
     if shutil.which("zstd") is None:
         pytest.skip("zstd is not installed")

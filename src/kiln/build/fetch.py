@@ -665,6 +665,8 @@ _MAGIC: tuple[tuple[bytes, str], ...] = (
     (b"LZIP", "lzip"),
     (b"PK\x03\x04", "zip"),
     (b"PK\x05\x06", "zip"),
+    (b"\x5d\x00\x00", "lzma"),  # lzma-alone: GNU tar goes by the .tar.lzma suffix, these bytes catch any name
+    (b"\x89LZO", "lzop"),
     (b"\x1f\x9d", "compress"),
     (b"\x04\x22\x4d\x18", "lz4"),
 )
@@ -738,8 +740,8 @@ def _decompressed(path: Path, kind: str | None, shown: str) -> Iterator[_Readabl
         with bz2.open(path, "rb") as bz:
             yield bz
         return
-    if kind == "xz":
-        with lzma.open(path, "rb") as xz:
+    if kind in ("xz", "lzma"):
+        with lzma.open(path, "rb", format=lzma.FORMAT_XZ if kind == "xz" else lzma.FORMAT_ALONE) as xz:
             yield xz
         return
     tool = shutil.which(_TOOLS.get(kind, kind))

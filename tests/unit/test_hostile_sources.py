@@ -123,6 +123,20 @@ def test_symlink_in_place_of_a_cached_source_is_replaced(tmp_path: Path, mirror:
     assert not path.is_symlink()
 
 
+def test_source_swapped_after_verification_never_reaches_the_build(tmp_path: Path, mirror: Path) -> None:
+    from kiln.build.fetch import place_source
+
+    fetcher, source, path = cached(tmp_path, mirror, b"pinned bytes\n")
+    verified = fetcher.fetch(source)
+    overwrite(verified, b"other bytes!\n")  # between fetch() and the copy into the build root
+    build = tmp_path / "build"
+    build.mkdir()
+    with pytest.raises(FetchError, match="changed after it was verified"):
+        place_source(verified, build, "pkg.tar")
+    assert list(build.iterdir()) == [] and not path.exists()
+    assert place_source(fetcher.fetch(source), build, "pkg.tar").read_bytes() == b"pinned bytes\n"
+
+
 def test_untouched_cached_source_is_not_hashed_again(tmp_path: Path, mirror: Path,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     fetcher, source, path = cached(tmp_path, mirror, b"pinned bytes\n")

@@ -984,12 +984,28 @@ def place_source(fetched: Path, build_dir: Path, destination: str) -> Path:
     """Put a copy of a fetched file at build_dir/destination.
 
     A copy, not a hard link: steps run with CAP_DAC_OVERRIDE, so a step appending to a
-    hard-linked source would corrupt the verified cache for every later build.
+    hard-linked source would corrupt the verified cache for every later build. The
+    bytes copied are hashed on the way (a cached file is named by its sha256), so a
+    file swapped after Fetcher.fetch verified it never reaches the build.
     """
     target = _target(build_dir, destination)
-    shutil.copyfile(fetched, target)
+    _copy_verified(fetched, target)
     target.chmod(0o644)
     return target
+
+
+def _copy_verified(fetched: Path, target: Path) -> None:
+    """Copy `fetched` to `target`, refusing (and forgetting the cached file) if its bytes are not its name's sha256."""
+    h = hashlib.sha256()
+    with open(os.open(fetched, os.O_RDONLY | os.O_NOFOLLOW), "rb") as source, target.open("wb") as out:
+        for chunk in iter(lambda: source.read(CHUNK), b""):
+            h.update(chunk)
+            out.write(chunk)
+    if _SHA256.fullmatch(fetched.name) and h.hexdigest() != fetched.name:
+        target.unlink()
+        _forget(fetched)
+        raise FetchError(f"cached source {fetched} changed after it was verified (sha256 {h.hexdigest()}); "
+                         "it was removed: run the build again to fetch it")
 
 
 def place_local(project_root: Path, source: Source, build_dir: Path) -> Path:

@@ -87,8 +87,9 @@ class _Builder:
             return self.constructor.construct_object(node, deep=True)
         except yaml.YAMLError:
             raise
-        except (ValueError, TypeError, OverflowError, ArithmeticError) as exc:
-            # SafeConstructor lets these out for literals like 2024-13-45 or a 5000-digit int.
+        except Exception as exc:
+            # SafeConstructor lets plain exceptions out for literals like 2024-13-45, a
+            # 5000-digit int or an empty `!!int` (IndexError): all of them are bad input.
             raise YamlProblem(f"bad value {event.value[:40]!r}: {exc}", _line(event)) from None
 
 

@@ -9,13 +9,14 @@ import json
 import shutil
 import subprocess
 import tarfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import pytest
 
 from kiln.build.bootstrap import SeedError, import_tarball
 from kiln.pkg.variables import Platform
+from tests.conftest import Result, write_tree
 
 AMD64 = Platform.parse("linux/amd64")
 ARM64 = Platform.parse("linux/arm64")
@@ -24,7 +25,7 @@ INDEX = "application/vnd.oci.image.index.v1+json"
 MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 
 
-def layer(members: dict[str, bytes | str | None]) -> bytes:
+def layer(members: Mapping[str, bytes | str | None]) -> bytes:
     """A layer: name -> content; None makes a directory, a str a symlink to it."""
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as tar:
@@ -246,3 +247,17 @@ def test_digest_with_a_path_in_it_is_refused(tmp_path: Path, tree: Path) -> None
                                                   "size": 1}])
     with pytest.raises(SeedError, match="malformed digest"):
         import_tarball(archive, tree, AMD64)
+
+
+def test_cli_reports_a_bad_seed_archive_with_exit_2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                    kiln: Callable[..., Result]) -> None:
+    monkeypatch.setenv("KILN_CACHE", str(tmp_path / "cache"))
+    canary = tmp_path / "cache" / "victim"
+    canary.mkdir(parents=True)
+    (canary / "precious").write_text("keep me")
+    pkgs = write_tree(tmp_path, {"p/pkg.yaml": "name: p\nvariant: scratch\n"})
+    archive = single(tmp_path, [layer({"etc/": None}), layer({"../../../victim/.wh..wh..opq": b""})])
+    result = kiln("bootstrap", "--pkgs", str(pkgs), "--from-tar", str(archive))
+    assert result.code == 2, result.err
+    assert "image.tar layer 2: member '../../victim/.wh..wh..opq' leads outside the root" in result.err
+    assert "Traceback" not in result.err and (canary / "precious").exists()

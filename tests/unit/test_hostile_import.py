@@ -259,5 +259,5 @@ def test_cli_reports_a_bad_seed_archive_with_exit_2(tmp_path: Path, monkeypatch:
     archive = single(tmp_path, [layer({"etc/": None}), layer({"../../../victim/.wh..wh..opq": b""})])
     result = kiln("bootstrap", "--pkgs", str(pkgs), "--from-tar", str(archive))
     assert result.code == 2, result.err
-    assert "image.tar layer 2: member '../../victim/.wh..wh..opq' leads outside the root" in result.err
+    assert "image.tar layer 2: member '../../../victim/.wh..wh..opq' leads outside the root" in result.err
     assert "Traceback" not in result.err and (canary / "precious").exists()

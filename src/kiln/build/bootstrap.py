@@ -25,6 +25,7 @@ import subprocess
 import tarfile
 import tempfile
 import time
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -360,7 +361,7 @@ def _plain_tar(layer: Layer, work: Path, label: str, where: Location) -> Path:
             try:
                 with gzip.open(layer.blob, "rb") as source, plain.open("wb") as out:
                     shutil.copyfileobj(source, out, CHUNK)
-            except (OSError, EOFError) as exc:
+            except (OSError, EOFError, zlib.error) as exc:
                 raise SeedError(f"{label}: cannot decompress: {exc}", where) from None
         else:
             tool = shutil.which("zstd")

@@ -490,7 +490,11 @@ def _still_verified(path: Path, sha: str) -> bool:
                 return True
         except OSError:
             pass
-        if _file_sha256(path) == sha:
+        try:
+            intact = _file_sha256(path) == sha
+        except OSError:  # unreadable counts as damaged: fetched again
+            intact = False
+        if intact:
             _write_stamp(path, sha)
             return True
     _forget(path)
@@ -521,12 +525,15 @@ def verify_sources(cache: Path) -> tuple[int, list[str]]:
         if not _SHA256.fullmatch(path.name):
             continue
         checked += 1
-        info = os.lstat(path)
-        actual = _file_sha256(path) if stat.S_ISREG(info.st_mode) else None
+        try:
+            actual = _file_sha256(path) if stat.S_ISREG(os.lstat(path).st_mode) else None
+        except OSError as exc:
+            actual, found = None, f"cannot be read ({exc.strerror})"
+        else:
+            found = f"has sha256 {actual}" if actual else "is not a regular file"
         if actual == path.name:
             _write_stamp(path, actual)
             continue
-        found = f"has sha256 {actual}" if actual else "is not a regular file"
         problems.append(f"source {path.name} {found}: removed, it will be fetched again")
         _forget(path)
     return checked, problems

@@ -15,14 +15,13 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	"syscall"
 	"time"
 )
 
 const (
 	installBlock = 1 << 20 // write unit; also the sparse-skip granularity
-	// probeSize covers every signature installCheck looks for (btrfs's sits at 64 KiB).
-	probeSize = 68 << 10
 	// gzipSizeID tags the FEXTRA subfield (RFC 1952 2.3.1.1) holding the raw image's size
 	// as 8 bytes little-endian, so a compressed image's size is known without inflating it.
 	gzipSizeID = "KS"
@@ -41,6 +40,11 @@ func (e *installError) Error() string { return e.msg }
 
 func refuse(format string, a ...interface{}) error {
 	return &installError{2, fmt.Sprintf(format, a...)}
+}
+
+// refuseInUse refuses a disk something on this machine uses; --wipe does not override it.
+func refuseInUse(disk, why string) error {
+	return refuse("refusing to install onto %s: it is in use: %s; --wipe does not override this", disk, why)
 }
 
 func failed(format string, a ...interface{}) error {
@@ -165,34 +169,6 @@ func gzipSize(extra []byte) (int64, bool) {
 	return 0, false
 }
 
-// describeContent names what a disk already holds ("" when nothing install knows of).
-func describeContent(b []byte) string {
-	if fs, _, _ := probeFSBytes(b); fs != "" {
-		return "a " + fs + " filesystem"
-	}
-	for _, sector := range []int{512, 4096} {
-		if len(b) >= sector+8 && string(b[sector:sector+8]) == "EFI PART" {
-			return "a GPT partition table"
-		}
-	}
-	if len(b) >= 512 && b[510] == 0x55 && b[511] == 0xAA {
-		for i := 0; i < 4; i++ {
-			if b[446+16*i+4] != 0 { // partition type
-				return "an MBR partition table"
-			}
-		}
-	}
-	switch {
-	case len(b) >= 6 && string(b[:6]) == "LUKS\xba\xbe":
-		return "a LUKS volume"
-	case len(b) >= 4096 && (string(b[4086:4096]) == "SWAPSPACE2" || string(b[4086:4096]) == "SWAP-SPACE"):
-		return "swap space"
-	case len(b) >= 0x10048 && string(b[0x10040:0x10048]) == "_BHRfS_M":
-		return "a btrfs filesystem"
-	}
-	return ""
-}
-
 // install writes the image at imagePath onto disk; say prints a progress line.
 func install(imagePath, disk string, wipe bool, say func(string, ...interface{})) error {
 	src, err := openImage(imagePath)
@@ -210,6 +186,11 @@ func install(imagePath, disk string, wipe bool, say func(string, ...interface{})
 	if !isBlock && !st.Mode().IsRegular() {
 		return refuse("%s is neither a block device nor a disk image file", disk)
 	}
+	if isBlock {
+		if users := diskUsers("/sys", "/proc", disk, uint64(st.Sys().(*syscall.Stat_t).Rdev)); len(users) > 0 {
+			return refuseInUse(disk, strings.Join(users, ", "))
+		}
+	}
 	flags := os.O_RDWR
 	if isBlock {
 		flags |= syscall.O_EXCL // on a block device: fail if it is mounted or otherwise claimed
@@ -217,7 +198,7 @@ func install(imagePath, disk string, wipe bool, say func(string, ...interface{})
 	f, err := os.OpenFile(disk, flags, 0)
 	if err != nil {
 		if errors.Is(err, syscall.EBUSY) {
-			return refuse("%s is in use (mounted or claimed); unmount it first", disk)
+			return refuseInUse(disk, "it is claimed exclusively (mounted, swap, device-mapper, md or another program)")
 		}
 		return refuse("disk: %v", unwrapPath(err))
 	}
@@ -229,13 +210,18 @@ func install(imagePath, disk string, wipe bool, say func(string, ...interface{})
 	if diskSize < src.size {
 		return refuse("%s (%d bytes) is smaller than the image (%d bytes)", disk, diskSize, src.size)
 	}
-	head := make([]byte, probeSize)
-	n, _ := f.ReadAt(head, 0)
-	if what := describeContent(head[:n]); what != "" {
-		if !wipe {
-			return refuse("%s holds %s; pass --wipe to overwrite it", disk, what)
-		}
-		say("--wipe: overwriting %s on %s", what, disk)
+	found, tools, err := diskContent(f, disk, diskSize)
+	switch {
+	case err != nil && !wipe:
+		return refuse("refusing to install onto %s: cannot tell whether it holds data (%v); pass --wipe to overwrite it", disk, err)
+	case err != nil:
+		say("warning: --wipe: cannot probe %s (%v); overwriting it", disk, err)
+	case len(found) > 0 && !wipe:
+		return refuse("refusing to install onto %s: it holds %s; pass --wipe to overwrite it", disk, joinFindings(found))
+	case len(found) > 0:
+		say("--wipe: overwriting %s on %s", joinFindings(found), disk)
+	default:
+		say("%s is empty (checked by %s; first and last MiB zero)", disk, strings.Join(tools, " and "))
 	}
 	kind := "raw"
 	if src.compressed {

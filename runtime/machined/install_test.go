@@ -32,9 +32,8 @@ func gptImage(t *testing.T, dir string, size int64) string {
 		t.Fatal(err)
 	}
 	script := "label: gpt\nstart=2048, size=2048, name=EFI\nsize=2048, name=BOOT\n"
-	cmd := exec.Command(sf, "--quiet", path)
-	cmd.Stdin = strings.NewReader(script)
-	if out, err := cmd.CombinedOutput(); err != nil {
+	// through machined's reaper: once a test has started it, it reaps every child
+	if out, err := runInput([]byte(script), sf, "--quiet", path); err != nil {
 		t.Fatalf("sfdisk: %v\n%s", err, out)
 	}
 	f, err := os.OpenFile(path, os.O_RDWR, 0)
@@ -108,12 +107,12 @@ func TestInstallOntoEmptyFileKeepsSizeAndStaysSparse(t *testing.T) {
 	// and real sfdisk reads the installed table: the same partitions, names included
 	sf, _ := exec.LookPath("sfdisk")
 	dump := func(p string) string {
-		b, err := exec.Command(sf, "--dump", p).Output()
+		b, err := run(sf, "--dump", p)
 		if err != nil {
 			t.Fatalf("sfdisk --dump %s: %v", p, err)
 		}
 		var lines []string
-		for _, l := range strings.Split(string(b), "\n") {
+		for _, l := range strings.Split(b, "\n") {
 			if strings.Contains(l, "name=") {
 				lines = append(lines, l[strings.Index(l, ":"):])
 			}
@@ -202,29 +201,29 @@ func TestInstallRefusesDiskWithContentUnlessWipe(t *testing.T) {
 	dir := t.TempDir()
 	image := gptImage(t, dir, 4<<20)
 	cases := map[string]func(path string){
-		"a GPT partition table": func(path string) {
+		"a GPT partition table (gpt)": func(path string) {
 			src, _ := os.ReadFile(image)
 			_ = os.WriteFile(path, src, 0o644)
 			_ = os.Truncate(path, 8<<20)
 		},
-		"an MBR partition table": func(path string) {
+		"an MBR partition table (dos)": func(path string) {
 			b := make([]byte, 8<<20)
 			b[446+4] = 0x83
 			b[510], b[511] = 0x55, 0xAA
 			_ = os.WriteFile(path, b, 0o644)
 		},
-		"a ext4 filesystem": func(path string) {
+		"an ext4 filesystem (ext4)": func(path string) {
 			_ = os.WriteFile(path, nil, 0o644)
 			_ = os.Truncate(path, 8<<20)
 			mkfs, err := exec.LookPath("mkfs.ext4")
 			if err != nil {
 				t.Skip("mkfs.ext4 not installed (Debian: e2fsprogs)")
 			}
-			if out, err := exec.Command(mkfs, "-q", "-F", path).CombinedOutput(); err != nil {
+			if out, err := run(mkfs, "-q", "-F", path); err != nil {
 				t.Fatalf("mkfs.ext4: %v\n%s", err, out)
 			}
 		},
-		"a LUKS volume": func(path string) {
+		"a LUKS volume (crypto_LUKS)": func(path string) {
 			b := make([]byte, 8<<20)
 			copy(b, "LUKS\xba\xbe")
 			_ = os.WriteFile(path, b, 0o644)
@@ -233,7 +232,7 @@ func TestInstallRefusesDiskWithContentUnlessWipe(t *testing.T) {
 	for what, make := range cases {
 		disk := filepath.Join(dir, "used.img")
 		make(disk)
-		refusedOneLine(t, disk+" holds "+what+"; pass --wipe", "--disk", disk, "--image", image)
+		refusedOneLine(t, "refusing to install onto "+disk+": it holds "+what+"; pass --wipe", "--disk", disk, "--image", image)
 		code, out, errs := runInstall(t, "--disk", disk, "--image", image, "--wipe")
 		if code != 0 || !strings.Contains(out, "--wipe: overwriting "+what) {
 			t.Fatalf("%s with --wipe: exit %d: %s%s", what, code, out, errs)
@@ -267,17 +266,18 @@ func TestInstallOntoLoopDevice(t *testing.T) {
 	dir := t.TempDir()
 	image := gptImage(t, dir, 8<<20)
 	backing := emptyDisk(t, dir, 16<<20)
-	// stale data at the end (an old backup GPT) must not survive
+	// stale data at the end (an old backup GPT) is refused without --wipe and gone after it
 	f, _ := os.OpenFile(backing, os.O_RDWR, 0)
 	_, _ = f.WriteAt([]byte("EFI PART"), 16<<20-512)
 	f.Close()
-	out, err := exec.Command(losetup, "--find", "--show", "--partscan", backing).Output()
+	out, err := run(losetup, "--find", "--show", "--partscan", backing)
 	if err != nil {
 		t.Skipf("losetup: %v (no loop devices here?)", err)
 	}
-	dev := strings.TrimSpace(string(out))
-	defer func() { _ = exec.Command(losetup, "--detach", dev).Run() }()
-	code, stdout, errs := runInstall(t, "--disk", dev, "--image", image)
+	dev := strings.TrimSpace(out)
+	defer func() { _, _ = run(losetup, "--detach", dev) }()
+	refusedOneLine(t, "refusing to install onto "+dev+": it holds a backup GPT header (gpt); pass --wipe", "--disk", dev, "--image", image)
+	code, stdout, errs := runInstall(t, "--disk", dev, "--image", image, "--wipe")
 	if code != 0 {
 		t.Fatalf("exit %d: %s%s", code, stdout, errs)
 	}

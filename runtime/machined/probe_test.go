@@ -1,0 +1,368 @@
+package main
+
+// The install target probe on image files: each signature written where the real tool
+// writes it (stubs, named so below) and, where the tool is installed, made by the real
+// tool; machined's probe alone must find each, and `machined install` must refuse each
+// without --wipe and overwrite it with --wipe. The in-use checks read fake /sys and /proc
+// trees (this project's VMs have neither device-mapper nor md in their kernel).
+
+import (
+	"encoding/binary"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+)
+
+const probeDiskSize = 16 << 20
+
+// stubDisk writes a probeDiskSize image of zeros with each patch's bytes at its offset
+// (negative offsets count from the end).
+func stubDisk(t *testing.T, path string, patches map[int64][]byte) {
+	t.Helper()
+	b := make([]byte, probeDiskSize)
+	for off, data := range patches {
+		if off < 0 {
+			off += probeDiskSize
+		}
+		copy(b[off:], data)
+	}
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func le32(v uint32) []byte {
+	b := make([]byte, 4)
+	binary.LittleEndian.PutUint32(b, v)
+	return b
+}
+
+// mdSuper: the magic and major_version 1 of an md 1.x superblock.
+func mdSuper() []byte { return append(le32(mdMagic), le32(1)...) }
+
+// signatureStubs are the bytes each signature's tool writes, at the offsets it writes them
+// (the magic only: enough for machined's probe; blkid also checks checksums and may not
+// recognise a stub, which is why the real tools are tested as well below).
+var signatureStubs = map[string]struct {
+	patches map[int64][]byte
+	want    string
+}{
+	"LVM2 PV (sector 1)":   {map[int64][]byte{512: []byte("LABELONE"), 512 + 24: []byte("LVM2 001")}, "an LVM2 physical volume (LVM2_member)"},
+	"LVM2 PV (sector 3)":   {map[int64][]byte{1536: []byte("LABELONE"), 1536 + 24: []byte("LVM2 001")}, "an LVM2 physical volume (LVM2_member)"},
+	"mdraid 1.1":           {map[int64][]byte{0: mdSuper()}, "an mdraid array member (metadata 1.x) (linux_raid_member)"},
+	"mdraid 1.2":           {map[int64][]byte{4096: mdSuper()}, "an mdraid array member (metadata 1.x) (linux_raid_member)"},
+	"mdraid 1.0":           {map[int64][]byte{-8192: mdSuper()}, "an mdraid array member (metadata 1.x) (linux_raid_member)"},
+	"mdraid 0.90":          {map[int64][]byte{-65536: le32(mdMagic)}, "an mdraid array member (metadata 0.90) (linux_raid_member)"},
+	"NTFS":                 {map[int64][]byte{3: []byte("NTFS    "), 510: {0x55, 0xAA}}, "an NTFS filesystem (ntfs)"},
+	"exFAT":                {map[int64][]byte{3: []byte("EXFAT   "), 510: {0x55, 0xAA}}, "an exFAT filesystem (exfat)"},
+	"BitLocker":            {map[int64][]byte{3: []byte("-FVE-FS-"), 510: {0x55, 0xAA}}, "a BitLocker volume (BitLocker)"},
+	"F2FS":                 {map[int64][]byte{1024: le32(0xF2F52010)}, "an F2FS filesystem (f2fs)"},
+	"Ceph bluestore":       {map[int64][]byte{0: []byte("bluestore block device\n")}, "a Ceph BlueStore device (ceph_bluestore)"},
+	"ext2":                 {map[int64][]byte{1080: {0x53, 0xEF}}, "an ext2 filesystem (ext2)"},
+	"xfs":                  {map[int64][]byte{0: []byte("XFSB")}, "an XFS filesystem (xfs)"},
+	"btrfs":                {map[int64][]byte{65600: []byte("_BHRfS_M")}, "a btrfs filesystem (btrfs)"},
+	"swap":                 {map[int64][]byte{4086: []byte("SWAPSPACE2")}, "swap space (swap)"},
+	"iso9660":              {map[int64][]byte{32769: []byte("CD001")}, "an ISO 9660 filesystem (iso9660)"},
+	"LUKS":                 {map[int64][]byte{0: []byte("LUKS\xba\xbe")}, "a LUKS volume (crypto_LUKS)"},
+	"vfat":                 {map[int64][]byte{82: []byte("FAT32"), 510: {0x55, 0xAA}}, "a FAT filesystem (vfat)"},
+	"GPT primary":          {map[int64][]byte{512: []byte("EFI PART")}, "a GPT partition table (gpt)"},
+	"GPT backup only":      {map[int64][]byte{-512: []byte("EFI PART")}, "a backup GPT header (gpt)"},
+	"MBR with a partition": {map[int64][]byte{446 + 4: {0x83}, 510: {0x55, 0xAA}}, "an MBR partition table (dos)"},
+	"MBR signature only":   {map[int64][]byte{510: {0x55, 0xAA}}, "an MBR boot signature (0x55AA at byte 510)"},
+}
+
+// installWant: what install's message names. libblkid (wipefs) calls a bare 0x55AA an
+// MBR partition table ("dos"), which then stands for machined's "MBR boot signature".
+func installWant(name, want string) string {
+	if name == "MBR signature only" && lookTool("wipefs") != "" {
+		return "an MBR partition table (dos)"
+	}
+	return want
+}
+
+func probeFile(t *testing.T, path string) []finding {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	st, _ := f.Stat()
+	w, err := readWindows(f, st.Size())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return probeSignatures(w)
+}
+
+func hasFinding(found []finding, want string) bool {
+	for _, f := range found {
+		if f.String() == want {
+			return true
+		}
+	}
+	return false
+}
+
+// Stubbed signatures: the bytes written where the real tool writes them (see signatureStubs).
+func TestProbeFindsEachStubbedSignature(t *testing.T) {
+	dir := t.TempDir()
+	for name, c := range signatureStubs {
+		path := filepath.Join(dir, "disk.img")
+		stubDisk(t, path, c.patches)
+		if found := probeFile(t, path); !hasFinding(found, c.want) {
+			t.Errorf("%s: machined's probe found %v, want %q", name, found, c.want)
+		}
+	}
+}
+
+// Stubbed signatures through `machined install`: refused naming the finding, then --wipe.
+func TestInstallRefusesEachStubbedSignatureUnlessWipe(t *testing.T) {
+	dir := t.TempDir()
+	image := gptImage(t, dir, 4<<20)
+	for name, c := range signatureStubs {
+		disk := filepath.Join(dir, "used.img")
+		stubDisk(t, disk, c.patches)
+		code, _, errs := runInstall(t, "--disk", disk, "--image", image)
+		if code != 2 || strings.Count(errs, "\n") != 1 || !strings.Contains(errs, "refusing to install onto "+disk+": it holds ") ||
+			!strings.Contains(errs, installWant(name, c.want)) || !strings.HasSuffix(errs, "; pass --wipe to overwrite it\n") {
+			t.Errorf("%s: exit %d, stderr %q (want %q named)", name, code, errs, c.want)
+			continue
+		}
+		code, out, errs := runInstall(t, "--disk", disk, "--image", image, "--wipe")
+		if code != 0 || !strings.Contains(out, "--wipe: overwriting ") || !strings.Contains(out, installWant(name, c.want)) {
+			t.Errorf("%s with --wipe: exit %d: %s%s", name, code, out, errs)
+			continue
+		}
+		sameStart(t, image, disk)
+	}
+}
+
+func TestInstallRefusesNonZeroEndsWithoutSignature(t *testing.T) {
+	dir := t.TempDir()
+	image := gptImage(t, dir, 4<<20)
+	for name, off := range map[string]int64{"first MiB": 300 << 10, "last MiB": probeDiskSize - 200<<10} {
+		disk := filepath.Join(dir, "data.img")
+		stubDisk(t, disk, map[int64][]byte{off: []byte("some data nobody recognises")})
+		if found := probeFile(t, disk); len(found) != 0 {
+			t.Fatalf("%s: machined's probe found %v in plain data", name, found)
+		}
+		refusedOneLine(t, "it holds data in its "+name+"; pass --wipe", "--disk", disk, "--image", image)
+		if code, _, errs := runInstall(t, "--disk", disk, "--image", image, "--wipe"); code != 0 {
+			t.Fatalf("%s with --wipe: exit %d: %s", name, code, errs)
+		}
+		sameStart(t, image, disk)
+	}
+}
+
+func TestInstallAcceptsEmptyDiskAndSaysHowItChecked(t *testing.T) {
+	dir := t.TempDir()
+	image := gptImage(t, dir, 4<<20)
+	disk := emptyDisk(t, dir, probeDiskSize)
+	code, out, errs := runInstall(t, "--disk", disk, "--image", image)
+	if code != 0 || !strings.Contains(out, disk+" is empty (checked by machined's probe") {
+		t.Fatalf("exit %d: %s%s", code, out, errs)
+	}
+	if lookTool("wipefs") != "" && !strings.Contains(out, "and wipefs;") {
+		t.Fatalf("wipefs is installed but did not check: %s", out)
+	}
+}
+
+// Real tools where installed: machined's probe alone finds what each wrote, and so does
+// util-linux (wipefs) where installed; install refuses without --wipe.
+func TestProbeFindsWhatRealToolsWrite(t *testing.T) {
+	tools := []struct {
+		tool string
+		args []string
+		id   string
+	}{
+		{"mkfs.ntfs", []string{"--fast", "--force", "--quiet"}, "ntfs"},
+		{"mkfs.exfat", nil, "exfat"},
+		{"mkfs.f2fs", []string{"-f", "-q"}, "f2fs"},
+		{"mkfs.ext4", []string{"-q", "-F"}, "ext4"},
+		{"mkfs.xfs", []string{"-q", "-f"}, "xfs"},
+		{"mkfs.btrfs", []string{"-q", "-f"}, "btrfs"},
+		{"mkfs.vfat", nil, "vfat"},
+		{"mkswap", nil, "swap"},
+	}
+	dir := t.TempDir()
+	image := gptImage(t, dir, 4<<20)
+	ran := 0
+	for _, c := range tools {
+		path, err := exec.LookPath(c.tool)
+		if err != nil {
+			t.Logf("%s not installed: not tested with the real tool", c.tool)
+			continue
+		}
+		ran++
+		disk := filepath.Join(dir, c.id+".img")
+		size := int64(probeDiskSize)
+		if c.id == "xfs" || c.id == "btrfs" || c.id == "f2fs" {
+			size = 320 << 20 // their smallest filesystems
+		}
+		_ = os.WriteFile(disk, nil, 0o644)
+		_ = os.Truncate(disk, size)
+		if out, err := run(path, append(c.args, disk)...); err != nil {
+			t.Fatalf("%s: %v\n%s", c.tool, err, out)
+		}
+		found := probeFile(t, disk)
+		ok := false
+		for _, f := range found {
+			ok = ok || f.id == c.id
+		}
+		if !ok {
+			t.Errorf("%s: machined's probe found %v, want %s", c.tool, found, c.id)
+		}
+		code, _, errs := runInstall(t, "--disk", disk, "--image", image)
+		if code != 2 || !strings.Contains(errs, "("+c.id+")") {
+			t.Errorf("%s: exit %d: %s", c.tool, code, errs)
+		}
+		os.Remove(disk)
+	}
+	if ran == 0 {
+		t.Skip("none of the mkfs tools is installed")
+	}
+}
+
+func TestProbeDoesNotMistakeAnImageForForeignData(t *testing.T) {
+	dir := t.TempDir()
+	image := gptImage(t, dir, 4<<20)
+	found := probeFile(t, image)
+	if joinFindings(found) != "a protective MBR (PMBR), a GPT partition table (gpt) and a backup GPT header (gpt)" {
+		t.Fatalf("found %v", found)
+	}
+	if got := joinFindings(mergeFindings(found)); got != "a GPT partition table (gpt)" {
+		t.Fatalf("merged: %q", got)
+	}
+}
+
+func TestParseUtilLinuxOutput(t *testing.T) {
+	wipefs := `{"signatures": [
+	  {"device":"loop0","offset":"0x218","type":"LVM2_member","uuid":"x","label":null},
+	  {"device":"loop0","offset":"0x3fffe00","type":"gpt","uuid":null,"label":null},
+	  {"device":"loop0","offset":"0x1fe","type":"PMBR","uuid":null,"label":null},
+	  {"device":"loop0","offset":"0x0","type":"zonefs","uuid":null,"label":null}]}`
+	found, err := parseWipefsJSON([]byte(wipefs))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := joinFindings(mergeFindings(found))
+	want := "an LVM2 physical volume (LVM2_member), a backup GPT header (gpt), a protective MBR (PMBR) and a zonefs signature (zonefs)"
+	if got != want {
+		t.Fatalf("got %q\nwant %q", got, want)
+	}
+	if found, err := parseWipefsJSON([]byte(`{"signatures": []}`)); err != nil || len(found) != 0 {
+		t.Fatalf("empty: %v %v", found, err)
+	}
+	if _, err := parseWipefsJSON([]byte(`{"signatures": [`)); err == nil {
+		t.Fatal("truncated JSON accepted")
+	}
+	found = parseBlkidExport([]byte("DEVNAME=/dev/loop0\nPTUUID=9a\nPTTYPE=gpt\n"))
+	if joinFindings(found) != "a GPT partition table (gpt)" {
+		t.Fatalf("blkid: %v", found)
+	}
+	found = parseBlkidExport([]byte("DEVNAME=/dev/loop0\nUUID=x\nTYPE=linux_raid_member\n"))
+	if joinFindings(found) != "an mdraid array member (linux_raid_member)" {
+		t.Fatalf("blkid: %v", found)
+	}
+}
+
+// fakeSysForUsers makes a /sys/dev/block tree for disk 7:3 with partition loop3p1 (259:0).
+func fakeSysForUsers(t *testing.T) (sysRoot, procRoot string) {
+	t.Helper()
+	root := t.TempDir()
+	sysRoot, procRoot = filepath.Join(root, "sys"), filepath.Join(root, "proc")
+	disk := filepath.Join(sysRoot, "dev", "block", "7:3")
+	write := func(path, data string) {
+		_ = os.MkdirAll(filepath.Dir(path), 0o755)
+		if err := os.WriteFile(path, []byte(data), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(filepath.Join(disk, "dev"), "7:3\n")
+	_ = os.MkdirAll(filepath.Join(disk, "holders"), 0o755)
+	write(filepath.Join(disk, "loop3p1", "dev"), "259:0\n")
+	write(filepath.Join(disk, "loop3p1", "partition"), "1\n")
+	_ = os.MkdirAll(filepath.Join(disk, "loop3p1", "holders"), 0o755)
+	write(filepath.Join(procRoot, "self", "mountinfo"), "22 1 0:21 / /proc rw - proc proc rw\n")
+	write(filepath.Join(procRoot, "swaps"), "Filename\tType\tSize\tUsed\tPriority\n")
+	return sysRoot, procRoot
+}
+
+func TestDiskUsersFromFakeSysAndProc(t *testing.T) {
+	rdev := uint64(7<<8 | 3)
+	sysRoot, procRoot := fakeSysForUsers(t)
+	if users := diskUsers(sysRoot, procRoot, "/dev/loop3", rdev); len(users) != 0 {
+		t.Fatalf("idle disk: %v", users)
+	}
+	mountinfo := filepath.Join(procRoot, "self", "mountinfo")
+	_ = os.WriteFile(mountinfo, []byte("22 1 0:21 / /proc rw - proc proc rw\n"+
+		`40 1 259:0 / /mnt/my\040data rw,relatime - ext4 /dev/loop3p1 rw`+"\n"), 0o644)
+	users := diskUsers(sysRoot, procRoot, "/dev/loop3", rdev)
+	if strings.Join(users, ", ") != "/dev/loop3p1 is mounted at /mnt/my data" {
+		t.Fatalf("mounted partition: %v", users)
+	}
+	_ = os.WriteFile(mountinfo, nil, 0o644)
+
+	// held by device-mapper (on the disk) and md (on the partition)
+	_ = os.MkdirAll(filepath.Join(sysRoot, "dev/block/7:3/holders/dm-0"), 0o755)
+	_ = os.MkdirAll(filepath.Join(sysRoot, "class/block/dm-0/dm"), 0o755)
+	_ = os.WriteFile(filepath.Join(sysRoot, "class/block/dm-0/dm/name"), []byte("vg-root\n"), 0o644)
+	_ = os.MkdirAll(filepath.Join(sysRoot, "dev/block/7:3/loop3p1/holders/md127"), 0o755)
+	users = diskUsers(sysRoot, procRoot, "/dev/loop3", rdev)
+	want := "/dev/loop3 is held by dm-0 (device-mapper vg-root), /dev/loop3p1 is held by md127 (md array)"
+	if strings.Join(users, ", ") != want {
+		t.Fatalf("held:\n got %v\nwant %s", users, want)
+	}
+}
+
+// A real block device in /proc/swaps is found by its device number, whatever its path.
+func TestDiskUsersSwapByDeviceNumber(t *testing.T) {
+	var dev string
+	for _, p := range []string{"/dev/loop0", "/dev/zram0", "/dev/null"} {
+		if fi, err := os.Stat(p); err == nil && fi.Mode()&os.ModeDevice != 0 && fi.Mode()&os.ModeCharDevice == 0 {
+			dev = p
+			break
+		}
+	}
+	if dev == "" {
+		t.Skip("no block device node to name in a fake /proc/swaps")
+	}
+	fi, _ := os.Stat(dev)
+	rdev := statRdev(fi)
+	sysRoot, procRoot := fakeSysForUsers(t)
+	_ = os.WriteFile(filepath.Join(procRoot, "swaps"), []byte("Filename\tType\tSize\tUsed\tPriority\n"+dev+"\tpartition\t1024\t0\t-2\n"), 0o644)
+	if users := diskUsers(sysRoot, procRoot, "/dev/disk-x", rdev); strings.Join(users, ", ") != "/dev/disk-x is in use as swap" {
+		t.Fatalf("swap: %v", users)
+	}
+}
+
+func TestDevKey(t *testing.T) {
+	for rdev, want := range map[uint64]string{7<<8 | 3: "7:3", 259 << 8: "259:0", 8<<8 | 44 | 256<<12: "8:300"} {
+		if got := devKey(rdev); got != want {
+			t.Errorf("devKey(%#x) = %s, want %s", rdev, got, want)
+		}
+	}
+}
+
+func statRdev(fi os.FileInfo) uint64 { return uint64(fi.Sys().(*syscall.Stat_t).Rdev) }
+
+// The installer container holds no util-linux: machined's probe alone decides there.
+func TestInstallWithoutUtilLinuxUsesMachinedProbeAlone(t *testing.T) {
+	dir := t.TempDir()
+	image := gptImage(t, dir, 4<<20) // with sfdisk, before util-linux goes out of sight
+	t.Setenv("PATH", t.TempDir())
+	saved := toolDirs
+	toolDirs = nil
+	defer func() { toolDirs = saved }()
+	disk := emptyDisk(t, dir, probeDiskSize)
+	code, out, errs := runInstall(t, "--disk", disk, "--image", image)
+	if code != 0 || !strings.Contains(out, disk+" is empty (checked by machined's probe;") {
+		t.Fatalf("exit %d: %s%s", code, out, errs)
+	}
+	stubDisk(t, disk, signatureStubs["mdraid 1.2"].patches)
+	refusedOneLine(t, "it holds an mdraid array member (metadata 1.x) (linux_raid_member); pass --wipe", "--disk", disk, "--image", image)
+}

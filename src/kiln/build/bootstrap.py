@@ -137,10 +137,11 @@ def import_tarball(archive: Path, tree: Path, platform: Platform) -> None:
             names = {os.path.normpath(name) for name in tar.getnames()}
     except (tarfile.TarError, OSError, EOFError) as exc:
         raise SeedError(f"cannot read {archive.name}: {exc}", where) from None
-    if {"index.json", "oci-layout"} <= names or "manifest.json" in names:
+    oci = {"index.json", "oci-layout"} <= names  # docker 25+ writes manifest.json too: the layout wins
+    if oci or "manifest.json" in names:
         with tempfile.TemporaryDirectory(dir=tree.parent) as tmp:
             layout = Image(_unpack_layout(archive, Path(tmp), where), where)
-            layers = layout.oci_layers(platform) if "index.json" in names else layout.docker_layers(platform)
+            layers = layout.oci_layers(platform) if oci else layout.docker_layers(platform)
             for number, layer in enumerate(layers, 1):
                 apply_layer(layer, tree, f"{archive.name} layer {number}", where)
         return

@@ -385,3 +385,21 @@ def test_read_yaml_file_raises_only_input_errors(tmp_path: Path) -> None:
             read_yaml_file(file)
         except KilnError as exc:
             assert isinstance(exc, InputError)
+
+
+def test_directories_nested_past_the_recursion_limit(tmp_path: Path, cache: Path, kiln: Callable[..., Result]) -> None:
+    """Finding pkg.yaml files walks iteratively: 1100 nested directories are no RecursionError."""
+    pkgs = write_tree(tmp_path, {"base/pkg.yaml": OK})
+    chain = [str(pkgs)]
+    for _ in range(1100):  # os.mkdir one level at a time: Path.mkdir(parents=True) itself recurses
+        chain.append(os.path.join(chain[-1], "d"))
+        os.mkdir(chain[-1])
+    Path(chain[-1], "pkg.yaml").write_text("name: deep\nvariant: stage0\n")
+    try:
+        result = kiln("validate")
+        assert result.code == 0, result.err
+        assert "2 packages valid" in result.out
+    finally:  # pytest's recursive cleanup would hit the recursion limit too
+        os.unlink(os.path.join(chain[-1], "pkg.yaml"))
+        for directory in reversed(chain[1:]):
+            os.rmdir(directory)

@@ -58,10 +58,18 @@ class Tree:
 def find_package_files(root: Path) -> list[Path]:
     """Every pkg.yaml under root, skipping hidden directories, in a stable order."""
     found = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-        if PKG_FILE in filenames:
-            found.append(Path(dirpath) / PKG_FILE)
+    pending = [str(root)]
+    while pending:  # iterative: a hostile tree may nest directories deeper than Python's recursion limit
+        directory = pending.pop()
+        try:
+            entries = list(os.scandir(directory))
+        except OSError:
+            continue  # as os.walk: an unreadable directory holds no packages
+        for entry in entries:
+            if entry.name == PKG_FILE and not entry.is_dir(follow_symlinks=False):
+                found.append(Path(entry.path))
+            elif not entry.name.startswith(".") and entry.is_dir(follow_symlinks=False):
+                pending.append(entry.path)
     return sorted(found)
 
 

@@ -12,7 +12,6 @@ Docker's default capability set.
 from __future__ import annotations
 
 import ctypes
-import json
 import os
 import shutil
 import signal
@@ -23,16 +22,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from kiln.build.cancel import TOKEN, kill_group
 from kiln.build.runners.base import BUILD_DIR, CAPABILITIES, Layer, RootPlan, base_env
+from kiln.build.runners.mounter import encode
 from kiln.errors import BuildError
 from kiln.paths import spec_parts
 
 __all__ = ["BuildRoot", "Layer", "SandboxRoot", "SandboxRunner", "base_env", "bwrap_args"]
 
-# The mount helper runs with the interpreter and the kiln package running now, and no
-# current directory on its path (-P), whatever the caller's directory holds.
+# The mount helper runs with the interpreter and the kiln package running now (PYTHONPATH,
+# see _helper_env), no current directory on its path (-P), whatever the caller's directory
+# holds, and no site packages (-S: it needs only the standard library; starts faster).
 _KILN_PARENT = str(Path(__file__).resolve().parents[3])
-_MOUNTER = [sys.executable, "-P", "-m", "kiln.build.runners.mounter"]
+_MOUNTER = [sys.executable, "-S", "-P", "-m", "kiln.build.runners.mounter"]
 
 _PR_SET_PDEATHSIG = 1
 
@@ -95,20 +97,17 @@ class BuildRoot:
         self.build_dir.mkdir(parents=True, exist_ok=True)
         (self.work / "upper0" / "tmp").chmod(0o1777)
 
-    def plan(self, finalize: dict[str, Any] | None = None) -> str:
-        """The mount helper's JSON plan (see kiln.build.runners.mounter)."""
-        plan: dict[str, Any] = {"root": str(self.root), "links": str(self.work / "l"), "mounts": self.mounts}
-        if finalize is not None:
-            plan["finalize"] = finalize
-        return json.dumps(plan)
+    def plan(self, finalize: dict[str, Any] | None = None) -> list[str]:
+        """The mount helper's arguments (kiln.build.runners.mounter.encode)."""
+        return encode(str(self.root), str(self.work / "l"), self.mounts, finalize)
 
     def command(self, inner: Sequence[str]) -> list[str]:
         """`inner` run inside a private mount namespace with the overlays mounted."""
-        return [*_NAMESPACE, *_MOUNTER, self.plan(), "--", *inner]
+        return [*_NAMESPACE, *_MOUNTER, *self.plan(), *inner]
 
     def finalize_command(self, copies: list[tuple[str, str]], out: Path) -> list[str]:
         """The finalize copy run inside the namespace, over the merged root (no shell, no bwrap)."""
-        return [*_NAMESPACE, *_MOUNTER, self.plan({"copies": copies, "out": str(out)})]
+        return [*_NAMESPACE, *_MOUNTER, *self.plan({"copies": copies, "out": str(out)})]
 
 
 _NAMESPACE = ["unshare", "--mount", "--propagation", "private"]
@@ -193,17 +192,26 @@ class SandboxRoot:
 
 
 def _call(command: list[str], log: IO[bytes]) -> int:
+    """Run a step's process in a group of its own, which a cancelled run kills (see kiln.build.cancel).
+
+    Its own group: a terminal's Ctrl-C reaches kiln alone, which decides. Killing the group
+    kills bwrap, and --die-with-parent takes the sandbox (in a session of its own) with it.
+    """
+    TOKEN.check("step")
     log.flush()
     process = subprocess.Popen(
         command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent,
-        env=_helper_env(),
+        env=_helper_env(), process_group=0,
     )
     try:
-        return process.wait()
+        with TOKEN.stopper(kill_group(process.pid)):
+            code = process.wait()
     except BaseException:
         process.kill()
         process.wait()
         raise
+    TOKEN.check("step")  # killed by a cancel: not a step failure
+    return code
 
 
 def _helper_env() -> dict[str, str]:

@@ -45,6 +45,9 @@ def logs_dir(store: Store) -> Path:
 
 
 def log_path(store: Store, name: str, key: str) -> Path:
+    """logs/<name>/<key>.log; a name that is not one plain path component is refused (it is spec text)."""
+    if spec_parts(name, "package name") != [name]:
+        raise PathEscape(f"package name {name!r} cannot name a log directory")
     return logs_dir(store) / name / f"{key}.log"
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import tempfile
 import time
 from pathlib import Path
@@ -18,6 +19,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from kiln.errors import InputError, KilnError
+from kiln.pkg import schema
 from kiln.pkg.loader import load_tree
 from kiln.pkg.paths import contained, path_problem
 from kiln.pkg.template import render
@@ -133,3 +135,47 @@ def test_loader_accepts_only_clean_dependency_paths(value: str) -> None:
             return
     to = tree.packages["a"].dependencies[0].to
     assert path_problem(to, absolute=True, mount=True) is None
+
+
+# --- schema patterns: whole strings only --------------------------------------------------------------
+
+SCHEMAS = [("pkg.schema.json", "kiln.pkg"), ("stage0.schema.json", "kiln.pkg"),
+           ("profile.schema.json", "kiln.installer")]
+SAMPLES = ["a", "a1", "p.1", "/a", "/a/b", "a/b", "x=1.0", "a" * 64, "0" * 64, "1GiB", "2 MiB", "http://x.org/a",
+           "https://x/a", "ftp://x/a", "file:///a", ">=0.1,<0.2", "bookworm", "A_1", "metal", "disk.raw"]
+
+
+def schema_patterns(node: object) -> list[str]:
+    """Every `pattern` in a schema document, however deep."""
+    found: list[str] = []
+    if isinstance(node, dict):
+        for key, value in node.items():
+            found += [value] if key == "pattern" and isinstance(value, str) else schema_patterns(value)
+    elif isinstance(node, list):
+        for item in node:
+            found += schema_patterns(item)
+    return found
+
+
+@pytest.mark.parametrize(("name", "package"), SCHEMAS)
+def test_no_schema_pattern_accepts_a_trailing_newline(name: str, package: str) -> None:
+    """Python's `$` matches before a final newline; jsonschema and fastjsonschema both use re.search."""
+    patterns = schema_patterns(schema.load_schema(name, package))
+    assert patterns
+    for pattern in patterns:
+        for sample in SAMPLES:
+            if re.search(pattern, sample):
+                assert not re.search(pattern, sample + "\n"), (pattern, sample)
+                assert not re.search(pattern, sample + "\n/../x"), (pattern, sample)
+
+
+@pytest.mark.parametrize(("document", "name", "package"), [
+    ({"name": "a\n"}, "pkg.schema.json", "kiln.pkg"),
+    ({"name": "a", "dependencies": [{"stage": "b", "from": "/x\n/../../../../"}]}, "pkg.schema.json", "kiln.pkg"),
+    ({"name": "a", "steps": [{"env": {"A\n": "x"}}]}, "pkg.schema.json", "kiln.pkg"),
+    ({"suite": "bookworm\n"}, "stage0.schema.json", "kiln.pkg"),
+    ({"mirror": "http://x\n"}, "stage0.schema.json", "kiln.pkg"),
+])
+def test_both_validators_refuse_a_trailing_newline(document: dict[str, object], name: str, package: str) -> None:
+    assert schema.validate(document, name, package)
+    assert list(schema._validator(name, package).iter_errors(document))

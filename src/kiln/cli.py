@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 from kiln import __version__, console
 from kiln.boot import command as boot_command
+from kiln.build import cancel
 from kiln.build.keys import compute_keys
 from kiln.errors import InputError, InputErrors, KilnError
 from kiln.installer import command as image_command
@@ -381,7 +383,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return int(args.handler(args))
+        with cancel.handlers():  # SIGINT/SIGTERM stop running steps; nothing half done is stored
+            return int(args.handler(args))
+    except cancel.Interrupted as exc:
+        console.error(str(exc))
+        return exc.exit_code
     except InputErrors as exc:
         for err in exc.errors:
             console.error(str(err))
@@ -389,6 +395,10 @@ def main(argv: list[str] | None = None) -> int:
             console.error(f"{len(exc.errors)} errors")
         return exc.exit_code
     except KilnError as exc:
+        if cancel.TOKEN.cancelled:  # a build step's error caused by the cancel itself
+            interrupted = cancel.Interrupted(cancel.TOKEN.signum or signal.SIGINT)
+            console.error(str(interrupted))
+            return interrupted.exit_code
         console.error(str(exc))
         return exc.exit_code
     except KeyboardInterrupt:

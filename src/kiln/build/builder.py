@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from kiln.build.cancel import TOKEN
 from kiln.build.fetch import Fetcher, place_local, place_source
 from kiln.build.keys import file_sha256, local_source_digest, stage0_key, tree_digest
 from kiln.build.runners.base import BuildRoot, Layer, RootPlan, Runner, base_env
@@ -155,7 +156,6 @@ class Builder:
         """Build `name` into the store; the caller holds the store lock for its key."""
         package = self.graph.tree.packages[name]
         key = self.keys[name]
-        staging = self.store.staging(key)
         log = log_path(self.store, name, key)
         log.parent.mkdir(parents=True, exist_ok=True)
         start = time.monotonic()
@@ -163,8 +163,8 @@ class Builder:
             # Shared locks on what we mount: gc will not evict a tree under a running build.
             for dep_key in self.input_keys(package):
                 stack.enter_context(self.store.use(dep_key))
-            # The staging dir is discarded on the way out unless it was committed.
-            stack.enter_context(self.store.hold_staging_lock(staging))
+            # Made inside the stack, so every way out (error, failure, cancel) discards it unless committed.
+            staging = stack.enter_context(self.store.fresh_staging(key))
             return self._build(package, key, staging, log, on_phase, start)
 
     def _build(
@@ -185,6 +185,7 @@ class Builder:
                 "seconds": seconds, "platform": str(self.graph.tree.platform), "version": package.version,
                 "runner": self.runner.name,
             }
+            TOKEN.check(f"package '{name}'")  # a cancelled run stores nothing
             return self.store.commit(key, staging, name, meta, self.source_date_epoch)
 
     def _steps(

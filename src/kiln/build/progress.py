@@ -7,7 +7,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, TextIO
 
-from kiln.build.scheduler import BUILT, CACHED, FAILED, SKIPPED, Outcome
+from kiln.build.scheduler import BUILT, CACHED, CANCELLED, FAILED, SKIPPED, Outcome
 
 if TYPE_CHECKING:  # rich is imported only for a terminal: plain runs (CI, no-op builds) skip its cost
     from rich.console import Console, Group
@@ -21,7 +21,7 @@ def summary_table(outcomes: dict[str, Outcome]) -> Table:
     table = Table(title="kiln build")
     for column in ("package", "status", "seconds", "key"):
         table.add_column(column)
-    colours = {BUILT: "green", CACHED: "cyan", FAILED: "red", SKIPPED: "yellow"}
+    colours = {BUILT: "green", CACHED: "cyan", FAILED: "red", SKIPPED: "yellow", CANCELLED: "magenta"}
     for outcome in outcomes.values():
         table.add_row(
             outcome.name,
@@ -33,8 +33,10 @@ def summary_table(outcomes: dict[str, Outcome]) -> Table:
 
 
 def counts(outcomes: list[Outcome]) -> str:
-    by = {s: sum(1 for o in outcomes if o.status == s) for s in (BUILT, CACHED, FAILED)}
-    return f"built {by[BUILT]}, cached {by[CACHED]}, failed {by[FAILED]}"
+    """Counts by status; cancelled ones only when a signal stopped the run."""
+    by = {s: sum(1 for o in outcomes if o.status == s) for s in (BUILT, CACHED, FAILED, CANCELLED)}
+    text = f"built {by[BUILT]}, cached {by[CACHED]}, failed {by[FAILED]}"
+    return text + (f", cancelled {by[CANCELLED]}" if by[CANCELLED] else "")
 
 
 class PlainProgress:
@@ -69,7 +71,8 @@ class PlainProgress:
 
     def end(self, outcomes: dict[str, Outcome]) -> None:
         skipped = sum(1 for o in outcomes.values() if o.status == SKIPPED)
-        self._say(f"done: {counts(list(outcomes.values()))}, skipped {skipped}")
+        stopped = any(o.status == CANCELLED for o in outcomes.values())
+        self._say(f"{'stopped' if stopped else 'done'}: {counts(list(outcomes.values()))}, skipped {skipped}")
 
 
 class LiveProgress:
@@ -117,7 +120,7 @@ class LiveProgress:
         with self._lock:
             self.running.pop(outcome.name, None)
             self.finished.append(outcome)
-        if outcome.status in (BUILT, FAILED):
+        if outcome.status in (BUILT, FAILED, CANCELLED):
             self.console.print(f"{outcome.name}: {outcome.status} ({outcome.seconds:.1f} s)")
 
     def end(self, outcomes: dict[str, Outcome]) -> None:

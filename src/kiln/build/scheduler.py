@@ -3,19 +3,27 @@
 Readiness is tracked in the calling thread; each build runs in a worker thread
 that holds the store lock for its key, so two kiln processes on one store never
 build the same key at once (the second one finds it stored and calls it cached).
+Every entry the run judges cached or builds is pinned until the run ends, so a
+concurrent gc cannot evict a dependency before its dependent mounts it. A
+cancelled run (kiln.build.cancel) starts nothing more, waits for its running
+builds to unwind (their steps killed, nothing committed) and raises Interrupted.
 """
 
 from __future__ import annotations
 
+import signal
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from kiln.build.builder import Builder
+from kiln.build.cancel import TOKEN, Interrupted
+from kiln.build.store import Pins
 from kiln.errors import BuildError, KilnError
 
-BUILT, CACHED, FAILED, SKIPPED = "built", "cached", "failed", "skipped"
+BUILT, CACHED, FAILED, SKIPPED, CANCELLED = "built", "cached", "failed", "skipped", "cancelled"
+PIN_ATTEMPTS = 3
 
 
 @dataclass
@@ -43,17 +51,29 @@ class Progress(Protocol):
 
 class Scheduler:
     def __init__(
-        self, builder: Builder, progress: Progress, jobs: int, no_cache: bool = False, keep_going: bool = False
+        self, builder: Builder, progress: Progress, jobs: int, no_cache: bool = False, keep_going: bool = False,
+        pins: Pins | None = None,
     ) -> None:
         self.builder = builder
         self.progress = progress
         self.jobs = max(1, jobs)
         self.no_cache = no_cache
         self.keep_going = keep_going
+        self.pins = pins
 
     def run(self, targets: list[str]) -> dict[str, Outcome]:
-        """Build targets and everything they need; outcomes in build order."""
-        graph, keys, store = self.builder.graph, self.builder.keys, self.builder.store
+        """Build targets and everything they need; outcomes in build order.
+
+        The entries the run relies on stay pinned until it ends, or, with the caller's
+        `pins`, until the caller releases them (an export after the build reads them too).
+        """
+        if self.pins is not None:
+            return self._run(targets, self.pins)
+        with Pins(self.builder.store) as pins:
+            return self._run(targets, pins)
+
+    def _run(self, targets: list[str], pins: Pins) -> dict[str, Outcome]:
+        graph, keys = self.builder.graph, self.builder.keys
         names = graph.closure(targets)
         outcomes = {name: Outcome(name, keys[name]) for name in names}
         waiting = {name: {d for d in graph.edges[name] if d in outcomes} for name in names}
@@ -62,20 +82,23 @@ class Scheduler:
         running: dict[Future[tuple[str, float]], str] = {}
         stop = False
         self.progress.begin(names)
-        with ThreadPoolExecutor(max_workers=self.jobs, thread_name_prefix="kiln-build") as pool:
+        pool = ThreadPoolExecutor(max_workers=self.jobs, thread_name_prefix="kiln-build")
+        try:
             while True:
+                stop = stop or TOKEN.cancelled
                 for name in [n for n in pending if not waiting[n] and n not in blocked]:
                     if stop:
                         break
                     pending.remove(name)
-                    if not self.no_cache and store.has(keys[name]):
-                        store.touch(keys[name])
+                    # Without waiting: a key locked by a build elsewhere goes to a worker, which waits.
+                    if not self.no_cache and pins.pin(keys[name], wait=False):
+                        self.builder.store.touch(keys[name])
                         outcomes[name].status = CACHED
                         self.progress.done(outcomes[name])
                         self._release(name, waiting)
                         continue
                     self.progress.started(name)
-                    running[pool.submit(self._build_one, name)] = name
+                    running[pool.submit(self._build_one, name, pins)] = name
                 if not running:
                     if not stop and any(not waiting[n] and n not in blocked for n in pending):
                         continue  # a cached package just unblocked more
@@ -83,37 +106,70 @@ class Scheduler:
                 finished, _ = wait(list(running), return_when=FIRST_COMPLETED)
                 for future in finished:
                     name = running.pop(future)
-                    outcome = outcomes[name]
-                    error = future.exception()
-                    if error is None:
-                        outcome.status, outcome.seconds = future.result()
+                    if self._settle(future, outcomes[name]):
                         self._release(name, waiting)
-                    elif isinstance(error, Exception):
-                        outcome.status = FAILED
-                        outcome.error = error if isinstance(error, KilnError) else BuildError(
-                            f"package '{name}': {type(error).__name__}: {error}"
-                        )
+                    else:
                         blocked.update(graph.dependents(name))
                         stop = stop or not self.keep_going
-                    else:  # KeyboardInterrupt: the pool's exit waits for running builds
-                        raise error
-                    self.progress.done(outcome)
+        except BaseException as exc:
+            if isinstance(exc, KeyboardInterrupt):  # a signal: stop the steps, store nothing
+                TOKEN.cancel(getattr(exc, "signum", signal.SIGINT))
+            pool.shutdown(wait=True, cancel_futures=True)
+            for future, name in running.items():
+                if not future.cancelled():
+                    self._settle(future, outcomes[name])
+            self.progress.end(outcomes)
+            raise
+        pool.shutdown(wait=True)
         self.progress.end(outcomes)
+        if TOKEN.cancelled:
+            raise Interrupted(TOKEN.signum or signal.SIGINT)
         return outcomes
+
+    def _settle(self, future: Future[tuple[str, float]], outcome: Outcome) -> bool:
+        """Record a finished build's outcome and report it; True if its entry is stored."""
+        error = future.exception()
+        if error is None:
+            outcome.status, outcome.seconds = future.result()
+        elif not isinstance(error, Exception):
+            raise error
+        else:
+            outcome.status = CANCELLED if TOKEN.cancelled else FAILED
+            outcome.error = error if isinstance(error, KilnError) else BuildError(
+                f"package '{outcome.name}': {type(error).__name__}: {error}"
+            )
+        self.progress.done(outcome)
+        return error is None
 
     @staticmethod
     def _release(name: str, waiting: dict[str, set[str]]) -> None:
         for needs in waiting.values():
             needs.discard(name)
 
-    def _build_one(self, name: str) -> tuple[str, float]:
-        """Runs in a worker: build under the key's lock unless another process just did."""
-        store, key = self.builder.store, self.builder.keys[name]
+    def _build_one(self, name: str, pins: Pins) -> tuple[str, float]:
+        """Runs in a worker: build (or find built elsewhere) under the key's lock, then pin the entry.
+
+        The pin is taken once the exclusive lock is dropped (flock would deadlock on
+        itself), so a gc may evict the entry in between: then it is built again.
+        """
+        key = self.builder.keys[name]
         start = time.monotonic()
+        for _ in range(PIN_ATTEMPTS):
+            TOKEN.check(f"package '{name}'")
+            status = self._build_locked(name, key, pins)
+            if pins.pin(key):
+                return status, round(time.monotonic() - start, 2)
+        raise BuildError(f"package '{name}': a concurrent gc evicted its entry {key} as soon as it was stored, "
+                         f"{PIN_ATTEMPTS} times")
+
+    def _build_locked(self, name: str, key: str, pins: Pins) -> str:
+        """Build under the key's exclusive lock unless another process just did."""
+        store = self.builder.store
+        pins.unpin(key)  # our own shared lock would block the exclusive one forever
         with store.lock(key):
             if store.has(key):
                 if not self.no_cache:
-                    return CACHED, round(time.monotonic() - start, 2)
+                    return CACHED
                 store.remove_locked(key)
             self.builder.build(name, lambda text: self.progress.phase(name, text))
-        return BUILT, round(time.monotonic() - start, 2)
+        return BUILT

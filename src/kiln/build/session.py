@@ -13,7 +13,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from kiln.build.bootstrap import ensure_stage0
@@ -24,8 +24,8 @@ from kiln.build.progress import LiveProgress, PlainProgress, download_progress
 from kiln.build.runners.base import BuildRoot, RootPlan, Runner
 from kiln.build.runners.buildkit import BuildKitRunner
 from kiln.build.runners.sandbox import SandboxRunner
-from kiln.build.scheduler import FAILED, Outcome, Progress, Scheduler
-from kiln.build.store import Store
+from kiln.build.scheduler import FAILED, PIN_ATTEMPTS, Outcome, Progress, Scheduler
+from kiln.build.store import Pins, Store
 from kiln.console import say_line
 from kiln.errors import BuildError, InputError
 from kiln.paths import cache_dir
@@ -60,10 +60,20 @@ def make_runner(name: str) -> Runner:
 
 @dataclass
 class Session:
+    """One verb's graph, store and builder; entries its builds rely on stay pinned until `close`."""
+
     graph: Graph
     keys: dict[str, str]
     store: Store
     builder: Builder
+    pins: Pins = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.pins = Pins(self.store)
+
+    def close(self) -> None:
+        """Release the pins (process exit does too): gc may evict this session's entries again."""
+        self.pins.release()
 
     @classmethod
     def open(cls, graph: Graph, runner: str = "sandbox", make_jobs: int | None = None) -> Session:
@@ -90,6 +100,13 @@ class Session:
         )
         return key
 
+    def _pinned_seed(self) -> None:
+        """Make the seed if needed and pin it: a gc between bootstrap and the first mount must not take it."""
+        for _ in range(PIN_ATTEMPTS):
+            if self.pins.pin(self.bootstrap(say_line)):
+                return
+        raise BuildError(f"a concurrent gc evicted the stage0 seed as soon as it was made, {PIN_ATTEMPTS} times")
+
     def build(
         self, targets: list[str], jobs: int, no_cache: bool, keep_going: bool, progress: Progress,
         cache_from: str | None = None, cache_to: str | None = None,
@@ -102,15 +119,17 @@ class Session:
                 f"cannot build for {self.graph.tree.platform} on this {host} host: cross-arch builds "
                 "(qemu-user in the sandbox) are not supported yet"
             )
+        if no_cache:
+            self.pins.release()  # a rebuild locks keys exclusively: our own pins would block it forever
         if cache_from and not no_cache:
             self.pull_needed(targets, cache_from)
         runner = self.builder.runner
         if self.needs_seed(names) or runner.name == "buildkit":
-            self.bootstrap(say_line)
+            self._pinned_seed()
         if isinstance(runner, BuildKitRunner):
             outcomes = runner.build_graph(self.builder, targets, no_cache, progress)
         else:
-            outcomes = Scheduler(self.builder, progress, jobs, no_cache, keep_going).run(targets)
+            outcomes = Scheduler(self.builder, progress, jobs, no_cache, keep_going, self.pins).run(targets)
         if cache_to:
             self.push([self.keys[n] for n in names if self.store.has(self.keys[n])], cache_to)
         return outcomes

@@ -388,6 +388,15 @@ class Store:
         return staging
 
     @contextmanager
+    def fresh_staging(self, key: str) -> Iterator[Path]:
+        """A new staging dir for a block, discarded on every way out (error, failure, cancel) unless committed."""
+        staging = self.staging(key)
+        try:
+            yield staging
+        finally:
+            self.discard(staging)
+
+    @contextmanager
     def hold_staging_lock(self, staging: Path) -> Iterator[Path]:
         """Own a staging dir for a block: its lock stays held, and it is discarded on exit unless committed.
 
@@ -562,8 +571,10 @@ class Store:
     def gc(self, max_size: int | None, keep: set[str] | frozenset[str] = frozenset()) -> list[str]:
         """Remove dead builders' staging dirs, then evict least-recently-used entries down to max_size.
 
-        Entries in `keep` and entries in use (their key lock is held) are never evicted, so
-        the result may stay above max_size. Returns the evicted keys, oldest first.
+        Entries in `keep` and entries in use are never evicted, so the result may stay above
+        max_size: an entry is in use while anyone holds its key lock (a build mounting it, a
+        run's `Pins`, a build of it), which gc tests without waiting. Returns the evicted keys,
+        oldest first.
         """
         self.clean_tmp()
         if max_size is None:
@@ -587,6 +598,68 @@ class Store:
             finally:
                 _release(path, fd)
         return removed
+
+
+class Pins:
+    """Shared key locks a run holds on the entries it relies on, until `release`.
+
+    A dependency judged cached must still be there when its dependent mounts it, and an
+    output must outlive the run that exports it: gc and remove take a key's lock without
+    waiting and skip held ones, so a pinned entry is never evicted. A pin is taken, then
+    the entry checked again under it, so an entry evicted just before counts as missing.
+    Never take `Store.lock` on a key this process pins: flock would deadlock on itself.
+    """
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._held: dict[str, tuple[Path, int]] = {}
+        self._mutex = threading.Lock()
+
+    def __enter__(self) -> Pins:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.release()
+
+    def __contains__(self, key: str) -> bool:
+        with self._mutex:
+            return key in self._held
+
+    def pin(self, key: str, wait: bool = True) -> bool:
+        """Pin `key` if it is published; False if it is not (or, without `wait`, if its lock is busy)."""
+        if key in self:
+            return True
+        if not self.store.has(key):
+            return False  # nothing to pin: no lock file is made for it
+        path = self.store._lock_path(key)
+        fd = _acquire(path, fcntl.LOCK_SH | (0 if wait else fcntl.LOCK_NB))
+        if fd is None:
+            return False
+        try:
+            present = self.store.has(key)  # evicted between the check and the lock?
+        except BaseException:
+            _release(path, fd)
+            raise
+        with self._mutex:
+            if present and key not in self._held:
+                self._held[key] = (path, fd)
+                return True
+        _release(path, fd)
+        return present
+
+    def unpin(self, key: str) -> None:
+        """Drop one pin (before this process rebuilds the key under its exclusive lock)."""
+        with self._mutex:
+            held = self._held.pop(key, None)
+        if held is not None:
+            _release(*held)
+
+    def release(self) -> None:
+        """Drop every pin; gc may evict those entries again."""
+        with self._mutex:
+            held, self._held = self._held, {}
+        for path, fd in held.values():
+            _release(path, fd)
 
 
 def _differences(want: FileRecord, got: FileRecord) -> list[str]:

@@ -55,13 +55,13 @@ def copy_path(root: Path, source: str, out: Path, to: str) -> None:
             if info is None:
                 raise BuildError(f"finalize: {source} does not exist in the build root")
             if stat.S_ISDIR(info.st_mode):
-                _copy_dir_to(parent, name, out_fd, dst_parts, to)
+                _copy_dir_to(parent, name, info, out_fd, dst_parts, to)
             else:
                 _copy_node_to(parent, name, out_fd, dst_parts)
 
 
-def _copy_dir_to(parent: int, name: str, out_fd: int, dst_parts: list[str], to: str) -> None:
-    """A directory's contents and attributes merged into `to` (made with its parents if missing)."""
+def _copy_dir_to(parent: int, name: str, info: os.stat_result, out_fd: int, dst_parts: list[str], to: str) -> None:
+    """A directory's contents and attributes (as stat'ed before the copy) merged into `to`, made if missing."""
     dparent, dname = _resolve(out_fd, dst_parts, follow_last=True, create=True)
     with _closing(dparent):
         existing = _lstat(dparent, dname)
@@ -72,7 +72,7 @@ def _copy_dir_to(parent: int, name: str, out_fd: int, dst_parts: list[str], to: 
         with _open_dir(parent, name) as src, _open_dir(dparent, dname) as dst:
             copier = _Copier(dst)
             copier.contents(src, dst, ())
-            copier.attributes(src, dst, os.fstat(src))
+            copier.attributes(src, dst, info)
 
 
 def _copy_node_to(parent: int, name: str, out_fd: int, dst_parts: list[str]) -> None:

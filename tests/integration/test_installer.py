@@ -243,11 +243,12 @@ def test_disk_with_partitions_refused_without_wipe(loaded: str, loop: tuple[str,
     before = backing.read_bytes()
     refused = run_installer(loaded, device)
     assert refused.returncode == 2, refused.stdout + refused.stderr
-    assert refused.stderr == f"install: {device} holds an MBR partition table; pass --wipe to overwrite it\n"
+    assert refused.stderr == (f"install: refusing to install onto {device}: it holds an MBR partition table (dos); "
+                              "pass --wipe to overwrite it\n")
     assert backing.read_bytes() == before
     accepted = run_installer(loaded, device, "--wipe")
     assert accepted.returncode == 0, accepted.stdout + accepted.stderr
-    assert "--wipe: overwriting an MBR partition table" in accepted.stdout
+    assert "--wipe: overwriting an MBR partition table (dos)" in accepted.stdout
     assert_installed(disk, backing)
 
 
@@ -264,7 +265,7 @@ def test_install_disk_on_host(inputs: tuple[BootAssets, Path, Path], tmp_path: P
     assert "install: done" in capfd.readouterr().out
     assert_installed(disk, target)
 
-    with pytest.raises(InputError, match=r"holds a GPT partition table; pass --wipe"):
+    with pytest.raises(InputError, match=r"holds a GPT partition table \(gpt\); pass --wipe"):
         install_disk(machined, disk, target, wipe=False)
     install_disk(machined, disk, target, wipe=True)
     assert_installed(disk, target)

@@ -2,8 +2,10 @@
 
 machined is static, so the binary built for the image runs on the host too, and the host and
 the container share one implementation of checks and writes (runtime/machined/install.go).
-Its exit codes map onto Kiln's errors: 2 (a refusal the user can fix) -> InputError,
-anything else -> BuildError. Its progress lines go straight to our stdout.
+Its exit codes map onto Kiln's errors: 2 with its one `install: ...` line (a refusal: a used or
+in-use disk, a disk too small, a missing image; nothing was written) -> InputError, so
+`kiln install` exits 2; anything else -> BuildError. A Go runtime panic also exits 2, so a 2
+whose stderr is not that one line is a BuildError too. Progress lines go straight to our stdout.
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ def install_disk(machined: Path, image: Path, disk: Path, wipe: bool) -> None:
         raise BuildError(f"install: cannot run {machined}: {error}") from error
     if done.returncode == 0:
         return
-    message = done.stderr.strip().removeprefix("install: ") or f"{machined} install exited with {done.returncode}"
-    if done.returncode == 2:
-        raise InputError(f"install: {message}")
+    lines = done.stderr.strip().splitlines()
+    if done.returncode == 2 and len(lines) == 1 and lines[0].startswith("install: "):
+        raise InputError(lines[0])
+    message = lines[0].removeprefix("install: ") if lines else f"{machined} install exited with {done.returncode}"
     raise BuildError(f"install: {message}")

@@ -57,7 +57,7 @@ func installMain(args []string, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	disk := fs.String("disk", "", "target disk: a block device or a disk image file (required)")
 	image := fs.String("image", "", "raw disk image, plain or gzip (default: "+defaultImages[0]+" or "+defaultImages[1]+")")
-	wipe := fs.Bool("wipe", false, "overwrite a target that already holds partitions or a filesystem")
+	wipe := fs.Bool("wipe", false, "overwrite a disk that is not empty (never one in use: mounted, swap, held or claimed)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -198,7 +198,7 @@ func install(imagePath, disk string, wipe bool, say func(string, ...interface{})
 	f, err := os.OpenFile(disk, flags, 0)
 	if err != nil {
 		if errors.Is(err, syscall.EBUSY) {
-			return refuseInUse(disk, "it is claimed exclusively (mounted, swap, device-mapper, md or another program)")
+			return refuseInUse(disk, "opening it exclusively failed (a mount, swap, device-mapper, md or a program holds it)")
 		}
 		return refuse("disk: %v", unwrapPath(err))
 	}

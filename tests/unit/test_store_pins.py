@@ -82,6 +82,20 @@ def test_pin_of_a_missing_or_busy_entry_is_refused(tmp_path: Path) -> None:
     assert leftovers(tmp_path) == []
 
 
+def test_pins_go_with_the_process_and_gc_removes_unheld_lock_files(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    put(store, "a")
+    pins = Pins(store)
+    assert pins.pin("a")
+    del pins  # a verb that never closed its session: released when the object goes (or at exit)
+    assert leftovers(tmp_path) == []
+    (tmp_path / "locks" / "b.lock").touch()  # left by a process killed while it held it
+    with Store(tmp_path).use("a"):
+        assert store.clean_locks() == 1
+        assert leftovers(tmp_path) == ["locks/a.lock"]  # held: kept
+    assert store.gc(None) == [] and leftovers(tmp_path) == []
+
+
 def test_pin_checks_again_under_the_lock(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """An entry evicted between the first look and the lock is missing, and its lock is let go."""
     store = Store(tmp_path)

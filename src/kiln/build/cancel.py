@@ -36,7 +36,7 @@ class Interrupted(KeyboardInterrupt):
 
     def __str__(self) -> str:
         name = signal.Signals(self.signum).name
-        return f"interrupted by {name}: running steps were stopped, their outputs not stored"
+        return f"kiln: interrupted by {name}: running steps were stopped, their outputs not stored"
 
 
 class Cancelled(BuildError):

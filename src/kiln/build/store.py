@@ -19,6 +19,7 @@ import secrets
 import shutil
 import stat
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass, field
@@ -568,8 +569,22 @@ class Store:
                 _release(lock_path, fd)
         return removed
 
+    def clean_locks(self) -> int:
+        """Remove key lock files nobody holds (a killed process cannot unlink its own); return how many."""
+        if not self.locks_dir.is_dir():
+            return 0
+        removed = 0
+        for path in sorted(self.locks_dir.glob("*.lock")):
+            if not KEY_RE.fullmatch(path.stem):
+                continue  # a staging dir's lock: clean_tmp's
+            fd = _acquire(path, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if fd is not None:
+                _release(path, fd)  # unlinks it: a waiter on the old file notices and starts over
+                removed += 1
+        return removed
+
     def gc(self, max_size: int | None, keep: set[str] | frozenset[str] = frozenset()) -> list[str]:
-        """Remove dead builders' staging dirs, then evict least-recently-used entries down to max_size.
+        """Remove dead builders' staging dirs and unheld lock files, then evict least-recently-used entries.
 
         Entries in `keep` and entries in use are never evicted, so the result may stay above
         max_size: an entry is in use while anyone holds its key lock (a build mounting it, a
@@ -577,6 +592,7 @@ class Store:
         oldest first.
         """
         self.clean_tmp()
+        self.clean_locks()
         if max_size is None:
             return []
         candidates = sorted(self.entries(), key=lambda e: (e.last_used, e.key))
@@ -614,6 +630,8 @@ class Pins:
         self.store = store
         self._held: dict[str, tuple[Path, int]] = {}
         self._mutex = threading.Lock()
+        # Released at interpreter exit too, so a verb that never closes its session leaves no lock files.
+        self._finalizer = weakref.finalize(self, _release_all, self._held, self._mutex)
 
     def __enter__(self) -> Pins:
         return self
@@ -656,10 +674,15 @@ class Pins:
 
     def release(self) -> None:
         """Drop every pin; gc may evict those entries again."""
-        with self._mutex:
-            held, self._held = self._held, {}
-        for path, fd in held.values():
-            _release(path, fd)
+        _release_all(self._held, self._mutex)
+
+
+def _release_all(held: dict[str, tuple[Path, int]], mutex: threading.Lock) -> None:
+    with mutex:
+        locks = list(held.values())
+        held.clear()
+    for path, fd in locks:
+        _release(path, fd)
 
 
 def _differences(want: FileRecord, got: FileRecord) -> list[str]:

@@ -366,3 +366,51 @@ func TestInstallWithoutUtilLinuxUsesMachinedProbeAlone(t *testing.T) {
 	stubDisk(t, disk, signatureStubs["mdraid 1.2"].patches)
 	refusedOneLine(t, "it holds an mdraid array member (metadata 1.x) (linux_raid_member); pass --wipe", "--disk", disk, "--image", image)
 }
+
+// Where blkid is the only util-linux tool (a Kiln rootfs): its answers, including
+// "ambivalent" for several signatures, are read.
+func TestProbeWithBlkidAlone(t *testing.T) {
+	blkid := lookTool("blkid")
+	mkfs, err := exec.LookPath("mkfs.ext4")
+	if blkid == "" || err != nil {
+		t.Skip("needs blkid and mkfs.ext4")
+	}
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "bin")
+	_ = os.Mkdir(bin, 0o755)
+	if err := os.Symlink(blkid, filepath.Join(bin, "blkid")); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("PATH", bin)
+	saved := toolDirs
+	toolDirs = nil
+	defer func() { toolDirs = saved }()
+
+	disk := filepath.Join(dir, "d.img")
+	stubDisk(t, disk, nil)
+	if found, tool, err := probeWithUtilLinux(disk); tool != "blkid" || err != nil || len(found) != 0 {
+		t.Fatalf("empty: %v %q %v", found, tool, err)
+	}
+	if out, err := run(mkfs, "-q", "-F", disk); err != nil {
+		t.Fatalf("mkfs.ext4: %v %s", err, out)
+	}
+	if found, _, err := probeWithUtilLinux(disk); err != nil || joinFindings(found) != "an ext4 filesystem (ext4)" {
+		t.Fatalf("ext4: %v %v", found, err)
+	}
+	// real swap plus btrfs magic: blkid will not choose between them
+	mkswap, err := exec.LookPath("mkswap")
+	if err != nil {
+		return
+	}
+	stubDisk(t, disk, nil)
+	if out, err := run(mkswap, disk); err != nil {
+		t.Fatalf("mkswap: %v %s", err, out)
+	}
+	f, _ := os.OpenFile(disk, os.O_RDWR, 0)
+	_, _ = f.WriteAt([]byte("_BHRfS_M"), 65600)
+	f.Close()
+	found, _, err := probeWithUtilLinux(disk)
+	if err != nil || joinFindings(found) != "several signatures (blkid: ambivalent result)" {
+		t.Fatalf("swap + btrfs: %v %v", found, err)
+	}
+}

@@ -253,6 +253,15 @@ def test_swap_partition_refused_even_with_wipe(machined: Path, image: Path, disk
     refused(machined, image, disk, f"{part} is in use as swap", "--wipe does not override this", wipe=True)
 
 
+def test_exclusively_opened_disk_refused_even_with_wipe(machined: Path, image: Path, disk: Disk) -> None:
+    """Nothing in mountinfo, swaps or holders: only the O_EXCL open tells (as for a mount in another
+    mount namespace, seen from a container)."""
+    fd = os.open(disk.device, os.O_RDONLY | os.O_EXCL)
+    disk.undo.callback(os.close, fd)
+    refused(machined, image, disk, "it is in use: opening it exclusively failed", "--wipe does not override this",
+            wipe=True)
+
+
 def test_device_mapper_holder_refused_even_with_wipe(machined: Path, image: Path, disk: Disk) -> None:
     need("dmsetup")
     name = f"kiln-test-{uuid.uuid4().hex[:8]}"

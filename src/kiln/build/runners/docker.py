@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
+from kiln.build.cancel import TOKEN
 from kiln.build.keys import digest
 from kiln.build.runners.base import BUILD_DIR, CAPABILITIES, STEP_WRAPPER, Layer, RootPlan
 from kiln.build.runners.finalize import copy_path
@@ -257,6 +258,7 @@ class DockerRoot:
             self._create(image.id, network, started)
 
     def run(self, script: str, env: dict[str, str], network: bool, log: IO[bytes]) -> int:
+        TOKEN.check("step")
         self._start(network)
         api = self.engine.api
         exec_id = api.exec_create(
@@ -264,9 +266,11 @@ class DockerRoot:
             environment=env, workdir=BUILD_DIR, user="0:0",
         )["Id"]
         log.flush()
-        for chunk in api.exec_start(exec_id, stream=True):
-            log.write(chunk)
+        with TOKEN.stopper(self.container.kill):  # a cancelled run kills the step with its container
+            for chunk in api.exec_start(exec_id, stream=True):
+                log.write(chunk)
         log.flush()
+        TOKEN.check("step")  # killed by a cancel: not a step failure
         code = api.exec_inspect(exec_id)["ExitCode"]
         return int(code) if code is not None else 1
 

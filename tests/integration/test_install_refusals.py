@@ -176,7 +176,16 @@ STUBS: dict[str, tuple[dict[int, bytes], str]] = {
     "ntfs_stub": ({3: b"NTFS    ", 510: b"\x55\xaa"}, "an NTFS filesystem (ntfs)"),
     "exfat_stub": ({3: b"EXFAT   ", 510: b"\x55\xaa"}, "an exFAT filesystem (exfat)"),
     "f2fs_stub": ({1024: (0xF2F52010).to_bytes(4, "little")}, "an F2FS filesystem (f2fs)"),
+    # libblkid (wipefs) calls a bare boot signature a "dos" table, machined's probe "an MBR boot signature"
+    "mbr_signature_stub": ({510: b"\x55\xaa"}, "an MBR "),
 }
+
+
+@pytest.mark.parametrize(("label", "named"), [("gpt", "a GPT partition table (gpt)"),
+                                              ("dos", "an MBR partition table (dos)")])
+def test_partition_table_refused_then_wiped(label: str, named: str, machined: Path, image: Path, disk: Disk) -> None:
+    run("sfdisk", "--quiet", "--no-reread", disk.device, stdin=f"label: {label}\nstart=2048, size=16384\n")
+    refused_then_wiped(machined, image, disk, named)
 
 
 @pytest.mark.parametrize("kind", sorted(STUBS))

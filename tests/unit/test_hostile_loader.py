@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import marshal
 import os
+import stat
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -239,7 +240,7 @@ def test_deep_nesting_is_an_error_with_both_loaders(
 def test_dangling_symlink_pkg_yaml(tmp_path: Path, cache: Path, kiln: Callable[..., Result]) -> None:
     pkgs = write_tree(tmp_path, {"base/pkg.yaml": OK})
     (pkgs / "a").mkdir()
-    (pkgs / "a/pkg.yaml").symlink_to(tmp_path / "nowhere")
+    (pkgs / "a/pkg.yaml").symlink_to(pkgs / "nowhere")
     result, elapsed = validate(kiln)
     assert_refused(result, elapsed, "pkgs/a/pkg.yaml:1: cannot read pkg.yaml: No such file or directory")
     assert_nothing_written(tmp_path, cache)
@@ -262,9 +263,26 @@ def test_fifo_is_refused_without_hanging(
 def test_device_as_pkg_yaml_is_refused(tmp_path: Path, cache: Path, kiln: Callable[..., Result]) -> None:
     pkgs = write_tree(tmp_path, {"base/pkg.yaml": OK})
     (pkgs / "a").mkdir()
-    (pkgs / "a/pkg.yaml").symlink_to("/dev/zero")
+    (pkgs / "a/pkg.yaml").symlink_to(pkgs / "zero")
+    os.mknod(pkgs / "zero", 0o600 | stat.S_IFCHR, os.makedev(1, 5))  # /dev/zero's numbers, inside the tree
     result, elapsed = validate(kiln)
     assert_refused(result, elapsed, "pkgs/a/pkg.yaml:1: pkg.yaml is not a regular file")
+
+
+@pytest.mark.parametrize("name", ["a/pkg.yaml", "vars.yaml", "base/vars.yaml", "stage0.yaml"])
+@pytest.mark.parametrize("target", ["/etc/passwd", "/dev/zero", "outside.yaml"])
+def test_links_out_of_the_tree_are_refused(
+    name: str, target: str, tmp_path: Path, cache: Path, kiln: Callable[..., Result]
+) -> None:
+    """A tree's pkg.yaml linked to a root-only file would have its lines quoted back in errors."""
+    (tmp_path / "outside.yaml").write_text("name: secret-content\n")
+    pkgs = write_tree(tmp_path, {"base/pkg.yaml": OK})
+    (pkgs / name).parent.mkdir(parents=True, exist_ok=True)
+    (pkgs / name).symlink_to(target if target.startswith("/") else tmp_path / target)
+    result, elapsed = validate(kiln)
+    assert_refused(result, elapsed, f"pkgs/{name}:1: ")
+    assert "links to a file outside the package tree" in result.err
+    assert "root:" not in result.err and "secret" not in result.err
 
 
 # --- values YAML 1.1 would change, names and paths ---------------------------------------------------

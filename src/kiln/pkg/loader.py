@@ -80,12 +80,15 @@ def package_variables(
     local = directory / VARS_FILE
     if directory == root or not os.path.lexists(local):
         return tree_vars
-    return {**tree_vars, **load_vars_file(local), **overrides}
+    return {**tree_vars, **load_vars_file(local, within=root), **overrides}
 
 
-def load_package(file: Path, context: dict[str, Any]) -> Package:
-    """Render, parse and schema-check one pkg.yaml; raises InputError(s)."""
-    source = read_text_file(file, what=PKG_FILE)
+def load_package(file: Path, context: dict[str, Any], root: Path | None = None) -> Package:
+    """Render, parse and schema-check one pkg.yaml; raises InputError(s).
+
+    With `root`, a pkg.yaml that links outside the tree is refused.
+    """
+    source = read_text_file(file, what=PKG_FILE, within=root)
     rendered: Rendered = render(source, file, context)
     where = str(file)
     positioned = parse_text(rendered.text, where, rendered.template_line)
@@ -121,7 +124,7 @@ def load_tree(
     variables: dict[str, Any] = builtins(platform)
     try:
         if os.path.lexists(root / VARS_FILE):
-            variables.update(load_vars_file(root / VARS_FILE))
+            variables.update(load_vars_file(root / VARS_FILE, within=root))
     except KilnError as exc:
         errors.append(exc)
     variables.update(overrides)
@@ -140,7 +143,7 @@ def load_tree(
     for file in files:
         try:
             context = package_variables(root, file.parent, variables, tree.overrides)
-            package = load_package(file, context)
+            package = load_package(file, context, root)
         except KilnError as exc:
             errors.extend(exc.errors if isinstance(exc, InputErrors) else [exc])
             broken.update(_readable_name(file))
@@ -172,7 +175,7 @@ def _readable_name(file: Path) -> set[str]:
     Its dependents then get no second, misleading 'unknown dependency' error.
     """
     try:
-        source = read_text_file(file, what=PKG_FILE)
+        source = read_text_file(file, what=PKG_FILE, within=file.parent)
     except KilnError:
         return set()
     match = _NAME_LINE.search(source)

@@ -66,7 +66,7 @@ def load_stage0(file: Path, from_tar: Path | None = None) -> Stage0:
 
 def _parse(file: Path) -> Stage0:
     where = str(file)
-    positioned = read_yaml_file(file, what="stage0.yaml")
+    positioned = read_yaml_file(file, what="stage0.yaml", within=file.parent)
     data = positioned.value or {}
     if not isinstance(data, dict):
         raise InputError("stage0.yaml must be a mapping", Location(where, 1))

@@ -60,9 +60,9 @@ def builtins(platform: Platform) -> dict[str, Any]:
     }
 
 
-def load_vars_file(path: Path) -> dict[str, Any]:
+def load_vars_file(path: Path, within: Path | None = None) -> dict[str, Any]:
     """A vars.yaml: a mapping of names to values, or nothing."""
-    parsed = read_yaml_file(path, what="vars file")
+    parsed = read_yaml_file(path, what="vars file", within=within)
     if parsed.value is None:
         return {}
     if not isinstance(parsed.value, dict):

@@ -242,13 +242,20 @@ def parse(text: str) -> Positioned:
     return Positioned(value, builder.lines)
 
 
-def read_text_file(path: Path, max_bytes: int = MAX_BYTES, what: str = "file") -> str:
+def read_text_file(path: Path, max_bytes: int = MAX_BYTES, what: str = "file", within: Path | None = None) -> str:
     """A regular file's UTF-8 text, at most `max_bytes`; anything else is an InputError at file:line.
 
     Opened with O_NONBLOCK and checked with fstat before reading, so a FIFO, socket or
     device named like a Kiln file is refused instead of hanging or streaming forever.
+    With `within`, a file that resolves (through links) outside that directory is
+    refused: a tree's pkg.yaml linked to /etc/shadow would otherwise be quoted in errors.
     """
     where = str(path)
+    if within is not None:
+        real = Path(os.path.realpath(path))
+        base = Path(os.path.realpath(within))
+        if base != real and base not in real.parents:
+            raise InputError(f"{what} links to a file outside the package tree", Location(where, 1))
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
     except OSError as exc:
@@ -259,7 +266,7 @@ def read_text_file(path: Path, max_bytes: int = MAX_BYTES, what: str = "file") -
             raise InputError(f"{what} is not a regular file", Location(where, 1))
         if info.st_size > max_bytes:
             raise InputError(f"{what} is too large ({info.st_size} bytes; at most {max_bytes})", Location(where, 1))
-        data = _read_at_most(fd, max_bytes + 1)
+        data = _read_at_most(fd, max_bytes + 1, info.st_size)
     except OSError as exc:
         raise InputError(f"cannot read {what}: {exc.strerror or exc}", Location(where, 1)) from None
     finally:
@@ -273,16 +280,18 @@ def read_text_file(path: Path, max_bytes: int = MAX_BYTES, what: str = "file") -
         raise InputError(f"{what} is not valid UTF-8 (byte {exc.start})", Location(where, line)) from None
 
 
-def _read_at_most(fd: int, limit: int) -> bytes:
-    """Read until EOF or `limit` bytes, whichever comes first."""
+def _read_at_most(fd: int, limit: int, expected: int) -> bytes:
+    """Read until EOF or `limit` bytes; a regular file's short read is its end, so one call usually does."""
     chunks: list[bytes] = []
     size = 0
+    want = min(expected + 1, limit)
     while size < limit:
-        chunk = os.read(fd, min(1 << 16, limit - size))
-        if not chunk:
-            break
+        chunk = os.read(fd, want)
         chunks.append(chunk)
         size += len(chunk)
+        if len(chunk) < want:
+            break
+        want = min(1 << 16, limit - size)
     return b"".join(chunks)
 
 
@@ -313,9 +322,11 @@ def parse_text(text: str, where: str, line_of: Any = None) -> Positioned:
         raise InputError(f"nested more than {MAX_DEPTH} levels deep", Location(where, 1)) from None
 
 
-def read_yaml_file(path: Path, max_bytes: int = MAX_BYTES, what: str = "file") -> Positioned:
+def read_yaml_file(
+    path: Path, max_bytes: int = MAX_BYTES, what: str = "file", within: Path | None = None
+) -> Positioned:
     """The one way Kiln reads a YAML file: type check, size cap, UTF-8, no aliases, depth cap.
 
     Raises InputError located at file:line for every problem, never another exception.
     """
-    return parse_text(read_text_file(path, max_bytes, what), str(path))
+    return parse_text(read_text_file(path, max_bytes, what, within), str(path))

@@ -23,6 +23,7 @@ from kiln.pkg.graph import Graph
 from kiln.pkg.loader import load_tree
 from kiln.pkg.model import Dependency, Finalize
 from kiln.pkg.variables import Platform
+from tests.integration import services
 from tests.integration.conftest import Project
 
 pytestmark = pytest.mark.integration
@@ -42,12 +43,22 @@ def add(project: Project, name: str, text: str) -> None:
     (project.pkgs / name / "pkg.yaml").write_text(text)
 
 
-def build(project: Project, monkeypatch: pytest.MonkeyPatch, name: str, **swap: object) -> tuple[Outcome, Session]:
+@pytest.fixture(params=["sandbox", "docker"])
+def runner(request: pytest.FixtureRequest) -> str:
+    """Finalize is one rule on every runner: the docker runner's copy-out path is checked too."""
+    if request.param == "docker" and not services.engine_answers():
+        services.unavailable("a Docker engine", "start `dockerd &` as root (scripts/ci-services.sh does)")
+    return str(request.param)
+
+
+def build(
+    project: Project, monkeypatch: pytest.MonkeyPatch, name: str, runner: str = "sandbox", **swap: object
+) -> tuple[Outcome, Session]:
     """Build `name` in this process with some of its fields swapped for hostile ones."""
     monkeypatch.setenv("KILN_CACHE", str(project.cache))
     tree = load_tree(project.pkgs, Platform.parse("linux/amd64"))
     tree.packages[name] = dataclasses.replace(tree.packages[name], **swap)  # type: ignore[arg-type]
-    session = Session.open(Graph(tree), make_jobs=2)
+    session = Session.open(Graph(tree), runner=runner, make_jobs=2)
     outcomes = session.build([name], jobs=1, no_cache=False, keep_going=False, progress=PlainProgress(io.StringIO()))
     return outcomes[name], session
 
@@ -71,7 +82,9 @@ def host_state(top: Path) -> dict[str, bytes | str]:
     return found
 
 
-def test_finalize_paths_never_reach_a_shell(project: Project, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_finalize_paths_never_reach_a_shell(
+    project: Project, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, runner: str
+) -> None:
     add(project, "fin", "name: fin\nvariant: stage0\nsteps:\n  - build: [mkdir -p /out]\n"
                         "finalize: [{from: /out, to: /}]\n")
     canaries = [tmp_path / "canary1", tmp_path / "canary2", tmp_path / "canary3"]
@@ -81,7 +94,7 @@ def test_finalize_paths_never_reach_a_shell(project: Project, monkeypatch: pytes
         Finalize("/out", f"/`touch {canaries[2]}`"),
     )
     for entry in hostile:
-        outcome, _ = build(project, monkeypatch, "fin", finalize=(entry,))
+        outcome, _ = build(project, monkeypatch, "fin", runner, finalize=(entry,))
         if entry.to == "/":
             failed_cleanly(outcome, f"finalize: {entry.source} does not exist in the build root")
         else:  # an odd but harmless name inside the output
@@ -90,7 +103,7 @@ def test_finalize_paths_never_reach_a_shell(project: Project, monkeypatch: pytes
 
 
 def test_symlinks_in_the_root_are_copied_as_links_never_followed(
-    project: Project, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    project: Project, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, runner: str
 ) -> None:
     secret_dir = tmp_path / "host-secret"
     secret_dir.mkdir()
@@ -109,7 +122,7 @@ finalize: [{{from: /out, to: /}}]
 """)
     finalize = (Finalize("/out", "/"), Finalize("/evil/secret", "/s"), Finalize("/evil", "/evil"),
                 Finalize("/out/filelink", "/f"))
-    outcome, session = build(project, monkeypatch, "reader", finalize=finalize)
+    outcome, session = build(project, monkeypatch, "reader", runner, finalize=finalize)
     assert outcome.status == BUILT, outcome.error
     tree = output(session, "reader")
     assert (tree / "dirlink").readlink() == secret_dir
@@ -122,7 +135,7 @@ finalize: [{{from: /out, to: /}}]
 
 
 def test_finalize_cannot_write_through_a_link_an_earlier_entry_copied(
-    project: Project, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    project: Project, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, runner: str
 ) -> None:
     victim = tmp_path / "host-victim"
     victim.mkdir()
@@ -141,7 +154,7 @@ finalize: [{{from: /out, to: /}}]
 """)
     finalize = (Finalize("/out", "/"), Finalize("/payload", "/etc"), Finalize("/payload/file", "/flink"),
                 Finalize("/payload/file", "/etc/file"))
-    outcome, session = build(project, monkeypatch, "writer", finalize=finalize)
+    outcome, session = build(project, monkeypatch, "writer", runner, finalize=finalize)
     assert host_state(victim) == before
     assert outcome.status == BUILT, outcome.error
     tree = output(session, "writer")

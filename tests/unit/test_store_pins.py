@@ -6,7 +6,9 @@ process as between processes); the builder is a stub or has a runner that runs n
 
 from __future__ import annotations
 
+import fcntl
 import io
+import os
 import signal
 import threading
 from collections.abc import Callable, Iterator
@@ -75,10 +77,30 @@ def test_pin_of_a_missing_or_busy_entry_is_refused(tmp_path: Path) -> None:
     assert not pins.pin("nope")
     assert leftovers(tmp_path) == []  # no lock file made for nothing
     put(store, "a")
-    with Store(tmp_path).lock("a"):  # a build or an eviction holds it
+    fd = os.open(tmp_path / "locks" / "a.lock", os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # what gc holds while it evicts
         assert not pins.pin("a", wait=False)
+    finally:
+        os.unlink(tmp_path / "locks" / "a.lock")
+        os.close(fd)
     assert pins.pin("a")
     pins.release()
+    assert leftovers(tmp_path) == []
+
+
+@pytest.mark.timeout(30)
+def test_a_build_lock_never_waits_for_pins(tmp_path: Path) -> None:
+    """Two runs that pin each other's outputs and then wait to build them must not deadlock."""
+    store, other = Store(tmp_path), Store(tmp_path)
+    put(store, "x")
+    with Pins(store) as pins:
+        assert pins.pin("x")
+        with other.lock("x"):  # the other run's worker: would wait for our run's end if it shared the file
+            assert other.has("x")
+            assert other.gc(0) == []  # and gc still skips a key being built
+        assert other.gc(0) == []  # pinned
+    assert other.gc(0) == ["x"]
     assert leftovers(tmp_path) == []
 
 

@@ -23,7 +23,6 @@ from kiln.build.store import Pins
 from kiln.errors import BuildError, KilnError
 
 BUILT, CACHED, FAILED, SKIPPED, CANCELLED = "built", "cached", "failed", "skipped", "cancelled"
-PIN_ATTEMPTS = 3
 
 
 @dataclass
@@ -147,29 +146,22 @@ class Scheduler:
             needs.discard(name)
 
     def _build_one(self, name: str, pins: Pins) -> tuple[str, float]:
-        """Runs in a worker: build (or find built elsewhere) under the key's lock, then pin the entry.
+        """Runs in a worker: build under the key's build lock unless another process just did; pin the entry.
 
-        The pin is taken once the exclusive lock is dropped (flock would deadlock on
-        itself), so a gc may evict the entry in between: then it is built again.
+        The pin is taken under the build lock, which gc and remove respect, so the entry
+        cannot go between being stored and being pinned.
         """
-        key = self.builder.keys[name]
+        store, key = self.builder.store, self.builder.keys[name]
         start = time.monotonic()
-        for _ in range(PIN_ATTEMPTS):
-            TOKEN.check(f"package '{name}'")
-            status = self._build_locked(name, key, pins)
-            if pins.pin(key):
-                return status, round(time.monotonic() - start, 2)
-        raise BuildError(f"package '{name}': a concurrent gc evicted its entry {key} as soon as it was stored, "
-                         f"{PIN_ATTEMPTS} times")
-
-    def _build_locked(self, name: str, key: str, pins: Pins) -> str:
-        """Build under the key's exclusive lock unless another process just did."""
-        store = self.builder.store
-        pins.unpin(key)  # our own shared lock would block the exclusive one forever
+        TOKEN.check(f"package '{name}'")
+        pins.unpin(key)  # a --no-cache rebuild evicts the entry: our own pin would block that forever
         with store.lock(key):
-            if store.has(key):
-                if not self.no_cache:
-                    return CACHED
-                store.remove_locked(key)
-            self.builder.build(name, lambda text: self.progress.phase(name, text))
-        return BUILT
+            status = CACHED
+            if self.no_cache or not store.has(key):
+                if store.has(key):
+                    store.remove_locked(key)
+                self.builder.build(name, lambda text: self.progress.phase(name, text))
+                status = BUILT
+            if not pins.pin(key):
+                raise BuildError(f"package '{name}': its entry {key} is missing right after it was stored")
+        return status, round(time.monotonic() - start, 2)

@@ -24,7 +24,7 @@ from kiln.build.progress import LiveProgress, PlainProgress, download_progress
 from kiln.build.runners.base import BuildRoot, RootPlan, Runner
 from kiln.build.runners.buildkit import BuildKitRunner
 from kiln.build.runners.sandbox import SandboxRunner
-from kiln.build.scheduler import FAILED, PIN_ATTEMPTS, Outcome, Progress, Scheduler
+from kiln.build.scheduler import FAILED, Outcome, Progress, Scheduler
 from kiln.build.store import Pins, Store
 from kiln.console import say_line
 from kiln.errors import BuildError, InputError
@@ -32,6 +32,7 @@ from kiln.paths import cache_dir
 from kiln.pkg.graph import Graph
 
 RUNNERS = ("sandbox", "docker", "buildkit")
+PIN_ATTEMPTS = 3
 
 
 class NoRunner:

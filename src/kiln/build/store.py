@@ -37,6 +37,7 @@ META = "meta.json"
 LAST_USED = "last-used"
 TREE = "tree"
 CHUNK = 1 << 20
+BUILD_LOCK = ".build"  # `locks/<key>.build.lock`: no key has a dot, no staging name ends so
 
 # Keys are path components: no dots, so `<key>.<pid>.<random>` staging names parse unambiguously.
 KEY_RE = re.compile(r"[A-Za-z0-9_-]{1,128}")
@@ -333,11 +334,14 @@ class Store:
 
     @contextmanager
     def lock(self, key: str) -> Iterator[None]:
-        """Exclusive per-key lock: one process builds a key at a time; waits; dies with its holder.
+        """Exclusive per-key build lock: one process builds a key at a time; waits; dies with its holder.
 
-        Not reentrant: taking it twice in one thread deadlocks. Build under it; read under `use`.
+        A lock file of its own (`<key>.build.lock`), apart from the key lock readers share
+        (`use`, `Pins`): waiting to build a key never waits for the runs that pin it, so two
+        runs pinning each other's outputs cannot deadlock. gc and remove skip a key whose
+        build lock is held. Not reentrant: taking it twice in one thread deadlocks.
         """
-        path = self._lock_path(check_key(key))
+        path = self._build_lock_path(check_key(key))
         fd = _acquire(path, fcntl.LOCK_EX)
         assert fd is not None
         try:
@@ -361,6 +365,33 @@ class Store:
     def _lock_path(self, name: str) -> Path:
         self.locks_dir.mkdir(parents=True, exist_ok=True)
         return self.locks_dir / f"{name}.lock"
+
+    def _build_lock_path(self, key: str) -> Path:
+        return self._lock_path(f"{key}{BUILD_LOCK}")
+
+    @contextmanager
+    def _unless_busy(self, key: str) -> Iterator[bool]:
+        """Hold a key's build lock and its key lock exclusively for the block, or yield False if either is held.
+
+        Neither is waited for: what gc and `remove` must leave alone is exactly what someone holds.
+        """
+        build_path = self._build_lock_path(key)
+        build_fd = _acquire(build_path, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if build_fd is None:
+            yield False
+            return
+        try:
+            path = self._lock_path(key)
+            fd = _acquire(path, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if fd is None:
+                yield False
+                return
+            try:
+                yield True
+            finally:
+                _release(path, fd)
+        finally:
+            _release(build_path, build_fd)
 
     # writing
 
@@ -488,19 +519,24 @@ class Store:
         """Delete an entry: renamed out of `store/` first, so readers never see half of it."""
         if not self.has(key):
             raise InputError(f"no store entry {key}")
-        path = self._lock_path(key)
-        fd = _acquire(path, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        if fd is None:
-            raise KilnError(f"store entry {key} is in use by a running kiln process")
-        try:
+        with self._unless_busy(key) as free:
+            if not free:
+                raise KilnError(f"store entry {key} is in use by a running kiln process")
             if not self._evict(key):
                 raise InputError(f"no store entry {key}")
-        finally:
-            _release(path, fd)
 
     def remove_locked(self, key: str) -> bool:
-        """Delete an entry while the caller holds `lock(key)` (a --no-cache rebuild replaces it)."""
-        return self._evict(key)
+        """Delete an entry while the caller holds `lock(key)` (a --no-cache rebuild replaces it).
+
+        Waits for its readers (mounts, other runs' pins) to let go: they rely on the old tree.
+        """
+        path = self._lock_path(key)
+        fd = _acquire(path, fcntl.LOCK_EX)
+        assert fd is not None
+        try:
+            return self._evict(key)
+        finally:
+            _release(path, fd)
 
     def _evict(self, key: str) -> bool:
         """Move `store/<key>` to a locked trash dir in tmp/ and delete it; False if it was gone."""
@@ -575,7 +611,7 @@ class Store:
             return 0
         removed = 0
         for path in sorted(self.locks_dir.glob("*.lock")):
-            if not KEY_RE.fullmatch(path.stem):
+            if not KEY_RE.fullmatch(path.stem.removesuffix(BUILD_LOCK)):
                 continue  # a staging dir's lock: clean_tmp's
             fd = _acquire(path, fcntl.LOCK_EX | fcntl.LOCK_NB)
             if fd is not None:
@@ -603,16 +639,10 @@ class Store:
                 break
             if entry.key in keep:
                 continue
-            path = self._lock_path(entry.key)
-            fd = _acquire(path, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            if fd is None:
-                continue
-            try:
-                if self._evict(entry.key):
+            with self._unless_busy(entry.key) as free:
+                if free and self._evict(entry.key):
                     removed.append(entry.key)
                     total -= entry.size
-            finally:
-                _release(path, fd)
         return removed
 
 

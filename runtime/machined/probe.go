@@ -439,14 +439,21 @@ func parseBlkidExport(out []byte) []finding {
 	return found
 }
 
-// mergeFindings keeps the first of each description and drops what another implies: a GPT
-// implies its backup header and protective MBR, an MBR table its boot signature.
+// mergeFindings keeps the first finding of each kind (blkid's type; for GPT, table or backup
+// header; else the words), so machined's more precise words win over util-linux's for the
+// same signature, and drops what another implies: a GPT implies its backup header and
+// protective MBR, an MBR table its boot signature.
 func mergeFindings(lists ...[]finding) []finding {
 	seen := map[string]bool{}
 	var all []finding
 	for _, l := range lists {
 		for _, f := range l {
-			if !seen[f.what] {
+			key := f.id
+			if key == "" || key == "gpt" {
+				key = f.what
+			}
+			if !seen[key] {
+				seen[key] = true
 				seen[f.what] = true
 				all = append(all, f)
 			}

@@ -254,6 +254,12 @@ func TestParseUtilLinuxOutput(t *testing.T) {
 	if got != want {
 		t.Fatalf("got %q\nwant %q", got, want)
 	}
+	// the same signature from both probes is named once, in machined's words
+	own := []finding{{"an mdraid array member (metadata 1.x)", "linux_raid_member", 4096}}
+	ul, _ := parseWipefsJSON([]byte(`{"signatures": [{"offset":"0x1000","type":"linux_raid_member"}]}`))
+	if got := joinFindings(mergeFindings(own, ul)); got != "an mdraid array member (metadata 1.x) (linux_raid_member)" {
+		t.Fatalf("merged: %q", got)
+	}
 	if found, err := parseWipefsJSON([]byte(`{"signatures": []}`)); err != nil || len(found) != 0 {
 		t.Fatalf("empty: %v %v", found, err)
 	}

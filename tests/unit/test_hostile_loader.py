@@ -145,6 +145,23 @@ def test_hostile_template_is_refused(
     assert_nothing_written(tmp_path, cache)
 
 
+def test_ordinary_templates_still_render(tmp_path: Path, cache: Path, kiln: Callable[..., Result]) -> None:
+    """The guards refuse growth, not big numbers or the usual filters."""
+    source = (
+        "name: a\nvariant: stage0\n{% set v = {'amd64': 'x86'}[arch] %}\n"
+        "version: '{{ source_date_epoch|string }}-{{ missing|default(65536) }}-{{ v|upper }}'\n"
+        "description: '{{ ['a', 'b']|join(',') ~ (\"%05d\" % 7) ~ \"{}\".format(1) ~ (\"x\" * 3) }}'\n"
+        "steps:\n{% for i in range(3) %}\n  - build: ['make -j{{ jobs }} {{ i }}']\n{% endfor %}\n" + FIN
+    )
+    write_tree(tmp_path, {"a/pkg.yaml": source})
+    result = kiln("eval", "a", "{{ source_date_epoch|string }} {{ 2 ** 64 }} {{ 'ab'|center(6) }}|")
+    assert result.code == 0, result.err
+    assert result.out.strip() == "1704067200 18446744073709551616   ab  |"
+    result = kiln("validate")
+    assert result.code == 0, result.err
+    assert_nothing_written(tmp_path, cache)
+
+
 def test_planted_bytecode_cache_never_runs(tmp_path: Path, cache: Path, kiln: Callable[..., Result]) -> None:
     """A marshalled code object where jinja's FileSystemBytecodeCache would look for it is ignored."""
     source = "name: a\nvariant: stage0\nversion: '{% if arch %}1{% endif %}'\n" + FIN

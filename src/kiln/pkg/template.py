@@ -161,6 +161,10 @@ def _guard_str_method(name: str, owner: str | bytes, args: tuple[Any, ...]) -> N
         raise TemplateLimit("str.join is not allowed in templates: use the join filter")
 
 
+# Filters whose integer arguments size what they build (widths, counts of items).
+_SIZING_FILTERS = frozenset({"center", "indent", "wordwrap", "truncate", "batch", "slice", "round"})
+
+
 def _guard_filter(name: str, func: Callable[..., Any]) -> Callable[..., Any]:
     """A built-in filter with its inputs checked first and its result after."""
 
@@ -168,9 +172,10 @@ def _guard_filter(name: str, func: Callable[..., Any]) -> Callable[..., Any]:
     def guarded(*args: Any, **kwargs: Any) -> Any:
         passed = jinja2.runtime.Context | jinja2.Environment | jinja2.nodes.EvalContext
         values = [a for a in (*args, *kwargs.values()) if not isinstance(a, passed)]
-        for value in values:
-            if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_RANGE:
-                raise TemplateLimit(f"filter {name}: argument {value} is larger than {MAX_RANGE}")
+        if name in _SIZING_FILTERS:
+            for value in values[1:]:
+                if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_RANGE:
+                    raise TemplateLimit(f"filter {name}: argument {value} is larger than {MAX_RANGE}")
         _estimate_filter(name, values)
         return _check_value(func(*args, **kwargs), f"filter {name}")
 

@@ -70,7 +70,7 @@ var knownTypes = map[string]string{
 	"PMBR":              "a protective MBR",
 }
 
-func typed(id string, offset int64) finding {
+func typedFinding(id string, offset int64) finding {
 	what, ok := knownTypes[id]
 	if !ok {
 		what = "a " + id + " signature"
@@ -165,7 +165,7 @@ func probeSignatures(w *diskWindows) []finding {
 	add := func(f finding) { out = append(out, f) }
 	for sector := int64(0); sector < 4; sector++ { // LVM2's label lives in one of sectors 0-3
 		if off := sector * 512; w.is(off, "LABELONE") && w.is(off+24, "LVM2 001") {
-			add(typed("LVM2_member", off))
+			add(typedFinding("LVM2_member", off))
 		}
 	}
 	// mdraid 1.1 at 0, 1.2 at 4 KiB, 1.0 8-12 KiB before the end (4 KiB aligned)
@@ -183,51 +183,51 @@ func probeSignatures(w *diskWindows) []finding {
 	}
 	switch {
 	case w.is(3, "NTFS    "):
-		add(typed("ntfs", 3))
+		add(typedFinding("ntfs", 3))
 	case w.is(3, "EXFAT   "):
-		add(typed("exfat", 3))
+		add(typedFinding("exfat", 3))
 	case w.is(3, "-FVE-FS-"):
-		add(typed("BitLocker", 3))
+		add(typedFinding("BitLocker", 3))
 	}
 	if m, ok := w.le32(1024); ok && m == 0xF2F52010 {
-		add(typed("f2fs", 1024))
+		add(typedFinding("f2fs", 1024))
 	}
 	if w.is(0, "bluestore block device") {
-		add(typed("ceph_bluestore", 0))
+		add(typedFinding("ceph_bluestore", 0))
 	}
 	if b := w.bytesAt(1024, 128); b != nil && binary.LittleEndian.Uint16(b[56:]) == 0xEF53 {
-		add(typed(extVersion(b), 1080))
+		add(typedFinding(extVersion(b), 1080))
 	}
 	if w.is(0, "XFSB") {
-		add(typed("xfs", 0))
+		add(typedFinding("xfs", 0))
 	}
 	if w.is(0x10040, "_BHRfS_M") {
-		add(typed("btrfs", 0x10040))
+		add(typedFinding("btrfs", 0x10040))
 	}
 	for _, page := range []int64{4096, 8192, 16384, 65536} {
 		if w.is(page-10, "SWAPSPACE2") || w.is(page-10, "SWAP-SPACE") {
-			add(typed("swap", page-10))
+			add(typedFinding("swap", page-10))
 			break
 		}
 	}
 	if w.is(32769, "CD001") {
-		add(typed("iso9660", 32769))
+		add(typedFinding("iso9660", 32769))
 	}
 	if w.is(0, "LUKS\xba\xbe") {
-		add(typed("crypto_LUKS", 0))
+		add(typedFinding("crypto_LUKS", 0))
 	} else {
 		for off := int64(16 << 10); off <= 4<<20; off *= 2 { // LUKS2's secondary header alone
 			if w.is(off, "SKUL\xba\xbe") {
-				add(typed("crypto_LUKS", off))
+				add(typedFinding("crypto_LUKS", off))
 				break
 			}
 		}
 	}
 	if w.is(0, "hsqs") {
-		add(typed("squashfs", 0))
+		add(typedFinding("squashfs", 0))
 	}
 	if fs, _, _ := probeFSBytes(w.head); fs == "vfat" {
-		add(typed("vfat", 0))
+		add(typedFinding("vfat", 0))
 	}
 	for _, off := range []int64{512, 4096, w.size - 512, w.size - 4096} {
 		if off > 0 && w.is(off, "EFI PART") {
@@ -279,9 +279,9 @@ func mbrFindings(head []byte, found []finding) []finding {
 	}
 	switch {
 	case entries:
-		return []finding{typed("dos", 510)}
+		return []finding{typedFinding("dos", 510)}
 	case protective:
-		return []finding{typed("PMBR", 510)}
+		return []finding{typedFinding("PMBR", 510)}
 	}
 	return []finding{{"an MBR boot signature (0x55AA at byte 510)", "", 510}}
 }
@@ -416,7 +416,7 @@ func parseWipefsJSON(out []byte) ([]finding, error) {
 			found = append(found, gptFinding(off))
 			continue
 		}
-		found = append(found, typed(s.Type, off))
+		found = append(found, typedFinding(s.Type, off))
 	}
 	return found, nil
 }
@@ -427,12 +427,12 @@ func parseBlkidExport(out []byte) []finding {
 		k, v, _ := strings.Cut(line, "=")
 		switch k {
 		case "TYPE":
-			found = append(found, typed(v, 0))
+			found = append(found, typedFinding(v, 0))
 		case "PTTYPE":
 			if v == "gpt" {
 				found = append(found, gptFinding(512))
 			} else {
-				found = append(found, typed(v, 0))
+				found = append(found, typedFinding(v, 0))
 			}
 		}
 	}
@@ -519,7 +519,7 @@ func diskUsers(sysRoot, procRoot, disk string, rdev uint64) []string {
 	for _, e := range entries {
 		dir := filepath.Join(sysDir, e.Name())
 		if exists(filepath.Join(dir, "partition")) {
-			key := strings.TrimSpace(readString(filepath.Join(dir, "dev")))
+			key := strings.TrimSpace(readSysString(filepath.Join(dir, "dev")))
 			if key != "" {
 				devs[key] = "/dev/" + e.Name()
 			}
@@ -531,7 +531,7 @@ func diskUsers(sysRoot, procRoot, disk string, rdev uint64) []string {
 	users = append(users, swapUsers(filepath.Join(procRoot, "swaps"), devs)...)
 	for _, dir := range dirs {
 		holders, _ := os.ReadDir(filepath.Join(dir, "holders"))
-		name := devs[strings.TrimSpace(readString(filepath.Join(dir, "dev")))]
+		name := devs[strings.TrimSpace(readSysString(filepath.Join(dir, "dev")))]
 		if dir == sysDir {
 			name = disk
 		}
@@ -549,14 +549,14 @@ func devKey(rdev uint64) string {
 	return fmt.Sprintf("%d:%d", major, minor)
 }
 
-func readString(path string) string {
+func readSysString(path string) string {
 	b, _ := os.ReadFile(path)
 	return string(b)
 }
 
 // holderName: "dm-0 (device-mapper vg-lv)", "md127 (md array)", else the kernel's name.
 func holderName(sysRoot, name string) string {
-	if dm := strings.TrimSpace(readString(filepath.Join(sysRoot, "class", "block", name, "dm", "name"))); dm != "" {
+	if dm := strings.TrimSpace(readSysString(filepath.Join(sysRoot, "class", "block", name, "dm", "name"))); dm != "" {
 		return name + " (device-mapper " + dm + ")"
 	}
 	if strings.HasPrefix(name, "md") {
@@ -567,7 +567,7 @@ func holderName(sysRoot, name string) string {
 
 func mountUsers(mountinfo string, devs map[string]string) []string {
 	var users []string
-	for _, line := range strings.Split(readString(mountinfo), "\n") {
+	for _, line := range strings.Split(readSysString(mountinfo), "\n") {
 		pre, post, ok := strings.Cut(line, " - ")
 		fields, tail := strings.Fields(pre), strings.Fields(post)
 		if !ok || len(fields) < 5 || len(tail) < 2 {
@@ -586,7 +586,7 @@ func mountUsers(mountinfo string, devs map[string]string) []string {
 
 func swapUsers(swaps string, devs map[string]string) []string {
 	var users []string
-	for i, line := range strings.Split(readString(swaps), "\n") {
+	for i, line := range strings.Split(readSysString(swaps), "\n") {
 		fields := strings.Fields(line)
 		if i == 0 || len(fields) == 0 {
 			continue // the header

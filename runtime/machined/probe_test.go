@@ -34,14 +34,14 @@ func stubDisk(t *testing.T, path string, patches map[int64][]byte) {
 	}
 }
 
-func le32(v uint32) []byte {
+func putLE32(v uint32) []byte {
 	b := make([]byte, 4)
 	binary.LittleEndian.PutUint32(b, v)
 	return b
 }
 
 // mdSuper: the magic and major_version 1 of an md 1.x superblock.
-func mdSuper() []byte { return append(le32(mdMagic), le32(1)...) }
+func mdSuper() []byte { return append(putLE32(mdMagic), putLE32(1)...) }
 
 // signatureStubs are the bytes each signature's tool writes, at the offsets it writes them
 // (the magic only: enough for machined's probe; blkid also checks checksums and may not
@@ -55,11 +55,11 @@ var signatureStubs = map[string]struct {
 	"mdraid 1.1":           {map[int64][]byte{0: mdSuper()}, "an mdraid array member (metadata 1.x) (linux_raid_member)"},
 	"mdraid 1.2":           {map[int64][]byte{4096: mdSuper()}, "an mdraid array member (metadata 1.x) (linux_raid_member)"},
 	"mdraid 1.0":           {map[int64][]byte{-8192: mdSuper()}, "an mdraid array member (metadata 1.x) (linux_raid_member)"},
-	"mdraid 0.90":          {map[int64][]byte{-65536: le32(mdMagic)}, "an mdraid array member (metadata 0.90) (linux_raid_member)"},
+	"mdraid 0.90":          {map[int64][]byte{-65536: putLE32(mdMagic)}, "an mdraid array member (metadata 0.90) (linux_raid_member)"},
 	"NTFS":                 {map[int64][]byte{3: []byte("NTFS    "), 510: {0x55, 0xAA}}, "an NTFS filesystem (ntfs)"},
 	"exFAT":                {map[int64][]byte{3: []byte("EXFAT   "), 510: {0x55, 0xAA}}, "an exFAT filesystem (exfat)"},
 	"BitLocker":            {map[int64][]byte{3: []byte("-FVE-FS-"), 510: {0x55, 0xAA}}, "a BitLocker volume (BitLocker)"},
-	"F2FS":                 {map[int64][]byte{1024: le32(0xF2F52010)}, "an F2FS filesystem (f2fs)"},
+	"F2FS":                 {map[int64][]byte{1024: putLE32(0xF2F52010)}, "an F2FS filesystem (f2fs)"},
 	"Ceph bluestore":       {map[int64][]byte{0: []byte("bluestore block device\n")}, "a Ceph BlueStore device (ceph_bluestore)"},
 	"ext2":                 {map[int64][]byte{1080: {0x53, 0xEF}}, "an ext2 filesystem (ext2)"},
 	"xfs":                  {map[int64][]byte{0: []byte("XFSB")}, "an XFS filesystem (xfs)"},

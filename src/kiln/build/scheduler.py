@@ -89,7 +89,7 @@ class Scheduler:
                     if stop:
                         break
                     pending.remove(name)
-                    # Without waiting: a key locked by a build elsewhere goes to a worker, which waits.
+                    # Without waiting: an entry being evicted right now goes to a worker, which rebuilds it.
                     if not self.no_cache and pins.pin(keys[name], wait=False):
                         self.builder.store.touch(keys[name])
                         outcomes[name].status = CACHED
@@ -111,19 +111,30 @@ class Scheduler:
                         blocked.update(graph.dependents(name))
                         stop = stop or not self.keep_going
         except BaseException as exc:
-            if isinstance(exc, KeyboardInterrupt):  # a signal: stop the steps, store nothing
-                TOKEN.cancel(getattr(exc, "signum", signal.SIGINT))
-            pool.shutdown(wait=True, cancel_futures=True)
-            for future, name in running.items():
-                if not future.cancelled():
-                    self._settle(future, outcomes[name])
-            self.progress.end(outcomes)
+            self._abort(exc, pool, running, outcomes)
             raise
         pool.shutdown(wait=True)
         self.progress.end(outcomes)
         if TOKEN.cancelled:
             raise Interrupted(TOKEN.signum or signal.SIGINT)
         return outcomes
+
+    def _abort(
+        self, exc: BaseException, pool: ThreadPoolExecutor, running: dict[Future[tuple[str, float]], str],
+        outcomes: dict[str, Outcome],
+    ) -> None:
+        """The main thread was interrupted: start nothing more, let running builds unwind, report them.
+
+        On a signal the token is cancelled first, so running steps are killed and nothing is
+        committed; waiting here is what lets every staging dir be discarded before exit.
+        """
+        if isinstance(exc, KeyboardInterrupt):
+            TOKEN.cancel(getattr(exc, "signum", signal.SIGINT))
+        pool.shutdown(wait=True, cancel_futures=True)
+        for future, name in running.items():
+            if not future.cancelled():
+                self._settle(future, outcomes[name])
+        self.progress.end(outcomes)
 
     def _settle(self, future: Future[tuple[str, float]], outcome: Outcome) -> bool:
         """Record a finished build's outcome and report it; True if its entry is stored."""

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/binary"
+	"io"
 	"os"
 	"path/filepath"
 	"sort"
@@ -122,23 +123,23 @@ func probeFSBytes(b []byte) (string, string, error) {
 	return "", "", nil
 }
 
-// isBlank: nothing but zeros where partition tables and filesystems keep their magic
-// (the first MiB), which is how a freshly provisioned virtual or wiped disk reads.
+// isBlank: nothing but zeros in the first and last MiB, where partition tables and
+// filesystems keep their magic (an mdraid 0.90 or 1.0 superblock and a backup GPT sit at the
+// end), and no signature machined's probe knows (probe.go; LUKS2's secondary headers reach
+// past the first MiB). That is how a freshly provisioned virtual or wiped disk reads.
 func isBlank(path string) bool {
 	f, err := os.Open(path)
 	if err != nil {
 		return false
 	}
 	defer f.Close()
-	buf := make([]byte, 1<<20)
-	n, err := f.ReadAt(buf, 0)
-	if n < len(buf) && err != nil && n == 0 {
+	size, err := f.Seek(0, io.SeekEnd)
+	if err != nil || size <= 0 {
 		return false
 	}
-	for _, c := range buf[:n] {
-		if c != 0 {
-			return false
-		}
+	w, err := readWindows(f, size)
+	if err != nil {
+		return false
 	}
-	return true
+	return len(nonZero(w)) == 0 && len(probeSignatures(w)) == 0
 }

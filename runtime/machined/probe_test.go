@@ -420,3 +420,22 @@ func TestProbeWithBlkidAlone(t *testing.T) {
 		t.Fatalf("swap + btrfs: %v %v", found, err)
 	}
 }
+
+// machined claims a disk without a partition table on the first boot only when it is blank:
+// zeros at both ends, so an md 1.0 member (superblock at the end) is not taken.
+func TestIsBlankLooksAtBothEnds(t *testing.T) {
+	dir := t.TempDir()
+	disk := filepath.Join(dir, "d.img")
+	stubDisk(t, disk, nil)
+	if !isBlank(disk) {
+		t.Fatal("zeros are blank")
+	}
+	stubDisk(t, disk, signatureStubs["mdraid 1.0"].patches)
+	if isBlank(disk) {
+		t.Fatal("an md 1.0 member is not blank")
+	}
+	stubDisk(t, disk, map[int64][]byte{-100: {1}})
+	if isBlank(disk) {
+		t.Fatal("data in the last MiB is not blank")
+	}
+}

@@ -284,3 +284,34 @@ def test_every_failed_build_discards_its_staging_dir(tmp_path: Path) -> None:
     ok = real_builder(tmp_path / "again", NoopRunner(lambda: None))
     assert (ok.build("one", lambda text: None).tree / "file").read_text() == "done"
     assert leftovers(ok.store.root) == []
+
+
+def test_signal_handlers_cancel_stop_steps_and_raise_in_the_main_thread() -> None:
+    from kiln.build import cancel
+
+    before = signal.getsignal(signal.SIGTERM)
+    stopped: list[str] = []
+    with cancel.handlers(), TOKEN.stopper(lambda: stopped.append("step")):
+        with pytest.raises(Interrupted) as caught:
+            signal.raise_signal(signal.SIGTERM)
+        assert TOKEN.cancelled and TOKEN.signum == signal.SIGTERM
+        assert stopped == ["step"]
+        with pytest.raises(Cancelled):
+            TOKEN.check()
+    assert caught.value.exit_code == 143
+    assert signal.getsignal(signal.SIGTERM) is before
+    late: list[str] = []
+    with TOKEN.stopper(lambda: late.append("late")):  # registered after the cancel: stopped at once
+        assert late == ["late"]
+
+
+def test_an_ignored_sigint_stays_ignored() -> None:
+    from kiln.build import cancel
+
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with cancel.handlers():
+            assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+            assert signal.getsignal(signal.SIGTERM) is cancel.interrupt
+    finally:
+        signal.signal(signal.SIGINT, previous)

@@ -120,7 +120,13 @@ def interrupt(signum: int, _frame: FrameType | None = None) -> None:
 
 @contextmanager
 def handlers() -> Iterator[None]:
-    """SIGINT and SIGTERM cancel the run for the block (main thread only); SIGINT stays ignored if it was."""
+    """SIGINT and SIGTERM cancel the run for the block; SIGINT stays ignored if it was.
+
+    Only the main thread can install handlers: called from another thread, this changes nothing.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
     wanted = [signal.SIGTERM]
     if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
         wanted.append(signal.SIGINT)

@@ -24,7 +24,7 @@ from typing import IO, Any
 
 from kiln.build.cancel import TOKEN, kill_group
 from kiln.build.runners.base import BUILD_DIR, CAPABILITIES, Layer, RootPlan, base_env
-from kiln.build.runners.mounter import encode
+from kiln.build.runners.mounter import encode, overlay_options
 from kiln.errors import BuildError
 from kiln.paths import spec_parts
 
@@ -104,7 +104,15 @@ class BuildRoot:
         return encode(str(self.root), str(self.work / "l"), self.mounts, finalize)
 
     def command(self, inner: Sequence[str]) -> list[str]:
-        """`inner` run inside a private mount namespace with the overlays mounted."""
+        """`inner` run inside a private mount namespace with the overlays mounted.
+
+        A root of `/` layers only (most packages) needs no path resolved: one mount with
+        options built and checked here, by a constant script. Nested `to`s need the helper.
+        """
+        if len(self.mounts) == 1:
+            top = self.mounts[0]
+            options = overlay_options(top["lowers"], top["upper"], top["work"])
+            return [*_NAMESPACE, "sh", "-c", _MOUNT_ROOT, "kiln-mount", options, str(self.root), *inner]
         return [*_NAMESPACE, *_MOUNTER, *self.plan(), *inner]
 
     def finalize_command(self, copies: list[tuple[str, str]], out: Path) -> list[str]:
@@ -113,6 +121,8 @@ class BuildRoot:
 
 
 _NAMESPACE = ["unshare", "--mount", "--propagation", "private"]
+# Mounts one overlay ($1 options, $2 target: both Kiln's own paths), then execs the rest.
+_MOUNT_ROOT = 'mkdir -p "$2" && mount -t overlay kiln -o "$1" "$2" && shift 2 && exec "$@"'
 
 
 def bwrap_args(root: Path, env: dict[str, str], network: bool, interactive: bool = False) -> list[str]:

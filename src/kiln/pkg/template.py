@@ -310,7 +310,7 @@ def _make_env() -> _Sandbox:
 _ENV = _make_env()
 _MARKERS = ("{{", "{%", "{#")
 _COMPILED: dict[tuple[str, str], jinja2.Template] = {}
-_COMPILED_MAX = 4096
+_COMPILED_MAX = 1024
 
 
 def is_template(source: str) -> bool:

@@ -251,7 +251,7 @@ def read_text_file(path: Path, max_bytes: int = MAX_BYTES, what: str = "file", w
     refused: a tree's pkg.yaml linked to /etc/shadow would otherwise be quoted in errors.
     """
     where = str(path)
-    if within is not None:
+    if within is not None and _is_link(path):  # the tree's own directories are walked without following links
         real = Path(os.path.realpath(path))
         base = Path(os.path.realpath(within))
         if base != real and base not in real.parents:
@@ -278,6 +278,13 @@ def read_text_file(path: Path, max_bytes: int = MAX_BYTES, what: str = "file", w
     except UnicodeDecodeError as exc:
         line = data.count(b"\n", 0, exc.start) + 1
         raise InputError(f"{what} is not valid UTF-8 (byte {exc.start})", Location(where, line)) from None
+
+
+def _is_link(path: Path) -> bool:
+    try:
+        return stat.S_ISLNK(os.lstat(path).st_mode)
+    except OSError:
+        return False
 
 
 def _read_at_most(fd: int, limit: int, expected: int) -> bytes:

@@ -7,6 +7,7 @@ process as between processes); the builder is a stub or has a runner that runs n
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import io
 import os
 import signal
@@ -315,3 +316,29 @@ def test_an_ignored_sigint_stays_ignored() -> None:
             assert signal.getsignal(signal.SIGTERM) is cancel.interrupt
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def test_a_cancel_ends_a_download_and_keeps_no_partial_file(tmp_path: Path) -> None:
+    """Downloads run in build workers too: the progress callback ends them at the next chunk."""
+    from kiln.build.fetch import Mirror
+    from kiln.build.progress import Cancellable, DownloadLines
+    from kiln.pkg.model import Source
+
+    data = b"x" * (3 << 20)  # a few chunks
+    mirror = tmp_path / "mirror"
+    mirror.mkdir()
+    (mirror / "big-1.0.tar.gz").write_bytes(data)
+    lines = DownloadLines(io.StringIO())
+
+    def report(label: str, done: int, total: int | None) -> None:
+        lines(label, done, total)
+        if done:
+            TOKEN.cancel(signal.SIGINT)  # the signal lands during the download
+
+    cache = tmp_path / "cache"
+    fetcher = Fetcher(cache, [Mirror.parse(mirror.as_uri(), tmp_path)], Cancellable(report), retries=0)
+    source = Source(destination="big.tar.gz", url="http://127.0.0.1:9/big-1.0.tar.gz",
+                    sha256=hashlib.sha256(data).hexdigest())
+    with pytest.raises(Cancelled, match="download of"):
+        fetcher.fetch(source)
+    assert [p.name for p in (cache / "sources").iterdir()] == []

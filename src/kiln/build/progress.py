@@ -5,8 +5,10 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, TextIO
 
+from kiln.build.cancel import TOKEN
 from kiln.build.scheduler import BUILT, CACHED, CANCELLED, FAILED, SKIPPED, Outcome
 
 if TYPE_CHECKING:  # rich is imported only for a terminal: plain runs (CI, no-op builds) skip its cost
@@ -174,5 +176,19 @@ class DownloadBars:
                     self.bars.stop()
 
 
-def download_progress() -> DownloadLines | DownloadBars:
-    return DownloadBars() if sys.stderr.isatty() else DownloadLines()
+class Cancellable:
+    """Download progress that ends the download once the run is cancelled (the fetcher drops its partial file).
+
+    Called for every chunk, so a signal stops a long download within a chunk, not at its end.
+    """
+
+    def __init__(self, inner: Callable[[str, int, int | None], None]) -> None:
+        self.inner = inner
+
+    def __call__(self, label: str, done: int, total: int | None) -> None:
+        TOKEN.check(f"download of {label}")
+        self.inner(label, done, total)
+
+
+def download_progress() -> Cancellable:
+    return Cancellable(DownloadBars() if sys.stderr.isatty() else DownloadLines())

@@ -8,11 +8,13 @@ no template cache.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import marshal
 import os
 import stat
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import jinja2
@@ -23,7 +25,7 @@ import yaml
 from kiln.build.fetch import load_mirrors
 from kiln.errors import InputError, KilnError
 from kiln.installer.profile import load_profile
-from kiln.pkg import yamlpos
+from kiln.pkg import codecache, template, yamlpos
 from kiln.pkg.yamlpos import read_yaml_file
 from tests.conftest import Result, write_tree
 
@@ -34,11 +36,16 @@ FIN = "finalize: [{from: /, to: /}]\n"
 
 
 @pytest.fixture
-def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A private KILN_CACHE, so the test can see everything written there."""
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A private KILN_CACHE and template signing key, so the test sees everything written."""
     directory = tmp_path / "cache"
     monkeypatch.setenv("KILN_CACHE", str(directory))
-    return directory
+    monkeypatch.setenv("KILN_STATE_DIR", str(tmp_path / "state"))
+    codecache._key.cache_clear()
+    template._COMPILED.clear()
+    yield directory
+    codecache._key.cache_clear()
+    template._COMPILED.clear()
 
 
 def validate(kiln: Callable[..., Result], *args: str) -> tuple[Result, float]:
@@ -58,9 +65,10 @@ def assert_refused(result: Result, elapsed: float, *expected: str) -> None:
 
 
 def assert_nothing_written(tmp_path: Path, cache: Path) -> None:
-    """No canary, and no template cache (compiled templates are never kept on disk)."""
+    """No canary, no Jinja bytecode cache, and no signed entry for a template that failed."""
     assert not (tmp_path / "canary").exists()
     assert not (cache / "jinja").exists()
+    assert not (cache / "templates").exists() or not any((cache / "templates").iterdir())
 
 
 # --- templates ------------------------------------------------------------------------------------
@@ -159,7 +167,7 @@ def test_ordinary_templates_still_render(tmp_path: Path, cache: Path, kiln: Call
     assert result.out.strip() == "1704067200 18446744073709551616   ab  |"
     result = kiln("validate")
     assert result.code == 0, result.err
-    assert_nothing_written(tmp_path, cache)
+    assert not (tmp_path / "canary").exists()
 
 
 def test_planted_bytecode_cache_never_runs(tmp_path: Path, cache: Path, kiln: Callable[..., Result]) -> None:
@@ -438,3 +446,62 @@ def test_directories_nested_past_the_recursion_limit(tmp_path: Path, cache: Path
         os.unlink(os.path.join(chain[-1], "pkg.yaml"))
         for directory in reversed(chain[1:]):
             os.rmdir(directory)
+
+
+# --- the signed template cache -----------------------------------------------------------------------
+
+TEMPLATED = "name: a\nvariant: stage0\nversion: '{% if arch %}1{% endif %}'\n" + FIN
+
+
+def evil_code(tmp_path: Path) -> bytes:
+    return marshal.dumps(compile(f"open({str(tmp_path / 'canary')!r}, 'w').write('pwned')", "x", "exec"))
+
+
+def test_signed_cache_is_used_and_a_forged_entry_is_not(
+    tmp_path: Path, cache: Path, kiln: Callable[..., Result]
+) -> None:
+    write_tree(tmp_path, {"a/pkg.yaml": TEMPLATED})
+    assert kiln("validate").code == 0
+    entries = list((cache / "templates").iterdir())
+    assert len(entries) == 1
+    assert (tmp_path / "state" / "template-cache.key").stat().st_mode & 0o777 == 0o600
+    # A planted entry: right name, any MAC the attacker can make without the key.
+    entries[0].write_bytes(b"\0" * 32 + evil_code(tmp_path))
+    template._COMPILED.clear()
+    result = kiln("validate")
+    assert result.code == 0, result.err
+    assert not (tmp_path / "canary").exists()
+    # Signed with a key of the attacker's own: still refused.
+    other = b"k" * 32
+    name = entries[0].stem.encode()
+    payload = evil_code(tmp_path)
+    entries[0].write_bytes(hmac.new(other, name + payload, hashlib.sha256).digest() + payload)
+    template._COMPILED.clear()
+    assert kiln("validate").code == 0
+    assert not (tmp_path / "canary").exists()
+
+
+def test_a_key_others_can_read_disables_the_cache(
+    tmp_path: Path, cache: Path, kiln: Callable[..., Result]
+) -> None:
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    (state / "template-cache.key").write_bytes(b"k" * 32)
+    (state / "template-cache.key").chmod(0o644)
+    write_tree(tmp_path, {"a/pkg.yaml": TEMPLATED})
+    assert kiln("validate").code == 0
+    assert not (cache / "templates").exists()
+
+
+def test_a_cached_template_keeps_its_errors_and_lines(
+    tmp_path: Path, cache: Path, kiln: Callable[..., Result]
+) -> None:
+    """Loaded from the signed cache, a template reports runtime errors at the same line."""
+    source = "name: a\nvariant: stage0\n\nversion: '{{ 10 // n }}'\n"
+    pkgs = write_tree(tmp_path, {"vars.yaml": "n: 5\n", "a/pkg.yaml": source})
+    assert kiln("validate").code == 0
+    (pkgs / "vars.yaml").write_text("n: 0\n")
+    template._COMPILED.clear()
+    result = kiln("validate")
+    assert result.code == 2
+    assert result.err.startswith("pkgs/a/pkg.yaml:4: template error: ZeroDivisionError")

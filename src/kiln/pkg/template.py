@@ -11,7 +11,8 @@ Python internals, no mutation of values) and within budgets (limits below): loop
 iterations, call depth and count, the size of every string a template builds and
 of all it outputs. `{% include %}`, `{% import %}` and `{% extends %}` are refused
 when the template is parsed, so no template reads another file. Compiled templates
-are kept in memory only: a cache file on disk would be code a planted file could replace.
+are kept in memory, and on disk only signed (kiln.pkg.codecache): an unsigned or
+foreign cache file is never unmarshalled.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from jinja2.visitor import NodeTransformer
 
 from kiln.errors import InputError, InputErrors, Location
+from kiln.pkg import codecache
 
 MAX_RANGE = 10_000  # items in one range()
 MAX_ITERATIONS = 100_000  # loop iterations in one render
@@ -309,7 +311,7 @@ def _make_env() -> _Sandbox:
 
 _ENV = _make_env()
 _MARKERS = ("{{", "{%", "{#")
-_COMPILED: dict[tuple[str, str], jinja2.Template] = {}
+_COMPILED: dict[tuple[str, str], tuple[jinja2.Template, Any]] = {}
 _COMPILED_MAX = 1024
 
 
@@ -384,12 +386,21 @@ def _unsupported(ast: nodes.Template, file: str) -> list[InputError]:
     return found
 
 
-def _compile(source: str, file: str) -> jinja2.Template:
-    """Parse, check and compile a template once per process; raises InputError(s)."""
+def _compile(source: str, file: str) -> tuple[jinja2.Template, Any]:
+    """Parse, check and compile a template once per process; raises InputError(s).
+
+    Returns the template and, when it was compiled here rather than loaded from the
+    signed disk cache, its code object, for render() to store once it rendered.
+    """
     key = (file, source)
     cached = _COMPILED.get(key)
     if cached is not None:
         return cached
+    stored = codecache.load(file, source)
+    if stored is not None:  # checked and compiled by this same code when it was stored
+        template = _ENV.template_class.from_code(_ENV, stored, _ENV.make_globals(None))
+        _remember(key, (template, None))
+        return template, None
     try:
         ast = _ENV.parse(source, name=file, filename=file)
         unsupported = _unsupported(ast, file)
@@ -403,10 +414,14 @@ def _compile(source: str, file: str) -> jinja2.Template:
     except (RecursionError, MemoryError, SyntaxError, ValueError, OverflowError) as exc:
         # Python's own compiler refuses some shapes Jinja accepts (very deep nesting).
         raise InputError(f"template too complex: {type(exc).__name__}", Location(file, 1)) from None
+    _remember(key, (template, code))
+    return template, code
+
+
+def _remember(key: tuple[str, str], entry: tuple[jinja2.Template, Any]) -> None:
     if len(_COMPILED) >= _COMPILED_MAX:
         _COMPILED.clear()
-    _COMPILED[key] = template
-    return template
+    _COMPILED[key] = entry
 
 
 def _undefined_names(source: str, file: Path, context: dict[str, Any]) -> list[InputError]:
@@ -488,9 +503,9 @@ def render(source: str, file: Path, context: dict[str, Any]) -> Rendered:
         raise InputError(f"template error: {exc}", Location(where, 1)) from None
     if simple is not None:
         return Rendered(source, simple)
-    template = _compile(source, where)
+    template, fresh_code = _compile(source, where)
     try:
-        return Rendered(source, _render_bounded(template, context))
+        rendered = Rendered(source, _render_bounded(template, context))
     except jinja2.UndefinedError as exc:
         # Only now pay for the full analysis, so every undefined name is reported at once.
         undefined = _undefined_names(source, file, context)
@@ -504,6 +519,10 @@ def render(source: str, file: Path, context: dict[str, Any]) -> Rendered:
     except Exception as exc:
         line = _template_line(exc, where)
         raise InputError(f"template error: {type(exc).__name__}: {exc}", Location(where, line)) from None
+    if fresh_code is not None:  # only templates that rendered are kept: a failed one writes nothing
+        codecache.store(where, source, fresh_code)
+        _COMPILED[(where, source)] = (template, None)
+    return rendered
 
 
 def _template_line(exc: BaseException, filename: str = "<template>") -> int:
@@ -517,7 +536,7 @@ def _template_line(exc: BaseException, filename: str = "<template>") -> int:
 
 def render_string(template: str, context: dict[str, Any]) -> str:
     """Render a one-off template (for `kiln eval`), in the same sandbox and budgets."""
-    compiled = _compile(template, "<template>")
+    compiled, _ = _compile(template, "<template>")
     try:
         return _render_bounded(compiled, context)
     except jinja2.TemplateError as exc:

@@ -12,6 +12,7 @@ import os
 import re
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from kiln.errors import InputError, KilnError
-from kiln.pkg import schema
+from kiln.pkg import codecache, schema
 from kiln.pkg.loader import load_tree
 from kiln.pkg.paths import contained, path_problem
 from kiln.pkg.template import render
@@ -28,6 +29,22 @@ from kiln.pkg.variables import Platform, builtins
 pytestmark = pytest.mark.timeout(120)
 
 PLATFORM = Platform.parse("linux/amd64")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def private_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Templates that render are cached: keep this module's entries and key out of the user's."""
+    base = tmp_path_factory.mktemp("cache")
+    saved = {name: os.environ.get(name) for name in ("KILN_CACHE", "KILN_STATE_DIR")}
+    os.environ["KILN_CACHE"], os.environ["KILN_STATE_DIR"] = str(base / "cache"), str(base / "state")
+    codecache._key.cache_clear()
+    yield
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    codecache._key.cache_clear()
 OK = "name: base\nvariant: stage0\nfinalize:\n  - from: /\n    to: /\n"
 FAST = settings(max_examples=100, deadline=2000, suppress_health_check=[HealthCheck.too_slow])
 

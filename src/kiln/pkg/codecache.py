@@ -80,7 +80,12 @@ def _load_key(directory: Path) -> bytes | None:
 
 @cache
 def _key() -> bytes | None:
-    return _load_key(_state_dir())
+    """The key for this process, or None: then templates are compiled in memory only."""
+    try:
+        directory = _state_dir()
+    except (RuntimeError, KeyError):  # no home directory to keep a key in
+        return None
+    return _load_key(directory)
 
 
 @cache

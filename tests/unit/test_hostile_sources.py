@@ -26,6 +26,7 @@ from kiln.build.fetch import (
     FetchError,
     Mirror,
     check_archive,
+    place_local,
     remove_stale_partials,
     stale_partials,
     verify_sources,
@@ -487,3 +488,30 @@ def test_verdict_of_the_older_check_is_judged_again(tmp_path: Path, mirror: Path
     marker.write_text("ok\n")  # what the check before this one said about it
     with pytest.raises(FetchError, match="unreadable tar header"):
         fetcher.fetch(evil)
+
+
+def test_a_later_local_source_never_writes_through_a_link_an_earlier_one_placed(tmp_path: Path) -> None:
+    """Two local sources onto one destination: the first leaves `x -> <host file>` (a project
+    tree may hold any symlink), the second has a file `x`. The host file must stay as it was;
+    the build directory gets the second source's file in place of the link."""
+    canary = tmp_path / "host-file"
+    canary.write_text("host\n")
+    project, build = tmp_path / "project", tmp_path / "root" / "build"
+    (project / "first").mkdir(parents=True)
+    (project / "first" / "x").symlink_to(canary)
+    (project / "first" / "sub").mkdir()
+    (project / "second" / "sub").mkdir(parents=True)
+    (project / "second" / "x").write_text("from the second source\n")
+    (project / "second" / "sub" / "f").write_text("nested\n")
+    (project / "lone").write_text("a single file\n")
+    build.mkdir(parents=True)
+    place_local(project, Source(destination="src", path="first"), build)
+    assert (build / "src" / "x").is_symlink()
+    place_local(project, Source(destination="src", path="second"), build)
+    place_local(project, Source(destination="src", path="lone"), build)
+    assert canary.read_text() == "host\n"
+    assert not (build / "src" / "x").is_symlink()
+    assert (build / "src" / "x").read_text() == "from the second source\n"
+    assert (build / "src" / "sub" / "f").read_text() == "nested\n"
+    assert (build / "src" / "lone").read_text() == "a single file\n"
+    assert sorted(p.name for p in build.parent.iterdir()) == ["build"], "the staging copy was left behind"

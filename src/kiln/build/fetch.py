@@ -55,7 +55,8 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Literal, Protocol
 from urllib.parse import unquote, urlsplit
 
-from kiln.errors import InputError, InputErrors, KilnError, Location
+from kiln.build.runners.finalize import copy_path
+from kiln.errors import BuildError, InputError, InputErrors, KilnError, Location
 from kiln.paths import PathEscape, join_inside
 from kiln.pkg.model import Source
 from kiln.pkg.yamlpos import read_yaml_file
@@ -1033,11 +1034,30 @@ def place_local(project_root: Path, source: Source, build_dir: Path) -> Path:
     if not origin.resolve().is_relative_to(root):
         raise FetchError(f"local source path {source.path!r} leads out of the project ({origin.resolve()})")
     target = _target(build_dir, source.destination)
-    if origin.is_dir():
-        shutil.copytree(origin, target, symlinks=True, ignore=_hidden_dirs, dirs_exist_ok=True)
+    if target.is_dir():  # an earlier source is there: merge without following the links it left
+        _merge_local(origin, build_dir, source.destination)
+    elif origin.is_dir():
+        shutil.copytree(origin, target, symlinks=True, ignore=_hidden_dirs)
     else:
-        shutil.copy2(origin, target)
+        shutil.copy2(origin, target, follow_symlinks=False)
     return target
+
+
+def _merge_local(origin: Path, build_dir: Path, destination: str) -> None:
+    """Copy `origin` onto a directory an earlier source filled, as finalize copies: the
+    destination is walked without following links, so a link the earlier source placed
+    (say `x -> /etc/passwd`) is replaced, never written through."""
+    with tempfile.TemporaryDirectory(prefix=".local-", dir=build_dir.parent) as tmp:
+        staged = Path(tmp) / "tree"
+        if origin.is_dir():
+            shutil.copytree(origin, staged, symlinks=True, ignore=_hidden_dirs)
+        else:
+            staged.mkdir()
+            shutil.copy2(origin, staged / origin.name, follow_symlinks=False)
+        try:
+            copy_path(staged, "/", build_dir, destination)
+        except BuildError as exc:
+            raise FetchError(f"local source onto {destination!r}: {exc.message}") from None
 
 
 def _hidden_dirs(directory: str, names: list[str]) -> set[str]:

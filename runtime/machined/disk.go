@@ -19,8 +19,8 @@ var imagePartitions = map[string]bool{"BOOT": true, "META": true, partState: tru
 
 // chooseDisk picks the disk machined owns, in this order: install.disk from the config;
 // kiln.disk= on the kernel command line ("none" keeps the machine diskless); the disk
-// holding BOOT/META (or STATE/EPHEMERAL); else the only blank disk (all zeros at the
-// start, as a new virtual disk reads). No choice means a tmpfs /var.
+// holding BOOT/META (or STATE/EPHEMERAL); else the only blank disk (no signature and zeros
+// in its first and last MiB, as a new virtual disk reads). No choice means a tmpfs /var.
 func chooseDisk(devs []blockDev, configured, param string, blank func(path string) bool) (path, why string) {
 	if configured != "" {
 		return configured, "install.disk"

@@ -366,7 +366,7 @@ def build_parser() -> argparse.ArgumentParser:
     image_command.add_arguments(image)
 
     install = verb("install", cmd_install, "write a profile's disk layout (default metal) onto a disk or disk "
-                   "file; a disk holding partitions needs --wipe")
+                   "file; a disk that is not empty needs --wipe, one in use is refused")
     image_command.add_install_arguments(install)
 
     boot = verbs.add_parser("boot", help="boot an artifact in QEMU and wait for machined's ready line",

@@ -54,7 +54,9 @@ def run(args: argparse.Namespace, load: Callable[[str], Graph]) -> int:
 
 def add_install_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--disk", required=True, metavar="PATH", help="the disk (or disk image file) to write")
-    parser.add_argument("--wipe", action="store_true", help="overwrite a disk that holds partitions or a filesystem")
+    parser.add_argument("--wipe", action="store_true",
+                        help="overwrite a disk that holds a partition table, a known signature or data in its "
+                        "first or last MiB (a disk in use is refused even so)")
     parser.add_argument("--profile", default="metal", metavar="PROFILE",
                         help="the raw-disk profile whose layout is installed (default metal)")
     parser.add_argument("--profiles-dir", default="profiles", metavar="DIR", help="where profile names are looked up")

@@ -92,6 +92,9 @@ func isJSON(data []byte) bool {
 // decodeDocument decodes YAML (the subset) or JSON into v. Strict decoding refuses unknown
 // fields, so a typo ("hostnme") is an error rather than a silently ignored setting.
 func decodeDocument(name string, data []byte, v interface{}, strict bool) error {
+	if len(data) > maxYAMLSize {
+		return fmt.Errorf("%s: %d bytes is more than the %d a config may have", name, len(data), maxYAMLSize)
+	}
 	if !isJSON(data) {
 		tree, err := parseYAML(name, data)
 		if err != nil {

@@ -158,16 +158,20 @@ bools: [true, false, ~, null]
 
 func TestYAMLErrorsNameTheLine(t *testing.T) {
 	for doc, want := range map[string]string{
-		"a: 1\n\tb: 2\n":         "t.yaml:2: tabs",
-		"a: 1\na: 2\n":           "t.yaml:2: duplicate key",
-		"a: &anchor 1\n":         "t.yaml:1: \"&anchor 1\": anchors",
-		"a: *ref\n":              "t.yaml:1:",
-		"a: [1, 2\n":             "t.yaml:1: missing",
-		"a: \"open\n":            "t.yaml:1: unterminated",
-		"a:\n  b: 1\n c: 2\n":    "t.yaml:3:",
-		"a: 1\n---\nb: 2\n":      "t.yaml:2: multiple documents",
-		"list:\n  - a\n  b: 1\n": "t.yaml:3: unexpected indentation",
-		"a: !!str 1\n":           "t.yaml:1:",
+		"a: 1\n\tb: 2\n":                 "t.yaml:2: tabs",
+		"a: 1\na: 2\n":                   "t.yaml:2: duplicate key",
+		"a: &anchor 1\n":                 "t.yaml:1: \"&anchor 1\": anchors",
+		"a: *ref\n":                      "t.yaml:1:",
+		"a: [1, 2\n":                     "t.yaml:1: missing",
+		"a: \"open\n":                    "t.yaml:1: unterminated",
+		"a:\n  b: 1\n c: 2\n":            "t.yaml:3:",
+		"a: 1\n---\nb: 2\n":              "t.yaml:2: multiple documents",
+		"list:\n  - a\n  b: 1\n":         "t.yaml:3: unexpected indentation",
+		"a: !!str 1\n":                   "t.yaml:1:",
+		"hostname: {":                    "t.yaml:1: unexpected end of line",
+		"a: [x, {":                       "t.yaml:1: unexpected end of line",
+		"a: " + strings.Repeat("[", 200): "t.yaml:1: nested more than 64",
+		strings.Repeat("- ", 200) + "x":  "t.yaml:1: nested more than 64",
 	} {
 		_, err := parseYAML("t.yaml", []byte(doc))
 		if err == nil || !strings.Contains(err.Error(), want) {

@@ -29,7 +29,15 @@ type yamlParser struct {
 	name  string
 	lines []yamlLine
 	pos   int
+	depth int // nesting of block collections, bounded by maxYAMLDepth
 }
+
+// Limits on hostile input: a config is a few kilobytes, so these only stop a config drive
+// or a config server from making PID 1 run out of stack or memory.
+const (
+	maxYAMLSize  = 1 << 20 // bytes in one document
+	maxYAMLDepth = 64      // nested collections (block and flow together)
+)
 
 type yamlError struct {
 	name string
@@ -37,10 +45,18 @@ type yamlError struct {
 	msg  string
 }
 
-func (e *yamlError) Error() string { return fmt.Sprintf("%s:%d: %s", e.name, e.line, e.msg) }
+func (e *yamlError) Error() string {
+	if e.line == 0 { // about the whole document
+		return fmt.Sprintf("%s: %s", e.name, e.msg)
+	}
+	return fmt.Sprintf("%s:%d: %s", e.name, e.line, e.msg)
+}
 
 // parseYAML parses one document of the subset; name is used in error messages.
 func parseYAML(name string, data []byte) (interface{}, error) {
+	if len(data) > maxYAMLSize {
+		return nil, &yamlError{name, 0, fmt.Sprintf("%d bytes is more than the %d a document may have", len(data), maxYAMLSize)}
+	}
 	p := &yamlParser{name: name}
 	for i, raw := range strings.Split(strings.ReplaceAll(string(data), "\r\n", "\n"), "\n") {
 		text := strings.TrimLeft(raw, " ")
@@ -74,6 +90,14 @@ func parseYAML(name string, data []byte) (interface{}, error) {
 	return value, nil
 }
 
+// lineNum is the number of the line being read, for errors not tied to a yamlLine.
+func (p *yamlParser) lineNum() int {
+	if p.pos < len(p.lines) {
+		return p.lines[p.pos].num
+	}
+	return len(p.lines)
+}
+
 func (p *yamlParser) errAt(l *yamlLine, format string, args ...interface{}) error {
 	return &yamlError{p.name, l.num, fmt.Sprintf(format, args...)}
 }
@@ -98,6 +122,10 @@ func (p *yamlParser) block(minIndent int) (interface{}, error) {
 	if l == nil || l.indent < minIndent {
 		return nil, nil
 	}
+	if p.depth++; p.depth > maxYAMLDepth {
+		return nil, p.errAt(l, "nested more than %d levels deep", maxYAMLDepth)
+	}
+	defer func() { p.depth-- }()
 	if isSeqItem(l.text) {
 		return p.sequence(l.indent)
 	}
@@ -110,6 +138,10 @@ func (p *yamlParser) block(minIndent int) (interface{}, error) {
 }
 
 func (p *yamlParser) sequence(indent int) (interface{}, error) {
+	if p.depth++; p.depth > maxYAMLDepth {
+		return nil, &yamlError{p.name, p.lineNum(), fmt.Sprintf("nested more than %d levels deep", maxYAMLDepth)}
+	}
+	defer func() { p.depth-- }()
 	items := []interface{}{}
 	for {
 		l := p.next()
@@ -150,6 +182,10 @@ func (p *yamlParser) sequence(indent int) (interface{}, error) {
 }
 
 func (p *yamlParser) mapping(indent int) (interface{}, error) {
+	if p.depth++; p.depth > maxYAMLDepth {
+		return nil, &yamlError{p.name, p.lineNum(), fmt.Sprintf("nested more than %d levels deep", maxYAMLDepth)}
+	}
+	defer func() { p.depth-- }()
 	m := map[string]interface{}{}
 	for {
 		l := p.next()
@@ -233,11 +269,14 @@ func splitKey(text string) (string, string, bool) {
 
 // inline parses a value written after "key:" or "- "; parentIndent bounds block scalars.
 func (p *yamlParser) inline(text string, l *yamlLine, parentIndent int) (interface{}, error) {
+	if text == "" {
+		return nil, nil
+	}
 	switch text[0] {
 	case '|', '>':
 		return p.blockScalar(text, l, parentIndent)
 	case '[', '{':
-		f := &flowParser{text: text}
+		f := &flowParser{text: text, depth: p.depth}
 		v, err := f.value()
 		if err == nil {
 			f.space()
@@ -429,8 +468,9 @@ var (
 
 // flowParser reads one-line flow collections: [a, "b", {k: v}].
 type flowParser struct {
-	text string
-	i    int
+	text  string
+	i     int
+	depth int // starts at the block nesting it sits in; bounded by maxYAMLDepth
 }
 
 func (f *flowParser) space() {
@@ -443,6 +483,12 @@ func (f *flowParser) value() (interface{}, error) {
 	f.space()
 	if f.i >= len(f.text) {
 		return nil, fmt.Errorf("unexpected end of line in a flow collection")
+	}
+	if c := f.text[f.i]; c == '[' || c == '{' {
+		if f.depth++; f.depth > maxYAMLDepth {
+			return nil, fmt.Errorf("nested more than %d levels deep", maxYAMLDepth)
+		}
+		defer func() { f.depth-- }()
 	}
 	switch f.text[f.i] {
 	case '[':
@@ -511,6 +557,9 @@ func (f *flowParser) separator(end byte) error {
 
 func (f *flowParser) scalar(isKey bool) (interface{}, error) {
 	f.space()
+	if f.i >= len(f.text) {
+		return nil, fmt.Errorf("unexpected end of line in a flow collection")
+	}
 	if c := f.text[f.i]; c == '"' || c == '\'' {
 		s, rest, err := quoted(f.text[f.i:])
 		if err != nil {

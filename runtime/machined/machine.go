@@ -188,10 +188,14 @@ func (m *machine) persistConfig() {
 		}
 		return
 	}
-	data, _ := json.MarshalIndent(m.cfg, "", "  ")
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, data, 0o600); err == nil {
-		_ = os.Rename(tmp, path)
+	data, err := json.MarshalIndent(m.cfg, "", "  ")
+	if err == nil {
+		// 0600: it holds the API's private key; atomic and fsynced, so a power cut never
+		// leaves a truncated config that the next boot would refuse
+		err = writeFileAtomic(path, data, 0o600)
+	}
+	if err != nil {
+		m.con.printf("config: keeping it on STATE: %v", err)
 	}
 }
 

@@ -137,7 +137,8 @@ func (n *network) setDNS(servers []string, fromConfig bool) {
 	for _, s := range servers {
 		fmt.Fprintf(&b, "nameserver %s\n", s)
 	}
-	if err := os.WriteFile(resolvConf, []byte(b.String()), 0o644); err != nil {
+	// atomically: a resolver reading it mid-write would see no or half the servers
+	if err := writeFileAtomic(resolvConf, []byte(b.String()), 0o644); err != nil {
 		n.say("network: %s: %v", resolvConf, err)
 	}
 }

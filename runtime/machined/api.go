@@ -55,7 +55,7 @@ func apiHandler(b apiBackend) http.Handler {
 				f.Flush()
 			}
 			// after the reply is on its way: shutting down takes the network with it
-			go func() { time.Sleep(200 * time.Millisecond); b.Power(action) }()
+			goSafe("api "+action, func() { time.Sleep(200 * time.Millisecond); b.Power(action) })
 		}))
 	}
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
@@ -101,6 +101,6 @@ func serveAPI(cfg APIConfig, b apiBackend, errorLog io.Writer) (net.Addr, func()
 		ReadHeaderTimeout: 10 * time.Second,
 		ErrorLog:          log.New(errorLog, "api: ", 0),
 	}
-	go func() { _ = srv.Serve(tls.NewListener(ln, tlsConfig)) }()
+	goSafe("api server", func() { _ = srv.Serve(tls.NewListener(ln, tlsConfig)) })
 	return ln.Addr(), func() { _ = srv.Close() }, nil
 }

@@ -1,9 +1,14 @@
 package main
 
 import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -26,6 +31,38 @@ var configFiles = []struct {
 
 func isURL(s string) bool { return strings.HasPrefix(s, "http://") || strings.HasPrefix(s, "https://") }
 
+// maxRemoteConfig bounds a fetched config: a config is a few KiB, a hostile server may send GiBs.
+const maxRemoteConfig = 1 << 20
+
+// remoteConfig is a kiln.config= URL made safe to fetch: the config defines root services and
+// the API's CA, so it must come over https (verified against the rootfs's CA bundle) or carry
+// a "#sha256=<hex>" digest the fetched bytes must match; plain http without one is refused.
+type remoteConfig struct {
+	url    string // without the fragment
+	digest []byte // nil: https, trusted through its certificate
+}
+
+func parseRemoteConfig(value string) (remoteConfig, error) {
+	u, err := url.Parse(value)
+	if err != nil || u.Host == "" {
+		return remoteConfig{}, fmt.Errorf("kiln.config=%q is not a URL", value)
+	}
+	var digest []byte
+	if u.Fragment != "" {
+		hexDigest := strings.TrimPrefix(u.Fragment, "sha256=")
+		digest, err = hex.DecodeString(hexDigest)
+		if hexDigest == u.Fragment || err != nil || len(digest) != sha256.Size {
+			return remoteConfig{}, fmt.Errorf("kiln.config: fragment %q is not sha256=<64 hex digits>", u.Fragment)
+		}
+		u.Fragment = ""
+	}
+	if u.Scheme == "http" && digest == nil {
+		return remoteConfig{}, errors.New("kiln.config: plain http is refused (the config holds root services " +
+			"and the API CA): use https, or add #sha256=<digest of the file> to the URL")
+	}
+	return remoteConfig{url: u.String(), digest: digest}, nil
+}
+
 // configFromParam reads kiln.config=<path|URL>. URLs are retried for a minute: the
 // network may still be settling (DHCP, a config server booting alongside).
 func configFromParam(value string, say func(string, ...interface{})) (*Config, error) {
@@ -36,13 +73,17 @@ func configFromParam(value string, say func(string, ...interface{})) (*Config, e
 		}
 		return parseConfig(value, data, true)
 	}
-	client := &http.Client{Timeout: 15 * time.Second}
+	remote, err := parseRemoteConfig(value)
+	if err != nil {
+		return nil, err
+	}
+	client := configClient(remote)
 	deadline := time.Now().Add(time.Minute)
 	wait := time.Second
 	for {
-		data, err := fetch(client, value)
+		data, err := fetch(client, remote)
 		if err == nil {
-			return parseConfig(value, data, true)
+			return parseConfig(remote.url, data, true)
 		}
 		if time.Now().After(deadline) {
 			return nil, err
@@ -55,16 +96,46 @@ func configFromParam(value string, say func(string, ...interface{})) (*Config, e
 	}
 }
 
-func fetch(client *http.Client, url string) ([]byte, error) {
-	resp, err := client.Get(url)
+// configClient follows at most 3 redirects, and never from https to http unless a digest
+// pins the bytes anyway.
+func configClient(remote remoteConfig) *http.Client {
+	return &http.Client{
+		Timeout: 15 * time.Second,
+		CheckRedirect: func(req *http.Request, via []*http.Request) error {
+			if len(via) >= 3 {
+				return errors.New("too many redirects")
+			}
+			if req.URL.Scheme != "https" && remote.digest == nil {
+				return fmt.Errorf("redirect to %s refused: not https", req.URL.Scheme)
+			}
+			return nil
+		},
+	}
+}
+
+func fetch(client *http.Client, remote remoteConfig) ([]byte, error) {
+	resp, err := client.Get(remote.url)
 	if err != nil {
 		return nil, err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("GET %s: %s", url, resp.Status)
+		return nil, fmt.Errorf("GET %s: %s", remote.url, resp.Status)
 	}
-	return io.ReadAll(io.LimitReader(resp.Body, 4<<20))
+	data, err := io.ReadAll(io.LimitReader(resp.Body, maxRemoteConfig+1))
+	if err != nil {
+		return nil, err
+	}
+	if len(data) > maxRemoteConfig {
+		return nil, fmt.Errorf("GET %s: larger than %d bytes", remote.url, maxRemoteConfig)
+	}
+	if remote.digest != nil {
+		sum := sha256.Sum256(data)
+		if !bytes.Equal(sum[:], remote.digest) {
+			return nil, fmt.Errorf("GET %s: sha256 %x does not match the URL's digest", remote.url, sum)
+		}
+	}
+	return data, nil
 }
 
 // findConfigDrive returns the device holding a filesystem labelled cidata or KILNCFG.

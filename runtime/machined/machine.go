@@ -59,7 +59,7 @@ func (m *machine) boot() {
 	}
 	var wg sync.WaitGroup
 	wg.Add(1)
-	go func() { defer wg.Done(); m.net.Configure(m.cfg.Network, 5*time.Second) }()
+	goSafe("network setup", func() { defer wg.Done(); m.net.Configure(m.cfg.Network, 5*time.Second) })
 	m.setupVar()
 	wg.Wait()
 

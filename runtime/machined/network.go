@@ -100,12 +100,12 @@ func (n *network) Configure(cfg NetworkConfig, wait time.Duration) {
 		if ic.UsesDHCP() && !running {
 			wg.Add(1)
 			first := make(chan struct{})
-			go n.dhcpLoop(*iface, first)
-			go func() { <-first; wg.Done() }()
+			n.startDHCP(*iface, first)
+			goSafe("dhcp wait "+ic.Name, func() { <-first; wg.Done() })
 		}
 	}
 	done := make(chan struct{})
-	go func() { wg.Wait(); close(done) }()
+	goSafe("network wait", func() { wg.Wait(); close(done) })
 	select {
 	case <-done:
 	case <-time.After(wait):
@@ -141,6 +141,18 @@ func (n *network) setDNS(servers []string, fromConfig bool) {
 	if err := writeFileAtomic(resolvConf, []byte(b.String()), 0o644); err != nil {
 		n.say("network: %s: %v", resolvConf, err)
 	}
+}
+
+// startDHCP runs dhcpLoop and runs it again should it panic (a hostile DHCP answer must not
+// leave the interface without renewals); a restart gets a fresh first channel, since the
+// panicking run has closed the old one.
+func (n *network) startDHCP(iface net.Interface, first chan struct{}) {
+	next := first
+	goForever("dhcp "+iface.Name, func() {
+		ch := next
+		next = make(chan struct{})
+		n.dhcpLoop(iface, ch)
+	})
 }
 
 // dhcpLoop gets a lease, applies it, and renews it at T1; first is closed after the first

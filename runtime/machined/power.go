@@ -21,7 +21,7 @@ func handleSignals(power chan<- string, say func(string, ...interface{})) {
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGUSR1,
 		syscall.SIGUSR2, syscall.SIGPIPE, syscall.SIGALRM, syscall.SIGTSTP, syscall.SIGTTIN, syscall.SIGTTOU,
 		syscall.SIGPWR, syscall.SIGVTALRM, syscall.SIGPROF, syscall.SIGXCPU, syscall.SIGXFSZ)
-	go func() {
+	goForever("signal handler", func() {
 		for sig := range sigs {
 			switch sig {
 			case syscall.SIGTERM:
@@ -32,7 +32,7 @@ func handleSignals(power chan<- string, say func(string, ...interface{})) {
 				say("ignoring signal %v", sig)
 			}
 		}
-	}()
+	})
 }
 
 // shutdown stops services, ends every other process, syncs and unmounts the writable

@@ -372,12 +372,13 @@ func runProbeTool(path string, args ...string) ([]byte, error) {
 	timer := time.AfterFunc(60*time.Second, func() { _ = cmd.Process.Kill() })
 	defer timer.Stop()
 	stderr := make(chan []byte, 1)
-	go func() {
-		b, _ := io.ReadAll(io.LimitReader(errR, 64<<10))
+	goSafe("probe stderr", func() {
+		var b []byte
+		defer func() { stderr <- b }() // even after a panic, so the probe never waits forever
+		b, _ = io.ReadAll(io.LimitReader(errR, 64<<10))
 		_, _ = io.Copy(io.Discard, errR)
 		errR.Close()
-		stderr <- b
-	}()
+	})
 	out, _ := io.ReadAll(io.LimitReader(outR, 4<<20))
 	_, _ = io.Copy(io.Discard, outR)
 	outR.Close()

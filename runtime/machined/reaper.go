@@ -32,12 +32,12 @@ func children() *reaper {
 		theReaper = &reaper{waiters: map[int]chan syscall.WaitStatus{}}
 		sigchld := make(chan os.Signal, 1)
 		signal.Notify(sigchld, syscall.SIGCHLD)
-		go func() {
+		goForever("reaper", func() {
 			for {
 				theReaper.sweep()
 				<-sigchld
 			}
-		}()
+		})
 	})
 	return theReaper
 }

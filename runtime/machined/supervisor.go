@@ -99,7 +99,8 @@ func (s *supervisor) Start(specs []ServiceSpec) error {
 	}
 	for _, spec := range specs {
 		s.wg.Add(1)
-		go s.supervise(s.services[spec.Name])
+		svc := s.services[spec.Name]
+		goSafe("service "+spec.Name, func() { s.supervise(svc) })
 	}
 	return nil
 }
@@ -248,7 +249,7 @@ func (s *supervisor) runOnce(svc *service) (syscall.WaitStatus, error) {
 	svc.note("started pid %d", svc.pid)
 	s.event("service %s: started (pid %d)", svc.spec.Name, svc.pid)
 	s.mu.Unlock()
-	go svc.collect(out)
+	goSafe("service "+svc.spec.Name+" output", func() { svc.collect(out) })
 	return <-done, nil
 }
 
@@ -287,7 +288,7 @@ func (s *supervisor) Stop() {
 	s.signalAll(syscall.SIGTERM)
 	s.mu.Unlock()
 	done := make(chan struct{})
-	go func() { s.wg.Wait(); close(done) }()
+	goSafe("supervisor stop", func() { s.wg.Wait(); close(done) })
 	select {
 	case <-done:
 	case <-time.After(s.opts.StopTimeout):

@@ -237,6 +237,9 @@ func (p *yamlParser) key(text string, l *yamlLine) (string, error) {
 		}
 		return s, nil
 	}
+	if text == "" {
+		return "", p.errAt(l, "empty key")
+	}
 	if strings.ContainsAny(text[:1], "&*!?|>[]{},%@`") {
 		return "", p.errAt(l, "unsupported key %q (anchors, tags and complex keys are not in the subset)", text)
 	}

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from kiln.build.fetch import Fetcher, FetchError, Mirror, load_mirrors
+from kiln.build.fetch import CHECK_VERSION, Fetcher, FetchError, Mirror, load_mirrors
 from kiln.errors import Location
 from kiln.pkg.model import Source
 
@@ -33,8 +33,9 @@ def test_musl_comes_from_debian_with_upstreams_hash(cache: Path, tmp_path: Path)
     path = Fetcher(cache, mirrors, retries=0).fetch(musl())
     assert path == cache / "sources" / MUSL_SHA
     assert Fetcher(cache, []).fetch(musl()) == path  # cached: no mirror, no network needed
-    assert (cache / "sources" / f"{MUSL_SHA}.checked").read_text() == "ok\n"  # a benign tarball
-    assert sorted(p.name for p in (cache / "sources").iterdir()) == [MUSL_SHA, f"{MUSL_SHA}.checked"]
+    assert (cache / "sources" / f"{MUSL_SHA}.checked").read_text() == CHECK_VERSION + "ok\n"  # a benign tarball
+    kept = sorted(p.name for p in (cache / "sources").iterdir())
+    assert kept == [MUSL_SHA, f"{MUSL_SHA}.checked", f"{MUSL_SHA}.verified"]
 
 
 def test_unknown_version_says_so_plainly(cache: Path) -> None:

@@ -262,7 +262,8 @@ def pki(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def config_server(pki: Path) -> Iterator[str]:
-    """Serves the machine config (hostname, API certificates) over HTTP on the host; yields its guest URL."""
+    """Serves the machine config (hostname, API certificates) over HTTP on the host; yields its guest URL,
+    pinned by the config's sha256 (machined refuses plain http without one)."""
     config = json.dumps({
         "hostname": "e2e-api",
         "api": {"ca": (pki / "ca.crt").read_text(), "cert": (pki / "machine.crt").read_text(),
@@ -287,7 +288,7 @@ def config_server(pki: Path) -> Iterator[str]:
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        yield f"http://{GUEST_HOST}:{server.server_address[1]}/kiln.json"
+        yield f"http://{GUEST_HOST}:{server.server_address[1]}/kiln.json#sha256={hashlib.sha256(config).hexdigest()}"
     finally:
         server.shutdown()
         server.server_close()
@@ -329,6 +330,18 @@ def wait_for_line(log: Path, text: str, thread: threading.Thread, timeout: float
         time.sleep(0.5)
     shown = "\n".join(console(log)[-40:]) if log.exists() else "(no console log)"
     raise AssertionError(f"no {text!r} on the console:\n{shown}")
+
+
+def test_plain_http_config_is_refused_and_the_machine_boots_on_defaults(image_dir: Path, tmp_path: Path) -> None:
+    """kiln.config= over plain http without a #sha256= digest is refused before anything is fetched (the
+    config would define root services and the API CA): one console line, then ready on defaults."""
+    log = tmp_path / "console.log"
+    url = f"http://{GUEST_HOST}:9/kiln.json"
+    result = run_boot(machine(image_dir, f"kiln.config={url} kiln.test=poweroff"), READY, log, until_exit=True)
+    assert result.exit_code == 0
+    lines = console(log)
+    assert index_of(lines, r"machined: config: kiln.config: plain http is refused.*using defaults") < \
+        index_of(lines, READY)
 
 
 def test_api_mutual_tls_and_poweroff(image_dir: Path, pki: Path, config_server: str, tmp_path: Path) -> None:

@@ -284,6 +284,7 @@ class DockerRoot:
             with contextlib.suppress(docker.errors.APIError):
                 self.container.kill()
         try:
+            out.mkdir(parents=True, exist_ok=True)  # as finalize_tree does for the other runners
             for index, (source, to) in enumerate(copies):
                 partial = self._copy_out(source, self.work / "final" / str(index), log)
                 copy_path(partial, source, out, to)

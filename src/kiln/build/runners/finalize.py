@@ -36,7 +36,11 @@ class _Missing(Exception):
 
 
 def finalize_tree(root: Path, copies: list[tuple[str, str]], out: Path) -> None:
-    """Copy each `from` of `root` to `to` under `out`, in order; BuildError on the first failure."""
+    """Copy each `from` of `root` to `to` under `out`, in order; BuildError on the first failure.
+
+    `out` (a path Kiln chose) is made if missing, as the shell finalize's `mkdir -p` did.
+    """
+    os.makedirs(out, exist_ok=True)
     for source, to in copies:
         copy_path(root, source, out, to)
 

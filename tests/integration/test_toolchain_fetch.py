@@ -13,7 +13,7 @@ import pytest
 
 from kiln import cli
 from kiln.build import fetch
-from kiln.build.fetch import Fetcher
+from kiln.build.fetch import CHECK_VERSION, Fetcher
 from kiln.pkg.loader import load_tree
 from kiln.pkg.variables import Platform
 
@@ -58,4 +58,4 @@ def test_kiln_fetch_toolchain_gets_every_source_from_debian(
     assert set(served) == pinned
     for sha in pinned:
         assert (cache / "sources" / str(sha)).is_file()
-        assert (cache / "sources" / f"{sha}.checked").read_text() == "ok\n"  # no unsafe member
+        assert (cache / "sources" / f"{sha}.checked").read_text() == CHECK_VERSION + "ok\n"  # no unsafe member

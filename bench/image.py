@@ -25,7 +25,7 @@ from pathlib import Path
 
 from kiln.build.keys import compute_keys
 from kiln.build.store import Store
-from kiln.paths import cache_dir
+from kiln.core.paths import cache_dir
 from kiln.pkg.graph import Graph
 from kiln.pkg.loader import load_tree
 from kiln.pkg.variables import Platform

@@ -9,11 +9,12 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from kiln import __version__, console
+from kiln import __version__
 from kiln.boot import command as boot_command
 from kiln.build import cancel
 from kiln.build.keys import compute_keys
-from kiln.errors import InputError, InputErrors, KilnError
+from kiln.core import console
+from kiln.core.errors import InputError, InputErrors, KilnError
 from kiln.installer import command as image_command
 from kiln.pkg.graph import Graph
 from kiln.pkg.loader import Tree, load_tree
@@ -95,7 +96,7 @@ def cmd_bootstrap(args: argparse.Namespace) -> int:
 
 def cmd_fetch(args: argparse.Namespace) -> int:
     from kiln.build.fetch import fetch_all
-    from kiln.errors import Location
+    from kiln.core.errors import Location
 
     graph = _load(args)
     from kiln.build.session import Session
@@ -169,7 +170,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_log(args: argparse.Namespace) -> int:
     from kiln.build.builder import logs_dir
     from kiln.build.store import Store
-    from kiln.paths import cache_dir
+    from kiln.core.paths import cache_dir
 
     last = logs_dir(Store(cache_dir())) / args.target / "last.log"
     if not last.exists():
@@ -192,7 +193,7 @@ def cache_remote(args: argparse.Namespace) -> int:
     from kiln.build.cache_cmd import resolve
     from kiln.build.session import Session
     from kiln.build.store import Store
-    from kiln.paths import cache_dir
+    from kiln.core.paths import cache_dir
 
     if args.cache_verb == "push":
         store = Store(cache_dir())

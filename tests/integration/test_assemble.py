@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from kiln.errors import BuildError
+from kiln.core.errors import BuildError
 from kiln.rootfs.assemble import Inputs, assemble
 from kiln.rootfs.extension import Manifest
 

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from kiln.build.keys import file_sha256
-from kiln.errors import InputError
+from kiln.core.errors import InputError
+from kiln.core.hashing import file_sha256
 from kiln.installer.assets import BootAssets, derived_uuid
 from kiln.installer.disk import (
     BIOS_BOOT_TYPE,

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from kiln.build.fetch import CHECK_VERSION, Fetcher, FetchError, Mirror, load_mirrors
-from kiln.errors import Location
+from kiln.core.errors import Location
 from kiln.pkg.model import Source
 
 pytestmark = pytest.mark.integration  # Kiln's hosts are Debian: apt-get is never missing, never skipped

@@ -18,7 +18,7 @@ import pytest
 from kiln.build.progress import PlainProgress
 from kiln.build.scheduler import BUILT, FAILED, Outcome
 from kiln.build.session import Session
-from kiln.errors import KilnError
+from kiln.core.errors import KilnError
 from kiln.pkg.graph import Graph
 from kiln.pkg.loader import load_tree
 from kiln.pkg.model import Dependency, Finalize

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from kiln.errors import InputError
+from kiln.core.errors import InputError
 from kiln.installer.install import install_disk
 from tests.integration import services
 from tests.integration.test_installer import build_machined

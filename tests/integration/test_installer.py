@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from kiln.errors import BuildError, InputError
+from kiln.core.errors import BuildError, InputError
 from kiln.installer.assets import BootAssets
 from kiln.installer.install import install_disk
 from kiln.installer.oci import build_installer, gzip_with_size, image_tag

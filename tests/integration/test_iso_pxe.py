@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from kiln.boot.qemu import Machine, machine_for
-from kiln.errors import BuildError
+from kiln.core.errors import BuildError
 from kiln.installer.assets import BootAssets, derived_uuid
 from kiln.installer.grub import grub_config
 from kiln.installer.iso import build_iso, grub_uuid, volume_id

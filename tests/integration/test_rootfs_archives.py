@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kiln.errors import BuildError
+from kiln.core.errors import BuildError
 from kiln.rootfs.archive import cpio_newc, mksquashfs
 from kiln.rootfs.tree import Part, check_minimal, largest_files, merge, prune, strip_binaries
 

@@ -28,7 +28,7 @@ def engine() -> None:
 @pytest.fixture(scope="session")
 def buildkit(engine: None) -> None:
     from kiln.build.runners.buildkit import find_client
-    from kiln.errors import BuildError
+    from kiln.core.errors import BuildError
 
     try:
         find_client()

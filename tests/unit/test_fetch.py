@@ -26,8 +26,8 @@ from kiln.build.fetch import (
     place_local,
     place_source,
 )
-from kiln.errors import InputError, InputErrors, KilnError, Location
-from kiln.paths import cache_dir
+from kiln.core.errors import InputError, InputErrors, KilnError, Location
+from kiln.core.paths import cache_dir
 from kiln.pkg.model import Source
 
 UNREACHABLE = "http://127.0.0.1:9"  # discard port: nothing listens, connections are refused at once

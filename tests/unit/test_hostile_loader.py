@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from kiln.build.fetch import load_mirrors
-from kiln.errors import InputError, KilnError
+from kiln.core.errors import InputError, KilnError
 from kiln.installer.profile import load_profile
 from kiln.pkg import codecache, template, yamlpos
 from kiln.pkg.yamlpos import read_yaml_file

@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from kiln.errors import InputError, KilnError
+from kiln.core.errors import InputError, KilnError
 from kiln.pkg import codecache, schema
 from kiln.pkg.loader import load_tree
 from kiln.pkg.paths import contained, path_problem

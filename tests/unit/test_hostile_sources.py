@@ -143,10 +143,10 @@ def test_untouched_cached_source_is_not_hashed_again(tmp_path: Path, mirror: Pat
     fetcher, source, path = cached(tmp_path, mirror, b"pinned bytes\n")
     import kiln.build.fetch as fetch
 
-    def no_hash(path: Path) -> str:
+    def no_hash(path: Path, **kwargs: object) -> str:
         raise AssertionError("hashed again although the stat stamp matches")
 
-    monkeypatch.setattr(fetch, "_file_sha256", no_hash)
+    monkeypatch.setattr(fetch, "file_sha256", no_hash)
     assert fetcher.fetch(source) == path
 
 

@@ -1,4 +1,4 @@
-"""kiln.paths.join_inside and the finalize copy on plain directories: spec paths stay inside their tree."""
+"""kiln.core.paths.join_inside and the finalize copy on plain directories: spec paths stay inside their tree."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 
 from kiln.build.runners.finalize import finalize_tree
 from kiln.build.runners.mounter import overlay_options
-from kiln.errors import BuildError
-from kiln.paths import PathEscape, join_inside, spec_parts
+from kiln.core.errors import BuildError
+from kiln.core.paths import PathEscape, join_inside, spec_parts
 
 
 @pytest.fixture

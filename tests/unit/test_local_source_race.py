@@ -12,7 +12,7 @@ from kiln.build.fetch import Fetcher
 from kiln.build.keys import compute_keys
 from kiln.build.session import NoRunner
 from kiln.build.store import Store
-from kiln.errors import BuildError
+from kiln.core.errors import BuildError
 from kiln.pkg.graph import Graph
 from kiln.pkg.loader import load_tree
 from kiln.pkg.variables import Platform

@@ -10,7 +10,7 @@ import jsonschema
 import pytest
 import yaml
 
-from kiln.errors import InputError, InputErrors
+from kiln.core.errors import InputError, InputErrors
 from kiln.installer.imager import check_packages
 from kiln.installer.profile import CONFIG_PATH, find_profile, load_profile, load_profiles, parse_size
 from kiln.pkg import schema

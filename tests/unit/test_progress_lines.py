@@ -1,4 +1,4 @@
-"""Progress lines (kiln.console.say_line) stay whole when `kiln image` makes profiles in parallel threads."""
+"""Progress lines (kiln.core.console.say_line) stay whole when `kiln image` makes profiles in parallel threads."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import sys
 # in twenty came out glued to another's (measured 918 of 16000).
 SCRIPT = """
 import threading
-from kiln.console import say_line
+from kiln.core.console import say_line
 
 def work(n: int) -> None:
     for i in range(500):

@@ -14,7 +14,7 @@ from kiln.build.remote import Ref
 from kiln.build.runners.base import Layer, RootPlan
 from kiln.build.runners.buildkit import BuildLog, Exporter, stage_id
 from kiln.build.runners.finalize import finalize_tree
-from kiln.errors import BuildError, InputError
+from kiln.core.errors import BuildError, InputError
 from kiln.pkg.graph import Graph
 from kiln.pkg.loader import load_tree
 from kiln.pkg.model import Package

@@ -21,7 +21,7 @@ from kiln.build.keys import compute_keys
 from kiln.build.progress import LiveProgress, PlainProgress
 from kiln.build.scheduler import Outcome, Scheduler
 from kiln.build.store import Entry, Store
-from kiln.errors import BuildError
+from kiln.core.errors import BuildError
 from kiln.pkg.graph import Graph
 from kiln.pkg.loader import load_tree
 from kiln.pkg.variables import Platform

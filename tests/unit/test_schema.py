@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kiln.errors import KilnError
+from kiln.core.errors import KilnError
 from kiln.pkg import schema
 from kiln.pkg.loader import find_package_files, load_package, load_tree
 from kiln.pkg.variables import Platform, builtins

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from kiln.build.store import Entry, FileRecord, Store, parse_size, read_manifest
-from kiln.errors import BuildError, InputError, KilnError
+from kiln.core.errors import BuildError, InputError, KilnError
 
 SDE = 1_704_067_200
 KEY = "a" * 64
@@ -285,7 +285,7 @@ CRASH = """
     if stage == "staging":
         hang()
     elif stage == "hashing":
-        S.hash_file = hang
+        S.file_sha256 = hang
     elif stage == "rename":
         os.rename = hang
     store.commit("k" * 64, staging, "pkg", {}, 0)

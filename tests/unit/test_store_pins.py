@@ -26,7 +26,7 @@ from kiln.build.progress import PlainProgress
 from kiln.build.runners.base import RootPlan
 from kiln.build.scheduler import Outcome, Scheduler
 from kiln.build.store import Entry, Pins, Store
-from kiln.errors import BuildError, KilnError
+from kiln.core.errors import BuildError, KilnError
 from kiln.pkg.graph import Graph
 from kiln.pkg.loader import load_tree
 from kiln.pkg.variables import Platform

@@ -9,8 +9,8 @@ import tempfile
 from pathlib import Path
 
 from kiln.boot.qemu import READY, boot, machine_for
-from kiln.errors import BuildError, InputError
-from kiln.paths import cache_dir
+from kiln.core.errors import BuildError, InputError
+from kiln.core.paths import cache_dir
 
 ACCELS = ("tcg", "kvm")
 

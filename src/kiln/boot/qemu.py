@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from kiln.errors import BuildError, InputError
+from kiln.core.errors import BuildError, InputError
 
 READY = "machined ready:"
 PANIC = re.compile(r"Kernel panic|end Kernel panic|kiln-init: fatal")

@@ -15,7 +15,6 @@ tree being built: a whiteout or a member whose path leads through one is refused
 from __future__ import annotations
 
 import gzip
-import hashlib
 import json
 import os
 import re
@@ -33,7 +32,8 @@ from typing import Any
 
 from kiln.build.fetch import FetchError, Member, tar_members
 from kiln.build.store import Entry, Store
-from kiln.errors import BuildError, InputError, Location
+from kiln.core.errors import BuildError, InputError, Location
+from kiln.core.hashing import file_sha256
 from kiln.pkg.stage0 import Stage0
 from kiln.pkg.variables import Platform
 
@@ -210,7 +210,7 @@ class Image:
             raise self.error(f"unsupported or malformed digest {digest!r}")
         path = self.file(f"blobs/sha256/{match.group(1)}")
         if path not in self._verified:
-            actual = _sha256(path)
+            actual = file_sha256(path)
             if actual != match.group(1):
                 raise self.error(f"blob {digest} does not match its digest (its sha256 is {actual})")
             size = path.stat().st_size
@@ -297,7 +297,7 @@ class Image:
                 raise self.error("manifest.json is no docker-save manifest (entries need Config and Layers)")
             config_path = self.file(str(image["Config"]))
             named = re.search(r"([0-9a-f]{64})(\.json)?$", str(image["Config"]))
-            if named and _sha256(config_path) != named.group(1):
+            if named and file_sha256(config_path) != named.group(1):
                 raise self.error(f"config {image['Config']} does not match its digest")
             config = self.json(config_path, str(image["Config"]))
             seen.append(f"{_mapping(config).get('os')}/{_mapping(config).get('architecture')}")
@@ -333,14 +333,6 @@ def _diff_ids(config: Any) -> list[str]:
     return [str(d) for d in _list(_mapping(rootfs).get("diff_ids", []))]
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as handle:
-        while chunk := handle.read(CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _sniff_compression(path: Path) -> str | None:
     with path.open("rb") as handle:
         head = handle.read(4)
@@ -372,7 +364,7 @@ def _plain_tar(layer: Layer, work: Path, label: str, where: Location) -> Path:
                                     capture_output=True, text=True)
             if result.returncode != 0:
                 raise SeedError(f"{label}: cannot decompress: {result.stderr.strip()}", where)
-    if layer.diff_id is not None and f"sha256:{_sha256(plain)}" != layer.diff_id:
+    if layer.diff_id is not None and f"sha256:{file_sha256(plain)}" != layer.diff_id:
         raise SeedError(f"{label} does not match its diff_id {layer.diff_id}", where)
     return plain
 

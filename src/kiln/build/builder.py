@@ -16,11 +16,12 @@ from typing import IO
 
 from kiln.build.cancel import TOKEN
 from kiln.build.fetch import Fetcher, place_local, place_source
-from kiln.build.keys import file_sha256, local_source_digest, stage0_key, tree_digest
+from kiln.build.keys import local_source_digest, stage0_key, tree_digest
 from kiln.build.runners.base import BuildRoot, Layer, RootPlan, Runner, base_env
 from kiln.build.store import Entry, Store
-from kiln.errors import BuildError, Location
-from kiln.paths import PathEscape, join_inside, spec_parts
+from kiln.core.errors import BuildError, Location
+from kiln.core.hashing import file_sha256
+from kiln.core.paths import PathEscape, join_inside, spec_parts
 from kiln.pkg.graph import Graph
 from kiln.pkg.model import Package
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 
-from kiln import console
 from kiln.build.fetch import remove_stale_partials, verify_sources
 from kiln.build.store import Entry, Store, parse_size
-from kiln.errors import InputError
-from kiln.paths import cache_dir
+from kiln.core import console
+from kiln.core.errors import InputError
+from kiln.core.paths import cache_dir
 
 
 def _human(size: int) -> str:

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from types import FrameType
 
-from kiln.errors import BuildError
+from kiln.core.errors import BuildError
 
 Stopper = Callable[[], None]
 

@@ -56,8 +56,9 @@ from typing import TYPE_CHECKING, Literal, Protocol
 from urllib.parse import unquote, urlsplit
 
 from kiln.build.runners.finalize import copy_path
-from kiln.errors import BuildError, InputError, InputErrors, KilnError, Location
-from kiln.paths import PathEscape, join_inside
+from kiln.core.errors import BuildError, InputError, InputErrors, KilnError, Location
+from kiln.core.hashing import file_sha256
+from kiln.core.paths import PathEscape, join_inside
 from kiln.pkg.model import Source
 from kiln.pkg.yamlpos import read_yaml_file
 
@@ -423,7 +424,7 @@ class Fetcher:
                 for path in sorted(Path(tmp).iterdir()):
                     if not path.is_file() or path.is_symlink():
                         continue
-                    digest = _file_sha256(path)
+                    digest = file_sha256(path, follow_links=False)
                     if digest == sha:
                         sink.copy_from(path)
                         return
@@ -492,7 +493,7 @@ def _still_verified(path: Path, sha: str) -> bool:
         except OSError:
             pass
         try:
-            intact = _file_sha256(path) == sha
+            intact = file_sha256(path, follow_links=False) == sha
         except OSError:  # unreadable counts as damaged: fetched again
             intact = False
         if intact:
@@ -527,7 +528,7 @@ def verify_sources(cache: Path) -> tuple[int, list[str]]:
             continue
         checked += 1
         try:
-            actual = _file_sha256(path) if stat.S_ISREG(os.lstat(path).st_mode) else None
+            actual = file_sha256(path, follow_links=False) if stat.S_ISREG(os.lstat(path).st_mode) else None
         except OSError as exc:
             actual, found = None, f"cannot be read ({exc.strerror})"
         else:
@@ -1104,14 +1105,6 @@ def _copier(path: Path) -> Writer:
 def _url_name(url: str) -> str:
     """The last path segment of a URL, still percent-encoded."""
     return urlsplit(url).path.rsplit("/", 1)[-1]
-
-
-def _file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(os.open(path, os.O_RDONLY | os.O_NOFOLLOW), "rb") as handle:
-        for chunk in iter(lambda: handle.read(CHUNK), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _describe(exc: BaseException) -> str:

@@ -8,33 +8,18 @@ reads the clock, the environment, the working directory or absolute paths.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import stat
 from pathlib import Path
 from typing import Any
 
-from kiln.errors import InputError, Location
+from kiln.core.errors import InputError, Location
+from kiln.core.hashing import file_sha256, json_sha256
 from kiln.pkg.graph import Graph
 from kiln.pkg.loader import PKG_FILE, VARS_FILE, Tree
 from kiln.pkg.model import Package
 
 KEY_SCHEMA = "kiln-key-v1"
-
-
-def digest(value: Any) -> str:
-    """sha256 of a JSON value in canonical form (sorted keys, no whitespace)."""
-    text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def tree_digest(directory: Path, skip_package_dirs: bool = False) -> dict[str, str]:
@@ -84,7 +69,7 @@ def package_files_digest(package: Package) -> dict[str, str]:
 
 def stage0_key(tree: Tree) -> str:
     """The seed's key: its definition (defaults filled in), or a user tarball's hash."""
-    return digest({"schema": KEY_SCHEMA, "stage0": tree.stage0.identity(), "platform": str(tree.platform)})
+    return json_sha256({"schema": KEY_SCHEMA, "stage0": tree.stage0.identity(), "platform": str(tree.platform)})
 
 
 def local_source_digest(tree: Tree, package: Package, path: str, where: tuple[str | int, ...]) -> dict[str, str]:
@@ -107,9 +92,9 @@ def compute_keys(graph: Graph) -> dict[str, str]:
         if package.variant == "stage0":
             base = seed
         elif package.variant == "toolchain":
-            base = digest([seed, keys[tree.toolchain]])
+            base = json_sha256([seed, keys[tree.toolchain]])
         else:
-            base = digest("scratch")
+            base = json_sha256("scratch")
         sources: list[Any] = []
         for s_index, step in enumerate(package.steps):
             for index, source in enumerate(step.sources):
@@ -118,7 +103,7 @@ def compute_keys(graph: Graph) -> dict[str, str]:
                     sources.append({"local": local_source_digest(tree, package, source.path, where)})
                 else:
                     sources.append(source.sha256)
-        keys[name] = digest(
+        keys[name] = json_sha256(
             {
                 "schema": KEY_SCHEMA,
                 "spec": package.canonical(),

@@ -31,7 +31,7 @@ from urllib.parse import urljoin
 import requests
 
 from kiln.build.store import MANIFEST, META, Entry, Store, check_key
-from kiln.errors import BuildError, InputError, KilnError
+from kiln.core.errors import BuildError, InputError, KilnError
 
 MANIFEST_TYPE = "application/vnd.oci.image.manifest.v1+json"
 ARTIFACT_TYPE = "application/vnd.kiln.store-entry.v1"

@@ -20,7 +20,7 @@ from typing import Protocol
 from kiln.build.builder import Builder
 from kiln.build.cancel import TOKEN, Interrupted
 from kiln.build.store import Pins
-from kiln.errors import BuildError, KilnError
+from kiln.core.errors import BuildError, KilnError
 
 BUILT, CACHED, FAILED, SKIPPED, CANCELLED = "built", "cached", "failed", "skipped", "cancelled"
 

@@ -26,9 +26,9 @@ from kiln.build.runners.buildkit import BuildKitRunner
 from kiln.build.runners.sandbox import SandboxRunner
 from kiln.build.scheduler import FAILED, Outcome, Progress, Scheduler
 from kiln.build.store import Pins, Store
-from kiln.console import say_line
-from kiln.errors import BuildError, InputError
-from kiln.paths import cache_dir
+from kiln.core.console import say_line
+from kiln.core.errors import BuildError, InputError
+from kiln.core.paths import cache_dir
 from kiln.pkg.graph import Graph
 
 RUNNERS = ("sandbox", "docker", "buildkit")

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import hashlib
 import json
 import os
 import re
@@ -27,8 +26,9 @@ from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
 
-from kiln.errors import BuildError, InputError, KilnError
-from kiln.paths import cache_dir
+from kiln.core.errors import BuildError, InputError, KilnError
+from kiln.core.hashing import file_sha256
+from kiln.core.paths import cache_dir
 
 MANIFEST_SCHEMA = "kiln-store-manifest-v1"
 META_SCHEMA = "kiln-store-meta-v1"
@@ -79,17 +79,6 @@ def check_key(key: str) -> str:
     if not KEY_RE.fullmatch(key):
         raise InputError(f"invalid store key {key!r}: expected 1-128 characters of [A-Za-z0-9_-]")
     return key
-
-
-def hash_file(path: str, buffer: bytearray | None = None) -> str:
-    """sha256 of a file read in 1 MiB chunks into one reused buffer (no per-chunk allocation)."""
-    buf = buffer if buffer is not None else bytearray(CHUNK)
-    view = memoryview(buf)
-    h = hashlib.sha256()
-    with open(path, "rb", buffering=0) as handle:
-        while n := handle.readinto(buf):
-            h.update(view[:n])
-    return h.hexdigest()
 
 
 # --- locks -------------------------------------------------------------------------------------------------------
@@ -211,7 +200,7 @@ class _Scan:
                 digest = self.hashes.get(inode) if info.st_nlink > 1 else None
                 if digest is None:
                     try:
-                        digest = hash_file(child.path, self.buffer)
+                        digest = file_sha256(child.path, buffer=self.buffer)
                     except OSError as exc:
                         raise BuildError(f"cannot read {child.path}: {exc.strerror}") from exc
                     if info.st_nlink > 1:

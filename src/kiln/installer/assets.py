@@ -13,7 +13,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from kiln.build.keys import file_sha256
+from kiln.core.hashing import file_sha256
 
 # Namespace for Kiln's derived UUIDs (itself a uuid5 of the project's name in the URL namespace).
 KILN_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "https://kiln.invalid/uuid")

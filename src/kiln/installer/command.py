@@ -7,8 +7,8 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from kiln.console import say_line
-from kiln.errors import InputError
+from kiln.core.console import say_line
+from kiln.core.errors import InputError
 from kiln.pkg.graph import Graph
 from kiln.rootfs import command as rootfs_command
 

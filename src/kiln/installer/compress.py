@@ -10,7 +10,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from kiln.errors import BuildError
+from kiln.core.errors import BuildError
 
 OUT_FORMATS = ("raw", ".xz", ".zst", ".gz", ".tar.gz")
 

@@ -21,7 +21,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from kiln.errors import BuildError, InputError
+from kiln.core.errors import BuildError, InputError
 from kiln.installer.assets import BootAssets, derived_uuid
 from kiln.installer.grub import grub_config
 

@@ -20,8 +20,8 @@ import tempfile
 from pathlib import Path
 from xml.sax.saxutils import escape, quoteattr
 
-from kiln.build.keys import file_sha256
-from kiln.errors import BuildError, InputError
+from kiln.core.errors import BuildError, InputError
+from kiln.core.hashing import file_sha256
 from kiln.installer.assets import BootAssets, derived_uuid
 
 FORMATS = ("raw", "qcow2", "vhd", "vmdk", "ova")

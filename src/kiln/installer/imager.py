@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kiln.build.keys import file_sha256
-from kiln.errors import BuildError, InputError, InputErrors, KilnError
+from kiln.core.errors import BuildError, InputError, InputErrors, KilnError
+from kiln.core.hashing import file_sha256
 from kiln.installer.assets import BootAssets
 from kiln.installer.compress import compress
 from kiln.installer.manifest import SbomPackage, load_spdx, write_manifest, write_sbom

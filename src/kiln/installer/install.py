@@ -14,7 +14,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from kiln.errors import BuildError, InputError
+from kiln.core.errors import BuildError, InputError
 
 
 def install_disk(machined: Path, image: Path, disk: Path, wipe: bool) -> None:

@@ -19,7 +19,7 @@ import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
 
-from kiln.errors import BuildError
+from kiln.core.errors import BuildError
 from kiln.installer.assets import BootAssets, derived_uuid
 from kiln.installer.grub import grub_config
 

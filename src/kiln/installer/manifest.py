@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kiln.build.keys import file_sha256
-from kiln.errors import BuildError
+from kiln.core.errors import BuildError
+from kiln.core.hashing import file_sha256
 from kiln.installer.assets import derived_uuid
 from kiln.pkg.model import Package
 

@@ -36,7 +36,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from kiln.errors import InputError
+from kiln.core.errors import InputError
 from kiln.installer.assets import BootAssets
 
 REPOSITORY = "kiln-installer"

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from kiln import __version__
-from kiln.errors import InputError, InputErrors, Location
+from kiln.core.errors import InputError, InputErrors, Location
 from kiln.pkg import schema
 from kiln.pkg.yamlpos import Path_, Positioned, read_yaml_file
 from kiln.rootfs.assemble import BASE_ROOTFS

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kiln.build.session import Session, failures
-from kiln.errors import BuildError, InputError
+from kiln.core.errors import BuildError, InputError
 from kiln.kernel import config as kconfig
 from kiln.pkg.model import Package
 from kiln.pkg.variables import ARCHES, Platform

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import jinja2
 
-from kiln.paths import cache_dir
+from kiln.core.paths import cache_dir
 
 _KEY_FILE = "template-cache.key"
 _KEY_BYTES = 32

@@ -5,7 +5,7 @@ from __future__ import annotations
 import graphlib
 from collections.abc import Iterable
 
-from kiln.errors import InputError, InputErrors, KilnError, Location
+from kiln.core.errors import InputError, InputErrors, KilnError, Location
 from kiln.pkg.loader import Tree
 from kiln.pkg.model import Dependency
 from kiln.pkg.schema import suggest

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kiln.errors import InputError, InputErrors, KilnError, Location
+from kiln.core.errors import InputError, InputErrors, KilnError, Location
 from kiln.pkg import schema
 from kiln.pkg.model import Package
 from kiln.pkg.stage0 import Stage0, load_stage0

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kiln.errors import InputError, InputErrors, Location
+from kiln.core.errors import InputError, InputErrors, Location
 from kiln.pkg.paths import name_problem, path_problem
 from kiln.pkg.yamlpos import Path_, Positioned
 

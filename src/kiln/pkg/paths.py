@@ -13,7 +13,7 @@ import os
 import re
 from pathlib import Path, PurePosixPath
 
-from kiln.errors import InputError, Location
+from kiln.core.errors import InputError, Location
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kiln.errors import InputError, InputErrors, Location
+from kiln.core.errors import InputError, InputErrors, Location
+from kiln.core.hashing import file_sha256
 from kiln.pkg import schema
 from kiln.pkg.yamlpos import read_yaml_file
 
@@ -34,14 +34,6 @@ class Stage0:
         return {"suite": self.suite, "mirror": self.mirror, "variant": self.variant, "include": list(self.include)}
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def load_stage0(file: Path, from_tar: Path | None = None) -> Stage0:
     """Read stage0.yaml (if present); `from_tar` (--from-tar) replaces it with a tarball."""
     present = os.path.lexists(file)
@@ -51,9 +43,9 @@ def load_stage0(file: Path, from_tar: Path | None = None) -> Stage0:
     if from_tar is not None:
         if not from_tar.is_file():
             raise InputError(f"--from-tar: {str(from_tar)!r} is not a file")
-        return Stage0(tarball=from_tar.resolve(), tarball_sha256=_sha256(from_tar), file=definition.file)
+        return Stage0(tarball=from_tar.resolve(), tarball_sha256=file_sha256(from_tar), file=definition.file)
     if definition.tarball is not None:
-        actual = _sha256(definition.tarball) if definition.tarball.is_file() else None
+        actual = file_sha256(definition.tarball) if definition.tarball.is_file() else None
         if actual is None:
             raise InputError(f"stage0 tarball {str(definition.tarball)!r} does not exist", Location(str(file)))
         if actual != definition.tarball_sha256:

@@ -35,7 +35,7 @@ from jinja2.exceptions import SecurityError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from jinja2.visitor import NodeTransformer
 
-from kiln.errors import InputError, InputErrors, Location
+from kiln.core.errors import InputError, InputErrors, Location
 from kiln.pkg import codecache
 
 MAX_RANGE = 10_000  # items in one range()

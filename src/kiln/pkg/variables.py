@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from kiln import __version__
-from kiln.errors import InputError, Location
+from kiln.core.errors import InputError, Location
 from kiln.pkg.yamlpos import read_yaml_file
 
 ARCHES = {"amd64": "x86_64", "arm64": "aarch64"}

@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from kiln.errors import InputError, Location
+from kiln.core.errors import InputError, Location
 
 try:
     _Loader: type = yaml.CSafeLoader

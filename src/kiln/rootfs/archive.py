@@ -12,7 +12,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from kiln.errors import BuildError
+from kiln.core.errors import BuildError
 from kiln.rootfs.tree import clamp_times
 
 

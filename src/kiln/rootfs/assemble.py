@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kiln.errors import BuildError
+from kiln.core.errors import BuildError
 from kiln.rootfs import extension
 from kiln.rootfs.archive import cpio_newc, mksquashfs
 from kiln.rootfs.tree import Part, check_minimal, largest_files, merge, prune, strip_binaries

@@ -7,8 +7,8 @@ import json
 import sys
 from pathlib import Path
 
-from kiln.console import say_line
-from kiln.errors import BuildError, InputError
+from kiln.core.console import say_line
+from kiln.core.errors import BuildError, InputError
 from kiln.pkg.graph import Graph
 
 OUTPUTS = ("kernel", "initramfs")

@@ -19,7 +19,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import Version
 
 from kiln import __version__
-from kiln.errors import BuildError, InputError, Location
+from kiln.core.errors import BuildError, InputError, Location
 from kiln.pkg.model import Package
 
 ALLOWED = ("usr/local", "usr/lib/modules", "usr/lib/firmware")

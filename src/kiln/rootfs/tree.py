@@ -14,7 +14,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from kiln.errors import BuildError
+from kiln.core.errors import BuildError
 
 # Dropped from every rootfs: development files and documentation.
 PRUNED_DIRS = ("usr/include", "usr/share/doc", "usr/share/man", "usr/share/info", "usr/lib/pkgconfig",

@@ -34,12 +34,12 @@ from pathlib import Path
 from typing import IO, NoReturn
 
 from kiln.build.builder import Builder, log_path, logs_dir
-from kiln.build.keys import file_sha256
 from kiln.build.runners.base import STEP_WRAPPER, RootPlan, base_env
 from kiln.build.scheduler import BUILT, CACHED, FAILED, Outcome, Progress
 from kiln.build.store import Store
-from kiln.errors import BuildError, InputError
-from kiln.paths import spec_parts
+from kiln.core.errors import BuildError, InputError
+from kiln.core.hashing import file_sha256
+from kiln.core.paths import spec_parts
 from kiln.pkg.graph import Graph
 from kiln.pkg.model import Package
 
@@ -201,7 +201,7 @@ class Exporter:
 def _q(path: str) -> str:
     """A path as a JSON-free COPY argument; spaces would need the JSON form, which COPY --from also takes.
 
-    Control characters and `..` are refused as on every runner (kiln.paths.spec_parts).
+    Control characters and `..` are refused as on every runner (kiln.core.paths.spec_parts).
     """
     spec_parts(path)
     if any(c.isspace() for c in path):

@@ -31,11 +31,11 @@ from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
 from kiln.build.cancel import TOKEN
-from kiln.build.keys import digest
 from kiln.build.runners.base import BUILD_DIR, CAPABILITIES, STEP_WRAPPER, Layer, RootPlan
 from kiln.build.runners.finalize import copy_path
-from kiln.errors import BuildError
-from kiln.paths import join_inside, spec_parts
+from kiln.core.errors import BuildError
+from kiln.core.hashing import json_sha256
+from kiln.core.paths import join_inside, spec_parts
 
 STAGE0_REPO = "kiln/stage0"
 BASE_REPO = "kiln/base"
@@ -173,7 +173,7 @@ class DockerRunner:
         seed = ensure_stage0_image(self.engine, plan.seed.tree, plan.seed.key)
         if plan.toolchain is None:
             return seed
-        tag = f"{BASE_REPO}:{digest([plan.seed.key, plan.toolchain.key])}"
+        tag = f"{BASE_REPO}:{json_sha256([plan.seed.key, plan.toolchain.key])}"
         with _image_lock:
             if not _has_image(self.engine, tag):
                 container = self.engine.containers.create(seed, command=["/bin/true"], labels={LABEL: "base"})

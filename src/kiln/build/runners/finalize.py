@@ -24,8 +24,8 @@ import stat
 from collections.abc import Iterator
 from pathlib import Path
 
-from kiln.errors import BuildError
-from kiln.paths import MAX_SYMLINKS, PathEscape, spec_parts
+from kiln.core.errors import BuildError
+from kiln.core.paths import MAX_SYMLINKS, PathEscape, spec_parts
 
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 CHUNK = 1 << 20

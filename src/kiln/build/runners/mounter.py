@@ -22,7 +22,7 @@ TYPE_CHECKING = False  # typing, pathlib and json cost a step's start more than 
 if TYPE_CHECKING:
     from typing import Any
 
-# This runs before every step: it imports only what the step's mounts need (kiln.paths
+# This runs before every step: it imports only what the step's mounts need (kiln.core.paths
 # for a nested `to`, the finalize copy for finalize), to keep a step's start cheap.
 
 # What overlayfs's option parser splits on or unescapes; control characters break logs and /proc/mounts.
@@ -39,7 +39,7 @@ def overlay_options(lowers: list[str], upper: str, work: str) -> str:
     """
     for path in (*lowers, upper, work):
         if any(c in path for c in _OPTION_SEPARATORS) or any(ord(c) < 0x20 or ord(c) == 0x7F for c in path):
-            from kiln.errors import BuildError
+            from kiln.core.errors import BuildError
 
             raise BuildError(f"cannot pass {path!r} to an overlay mount: ':', ',', '\\' and control characters "
                              "would change the mount options (move KILN_CACHE to a plain path)")
@@ -56,7 +56,7 @@ def mount_all(plan: dict[str, Any]) -> None:
         if mount["at"] != "/":
             from pathlib import Path
 
-            from kiln.paths import join_inside
+            from kiln.core.paths import join_inside
 
             resolved = join_inside(Path(root), mount["at"], what="dependency 'to'")
             resolved.mkdir(parents=True, exist_ok=True)  # existing components are resolved, the rest are new
@@ -70,7 +70,7 @@ def mount_all(plan: dict[str, Any]) -> None:
         options = overlay_options(lowers, mount["upper"], mount["work"])
         # mount's own message goes to the log (stderr); no shell, no spec text in the options.
         if os.spawnvp(os.P_WAIT, "mount", ["mount", "-t", "overlay", "kiln", "-o", options, target]) != 0:
-            from kiln.errors import BuildError
+            from kiln.core.errors import BuildError
 
             raise BuildError(f"mounting the build root's layers at {mount['at']} failed")
 

@@ -25,8 +25,8 @@ from typing import IO, Any
 from kiln.build.cancel import TOKEN, kill_group
 from kiln.build.runners.base import BUILD_DIR, CAPABILITIES, Layer, RootPlan, base_env
 from kiln.build.runners.mounter import encode, overlay_options
-from kiln.errors import BuildError
-from kiln.paths import spec_parts
+from kiln.core.errors import BuildError
+from kiln.core.paths import spec_parts
 
 __all__ = ["BuildRoot", "Layer", "SandboxRoot", "SandboxRunner", "base_env", "bwrap_args"]
 

@@ -13,7 +13,7 @@ import os
 import stat
 from pathlib import Path
 
-from kiln.errors import BuildError
+from kiln.core.errors import BuildError
 
 MAX_SYMLINKS = 40  # as Linux's path walk allows
 

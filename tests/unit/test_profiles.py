@@ -11,8 +11,9 @@ import pytest
 import yaml
 
 from kiln.core.errors import InputError, InputErrors
+from kiln.core.sizes import parse_size
 from kiln.installer.imager import check_packages
-from kiln.installer.profile import CONFIG_PATH, find_profile, load_profile, load_profiles, parse_size
+from kiln.installer.profile import CONFIG_PATH, find_profile, load_profile, load_profiles
 from kiln.pkg import schema
 from kiln.pkg.graph import Graph
 from kiln.pkg.loader import load_tree
@@ -88,6 +89,8 @@ def test_defaults_and_command_line(tmp_path: Path) -> None:
      "p.yaml:5: disk_size 'huge' must be a size such as 2GiB, 1536MiB or 4G"),
     ("platform: metal\noutput:\n  kind: image\n  image:\n    disk_size: 10MiB\n",
      "p.yaml:5: disk_size 10MiB is too small: at least 256MiB (EFI, BOOT and room to grow)"),
+    ("platform: metal\noutput:\n  kind: image\n  image:\n    disk_size: 1000000001B\n",
+     "p.yaml:5: disk_size 1000000001B is 1000000001 bytes, not a whole number of 512-byte sectors"),
     ("platform: metal\noutput:\n  kind: iso\n  image: {format: raw}\n",
      "p.yaml:4: output.image options apply to kinds image and installer, not iso"),
     ("platform: metal\noutput:\n  kind: pxe\n  out_format: .zst\n",
@@ -145,11 +148,18 @@ def test_unknown_package_points_at_the_profile_line(tmp_path: Path) -> None:
     assert str(caught.value).endswith("p.yaml:5: unknown package 'wireguardd'")
 
 
+def test_disk_size_reads_as_the_cache_flags_do(tmp_path: Path) -> None:
+    file = tmp_path / "p.yaml"
+    file.write_text("platform: metal\noutput:\n  kind: image\n  image:\n    disk_size: 20GB\n")
+    assert load_profile(file).disk_size == 20 * 10**9
+
+
 def test_sizes() -> None:
     assert parse_size("2GiB") == 2 << 30
     assert parse_size("1536MiB") == 1536 << 20
     assert parse_size("4G") == 4 << 30
-    with pytest.raises(ValueError):
+    assert parse_size("20GB") == 20 * 10**9  # as `kiln cache gc --max-size` reads it: one grammar
+    with pytest.raises(InputError, match="invalid size"):
         parse_size("4 parsecs")
 
 

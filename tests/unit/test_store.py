@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from kiln.build.store import Entry, FileRecord, Store, parse_size, read_manifest
+from kiln.build.store import Entry, FileRecord, Store, read_manifest
 from kiln.core.errors import BuildError, InputError, KilnError
+from kiln.core.sizes import parse_size
 
 SDE = 1_704_067_200
 KEY = "a" * 64

@@ -6,19 +6,11 @@ import argparse
 import json
 
 from kiln.build.fetch import remove_stale_partials, verify_sources
-from kiln.build.store import Entry, Store, parse_size
+from kiln.build.store import Entry, Store
 from kiln.core import console
 from kiln.core.errors import InputError
 from kiln.core.paths import cache_dir
-
-
-def _human(size: int) -> str:
-    value = float(size)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            return f"{value:.1f} {unit}" if unit != "B" else f"{int(value)} B"
-        value /= 1024
-    return f"{value:.1f} GiB"
+from kiln.core.sizes import format_size, parse_size
 
 
 def resolve(store: Store, wanted: list[str]) -> list[Entry]:
@@ -42,9 +34,9 @@ def run(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps([{"key": e.key, "name": e.name, "size": e.size, "files": e.files} for e in entries]))
             return 0
-        rows = [[e.name, e.key[:16], str(e.files), _human(e.size)] for e in entries]
+        rows = [[e.name, e.key[:16], str(e.files), format_size(e.size)] for e in entries]
         total = sum(e.size for e in entries)
-        console.print_table(f"store {store.root} ({_human(total)})", ["name", "key", "files", "size"], rows)
+        console.print_table(f"store {store.root} ({format_size(total)})", ["name", "key", "files", "size"], rows)
         return 0
     if args.cache_verb == "verify":
         entries = resolve(store, args.keys) if args.keys else store.entries()

@@ -22,7 +22,6 @@ import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass, field
-from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
 
@@ -716,26 +715,3 @@ def _differences(want: FileRecord, got: FileRecord) -> list[str]:
     if want.type == "symlink" and want.target != got.target:
         out.append(f"symlink to {got.target!r}, expected {want.target!r}")
     return out
-
-
-_UNITS = {
-    "": 1, "b": 1,
-    "k": 1 << 10, "ki": 1 << 10, "kib": 1 << 10, "kb": 10**3,
-    "m": 1 << 20, "mi": 1 << 20, "mib": 1 << 20, "mb": 10**6,
-    "g": 1 << 30, "gi": 1 << 30, "gib": 1 << 30, "gb": 10**9,
-    "t": 1 << 40, "ti": 1 << 40, "tib": 1 << 40, "tb": 10**12,
-}
-_SIZE_RE = re.compile(r"\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([A-Za-z]*)\s*")
-
-
-def parse_size(text: str) -> int:
-    """Bytes from "1000", "500M", "10G", "1.5GiB": K/M/G/T and KiB.. are powers of 1024, KB/MB.. of 1000."""
-    match = _SIZE_RE.fullmatch(text)
-    unit = _UNITS.get(match.group(2).lower()) if match else None
-    if match is None or unit is None:
-        raise InputError(f"invalid size {text!r}: expected a number with an optional unit (K, M, G, T, KiB, MB, ...)")
-    try:
-        value = Decimal(match.group(1)) * unit
-    except InvalidOperation as exc:  # pragma: no cover - the regex admits only decimals
-        raise InputError(f"invalid size {text!r}") from exc
-    return int(value)

@@ -7,21 +7,19 @@ InputError naming `file:line`, all of them at once.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from kiln import __version__
 from kiln.core.errors import InputError, InputErrors, Location
+from kiln.core.sizes import parse_size
 from kiln.pkg import schema
 from kiln.pkg.yamlpos import Path_, Positioned, read_yaml_file
 from kiln.rootfs.assemble import BASE_ROOTFS
 
 # Where an embedded machine config lands in the rootfs; the command line names it (kiln.config=).
 CONFIG_PATH = "/usr/lib/kiln/machine-config.json"
-_UNITS = {"": 1, "B": 1, "K": 1 << 10, "KiB": 1 << 10, "M": 1 << 20, "MiB": 1 << 20,
-          "G": 1 << 30, "GiB": 1 << 30, "T": 1 << 40, "TiB": 1 << 40}
 _IMAGE_EXTENSIONS = {"raw": "raw", "qcow2": "qcow2", "vhd": "vhd", "vmdk": "vmdk", "ova": "ova"}
 
 
@@ -80,11 +78,16 @@ class Profile:
         return list(dict.fromkeys(names))
 
 
-def parse_size(text: str) -> int:
-    match = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)", text.strip())
-    if not match or match.group(2) not in _UNITS:
-        raise ValueError(f"not a size: {text!r}")
-    return int(float(match.group(1)) * _UNITS[match.group(2)])
+def _disk_size_problems(text: str) -> list[str]:
+    try:
+        size = parse_size(text)
+    except InputError:
+        return [f"disk_size '{text}' must be a size such as 2GiB, 1536MiB or 4G"]
+    if size < 256 << 20:
+        return [f"disk_size {text} is too small: at least 256MiB (EFI, BOOT and room to grow)"]
+    if size % 512:
+        return [f"disk_size {text} is {size} bytes, not a whole number of 512-byte sectors"]
+    return []
 
 
 def load_profile(file: Path) -> Profile:
@@ -118,9 +121,8 @@ def _rules(data: dict[str, Any]) -> list[tuple[Path_, str]]:
     if out_format == ".tar.gz" and kind != "image":
         found.append((("output", "out_format"), "out_format .tar.gz wraps a disk image: use it with kind image"))
     image = output.get("image", {})
-    if "disk_size" in image and parse_size(image["disk_size"]) < 256 << 20:
-        found.append((("output", "image", "disk_size"), f"disk_size {image['disk_size']} is too small: "
-                                                          "at least 256MiB (EFI, BOOT and room to grow)"))
+    if "disk_size" in image:
+        found += [(("output", "image", "disk_size"), problem) for problem in _disk_size_problems(image["disk_size"])]
     arch = data.get("arch", "amd64")
     if arch != "amd64":
         found.append((("arch",), f"arch {arch}: only amd64 images can be built so far (arm64 boot assets "

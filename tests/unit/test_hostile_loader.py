@@ -23,10 +23,11 @@ import pytest
 import yaml
 
 from kiln.build.fetch import load_mirrors
+from kiln.core import yamlfile
 from kiln.core.errors import InputError, KilnError
+from kiln.core.yamlfile import read_yaml_file
 from kiln.installer.profile import load_profile
-from kiln.pkg import codecache, template, yamlpos
-from kiln.pkg.yamlpos import read_yaml_file
+from kiln.pkg import codecache, template
 from tests.conftest import Result, write_tree
 
 pytestmark = pytest.mark.timeout(30)
@@ -255,10 +256,10 @@ def test_deep_nesting_is_an_error_with_both_loaders(
     text: str, loader: type, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The C parser and the pure-Python one both stop at the cap, well before their quadratic cost."""
-    monkeypatch.setattr(yamlpos, "_Loader", loader)
+    monkeypatch.setattr(yamlfile, "_Loader", loader)
     start = time.monotonic()
-    with pytest.raises(yamlpos.YamlProblem, match="nested more than 64 levels deep"):
-        yamlpos.parse(text)
+    with pytest.raises(yamlfile.YamlProblem, match="nested more than 64 levels deep"):
+        yamlfile.parse(text)
     assert time.monotonic() - start < 3
 
 

@@ -19,8 +19,9 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from kiln.core import schema
 from kiln.core.errors import InputError, KilnError
-from kiln.pkg import codecache, schema
+from kiln.pkg import codecache
 from kiln.pkg.loader import load_tree
 from kiln.pkg.paths import contained, path_problem
 from kiln.pkg.template import render

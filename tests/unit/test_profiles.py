@@ -10,11 +10,11 @@ import jsonschema
 import pytest
 import yaml
 
+from kiln.core import schema
 from kiln.core.errors import InputError, InputErrors
 from kiln.core.sizes import parse_size
 from kiln.installer.imager import check_packages
 from kiln.installer.profile import CONFIG_PATH, find_profile, load_profile, load_profiles
-from kiln.pkg import schema
 from kiln.pkg.graph import Graph
 from kiln.pkg.loader import load_tree
 from kiln.pkg.variables import Platform

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kiln.core import schema
 from kiln.core.errors import KilnError
-from kiln.pkg import schema
 from kiln.pkg.loader import find_package_files, load_package, load_tree
 from kiln.pkg.variables import Platform, builtins
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from kiln.pkg import schema
+from kiln.core import schema
 from kiln.pkg.graph import Graph
 from kiln.pkg.loader import load_tree
 from kiln.pkg.model import Package

@@ -59,8 +59,8 @@ from kiln.build.runners.finalize import copy_path
 from kiln.core.errors import BuildError, InputError, InputErrors, KilnError, Location
 from kiln.core.hashing import file_sha256
 from kiln.core.paths import PathEscape, join_inside
+from kiln.core.yamlfile import read_yaml_file
 from kiln.pkg.model import Source
-from kiln.pkg.yamlpos import read_yaml_file
 
 if TYPE_CHECKING:  # requests and urllib3 are imported when a download happens: a no-op build needs neither
     import requests

@@ -26,12 +26,12 @@ from typing import Any
 
 from kiln.core.errors import BuildError, InputError, InputErrors, KilnError
 from kiln.core.hashing import file_sha256
+from kiln.core.schema import suggest
 from kiln.installer.assets import BootAssets
 from kiln.installer.compress import compress
 from kiln.installer.manifest import SbomPackage, load_spdx, write_manifest, write_sbom
 from kiln.installer.profile import CONFIG_PATH, Profile
 from kiln.pkg.graph import Graph
-from kiln.pkg.schema import suggest
 
 Say = Callable[[str], None]
 MACHINED = "machined"

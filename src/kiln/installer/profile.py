@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from kiln import __version__
+from kiln.core import schema
 from kiln.core.errors import InputError, InputErrors, Location
 from kiln.core.sizes import parse_size
-from kiln.pkg import schema
-from kiln.pkg.yamlpos import Path_, Positioned, read_yaml_file
+from kiln.core.yamlfile import Path_, Positioned, read_yaml_file
 from kiln.rootfs.assemble import BASE_ROOTFS
 
 # Where an embedded machine config lands in the rootfs; the command line names it (kiln.config=).

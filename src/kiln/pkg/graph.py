@@ -6,9 +6,9 @@ import graphlib
 from collections.abc import Iterable
 
 from kiln.core.errors import InputError, InputErrors, KilnError, Location
+from kiln.core.schema import suggest
 from kiln.pkg.loader import Tree
 from kiln.pkg.model import Dependency
-from kiln.pkg.schema import suggest
 
 
 class Graph:

@@ -12,13 +12,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kiln.core import schema
 from kiln.core.errors import InputError, InputErrors, KilnError, Location
-from kiln.pkg import schema
+from kiln.core.yamlfile import parse_text, read_text_file
 from kiln.pkg.model import Package
 from kiln.pkg.stage0 import Stage0, load_stage0
 from kiln.pkg.template import Rendered, render
 from kiln.pkg.variables import Platform, builtins, load_vars_file
-from kiln.pkg.yamlpos import parse_text, read_text_file
 
 PKG_FILE = "pkg.yaml"
 VARS_FILE = "vars.yaml"

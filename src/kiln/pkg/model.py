@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from kiln.core.errors import InputError, InputErrors, Location
+from kiln.core.yamlfile import Path_, Positioned
 from kiln.pkg.paths import name_problem, path_problem
-from kiln.pkg.yamlpos import Path_, Positioned
 
 VARIANTS = ("stage0", "toolchain", "scratch")
 SNIPPET_PHASES = ("prepare", "build", "install", "test")

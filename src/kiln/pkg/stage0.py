@@ -7,10 +7,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kiln.core import schema
 from kiln.core.errors import InputError, InputErrors, Location
 from kiln.core.hashing import file_sha256
-from kiln.pkg import schema
-from kiln.pkg.yamlpos import read_yaml_file
+from kiln.core.yamlfile import read_yaml_file
 
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from kiln import __version__
 from kiln.core.errors import InputError, Location
-from kiln.pkg.yamlpos import read_yaml_file
+from kiln.core.yamlfile import read_yaml_file
 
 ARCHES = {"amd64": "x86_64", "arm64": "aarch64"}
 

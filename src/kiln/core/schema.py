@@ -1,4 +1,4 @@
-"""The pkg.yaml JSON Schema, and its errors turned into messages people read.
+"""JSON Schemas (pkg.yaml, stage0.yaml, profiles) and their errors turned into messages people read.
 
 The schema file is the single contract: the loader validates with it, the docs
 describe it, and tests check every shipped pkg.yaml against it.
@@ -18,7 +18,7 @@ import fastjsonschema
 if TYPE_CHECKING:  # jsonschema only explains failures: imported when a document is wrong
     import jsonschema
 
-from kiln.pkg.yamlpos import Path_
+from kiln.core.yamlfile import Path_
 
 _TYPE_NAMES = {
     "string": "a string",

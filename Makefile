@@ -36,8 +36,10 @@ unit: $(BIN)/kiln
 	$(BIN)/pytest -q tests/unit
 
 lint: $(BIN)/kiln
-	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff check src tests bench scripts
 	$(BIN)/mypy
+	$(BIN)/lint-imports --no-logo --no-cache
+	$(BIN)/python scripts/rooms.py --check
 
 bench: $(BIN)/kiln
 	$(BIN)/python bench/graph.py

@@ -1,0 +1,44 @@
+"""docs/architecture.md's picture of the rooms is made from the real import graph and kept current."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from types import ModuleType
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def rooms() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("rooms", ROOT / "scripts" / "rooms.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_committed_picture_is_current() -> None:
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "rooms.py"), "--check"],
+                            capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr
+
+
+def test_the_picture_shows_each_crossing_and_no_upward_one() -> None:
+    edges: Counter[tuple[str, str]] = rooms().room_imports()
+    assert edges[("build", "pkg")] > 0 and edges[("pkg", "core")] > 0
+    order = ["cli", "installer", "rootfs", "build", "pkg", "core"]
+    for (a, b) in edges:
+        if a in order and b in order:
+            assert order.index(a) < order.index(b), f"{a} imports {b}, a room above it"
+    assert not any(a == "core" for a, _ in edges), "core imports no other room"
+
+
+def test_a_new_import_makes_the_picture_stale() -> None:
+    module = rooms()
+    text = module.DOC.read_text()
+    edges = module.room_imports()
+    edges[("core", "pkg")] += 1
+    assert module.replace_block(text, module.block(edges)) != text

@@ -97,7 +97,7 @@ def bench_overhead(base: Path, seed_tree: Path, runs: int = 100) -> dict[str, fl
     with open(os.devnull, "wb") as log:
         start = time.perf_counter()
         for _ in range(runs):
-            assert runner.run(root, "true", env, False, log) == 0
+            assert runner.run(root, "true", env, log, network=False) == 0
         sandboxed = (time.perf_counter() - start) / runs
         start = time.perf_counter()
         for _ in range(runs):
@@ -122,12 +122,12 @@ def bench_assembly(base: Path, seed_tree: Path) -> dict[str, float]:
             start = time.perf_counter()
             root = BuildRoot(base / f"assembly{attempt}", [Layer(big, "/big"), Layer(seed_tree)])
             root.prepare()
-            assert runner.run(root, "test -s /big/d15/f63", env, False, log) == 0
+            assert runner.run(root, "test -s /big/d15/f63", env, log, network=False) == 0
             timings.append(time.perf_counter() - start)
         plain = BuildRoot(base / "assembly-plain", [Layer(seed_tree)])
         start = time.perf_counter()
         plain.prepare()
-        assert runner.run(plain, "true", env, False, log) == 0
+        assert runner.run(plain, "true", env, log, network=False) == 0
         without = time.perf_counter() - start
     start = time.perf_counter()
     subprocess.run(["cp", "-al", str(big), str(base / "farm")], check=True)

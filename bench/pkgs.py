@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from kiln.build.keys import stage0_key
+from kiln.core.sizes import format_size
 from kiln.pkg.graph import Graph
 from kiln.pkg.loader import load_tree
 from kiln.pkg.variables import Platform
@@ -37,7 +38,7 @@ RESULTS = ROOT / "bench/results/pkgs.json"
 DEFAULT = ["fhs", "ca-certificates", "util-linux", "e2fsprogs", "dosfstools", "kmod", "init", "go", "machined"]
 
 
-def kiln(args: list[str], cache: Path, check: bool = True) -> subprocess.CompletedProcess[str]:
+def kiln(args: list[str], cache: Path, *, check: bool = True) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "KILN_CACHE": str(cache)}
     result = subprocess.run([*KILN, *args], cwd=ROOT, env=env, capture_output=True, text=True)
     if check and result.returncode != 0:
@@ -126,15 +127,6 @@ def run(targets: list[str], keep: Path | None) -> dict[str, Any]:
     return {"wall_seconds": round(wall, 1), "load_average": load, "packages": packages, "failed": failed}
 
 
-def human(size: int) -> str:
-    value = float(size)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")
-
-
 def table(results: dict[str, Any]) -> str:
     lines = ["| package | version | cold build | output | binaries |", "|---|---|---|---|---|"]
     for name, info in results["packages"].items():
@@ -144,10 +136,10 @@ def table(results: dict[str, Any]) -> str:
         count = len(binaries) + sum(int(rel[1:].split()[0]) for rel in info["binaries"] if rel.startswith("("))
         if count > 6:
             rel, size = ranked[0]
-            shown = f"{count} binaries, largest `{Path(rel).name}` {human(size)}"
+            shown = f"{count} binaries, largest `{Path(rel).name}` {format_size(size)}"
         else:
-            shown = ", ".join(f"`{Path(rel).name}` {human(size)}" for rel, size in sorted(binaries.items()))
-        lines.append(f"| {name} | {info['version']} | {info['seconds']:.0f} s | {human(info['output_bytes'])} "
+            shown = ", ".join(f"`{Path(rel).name}` {format_size(size)}" for rel, size in sorted(binaries.items()))
+        lines.append(f"| {name} | {info['version']} | {info['seconds']:.0f} s | {format_size(info['output_bytes'])} "
                      f"| {shown or '-'} |")
     return "\n".join(lines)
 

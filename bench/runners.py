@@ -85,7 +85,8 @@ def noop_in_process(project: Path, cache: Path, targets: list[str], runner: str)
     try:
         start = time.monotonic()
         graph = Graph(load_tree(project / "pkgs", Platform.parse("linux/amd64")))
-        outcomes = Session.open(graph, runner).build(targets, 2, False, False, PlainProgress(io.StringIO()))
+        session = Session.open(graph, runner)
+        outcomes = session.build(targets, 2, PlainProgress(io.StringIO()), no_cache=False, keep_going=False)
         seconds = time.monotonic() - start
     finally:
         del os.environ["KILN_CACHE"]

@@ -125,8 +125,8 @@ def cmd_build(args: argparse.Namespace) -> int:
     targets = list(graph.order) if args.all else args.targets
     graph.closure(targets)  # unknown names fail here, with a suggestion
     session = Session.open(graph, args.runner)
-    outcomes = session.build(targets, args.jobs, args.no_cache, args.keep_going, choose_progress(args.json),
-                             cache_from=args.cache_from, cache_to=args.cache_to)
+    outcomes = session.build(targets, args.jobs, choose_progress(json_output=args.json), no_cache=args.no_cache,
+                             keep_going=args.keep_going, cache_from=args.cache_from, cache_to=args.cache_to)
     failed = failures(outcomes)
     for outcome in failed:
         console.error(str(outcome.error))

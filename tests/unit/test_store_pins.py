@@ -228,7 +228,7 @@ class NoopRoot:
         path.mkdir(parents=True, exist_ok=True)
         return path
 
-    def run(self, script: str, env: dict[str, str], network: bool, log: IO[bytes]) -> int:
+    def run(self, script: str, env: dict[str, str], log: IO[bytes], *, network: bool) -> int:
         self.on_run()
         return 0
 

@@ -114,7 +114,7 @@ class BootResult:
 
 def boot(
     machine: Machine, expect: str, timeout: float, log: Path, echo: Callable[[str], None] | None = None,
-    until_exit: bool = False,
+    *, until_exit: bool = False,
 ) -> BootResult:
     """Run QEMU until `expect` shows on the console, a panic, QEMU's exit, or the timeout.
 

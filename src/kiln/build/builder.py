@@ -200,7 +200,7 @@ class Builder:
             for phase, script in step.snippets():
                 on_phase(f"step {s_index} {phase}")
                 _mark(out, f"==> {name}: step {s_index} {phase}\n{script.rstrip()}\n")
-                code = root.run(script, env, step.network == "default", out)
+                code = root.run(script, env, out, network=step.network == "default")
                 if code != 0:
                     out.flush()
                     raise StepFailed(name, s_index, phase, script, log, code)

@@ -22,7 +22,7 @@ from kiln.pkg.model import Package
 KEY_SCHEMA = "kiln-key-v1"
 
 
-def tree_digest(directory: Path, skip_package_dirs: bool = False) -> dict[str, str]:
+def tree_digest(directory: Path, *, skip_package_dirs: bool = False) -> dict[str, str]:
     """Relative path -> content hash for every file below `directory`.
 
     Symlinks hash their target text; executables are marked, since a script's

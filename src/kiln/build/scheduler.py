@@ -50,7 +50,7 @@ class Progress(Protocol):
 
 class Scheduler:
     def __init__(
-        self, builder: Builder, progress: Progress, jobs: int, no_cache: bool = False, keep_going: bool = False,
+        self, builder: Builder, progress: Progress, jobs: int, *, no_cache: bool = False, keep_going: bool = False,
         pins: Pins | None = None,
     ) -> None:
         self.builder = builder

@@ -109,7 +109,7 @@ class Session:
         raise BuildError(f"a concurrent gc evicted the stage0 seed as soon as it was made, {PIN_ATTEMPTS} times")
 
     def build(
-        self, targets: list[str], jobs: int, no_cache: bool, keep_going: bool, progress: Progress,
+        self, targets: list[str], jobs: int, progress: Progress, *, no_cache: bool, keep_going: bool,
         cache_from: str | None = None, cache_to: str | None = None,
     ) -> dict[str, Outcome]:
         """Build targets and their needs; with cache_from, first pull what a registry has that is needed."""
@@ -128,9 +128,11 @@ class Session:
         if self.needs_seed(names) or runner.name == "buildkit":
             self._pinned_seed()
         if isinstance(runner, BuildKitRunner):
-            outcomes = runner.build_graph(self.builder, targets, no_cache, progress)
+            outcomes = runner.build_graph(self.builder, targets, progress, no_cache=no_cache)
         else:
-            outcomes = Scheduler(self.builder, progress, jobs, no_cache, keep_going, self.pins).run(targets)
+            scheduler = Scheduler(self.builder, progress, jobs,
+                                  no_cache=no_cache, keep_going=keep_going, pins=self.pins)
+            outcomes = scheduler.run(targets)
         if cache_to:
             self.push([self.keys[n] for n in names if self.store.has(self.keys[n])], cache_to)
         return outcomes
@@ -180,7 +182,7 @@ class Session:
                 raise BuildError(f"cannot export {name} to {dest}: {result.stderr.decode().strip()}")
 
 
-def choose_progress(json_output: bool) -> Progress:
+def choose_progress(*, json_output: bool) -> Progress:
     if sys.stderr.isatty() and not json_output:
         return LiveProgress()
     return PlainProgress(sys.stderr)

@@ -143,7 +143,7 @@ def _rmtree(path: Path) -> None:
     shutil.rmtree(path, onerror=retry)
 
 
-def _fsync(path: Path, directory: bool = False) -> None:
+def _fsync(path: Path, *, directory: bool = False) -> None:
     fd = os.open(path, (os.O_RDONLY | os.O_DIRECTORY) if directory else os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -168,7 +168,7 @@ class _Scan:
     must be plain files, dirs and symlinks) and "special" records when verifying.
     """
 
-    def __init__(self, top: Path, normalize: bool, source_date_epoch: int = 0) -> None:
+    def __init__(self, top: Path, *, normalize: bool, source_date_epoch: int = 0) -> None:
         self.top = top
         self.normalize = normalize
         self.limit_ns = source_date_epoch * 1_000_000_000
@@ -661,7 +661,7 @@ class Pins:
         with self._mutex:
             return key in self._held
 
-    def pin(self, key: str, wait: bool = True) -> bool:
+    def pin(self, key: str, *, wait: bool = True) -> bool:
         """Pin `key` if it is published; False if it is not (or, without `wait`, if its lock is busy)."""
         if key in self:
             return True

@@ -39,7 +39,7 @@ def run(args: argparse.Namespace, load: Callable[[str], Graph]) -> int:
                          "per run")
     graph = load(platforms[0])
     check_packages(profiles, graph)
-    built = build_packages(profiles, graph, args.jobs, args.json)
+    built = build_packages(profiles, graph, args.jobs, json_output=args.json)
     results = make_images(profiles, built, Path(args.out or "_out"), args.jobs, say_line)
     if args.json:
         print(json.dumps({r.profile.name: {"directory": str(r.directory), "seconds": round(r.seconds, 2),
@@ -78,7 +78,7 @@ def run_install(args: argparse.Namespace, load: Callable[[str], Graph]) -> int:
                          profile.location("output"))
     graph = load(profile.platform_spec)
     check_packages([profile], graph)
-    built = build_packages([] if args.image else [profile], graph, args.jobs, False, extra=(MACHINED,))
+    built = build_packages([] if args.image else [profile], graph, args.jobs, json_output=False, extra=(MACHINED,))
     if args.image:
         image = Path(args.image)
         if not image.is_file():
@@ -86,6 +86,6 @@ def run_install(args: argparse.Namespace, load: Callable[[str], Graph]) -> int:
     else:
         result = make_images([profile], built, Path(args.out), args.jobs, say_line)[0]
         image = result.directory / profile.file_name
-    install_disk(built.trees[MACHINED] / "usr/sbin/machined", image, Path(args.disk), args.wipe)
+    install_disk(built.trees[MACHINED] / "usr/sbin/machined", image, Path(args.disk), wipe=args.wipe)
     print(f"installed {image} onto {args.disk}")
     return 0

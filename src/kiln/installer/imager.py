@@ -77,7 +77,7 @@ def check_packages(profiles: list[Profile], graph: Graph) -> None:
         raise errors[0] if len(errors) == 1 else InputErrors(errors)
 
 
-def build_packages(profiles: list[Profile], graph: Graph, jobs: int, json_output: bool,
+def build_packages(profiles: list[Profile], graph: Graph, jobs: int, *, json_output: bool,
                    extra: tuple[str, ...] = ()) -> Built:
     """Build (or find in the store) every package the profiles need, plus `extra` ones."""
     from kiln.build.session import Session, choose_progress, failures
@@ -90,7 +90,8 @@ def build_packages(profiles: list[Profile], graph: Graph, jobs: int, json_output
     targets = list(dict.fromkeys(targets))
     session = Session.open(graph)
     if targets:
-        outcomes = session.build(targets, jobs, False, False, choose_progress(json_output))
+        progress = choose_progress(json_output=json_output)
+        outcomes = session.build(targets, jobs, progress, no_cache=False, keep_going=False)
         failed = failures(outcomes)
         if failed:
             raise BuildError("cannot make the images: " + "; ".join(str(o.error) for o in failed))

@@ -17,7 +17,7 @@ from pathlib import Path
 from kiln.core.errors import BuildError, InputError
 
 
-def install_disk(machined: Path, image: Path, disk: Path, wipe: bool) -> None:
+def install_disk(machined: Path, image: Path, disk: Path, *, wipe: bool) -> None:
     """Write the raw (or gzip'd) disk image onto disk; refuse a used disk unless wipe."""
     if not machined.is_file() or not os.access(machined, os.X_OK):
         raise InputError(f"install: machined {machined} is not an executable file")

@@ -196,7 +196,7 @@ def gzip_with_size(raw: Path, out: Path) -> None:
         dst.write(struct.pack("<II", crc, size & 0xFFFFFFFF))
 
 
-def _tarinfo(name: str, epoch: int, mode: int, size: int = 0, directory: bool = False) -> tarfile.TarInfo:
+def _tarinfo(name: str, epoch: int, mode: int, size: int = 0, *, directory: bool = False) -> tarfile.TarInfo:
     info = tarfile.TarInfo(name)
     info.type = tarfile.DIRTYPE if directory else tarfile.REGTYPE
     info.mode, info.size, info.mtime = mode, size, epoch

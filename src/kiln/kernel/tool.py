@@ -97,14 +97,14 @@ def run(session: Session, action: str, arch: str, output: Path | None = None) ->
                 f"{TOOL}/fragments '{frag_arg}'"
             )
             for script in scripts:
-                _step(root.run(script, env, False, out), script, log)
+                _step(root.run(script, env, out, network=False), script, log)
             if action == "menuconfig":
                 env["TERM"] = os.environ.get("TERM", "linux")
                 code = root.shell(env, ["make", "-C", SOURCE, f"O={OBJ}", f"ARCH={karch}", "menuconfig"])
                 if code != 0:
                     raise BuildError(f"menuconfig exited with code {code}; {base} left unchanged")
             save = f"make -s -C {SOURCE} O={OBJ} ARCH={karch} savedefconfig"
-            _step(root.run(save, env, False, out), save, log)
+            _step(root.run(save, env, out, network=False), save, log)
             got = Path(work) / "out"
             if root.finalize([(f"{OBJ}/defconfig", "/defconfig"), (f"{OBJ}/.config", "/config")], got, out) != 0:
                 raise BuildError(f"could not copy the config out of the build root; see {log}")

@@ -45,7 +45,8 @@ def run(graph: Graph, args: argparse.Namespace) -> int:
     manifests = [(extension.manifest_for(packages[name]), name) for name in args.extension]
     targets = list(dict.fromkeys([KERNEL, INIT, *rootfs, *args.extension]))
     session = Session.open(graph)
-    outcomes = session.build(targets, args.jobs, False, False, choose_progress(args.json))
+    progress = choose_progress(json_output=args.json)
+    outcomes = session.build(targets, args.jobs, progress, no_cache=False, keep_going=False)
     failed = failures(outcomes)
     if failed:
         for outcome in failed:

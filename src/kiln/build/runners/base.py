@@ -83,7 +83,7 @@ class BuildRoot(Protocol):
         """Host directory whose contents appear at /tmp/build; filled before the first `run`."""
         ...
 
-    def run(self, script: str, env: dict[str, str], network: bool, log: IO[bytes]) -> int:
+    def run(self, script: str, env: dict[str, str], log: IO[bytes], *, network: bool) -> int:
         """Run one snippet with `set -eu` in /tmp/build, output to the log; returns its exit code."""
         ...
 

@@ -328,8 +328,8 @@ class BuildLog:
             self.seconds[package] = self.seconds.get(package, 0.0) + float(done.group(2))
 
 
-def run_build(client: Client, context: Path, dest: Path, build_args: dict[str, str], network_none: bool,
-              no_cache: bool, log: BuildLog, full_log: Path) -> int:
+def run_build(client: Client, context: Path, dest: Path, build_args: dict[str, str], log: BuildLog, full_log: Path,
+              *, network_none: bool, no_cache: bool) -> int:
     """Run the build of `kiln-outputs` into `dest`; returns the client's exit code."""
     argv = [*client.argv, "--progress", "plain", "--target", OUTPUTS, "--output", f"type=local,dest={dest}"]
     for name, value in sorted(build_args.items()):
@@ -380,7 +380,7 @@ class BuildKitRunner:
                          "use the sandbox or docker runner for a single root (kiln shell)")
 
     def build_graph(
-        self, builder: Builder, targets: list[str], no_cache: bool, progress: Progress
+        self, builder: Builder, targets: list[str], progress: Progress, *, no_cache: bool
     ) -> dict[str, Outcome]:
         """Export the closure (stored packages as prebuilt inputs), build what is missing, store it."""
         from kiln.build.runners.docker import client, ensure_stage0_image

@@ -209,7 +209,7 @@ class DockerRoot:
     def engine(self) -> Any:
         return self.runner.engine
 
-    def _create(self, image: str, network: bool, started: bool) -> Any:
+    def _create(self, image: str, *, network: bool, started: bool) -> Any:
         container = self.container = self.engine.containers.create(
             image,
             command=_IDLE,
@@ -243,9 +243,9 @@ class DockerRoot:
                 placed.append(layer)
         self.container.put_archive("/", tar_stream(self.work / "context", "tmp"))
 
-    def _start(self, network: bool, started: bool = True) -> None:
+    def _start(self, *, network: bool, started: bool = True) -> None:
         if self.container is None:
-            container = self._create(self.runner.base_image(self.plan), network, started=False)
+            container = self._create(self.runner.base_image(self.plan), network=network, started=False)
             self._populate()
             if started:
                 container.start()
@@ -255,11 +255,11 @@ class DockerRoot:
             image = self.container.commit()
             self.images.append(image.id)
             self.container.remove(force=True)
-            self._create(image.id, network, started)
+            self._create(image.id, network=network, started=started)
 
-    def run(self, script: str, env: dict[str, str], network: bool, log: IO[bytes]) -> int:
+    def run(self, script: str, env: dict[str, str], log: IO[bytes], *, network: bool) -> int:
         TOKEN.check("step")
-        self._start(network)
+        self._start(network=network)
         api = self.engine.api
         exec_id = api.exec_create(
             self.container.id, ["/bin/sh", "-c", STEP_WRAPPER, "kiln-env", script],

@@ -125,7 +125,7 @@ _NAMESPACE = ["unshare", "--mount", "--propagation", "private"]
 _MOUNT_ROOT = 'mkdir -p "$2" && mount -t overlay kiln -o "$1" "$2" && shift 2 && exec "$@"'
 
 
-def bwrap_args(root: Path, env: dict[str, str], network: bool, interactive: bool = False) -> list[str]:
+def bwrap_args(root: Path, env: dict[str, str], *, network: bool, interactive: bool = False) -> list[str]:
     """The bubblewrap command for a process whose / is `root`."""
     args = ["bwrap", "--unshare-all", "--die-with-parent", "--hostname", "kiln"]
     if network:
@@ -154,9 +154,9 @@ class SandboxRunner:
             if shutil.which(tool) is None:
                 raise BuildError(f"the sandbox runner needs '{tool}': run scripts/setup-host.sh")
 
-    def run(self, root: BuildRoot, script: str, env: dict[str, str], network: bool, log: IO[bytes]) -> int:
+    def run(self, root: BuildRoot, script: str, env: dict[str, str], log: IO[bytes], *, network: bool) -> int:
         """Run one snippet with `set -eu` in /tmp/build, output to the log; returns its exit code."""
-        inner = [*bwrap_args(root.root, env, network), "/bin/sh", "-euc", script, "kiln-step"]
+        inner = [*bwrap_args(root.root, env, network=network), "/bin/sh", "-euc", script, "kiln-step"]
         return _call(root.command(inner), log)
 
     def finalize(self, root: BuildRoot, copies: list[tuple[str, str]], out: Path, log: IO[bytes]) -> int:
@@ -190,8 +190,8 @@ class SandboxRoot:
     def build_dir(self) -> Path:
         return self.overlay.build_dir
 
-    def run(self, script: str, env: dict[str, str], network: bool, log: IO[bytes]) -> int:
-        return self.runner.run(self.overlay, script, env, network, log)
+    def run(self, script: str, env: dict[str, str], log: IO[bytes], *, network: bool) -> int:
+        return self.runner.run(self.overlay, script, env, log, network=network)
 
     def finalize(self, copies: list[tuple[str, str]], out: Path, log: IO[bytes]) -> int:
         return self.runner.finalize(self.overlay, copies, out, log)

@@ -37,6 +37,7 @@ unit: $(BIN)/kiln
 
 lint: $(BIN)/kiln
 	$(BIN)/ruff check src tests bench scripts
+	$(BIN)/ruff format --check src tests bench scripts
 	$(BIN)/mypy
 	$(BIN)/lint-imports --no-logo --no-cache
 	$(BIN)/python scripts/rooms.py --check

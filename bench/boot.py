@@ -37,8 +37,11 @@ def debian_package(name: str, dest: Path) -> Path:
 
 
 def baseline(work: Path) -> Path:
-    kernel_pkg = subprocess.run(["apt-cache", "depends", "linux-image-cloud-amd64"], capture_output=True,
-                                text=True, check=True).stdout.split("Depends: ")[1].split()[0]
+    kernel_pkg = (
+        subprocess.run(["apt-cache", "depends", "linux-image-cloud-amd64"], capture_output=True, text=True, check=True)
+        .stdout.split("Depends: ")[1]
+        .split()[0]
+    )
     (work / "k").mkdir()
     (work / "b").mkdir()
     kernel_root = debian_package(kernel_pkg, work / "k")
@@ -50,15 +53,23 @@ def baseline(work: Path) -> Path:
     (tree / "init").write_text(f"#!/bin/busybox sh\n/bin/busybox echo {BASELINE_LINE}\n/bin/busybox poweroff -f\n")
     (tree / "init").chmod(0o755)
     shutil.copy(next((kernel_root / "boot").glob("vmlinuz-*")), out / "vmlinuz")
-    cpio = subprocess.run("find . -mindepth 1 | sort | cpio -o -H newc --quiet | zstd -19 -q",
-                          shell=True, cwd=tree, capture_output=True, check=True).stdout
+    cpio = subprocess.run(
+        "find . -mindepth 1 | sort | cpio -o -H newc --quiet | zstd -19 -q",
+        shell=True,
+        cwd=tree,
+        capture_output=True,
+        check=True,
+    ).stdout
     (out / "initramfs.zst").write_bytes(cpio)
     return out
 
 
 def timed(directory: Path, expect: str, log: Path) -> float:
-    machine = Machine(kernel=directory / "vmlinuz", initrd=directory / "initramfs.zst",
-                      cmdline="console=ttyS0 quiet kiln.test=poweroff")
+    machine = Machine(
+        kernel=directory / "vmlinuz",
+        initrd=directory / "initramfs.zst",
+        cmdline="console=ttyS0 quiet kiln.test=poweroff",
+    )
     result = boot(machine, expect, 120, log)
     if not result.ok:
         raise SystemExit(f"{directory}: {result.reason}\n" + "\n".join(result.tail))
@@ -71,8 +82,9 @@ def sizes(artifact: Path, work: Path) -> dict[str, int]:
     raw = subprocess.run(["zstd", "-dc", str(artifact / "initramfs.zst")], capture_output=True, check=True).stdout
     subprocess.run(["cpio", "-id", "--quiet"], input=raw, cwd=unpacked, check=True)
     root = work / "rootfs"
-    subprocess.run(["unsquashfs", "-q", "-d", str(root), str(unpacked / "rootfs.sqsh")], check=True,
-                   capture_output=True)
+    subprocess.run(
+        ["unsquashfs", "-q", "-d", str(root), str(unpacked / "rootfs.sqsh")], check=True, capture_output=True
+    )
     return {
         "init": (unpacked / "init").stat().st_size,
         "machined": (root / "usr/sbin/machined").stat().st_size,
@@ -95,14 +107,21 @@ def main() -> int:
             base_runs.append(timed(base, BASELINE_LINE, work / f"base{attempt}.log"))
         found = sizes(artifact, work)
     kiln_s, base_s = statistics.median(kiln_runs), statistics.median(base_runs)
-    print(f"QEMU start to ready (TCG, median of 3): Kiln {kiln_s:.2f} s, Debian kernel + busybox {base_s:.2f} s "
-          f"-> {kiln_s / base_s:.2f} x baseline; target <= 5 s")
+    print(
+        f"QEMU start to ready (TCG, median of 3): Kiln {kiln_s:.2f} s, Debian kernel + busybox {base_s:.2f} s "
+        f"-> {kiln_s / base_s:.2f} x baseline; target <= 5 s"
+    )
     for name, size in found.items():
         print(f"  {name:14s} {size / 1048576:8.2f} MiB")
     print(f"initramfs {found['initramfs.zst'] / 1e6:.1f} MB; target <= 12 MB (Talos: about 56 MB)")
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps({"kiln_ready_seconds": round(kiln_s, 2), "baseline_ready_seconds":
-                                   round(base_s, 2), "sizes": found}, indent=2) + "\n")
+    RESULTS.write_text(
+        json.dumps(
+            {"kiln_ready_seconds": round(kiln_s, 2), "baseline_ready_seconds": round(base_s, 2), "sizes": found},
+            indent=2,
+        )
+        + "\n"
+    )
     return 0
 
 

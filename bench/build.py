@@ -70,7 +70,8 @@ def generated_graph(count: int) -> dict[str, str]:
         needs = [i - 1] if i % 4 else sorted(rng.sample(range(i), min(i, 3)))
         deps = "".join(f"  - stage: g{n:03d}\n    to: /deps/g{n:03d}\n" for n in needs)
         packages[f"g{i:03d}"] = (
-            f"name: g{i:03d}\nvariant: stage0\n" + (f"dependencies:\n{deps}" if deps else "")
+            f"name: g{i:03d}\nvariant: stage0\n"
+            + (f"dependencies:\n{deps}" if deps else "")
             + f"steps:\n  - install:\n      - mkdir -p /out && echo {i} > /out/g{i:03d}\n"
             + "finalize: [{from: /out, to: /}]\n"
         )
@@ -84,8 +85,10 @@ def bench_noop(base: Path, seed: Path) -> dict[str, float]:
     runs = [kiln(["build", "--all"], cache, root) for _ in range(5)]
     validate = [kiln(["validate"], cache, root) for _ in range(3)]
     noop = statistics.median(runs)
-    print(f"no-op rebuild, 200 packages: {noop:.3f} s median of 5 (cold build {cold:.1f} s); "
-          f"`kiln validate` alone {statistics.median(validate):.3f} s; target 1.0 s -> {noop / 1.0:.2f} x target")
+    print(
+        f"no-op rebuild, 200 packages: {noop:.3f} s median of 5 (cold build {cold:.1f} s); "
+        f"`kiln validate` alone {statistics.median(validate):.3f} s; target 1.0 s -> {noop / 1.0:.2f} x target"
+    )
     return {"noop_200_seconds": noop, "cold_200_seconds": cold, "validate_200_seconds": statistics.median(validate)}
 
 
@@ -103,8 +106,10 @@ def bench_overhead(base: Path, seed_tree: Path, runs: int = 100) -> dict[str, fl
         for _ in range(runs):
             subprocess.run(["sh", "-euc", "true"], stdout=log, check=True)
         direct = (time.perf_counter() - start) / runs
-    print(f"sandbox overhead: {sandboxed * 1000:.1f} ms per step in the sandbox vs {direct * 1000:.1f} ms directly "
-          f"(overhead {(sandboxed - direct) * 1000:.1f} ms, {sandboxed / direct:.1f} x; target <= 30 ms)")
+    print(
+        f"sandbox overhead: {sandboxed * 1000:.1f} ms per step in the sandbox vs {direct * 1000:.1f} ms directly "
+        f"(overhead {(sandboxed - direct) * 1000:.1f} ms, {sandboxed / direct:.1f} x; target <= 30 ms)"
+    )
     return {"step_sandbox_ms": sandboxed * 1000, "step_direct_ms": direct * 1000}
 
 
@@ -133,9 +138,11 @@ def bench_assembly(base: Path, seed_tree: Path) -> dict[str, float]:
     subprocess.run(["cp", "-al", str(big), str(base / "farm")], check=True)
     farm = time.perf_counter() - start
     assembly = statistics.median(timings)
-    print(f"build root with a 1 GiB dependency: {assembly:.3f} s to assemble and run one step "
-          f"({without:.3f} s without it); a hard-link farm of the same tree (cp -al) takes {farm:.3f} s "
-          f"-> {assembly / farm:.2f} x; target <= 0.5 s")
+    print(
+        f"build root with a 1 GiB dependency: {assembly:.3f} s to assemble and run one step "
+        f"({without:.3f} s without it); a hard-link farm of the same tree (cp -al) takes {farm:.3f} s "
+        f"-> {assembly / farm:.2f} x; target <= 0.5 s"
+    )
     return {"assembly_1gib_seconds": assembly, "assembly_without_seconds": without, "cp_al_1gib_seconds": farm}
 
 
@@ -149,8 +156,10 @@ def bench_parallel(base: Path, seed: Path) -> dict[str, float]:
     cache, _ = seeded_cache(base / "parallel", seed, root / "pkgs")
     wall = kiln(["build", "--all", "--jobs", "2"], cache, root)
     ideal = 4 * 5 / 2
-    print(f"parallel efficiency: 4 independent 5 s steps, --jobs 2: {wall:.2f} s vs ideal {ideal:.1f} s "
-          f"-> {wall / ideal:.3f} x ideal; target <= 1.1 x")
+    print(
+        f"parallel efficiency: 4 independent 5 s steps, --jobs 2: {wall:.2f} s vs ideal {ideal:.1f} s "
+        f"-> {wall / ideal:.3f} x ideal; target <= 1.1 x"
+    )
     return {"parallel_wall_seconds": wall, "parallel_ideal_seconds": ideal}
 
 

@@ -39,7 +39,9 @@ def generate(root: Path, count: int, seed: int = 1) -> None:
             + f"        destination: src.tar.gz\n        sha256: {SHA}\n"
             + "    env:\n      CFLAGS: '{{ opt }}'\n"
             + "    build:\n      - make -j{{ jobs }} CC={{ target }}-gcc\n"
-            + template + "      - echo only on amd64\n" + end
+            + template
+            + "      - echo only on amd64\n"
+            + end
             + "    install:\n      - make install DESTDIR=/out\n"
             + "finalize:\n  - from: /out\n    to: /\n"
         )

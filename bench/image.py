@@ -51,8 +51,7 @@ def trees() -> dict[str, Path]:
 def floor_script(parts: dict[str, Path], work: Path, epoch: int) -> str:
     """The same tools as Kiln's imager, in sequence, with their options and nothing else."""
     q = shlex.quote
-    lines = ["set -eu", f"cd {q(str(work))}", "export TZ=UTC MTOOLS_SKIP_CHECK=1",
-             "mkdir -p root initrd"]
+    lines = ["set -eu", f"cd {q(str(work))}", "export TZ=UTC MTOOLS_SKIP_CHECK=1", "mkdir -p root initrd"]
     lines += [f"cp -a {q(str(parts[n]))}/. root/" for n in BASE_ROOTFS]
     lines.append(f"cp -a {q(str(parts['kernel']))}/usr/. root/usr/ && rm -rf root/boot")
     lines += [
@@ -123,9 +122,24 @@ def main() -> None:
             script.write_text(floor_script(parts, work / "floor", epoch))
             times["floor"].append(timed(["sh", str(script)]))
             for jobs in ("2", "1"):
-                times[f"jobs{jobs}"].append(timed([
-                    sys.executable, "-m", "kiln.cli", "image", "iso", "metal", "openstack", "--jobs", jobs,
-                    "--out", str(work / f"kiln-j{jobs}")], cwd=ROOT))
+                times[f"jobs{jobs}"].append(
+                    timed(
+                        [
+                            sys.executable,
+                            "-m",
+                            "kiln.cli",
+                            "image",
+                            "iso",
+                            "metal",
+                            "openstack",
+                            "--jobs",
+                            jobs,
+                            "--out",
+                            str(work / f"kiln-j{jobs}"),
+                        ],
+                        cwd=ROOT,
+                    )
+                )
     best_floor, best_kiln, best_serial = min(times["floor"]), min(times["jobs2"]), min(times["jobs1"])
     result = {
         "outputs": "rootfs, initramfs, iso, raw (metal), qcow2 (openstack)",

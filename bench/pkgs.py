@@ -139,8 +139,10 @@ def table(results: dict[str, Any]) -> str:
             shown = f"{count} binaries, largest `{Path(rel).name}` {format_size(size)}"
         else:
             shown = ", ".join(f"`{Path(rel).name}` {format_size(size)}" for rel, size in sorted(binaries.items()))
-        lines.append(f"| {name} | {info['version']} | {info['seconds']:.0f} s | {format_size(info['output_bytes'])} "
-                     f"| {shown or '-'} |")
+        lines.append(
+            f"| {name} | {info['version']} | {info['seconds']:.0f} s | {format_size(info['output_bytes'])} "
+            f"| {shown or '-'} |"
+        )
     return "\n".join(lines)
 
 
@@ -148,8 +150,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("packages", nargs="*", help=f"packages to build (default: {' '.join(DEFAULT)})")
     parser.add_argument("--table", action="store_true", help="print the README table from the results file")
-    parser.add_argument("--keep", type=Path, metavar="DIR",
-                        help="build in DIR/cache and keep it (e.g. to reuse a cold-built toolchain)")
+    parser.add_argument(
+        "--keep", type=Path, metavar="DIR", help="build in DIR/cache and keep it (e.g. to reuse a cold-built toolchain)"
+    )
     args = parser.parse_args()
     previous: dict[str, Any] = json.loads(RESULTS.read_text()) if RESULTS.exists() else {"packages": {}}
     if args.table:

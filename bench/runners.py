@@ -157,28 +157,46 @@ def main() -> int:
                 if runner == "buildkit":
                     row["buildkit_noop"] = round(buildkit_noop(cache), 2)
                 results[f"{graph}/{runner}"] = row
-                print(f"{graph:8} {runner:8} cold {cold:7.2f} s   no-op {noop:5.2f} s (in process {inproc:.3f} s)"
-                      + (f"   BuildKit's own no-op {row['buildkit_noop']:5.2f} s" if runner == "buildkit" else ""),
-                      flush=True)
-    print(f"seed import into the engine (docker, buildkit; once per engine): {import_seconds:.1f} s"
-          + (" (already imported)" if had_image else ""))
+                print(
+                    f"{graph:8} {runner:8} cold {cold:7.2f} s   no-op {noop:5.2f} s (in process {inproc:.3f} s)"
+                    + (f"   BuildKit's own no-op {row['buildkit_noop']:5.2f} s" if runner == "buildkit" else ""),
+                    flush=True,
+                )
+    print(
+        f"seed import into the engine (docker, buildkit; once per engine): {import_seconds:.1f} s"
+        + (" (already imported)" if had_image else "")
+    )
     summary = {}
     for graph in ("fixture", "gen50"):
         sandbox, bk, dk = (results[f"{graph}/{r}"] for r in ("sandbox", "buildkit", "docker"))
         noop_ratio = bk["buildkit_noop"] / sandbox["noop"]
         inproc_ratio = bk["buildkit_noop"] / sandbox["noop_in_process"]
         cold_ratio = sandbox["cold"] / bk["cold"]
-        summary[graph] = {"noop_speedup_vs_buildkit": round(noop_ratio, 1),
-                          "noop_in_process_speedup_vs_buildkit": round(inproc_ratio, 1),
-                          "cold_vs_buildkit": round(cold_ratio, 2),
-                          "docker_cold_vs_sandbox": round(dk["cold"] / sandbox["cold"], 2)}
-        print(f"{graph}: sandbox no-op is {noop_ratio:.1f} x faster than BuildKit's no-op as a CLI run "
-              f"({inproc_ratio:.0f} x without Python's start-up and imports; goal >= 10); "
-              f"sandbox cold is {cold_ratio:.2f} x BuildKit's cold (goal <= 1.2); "
-              f"docker cold is {dk['cold'] / sandbox['cold']:.2f} x sandbox cold")
+        summary[graph] = {
+            "noop_speedup_vs_buildkit": round(noop_ratio, 1),
+            "noop_in_process_speedup_vs_buildkit": round(inproc_ratio, 1),
+            "cold_vs_buildkit": round(cold_ratio, 2),
+            "docker_cold_vs_sandbox": round(dk["cold"] / sandbox["cold"], 2),
+        }
+        print(
+            f"{graph}: sandbox no-op is {noop_ratio:.1f} x faster than BuildKit's no-op as a CLI run "
+            f"({inproc_ratio:.0f} x without Python's start-up and imports; goal >= 10); "
+            f"sandbox cold is {cold_ratio:.2f} x BuildKit's cold (goal <= 1.2); "
+            f"docker cold is {dk['cold'] / sandbox['cold']:.2f} x sandbox cold"
+        )
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps({"runs": results, "ratios": summary, "seed_import_seconds": round(import_seconds, 1),
-                                   "cores": os.cpu_count()}, indent=1) + "\n")
+    RESULTS.write_text(
+        json.dumps(
+            {
+                "runs": results,
+                "ratios": summary,
+                "seed_import_seconds": round(import_seconds, 1),
+                "cores": os.cpu_count(),
+            },
+            indent=1,
+        )
+        + "\n"
+    )
     return 0
 
 

@@ -125,8 +125,15 @@ def cmd_build(args: argparse.Namespace) -> int:
     targets = list(graph.order) if args.all else args.targets
     graph.closure(targets)  # unknown names fail here, with a suggestion
     session = Session.open(graph, args.runner)
-    outcomes = session.build(targets, args.jobs, choose_progress(json_output=args.json), no_cache=args.no_cache,
-                             keep_going=args.keep_going, cache_from=args.cache_from, cache_to=args.cache_to)
+    outcomes = session.build(
+        targets,
+        args.jobs,
+        choose_progress(json_output=args.json),
+        no_cache=args.no_cache,
+        keep_going=args.keep_going,
+        cache_from=args.cache_from,
+        cache_to=args.cache_to,
+    )
     failed = failures(outcomes)
     for outcome in failed:
         console.error(str(outcome.error))
@@ -157,9 +164,17 @@ def cmd_export(args: argparse.Namespace) -> int:
     if args.stage0 == "tar":
         session.bootstrap(console.say_line)
         seed_tree = session.store.tree(builder.seed_key)
-    exporter = Exporter(graph, session.keys, builder.seed_key, builder.place_sources, builder.source_date_epoch,
-                        builder.make_jobs, network_flags=not args.no_network_flags, stage0=args.stage0,
-                        seed_tree=seed_tree)
+    exporter = Exporter(
+        graph,
+        session.keys,
+        builder.seed_key,
+        builder.place_sources,
+        builder.source_date_epoch,
+        builder.make_jobs,
+        network_flags=not args.no_network_flags,
+        stage0=args.stage0,
+        seed_tree=seed_tree,
+    )
     out = Path(args.out)
     export = exporter.write(names, {n: n for n in args.targets}, out)
     print(f"wrote {export.dockerfile} ({len(names)} packages) and its build context in {out}")
@@ -218,8 +233,9 @@ def cmd_kernel(args: argparse.Namespace) -> int:
     from kiln.kernel import tool
 
     arch = args.arch or Platform.parse(args.platform).arch
-    tree = load_tree(Path(args.pkgs), tool.host_platform(), parse_overrides(args.set),
-                     Path(args.from_tar) if args.from_tar else None)
+    tree = load_tree(
+        Path(args.pkgs), tool.host_platform(), parse_overrides(args.set), Path(args.from_tar) if args.from_tar else None
+    )
     output = Path(args.output) if args.output else None
     result = tool.run(Session.open(Graph(tree)), args.kernel_verb, arch, output)
     if result.written is None:
@@ -254,7 +270,10 @@ def _common() -> argparse.ArgumentParser:
         "--platform", default="linux/amd64", help="target platform: linux/amd64 (default) or linux/arm64"
     )
     common.add_argument(
-        "--set", action="append", default=[], metavar="KEY=VALUE",
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
         help="override a template variable (string value); repeatable, wins over vars.yaml",
     )
     common.add_argument(
@@ -302,31 +321,45 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument("--keep-going", "-k", action="store_true", help="after a failure, build what does not need it")
     build.add_argument("--out", metavar="DIR", help="export each target's output to DIR/<name>/")
     build.add_argument("--json", action="store_true", help="print a JSON summary of every package at the end")
-    build.add_argument("--runner", default="sandbox", choices=["sandbox", "docker", "buildkit"],
-                       help="where steps run: sandbox (bubblewrap, default), docker (an engine at DOCKER_HOST), "
-                       "buildkit (the graph as one Dockerfile)")
+    build.add_argument(
+        "--runner",
+        default="sandbox",
+        choices=["sandbox", "docker", "buildkit"],
+        help="where steps run: sandbox (bubblewrap, default), docker (an engine at DOCKER_HOST), "
+        "buildkit (the graph as one Dockerfile)",
+    )
     build.add_argument("--cache-from", metavar="oci://HOST/REPO", help="pull needed entries from this registry first")
     build.add_argument("--cache-to", metavar="oci://HOST/REPO", help="push the closure's entries to this registry")
     sh = verb("shell", cmd_shell, "open a shell in TARGET's build root (dependencies merged, sources in place)")
     sh.add_argument("--runner", default="sandbox", choices=["sandbox", "docker"], help="where the root is made")
     sh.add_argument("target", metavar="TARGET")
     sh.add_argument("command", nargs="*", metavar="COMMAND", help="run this instead of an interactive bash")
-    export = verbs.add_parser("export", help="write the graph for other build systems",
-                              description="write the graph for other build systems")
+    export = verbs.add_parser(
+        "export", help="write the graph for other build systems", description="write the graph for other build systems"
+    )
     export_kinds = export.add_subparsers(dest="export_kind", metavar="KIND", required=True)
     dockerfile = export_kinds.add_parser(
-        "dockerfile", parents=[common], help="a multi-stage Dockerfile and build context for TARGETs' closure",
+        "dockerfile",
+        parents=[common],
+        help="a multi-stage Dockerfile and build context for TARGETs' closure",
         description="a multi-stage Dockerfile (one stage per package) and its build context, for BuildKit",
     )
     dockerfile.set_defaults(handler=cmd_export)
     dockerfile.add_argument("targets", nargs="+", metavar="TARGET")
     dockerfile.add_argument("--out", required=True, metavar="DIR", help="context directory (emptied first)")
-    dockerfile.add_argument("--stage0", choices=["image", "tar"], default="image",
-                            help="seed as the image kiln/stage0:<key> (ARG KILN_STAGE0; default) or as a "
-                            "stage0.tar in the context (no image store needed)")
-    dockerfile.add_argument("--no-network-flags", action="store_true",
-                            help="omit RUN --network= (frontends before dockerfile 1.3); isolate with "
-                            "`docker build --network none` instead")
+    dockerfile.add_argument(
+        "--stage0",
+        choices=["image", "tar"],
+        default="image",
+        help="seed as the image kiln/stage0:<key> (ARG KILN_STAGE0; default) or as a "
+        "stage0.tar in the context (no image store needed)",
+    )
+    dockerfile.add_argument(
+        "--no-network-flags",
+        action="store_true",
+        help="omit RUN --network= (frontends before dockerfile 1.3); isolate with "
+        "`docker build --network none` instead",
+    )
     log = verb("log", cmd_log, "print TARGET's last build log")
     log.add_argument("target", metavar="TARGET")
 
@@ -343,14 +376,18 @@ def build_parser() -> argparse.ArgumentParser:
     cache_push = cache_verbs.add_parser("push", help="upload store entries to an OCI registry (default: all)")
     cache_push.add_argument("ref", metavar="oci://HOST/REPO")
     cache_push.add_argument("names", nargs="*", metavar="KEY|NAME")
-    cache_pull = cache_verbs.add_parser("pull", parents=[common],
-                                        help="fetch what TARGETs (default: all packages) need from an OCI registry")
+    cache_pull = cache_verbs.add_parser(
+        "pull", parents=[common], help="fetch what TARGETs (default: all packages) need from an OCI registry"
+    )
     cache_pull.add_argument("ref", metavar="oci://HOST/REPO")
     cache_pull.add_argument("names", nargs="*", metavar="TARGET")
     cache.set_defaults(handler=cmd_cache)
 
-    kernel = verbs.add_parser("kernel", help="edit the kernel config in the kernel's build container",
-                              description="edit the kernel config in the kernel's build container")
+    kernel = verbs.add_parser(
+        "kernel",
+        help="edit the kernel config in the kernel's build container",
+        description="edit the kernel config in the kernel's build container",
+    )
     kernel_verbs = kernel.add_subparsers(dest="kernel_verb", metavar="ACTION", required=True)
     for action, text in (
         ("menuconfig", "edit pkgs/kernel/config-ARCH interactively, then save it in savedefconfig form"),
@@ -362,16 +399,27 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_argument("--output", metavar="FILE", help="also write the full resolved .config here")
     kernel.set_defaults(handler=cmd_kernel)
 
-    image = verb("image", cmd_image, "build what profiles need, then write their outputs (kiln image iso metal "
-                 "aws --out DIR); without a profile, vmlinuz and initramfs.zst")
+    image = verb(
+        "image",
+        cmd_image,
+        "build what profiles need, then write their outputs (kiln image iso metal "
+        "aws --out DIR); without a profile, vmlinuz and initramfs.zst",
+    )
     image_command.add_arguments(image)
 
-    install = verb("install", cmd_install, "write a profile's disk layout (default metal) onto a disk or disk "
-                   "file; a disk that is not empty needs --wipe, one in use is refused")
+    install = verb(
+        "install",
+        cmd_install,
+        "write a profile's disk layout (default metal) onto a disk or disk "
+        "file; a disk that is not empty needs --wipe, one in use is refused",
+    )
     image_command.add_install_arguments(install)
 
-    boot = verbs.add_parser("boot", help="boot an artifact in QEMU and wait for machined's ready line",
-                            description="boot an artifact in QEMU and wait for machined's ready line")
+    boot = verbs.add_parser(
+        "boot",
+        help="boot an artifact in QEMU and wait for machined's ready line",
+        description="boot an artifact in QEMU and wait for machined's ready line",
+    )
     boot_command.add_arguments(boot)
     boot.set_defaults(handler=boot_command.run)
     return parser

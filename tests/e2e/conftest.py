@@ -21,8 +21,14 @@ KILN = [sys.executable, "-m", "kiln.cli"]
 
 def kiln(*args: str, timeout: float = 3600) -> subprocess.CompletedProcess[str]:
     """Run the real CLI from the project root; fail the test with its output if it fails."""
-    result = subprocess.run([*KILN, *args], cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-                            capture_output=True, text=True, timeout=timeout)
+    result = subprocess.run(
+        [*KILN, *args],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     assert result.returncode == 0, f"kiln {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}"
     return result
 

@@ -30,8 +30,7 @@ SIZE = 1 << 30
 @pytest.fixture(scope="module")
 def disks(image_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """disk.raw, .qcow2, .vhd and .vmdk of the real image."""
-    assets = BootAssets.make(image_dir / "vmlinuz", image_dir / "initramfs.zst", "console=ttyS0",
-                             __version__, EPOCH)
+    assets = BootAssets.make(image_dir / "vmlinuz", image_dir / "initramfs.zst", "console=ttyS0", __version__, EPOCH)
     work = tmp_path_factory.mktemp("disk")
     raw = build_raw(assets, work / "disk.raw", SIZE)
     found = {"raw": raw}
@@ -40,9 +39,16 @@ def disks(image_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str
     return found
 
 
-@pytest.mark.parametrize(("fmt", "firmware"), [
-    ("raw", "bios"), ("raw", "uefi"), ("qcow2", "bios"), ("vhd", "bios"), ("vmdk", "bios"),
-])
+@pytest.mark.parametrize(
+    ("fmt", "firmware"),
+    [
+        ("raw", "bios"),
+        ("raw", "uefi"),
+        ("qcow2", "bios"),
+        ("vhd", "bios"),
+        ("vmdk", "bios"),
+    ],
+)
 def test_boots_to_ready(disks: dict[str, Path], tmp_path: Path, fmt: str, firmware: str) -> None:
     machine = machine_for(disks[fmt])
     machine.firmware = firmware

@@ -28,8 +28,7 @@ EPOCH = 1704067200
 @pytest.fixture(scope="module")
 def outputs(image_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """The ISO and the PXE directory of the real image."""
-    assets = BootAssets.make(image_dir / "vmlinuz", image_dir / "initramfs.zst", "console=ttyS0",
-                             __version__, EPOCH)
+    assets = BootAssets.make(image_dir / "vmlinuz", image_dir / "initramfs.zst", "console=ttyS0", __version__, EPOCH)
     work = tmp_path_factory.mktemp("iso-pxe")
     iso = build_iso(assets, work / "kiln.iso")
     pxe = work / "pxe"
@@ -45,9 +44,17 @@ def machine(how: str, iso: Path, pxe: Path) -> Machine:
     return Machine(pxe=pxe.resolve())
 
 
-@pytest.mark.parametrize(("how", "firmware"), [
-    ("cd", "bios"), ("cd", "uefi"), ("usb", "bios"), ("usb", "uefi"), ("pxe", "bios"), ("pxe", "uefi"),
-])
+@pytest.mark.parametrize(
+    ("how", "firmware"),
+    [
+        ("cd", "bios"),
+        ("cd", "uefi"),
+        ("usb", "bios"),
+        ("usb", "uefi"),
+        ("pxe", "bios"),
+        ("pxe", "uefi"),
+    ],
+)
 def test_boots_to_ready(outputs: tuple[Path, Path], tmp_path: Path, how: str, firmware: str) -> None:
     iso, pxe = outputs
     booted = machine(how, iso, pxe)

@@ -87,8 +87,11 @@ def test_cloud_formats(two_runs: tuple[Path, Path], tmp_path: Path) -> None:
         assert tar.getnames() == ["disk.raw"]
         assert tar.getmember("disk.raw").size == 1 << 30
     # aws, digital-ocean, hcloud: compressed raw disks holding the GPT
-    for path, tool in ((first / "aws/disk.raw.zst", "zstd"), (first / "digital-ocean/disk.raw.gz", "gzip"),
-                       (first / "hcloud/disk.raw.xz", "xz")):
+    for path, tool in (
+        (first / "aws/disk.raw.zst", "zstd"),
+        (first / "digital-ocean/disk.raw.gz", "gzip"),
+        (first / "hcloud/disk.raw.xz", "xz"),
+    ):
         head = subprocess.run(f"{tool} -dc {path} | head -c 1024", shell=True, capture_output=True).stdout
         assert head[512:520] == b"EFI PART", path
 

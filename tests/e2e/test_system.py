@@ -37,8 +37,10 @@ pytestmark = pytest.mark.e2e
 
 BOOT_TIMEOUT = 120.0
 FIXTURES = ROOT / "tests" / "fixtures"
-READY_RE = re.compile(r"machined ready: version=(?P<version>\S+) kernel=(?P<kernel>\S+) "
-                      r"extensions=\[(?P<extensions>[^\]]*)\] var=(?P<var>\S+)$")
+READY_RE = re.compile(
+    r"machined ready: version=(?P<version>\S+) kernel=(?P<kernel>\S+) "
+    r"extensions=\[(?P<extensions>[^\]]*)\] var=(?P<var>\S+)$"
+)
 GUEST_HOST = "10.0.2.2"  # the host as QEMU's user network shows it to the guest
 
 
@@ -108,8 +110,18 @@ def probe_image(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if (ROOT / "kiln.yaml").is_file():  # source mirrors, should the store miss a package
         shutil.copy2(ROOT / "kiln.yaml", project / "kiln.yaml")
     out = project / "image"
-    kiln("image", "--pkgs", str(project / "pkgs"), "--output", "kernel,initramfs", "--extension", "e2e-probe",
-         "--out", str(out), timeout=5400)
+    kiln(
+        "image",
+        "--pkgs",
+        str(project / "pkgs"),
+        "--output",
+        "kernel,initramfs",
+        "--extension",
+        "e2e-probe",
+        "--out",
+        str(out),
+        timeout=5400,
+    )
     return out
 
 
@@ -184,8 +196,11 @@ def test_first_boot_creates_state_and_ephemeral(disk_boots: DiskBoots) -> None:
     for part in (state, ephemeral):
         assert int(str(part["start"])) * sector % (1024 * 1024) == 0, f"{part} is not 1 MiB aligned"
     for name, part in parts.items():
-        probe = subprocess.run(["blkid", "-p", "-o", "export", "-O", str(int(str(part["start"])) * sector),
-                                str(disk_boots.raw)], capture_output=True, text=True)
+        probe = subprocess.run(
+            ["blkid", "-p", "-o", "export", "-O", str(int(str(part["start"])) * sector), str(disk_boots.raw)],
+            capture_output=True,
+            text=True,
+        )
         tags = dict(line.split("=", 1) for line in probe.stdout.splitlines() if "=" in line)
         assert tags.get("TYPE") == "ext4" and tags.get("LABEL") == name, probe.stdout + probe.stderr
 
@@ -232,15 +247,57 @@ def openssl(*args: str, cwd: Path) -> None:
 
 
 def make_ca(directory: Path, name: str) -> None:
-    openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout",
-            f"{name}.key", "-out", f"{name}.crt", "-subj", f"/CN={name}", "-days", "2", cwd=directory)
+    openssl(
+        "req",
+        "-x509",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:P-256",
+        "-nodes",
+        "-keyout",
+        f"{name}.key",
+        "-out",
+        f"{name}.crt",
+        "-subj",
+        f"/CN={name}",
+        "-days",
+        "2",
+        cwd=directory,
+    )
 
 
 def make_cert(directory: Path, ca: str, name: str, extensions: str = "") -> None:
-    openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", f"{name}.key",
-            "-out", f"{name}.csr", "-subj", f"/CN={name}", cwd=directory)
-    signed = ["x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.crt", "-CAkey", f"{ca}.key",
-              "-CAcreateserial", "-out", f"{name}.crt", "-days", "2"]
+    openssl(
+        "req",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:P-256",
+        "-nodes",
+        "-keyout",
+        f"{name}.key",
+        "-out",
+        f"{name}.csr",
+        "-subj",
+        f"/CN={name}",
+        cwd=directory,
+    )
+    signed = [
+        "x509",
+        "-req",
+        "-in",
+        f"{name}.csr",
+        "-CA",
+        f"{ca}.crt",
+        "-CAkey",
+        f"{ca}.key",
+        "-CAcreateserial",
+        "-out",
+        f"{name}.crt",
+        "-days",
+        "2",
+    ]
     if extensions:
         (directory / f"{name}.ext").write_text(extensions + "\n")
         signed += ["-extfile", f"{name}.ext"]
@@ -264,11 +321,16 @@ def pki(tmp_path: Path) -> Path:
 def config_server(pki: Path) -> Iterator[str]:
     """Serves the machine config (hostname, API certificates) over HTTP on the host; yields its guest URL,
     pinned by the config's sha256 (machined refuses plain http without one)."""
-    config = json.dumps({
-        "hostname": "e2e-api",
-        "api": {"ca": (pki / "ca.crt").read_text(), "cert": (pki / "machine.crt").read_text(),
-                "key": (pki / "machine.key").read_text()},
-    }).encode()
+    config = json.dumps(
+        {
+            "hostname": "e2e-api",
+            "api": {
+                "ca": (pki / "ca.crt").read_text(),
+                "cert": (pki / "machine.crt").read_text(),
+                "key": (pki / "machine.key").read_text(),
+            },
+        }
+    ).encode()
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:
@@ -340,8 +402,9 @@ def test_plain_http_config_is_refused_and_the_machine_boots_on_defaults(image_di
     result = run_boot(machine(image_dir, f"kiln.config={url} kiln.test=poweroff"), READY, log, until_exit=True)
     assert result.exit_code == 0
     lines = console(log)
-    assert index_of(lines, r"machined: config: kiln.config: plain http is refused.*using defaults") < \
-        index_of(lines, READY)
+    assert index_of(lines, r"machined: config: kiln.config: plain http is refused.*using defaults") < index_of(
+        lines, READY
+    )
 
 
 def test_api_mutual_tls_and_poweroff(image_dir: Path, pki: Path, config_server: str, tmp_path: Path) -> None:
@@ -352,8 +415,9 @@ def test_api_mutual_tls_and_poweroff(image_dir: Path, pki: Path, config_server: 
     booted.api_port = port
     log = tmp_path / "console.log"
     results: list[BootResult] = []
-    thread = threading.Thread(target=lambda: results.append(
-        boot(booted, READY, BOOT_TIMEOUT + 60, log, until_exit=True)), daemon=True)
+    thread = threading.Thread(
+        target=lambda: results.append(boot(booted, READY, BOOT_TIMEOUT + 60, log, until_exit=True)), daemon=True
+    )
     thread.start()
     try:
         wait_for_line(log, READY, thread, BOOT_TIMEOUT)
@@ -386,8 +450,11 @@ def test_api_mutual_tls_and_poweroff(image_dir: Path, pki: Path, config_server: 
     result = results[0]
     assert result.ok and result.exit_code == 0, f"{result.reason}:\n" + "\n".join(result.tail)
     lines = console(log)
-    assert index_of(lines, READY) < index_of(lines, r"machined: poweroff: stopping services") < \
-        index_of(lines, r"machined: poweroff now")
+    assert (
+        index_of(lines, READY)
+        < index_of(lines, r"machined: poweroff: stopping services")
+        < index_of(lines, r"machined: poweroff now")
+    )
 
 
 # --- 6: a damaged rootfs gives init's message and a reboot ----------------------------------
@@ -401,15 +468,16 @@ def damage_data(data: bytearray) -> None:
     """Garbage in every 128 KiB of the data blocks; the tables after them (inodes, directories) stay intact."""
     inode_table = int.from_bytes(data[64:72], "little")
     for offset in range(96 + 65536, inode_table - 4096, 131072):
-        data[offset:offset + 4096] = hashlib.sha256(offset.to_bytes(8, "little")).digest() * 128
+        data[offset : offset + 4096] = hashlib.sha256(offset.to_bytes(8, "little")).digest() * 128
 
 
 def damaged_initramfs(image: Path, work: Path, damage: Callable[[bytearray], None]) -> Path:
     """A copy of the image's initramfs whose rootfs.sqsh is damaged."""
     tree = work / "tree"
     tree.mkdir()
-    unpacked = subprocess.run(f"zstd -dc {image / 'initramfs.zst'} | cpio -idm --quiet", shell=True, cwd=tree,
-                              capture_output=True, text=True)
+    unpacked = subprocess.run(
+        f"zstd -dc {image / 'initramfs.zst'} | cpio -idm --quiet", shell=True, cwd=tree, capture_output=True, text=True
+    )
     assert unpacked.returncode == 0, unpacked.stderr
     rootfs = tree / "rootfs.sqsh"
     data = bytearray(rootfs.read_bytes())
@@ -424,8 +492,9 @@ def damaged_initramfs(image: Path, work: Path, damage: Callable[[bytearray], Non
 
 
 @pytest.mark.parametrize("damage", [damage_superblock, damage_data], ids=["superblock", "data"])
-def test_damaged_rootfs_reports_and_reboots(image_dir: Path, tmp_path: Path,
-                                            damage: Callable[[bytearray], None]) -> None:
+def test_damaged_rootfs_reports_and_reboots(
+    image_dir: Path, tmp_path: Path, damage: Callable[[bytearray], None]
+) -> None:
     """init says what failed in one 'kiln-init: fatal: ...' line naming rootfs.sqsh and reboots (QEMU, with
     -no-reboot, exits): a damaged superblock is caught before mounting, damaged data blocks when init reads
     machined through before exec'ing it (instead of machined dying of SIGBUS, a kernel panic)."""

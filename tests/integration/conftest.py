@@ -38,8 +38,9 @@ def seed_store() -> Path:
     """A store holding only the stage0 of pkgs/stage0.yaml, made once per machine."""
     store = Path(os.environ.get("KILN_TEST_SEED", Path.home() / ".cache/kiln-test-seed"))
     env = {**os.environ, "KILN_CACHE": str(store)}
-    result = subprocess.run([*KILN, "bootstrap", "--pkgs", str(FIXTURE / "pkgs")], env=env, text=True,
-                            capture_output=True)
+    result = subprocess.run(
+        [*KILN, "bootstrap", "--pkgs", str(FIXTURE / "pkgs")], env=env, text=True, capture_output=True
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     return store
 
@@ -58,15 +59,21 @@ class Project:
 
     def kiln(self, *args: str, check: bool = False, timeout: float = 900) -> Run:
         result = subprocess.run(
-            [*KILN, *args], cwd=self.root, env=self.env(), capture_output=True, text=True, timeout=timeout,
+            [*KILN, *args],
+            cwd=self.root,
+            env=self.env(),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
         )
         if check:
             assert result.returncode == 0, result.stdout + result.stderr
         return Run(result.returncode, result.stdout, result.stderr)
 
     def popen(self, *args: str) -> subprocess.Popen[str]:
-        return subprocess.Popen([*KILN, *args], cwd=self.root, env=self.env(), stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
+        return subprocess.Popen(
+            [*KILN, *args], cwd=self.root, env=self.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
 
 
 def seed_into(seed: Path, cache: Path, pkgs: Path) -> None:

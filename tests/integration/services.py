@@ -80,8 +80,19 @@ def second_dockerd() -> Iterator[str]:
     subprocess.run(["ip", "addr", "add", "172.31.254.1/24", "dev", bridge], check=True)
     subprocess.run(["ip", "link", "set", bridge, "up"], check=True)
     command = [
-        "dockerd", "--host", f"unix://{sock}", "--data-root", str(base / "data"), "--exec-root", str(base / "x"),
-        "--pidfile", str(base / "d.pid"), "--bridge", bridge, "--iptables=false", "--ip-masq=false",
+        "dockerd",
+        "--host",
+        f"unix://{sock}",
+        "--data-root",
+        str(base / "data"),
+        "--exec-root",
+        str(base / "x"),
+        "--pidfile",
+        str(base / "d.pid"),
+        "--bridge",
+        bridge,
+        "--iptables=false",
+        "--ip-masq=false",
     ]
     with log.open("wb") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
@@ -135,8 +146,9 @@ def loop_device(backing: Path, size: int) -> Iterator[str]:
         unavailable("loop devices", "run as root with util-linux's losetup")
     with backing.open("wb") as out:
         out.truncate(size)
-    device = subprocess.run(["losetup", "--find", "--show", "--partscan", str(backing)], capture_output=True,
-                            text=True, check=True).stdout.strip()
+    device = subprocess.run(
+        ["losetup", "--find", "--show", "--partscan", str(backing)], capture_output=True, text=True, check=True
+    ).stdout.strip()
     try:
         yield device
     finally:

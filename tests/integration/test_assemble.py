@@ -34,11 +34,23 @@ def trees(tmp_path: Path) -> dict[str, Path]:
     return {
         "kernel": tree(tmp_path / "kernel", {"boot/vmlinuz": "bzImage", "usr/lib/modules/6.1.0/modules.order": ""}),
         "init": tree(tmp_path / "init", {"init": "#init"}),
-        "fhs": tree(tmp_path / "fhs", {"usr/lib/os-release": "ID=kiln\n", "etc/hostname": "kiln\n",
-                                       "usr/include/junk.h": "", "usr/share/man/man8/x.8": ""}),
+        "fhs": tree(
+            tmp_path / "fhs",
+            {
+                "usr/lib/os-release": "ID=kiln\n",
+                "etc/hostname": "kiln\n",
+                "usr/include/junk.h": "",
+                "usr/share/man/man8/x.8": "",
+            },
+        ),
         "machined": tree(tmp_path / "machined", {"usr/sbin/machined": "#machined"}),
-        "hello": tree(tmp_path / "hello", {"usr/local/bin/hello": "hi", "usr/local/lib/kiln/services/hello.json":
-                                           '{"name": "hello", "command": "/usr/local/bin/hello"}'}),
+        "hello": tree(
+            tmp_path / "hello",
+            {
+                "usr/local/bin/hello": "hi",
+                "usr/local/lib/kiln/services/hello.json": '{"name": "hello", "command": "/usr/local/bin/hello"}',
+            },
+        ),
         "bad": tree(tmp_path / "bad", {"etc/passwd": "root::0:0"}),
     }
 
@@ -61,8 +73,7 @@ def test_kernel_and_initramfs_are_written_and_reproducible(trees: dict[str, Path
         two = hashlib.sha256((tmp_path / "two" / name).read_bytes()).hexdigest()
         assert one == two, name
     assert (tmp_path / "one/vmlinuz").read_text() == "bzImage"
-    assert members(tmp_path / "one/initramfs.zst") == ["extensions", "extensions/01-hello.sqsh", "init",
-                                                        "rootfs.sqsh"]
+    assert members(tmp_path / "one/initramfs.zst") == ["extensions", "extensions/01-hello.sqsh", "init", "rootfs.sqsh"]
     assert report.sizes["initramfs.zst"] > 0 and "extensions/01-hello.sqsh" in report.sizes
     assert not list((tmp_path / "one").glob("kiln-image-*")), "the work dir is cleaned up"
 
@@ -73,16 +84,22 @@ def test_rootfs_is_pruned_and_layer_carries_its_manifest(trees: dict[str, Path],
     unpacked = tmp_path / "unpacked"
     unpacked.mkdir()
     subprocess.run(["cpio", "-id", "--quiet"], input=raw.stdout, cwd=unpacked, check=True)
-    rootfs = subprocess.run(["unsquashfs", "-l", str(unpacked / "rootfs.sqsh")], capture_output=True, text=True,
-                            check=True).stdout
+    rootfs = subprocess.run(
+        ["unsquashfs", "-l", str(unpacked / "rootfs.sqsh")], capture_output=True, text=True, check=True
+    ).stdout
     assert "squashfs-root/usr/sbin/machined" in rootfs
     assert "squashfs-root/usr/lib/modules/6.1.0" in rootfs
     assert "junk.h" not in rootfs and "man8" not in rootfs and "vmlinuz" not in rootfs
     layer = unpacked / "extensions/01-hello.sqsh"
     subprocess.run(["unsquashfs", "-d", str(tmp_path / "layer"), str(layer)], capture_output=True, check=True)
     manifest = json.loads((tmp_path / "layer/usr/local/lib/kiln/extensions/hello.json").read_text())
-    assert manifest == {"name": "hello", "version": "1.0", "author": "Kiln", "description": "says hello",
-                        "compatibility": ">=0.1,<1"}
+    assert manifest == {
+        "name": "hello",
+        "version": "1.0",
+        "author": "Kiln",
+        "description": "says hello",
+        "compatibility": ">=0.1,<1",
+    }
 
 
 def test_extension_outside_allowed_paths_is_refused(trees: dict[str, Path], tmp_path: Path) -> None:

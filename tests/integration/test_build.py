@@ -46,8 +46,11 @@ def test_cold_cached_and_incremental_builds(project: Project) -> None:
     lib.write_text(lib.read_text().replace("gcc -O2 -c", "gcc -O1 -c"))
     again = project.kiln("build", "greet-test", "--json", check=True)
     assert statuses(again.out) == {
-        "greet-lib": "built", "greet-app": "built", "greet-test": "built",
-        "greet-conf-src": "cached", "greet-conf": "cached",
+        "greet-lib": "built",
+        "greet-app": "built",
+        "greet-test": "built",
+        "greet-conf-src": "cached",
+        "greet-conf": "cached",
     }
     verify = project.kiln("cache", "verify", check=True)
     assert "0 damaged" in verify.out
@@ -73,7 +76,10 @@ def test_step_cannot_reach_host_loopback(project: Project) -> None:
     server.listen(1)
     server.settimeout(0.5)
     port = server.getsockname()[1]
-    add_package(project, "probe-net", f"""
+    add_package(
+        project,
+        "probe-net",
+        f"""
 name: probe-net
 variant: stage0
 steps:
@@ -84,7 +90,8 @@ steps:
         fi
         mkdir -p /out && echo isolated > /out/result
 finalize: [{{from: /out, to: /}}]
-""")
+""",
+    )
     result = project.kiln("build", "probe-net")
     try:
         with pytest.raises(TimeoutError):
@@ -98,7 +105,10 @@ def test_step_cannot_see_host_files(project: Project, tmp_path: Path) -> None:
     canary = Path("/tmp") / f"kiln-canary-{os.getpid()}"
     canary.write_text("secret")
     try:
-        add_package(project, "probe-fs", f"""
+        add_package(
+            project,
+            "probe-fs",
+            f"""
 name: probe-fs
 variant: stage0
 steps:
@@ -108,7 +118,8 @@ steps:
       - test ! -e {project.cache}
       - mkdir -p /out && echo ok > /out/result
 finalize: [{{from: /out, to: /}}]
-""")
+""",
+        )
         result = project.kiln("build", "probe-fs")
         assert result.code == 0, result.err
     finally:
@@ -196,7 +207,10 @@ def test_checksum_mismatch_names_url_and_hashes(project: Project, http_dir: tupl
 
 
 def test_failed_step_reports_package_step_snippet_and_log(project: Project) -> None:
-    add_package(project, "broken", """
+    add_package(
+        project,
+        "broken",
+        """
 name: broken
 variant: stage0
 steps:
@@ -204,7 +218,8 @@ steps:
       - echo compiling things
       - echo about to fail >&2; exit 7
 finalize: [{from: /out, to: /}]
-""")
+""",
+    )
     result = project.kiln("build", "broken", "greet-lib", "--keep-going", "--json")
     assert result.code == 1
     assert "package 'broken' failed in step 1 (build), exit code 7:" in result.err
@@ -229,7 +244,10 @@ def test_concurrent_builds_share_one_store(project: Project) -> None:
 
 
 def test_sigkill_leaves_no_partial_entry(project: Project) -> None:
-    add_package(project, "slow", """
+    add_package(
+        project,
+        "slow",
+        """
 name: slow
 variant: stage0
 steps:
@@ -238,7 +256,8 @@ steps:
       - sleep 4
       - echo done > /out/second
 finalize: [{from: /out, to: /}]
-""")
+""",
+    )
     process = project.popen("build", "slow")
     deadline = time.monotonic() + 120
     log = None

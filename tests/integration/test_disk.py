@@ -56,8 +56,9 @@ def fake_assets(root: Path, epoch: int = EPOCH) -> BootAssets:
 
 
 def sh(*command: str) -> str:
-    result = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "TZ": "UTC",
-                                                                          "MTOOLS_SKIP_CHECK": "1"})
+    result = subprocess.run(
+        command, capture_output=True, text=True, env={**os.environ, "TZ": "UTC", "MTOOLS_SKIP_CHECK": "1"}
+    )
     assert result.returncode == 0, f"{' '.join(command)}: {result.stderr}"
     return result.stdout + result.stderr
 
@@ -150,7 +151,7 @@ def test_mbr_and_bios_partition_hold_grub(disk: tuple[BootAssets, Path]) -> None
     boot_img = (GRUB_LIB / "i386-pc/boot.img").read_bytes()
     # GRUB's boot code, with the fields grub-bios-setup patches: core.img's LBA, boot drive, drive check.
     assert mbr[:3] == boot_img[:3] and mbr[0x5A:0x5C] == boot_img[0x5A:0x5C]
-    assert mbr[0x67 + 1:0x1B8] == boot_img[0x67 + 1:0x1B8]
+    assert mbr[0x67 + 1 : 0x1B8] == boot_img[0x67 + 1 : 0x1B8]
     assert struct.unpack_from("<Q", mbr, 0x5C)[0] == bios
     assert mbr[0x64] == 0xFF and mbr[0x66:0x68] == b"\x90\x90"
     assert b"GRUB \0Geom\0Hard Disk\0Read\0 Error" in mbr
@@ -272,10 +273,14 @@ def test_ova(disk: tuple[BootAssets, Path], tmp_path: Path) -> None:
         files = {m.name: tar.extractfile(m).read() for m in members}  # type: ignore[union-attr]
     vmdk = files["kiln.vmdk"]
     manifest = files["kiln.mf"].decode().splitlines()
-    assert manifest == [f"SHA256(kiln.ovf)= {hashlib.sha256(files['kiln.ovf']).hexdigest()}",
-                        f"SHA256(kiln.vmdk)= {hashlib.sha256(vmdk).hexdigest()}"]
-    ns = {"ovf": "http://schemas.dmtf.org/ovf/envelope/1",
-          "rasd": "http://schemas.dmtf.org/wbem/wscim/1/cim-schema/2/CIM_ResourceAllocationSettingData"}
+    assert manifest == [
+        f"SHA256(kiln.ovf)= {hashlib.sha256(files['kiln.ovf']).hexdigest()}",
+        f"SHA256(kiln.vmdk)= {hashlib.sha256(vmdk).hexdigest()}",
+    ]
+    ns = {
+        "ovf": "http://schemas.dmtf.org/ovf/envelope/1",
+        "rasd": "http://schemas.dmtf.org/wbem/wscim/1/cim-schema/2/CIM_ResourceAllocationSettingData",
+    }
     root = ET.parse(io.BytesIO(files["kiln.ovf"])).getroot()
     ref = root.find("ovf:References/ovf:File", ns)
     assert ref is not None
@@ -283,8 +288,10 @@ def test_ova(disk: tuple[BootAssets, Path], tmp_path: Path) -> None:
     disk_el = root.find("ovf:DiskSection/ovf:Disk", ns)
     assert disk_el is not None and disk_el.get(f"{{{ns['ovf']}}}capacity") == str(SIZE)
     assert "streamOptimized" in (disk_el.get(f"{{{ns['ovf']}}}format") or "")
-    kinds = [item.findtext("rasd:ResourceType", namespaces=ns)
-             for item in root.iterfind("ovf:VirtualSystem/ovf:VirtualHardwareSection/ovf:Item", ns)]
+    kinds = [
+        item.findtext("rasd:ResourceType", namespaces=ns)
+        for item in root.iterfind("ovf:VirtualSystem/ovf:VirtualHardwareSection/ovf:Item", ns)
+    ]
     assert sorted(kinds, key=int) == ["3", "4", "5", "10", "17"]  # CPU, memory, IDE, NIC, disk
     for item in root.iterfind(".//ovf:Item", ns):
         tags = [child.tag for child in item]

@@ -85,8 +85,11 @@ def host_state(top: Path) -> dict[str, bytes | str]:
 def test_finalize_paths_never_reach_a_shell(
     project: Project, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, runner: str
 ) -> None:
-    add(project, "fin", "name: fin\nvariant: stage0\nsteps:\n  - build: [mkdir -p /out]\n"
-                        "finalize: [{from: /out, to: /}]\n")
+    add(
+        project,
+        "fin",
+        "name: fin\nvariant: stage0\nsteps:\n  - build: [mkdir -p /out]\nfinalize: [{from: /out, to: /}]\n",
+    )
     canaries = [tmp_path / "canary1", tmp_path / "canary2", tmp_path / "canary3"]
     hostile = (
         Finalize(f"/$(touch {canaries[0]})", "/"),
@@ -108,7 +111,10 @@ def test_symlinks_in_the_root_are_copied_as_links_never_followed(
     secret_dir = tmp_path / "host-secret"
     secret_dir.mkdir()
     (secret_dir / "secret").write_text("HOST-SECRET\n")
-    add(project, "reader", f"""
+    add(
+        project,
+        "reader",
+        f"""
 name: reader
 variant: stage0
 steps:
@@ -119,9 +125,14 @@ steps:
       - ln -s {secret_dir} /evil
       - echo inside > {secret_dir}/secret
 finalize: [{{from: /out, to: /}}]
-""")
-    finalize = (Finalize("/out", "/"), Finalize("/evil/secret", "/s"), Finalize("/evil", "/evil"),
-                Finalize("/out/filelink", "/f"))
+""",
+    )
+    finalize = (
+        Finalize("/out", "/"),
+        Finalize("/evil/secret", "/s"),
+        Finalize("/evil", "/evil"),
+        Finalize("/out/filelink", "/f"),
+    )
     outcome, session = build(project, monkeypatch, "reader", runner, finalize=finalize)
     assert outcome.status == BUILT, outcome.error
     tree = output(session, "reader")
@@ -141,7 +152,10 @@ def test_finalize_cannot_write_through_a_link_an_earlier_entry_copied(
     victim.mkdir()
     (victim / "file").write_text("original\n")
     before = host_state(victim)
-    add(project, "writer", f"""
+    add(
+        project,
+        "writer",
+        f"""
 name: writer
 variant: stage0
 steps:
@@ -151,9 +165,14 @@ steps:
       - ln -s {victim}/file /out/flink
       - echo pwned > /payload/sub/new && echo pwned > /payload/file
 finalize: [{{from: /out, to: /}}]
-""")
-    finalize = (Finalize("/out", "/"), Finalize("/payload", "/etc"), Finalize("/payload/file", "/flink"),
-                Finalize("/payload/file", "/etc/file"))
+""",
+    )
+    finalize = (
+        Finalize("/out", "/"),
+        Finalize("/payload", "/etc"),
+        Finalize("/payload/file", "/flink"),
+        Finalize("/payload/file", "/etc/file"),
+    )
     outcome, session = build(project, monkeypatch, "writer", runner, finalize=finalize)
     assert host_state(victim) == before
     assert outcome.status == BUILT, outcome.error
@@ -174,7 +193,10 @@ def test_dependency_to_never_reaches_mount_options(
     add(project, "dep-a", DEP)
     add(project, "dep-b", DEP.replace("dep-a", "dep-b"))
     colon, pipe = f"/x:{host_dir}", f"/p|{host_dir}"
-    add(project, "mounter", f"""
+    add(
+        project,
+        "mounter",
+        f"""
 name: mounter
 variant: stage0
 dependencies: [{{stage: dep-a, to: /a}}, {{stage: dep-b, to: /b}}]
@@ -184,7 +206,8 @@ steps:
       - test -f '{colon}/dep-file' && test -f '{pipe}/dep-file'
       - mkdir -p /out && touch '{colon}/written' '{pipe}/written' && echo ok > /out/result
 finalize: [{{from: /out, to: /}}]
-""")
+""",
+    )
     deps = (Dependency("dep-a", "/", colon), Dependency("dep-b", "/", pipe))
     outcome, session = build(project, monkeypatch, "mounter", dependencies=deps)
     assert outcome.status == BUILT, outcome.error
@@ -197,7 +220,10 @@ def test_dependency_from_is_joined_inside_its_tree(
     project: Project, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, source: str
 ) -> None:
     add(project, "dep-a", DEP)
-    add(project, "joiner", """
+    add(
+        project,
+        "joiner",
+        """
 name: joiner
 variant: stage0
 dependencies: [{stage: dep-a, to: /hostroot}]
@@ -205,7 +231,8 @@ steps:
   - build:
       - mkdir -p /out && ls /hostroot > /out/leak
 finalize: [{from: /out, to: /}]
-""")
+""",
+    )
     outcome, session = build(project, monkeypatch, "joiner", dependencies=(Dependency("dep-a", source, "/hostroot"),))
     failed_cleanly(outcome, "dependency 'dep-a' 'from'")
     assert not session.store.has(session.keys["joiner"])
@@ -215,17 +242,24 @@ def test_dependency_from_through_a_link_stays_in_the_tree(
     project: Project, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """A dependency's output may hold a link to a host path: `from` through it resolves inside the output."""
-    add(project, "dep-link", f"""
+    add(
+        project,
+        "dep-link",
+        f"""
 name: dep-link
 variant: stage0
 steps:
   - build:
       - mkdir -p /out/{tmp_path}/inside && echo stored > /out/{tmp_path}/inside/f && ln -s {tmp_path} /out/up
 finalize: [{{from: /out, to: /}}]
-""")
+""",
+    )
     (tmp_path / "inside").mkdir()
     (tmp_path / "inside" / "f").write_text("HOST\n")
-    add(project, "linker", """
+    add(
+        project,
+        "linker",
+        """
 name: linker
 variant: stage0
 dependencies: [{stage: dep-link, from: /up/inside, to: /dep}]
@@ -233,7 +267,8 @@ steps:
   - build:
       - mkdir -p /out && cp /dep/f /out/f
 finalize: [{from: /out, to: /}]
-""")
+""",
+    )
     outcome, session = build(project, monkeypatch, "linker")
     assert outcome.status == BUILT, outcome.error
     assert (output(session, "linker") / "f").read_text() == "stored\n"

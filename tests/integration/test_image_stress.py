@@ -38,8 +38,13 @@ def write_inputs(directory: Path) -> list[Path]:
     (directory / "initramfs.zst").write_bytes(b"stress initramfs\n" + hashlib.sha512(b"i").digest() * 1000)
     paths = []
     for name, body in PROFILES.items():
-        profile = {"name": name, "version": "0.1.0", "platform": "metal",
-                   "input": {"kernel": {"path": "./vmlinuz"}, "initramfs": {"path": "./initramfs.zst"}}, **body}
+        profile = {
+            "name": name,
+            "version": "0.1.0",
+            "platform": "metal",
+            "input": {"kernel": {"path": "./vmlinuz"}, "initramfs": {"path": "./initramfs.zst"}},
+            **body,
+        }
         path = directory / f"{name}.yaml"
         path.write_text(json.dumps(profile))  # JSON is YAML
         paths.append(path)
@@ -49,8 +54,7 @@ def write_inputs(directory: Path) -> list[Path]:
 def start(profiles: list[Path], out: Path, cache: Path) -> subprocess.Popen[str]:
     env = {**os.environ, "KILN_CACHE": str(cache), "PYTHONPATH": str(ROOT / "src")}
     command = [*KILN, "image", *map(str, profiles), "--out", str(out), "--jobs", "4", "--json"]
-    return subprocess.Popen(command, cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE)
+    return subprocess.Popen(command, cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
 def finish(process: subprocess.Popen[str]) -> dict[str, list[tuple[str, str]]]:

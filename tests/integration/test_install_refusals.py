@@ -42,8 +42,9 @@ def image(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("image") / "disk.raw"
     with path.open("wb") as out:
         out.truncate(IMAGE_SIZE)
-    subprocess.run(["sfdisk", "--quiet", str(path)], input="label: gpt\nstart=2048, size=4096, name=BOOT\n",
-                   text=True, check=True)
+    subprocess.run(
+        ["sfdisk", "--quiet", str(path)], input="label: gpt\nstart=2048, size=4096, name=BOOT\n", text=True, check=True
+    )
     with path.open("r+b") as out:
         out.seek(2048 * 512)
         out.write(b"kiln image " * 1000)
@@ -134,8 +135,18 @@ def make_md_member(disk: Disk) -> None:
     if not md_driver():  # a kernel's make, not a missing package: skipped even in CI
         pytest.skip("no md driver in this kernel (CONFIG_BLK_DEV_MD); md_1_2_stub covers the bytes")
     array = f"/dev/md/kiln-test-{uuid.uuid4().hex[:8]}"
-    run("mdadm", "--create", array, "--run", "--metadata=1.2", "--level=1", "--raid-devices=2", "--force",
-        disk.device, "missing")
+    run(
+        "mdadm",
+        "--create",
+        array,
+        "--run",
+        "--metadata=1.2",
+        "--level=1",
+        "--raid-devices=2",
+        "--force",
+        disk.device,
+        "missing",
+    )
     run("mdadm", "--stop", array)  # stopped: a member with its superblock, not in use
 
 
@@ -181,8 +192,9 @@ STUBS: dict[str, tuple[dict[int, bytes], str]] = {
 }
 
 
-@pytest.mark.parametrize(("label", "named"), [("gpt", "a GPT partition table (gpt)"),
-                                              ("dos", "an MBR partition table (dos)")])
+@pytest.mark.parametrize(
+    ("label", "named"), [("gpt", "a GPT partition table (gpt)"), ("dos", "an MBR partition table (dos)")]
+)
 def test_partition_table_refused_then_wiped(label: str, named: str, machined: Path, image: Path, disk: Disk) -> None:
     run("sfdisk", "--quiet", "--no-reread", disk.device, stdin=f"label: {label}\nstart=2048, size=16384\n")
     refused_then_wiped(machined, image, disk, named)
@@ -219,8 +231,10 @@ def test_lvm_pv_and_backup_gpt_named_together(machined: Path, image: Path, disk:
     make_lvm_pv(disk)
     write_backup_gpt(disk, tmp_path)
     message = refused(machined, image, disk)
-    assert message == (f"install: refusing to install onto {disk.device}: it holds an LVM2 physical volume "
-                       "(LVM2_member) and a backup GPT header (gpt); pass --wipe to overwrite it")
+    assert message == (
+        f"install: refusing to install onto {disk.device}: it holds an LVM2 physical volume "
+        "(LVM2_member) and a backup GPT header (gpt); pass --wipe to overwrite it"
+    )
 
 
 @pytest.mark.parametrize("where", ["first", "last"])
@@ -240,16 +254,23 @@ def test_empty_disk_accepted(machined: Path, image: Path, disk: Disk, capfd: pyt
 
 
 @pytest.mark.parametrize("wipe", [False, True])
-def test_mounted_partition_refused_even_with_wipe(wipe: bool, machined: Path, image: Path, disk: Disk,
-                                                  tmp_path: Path) -> None:
+def test_mounted_partition_refused_even_with_wipe(
+    wipe: bool, machined: Path, image: Path, disk: Disk, tmp_path: Path
+) -> None:
     part = disk.add_partitions()
     run("mkfs.ext4", "-q", "-F", part)
     mountpoint = tmp_path / "mnt"
     mountpoint.mkdir()
     run("mount", part, str(mountpoint))
     disk.undo.callback(subprocess.run, ["umount", str(mountpoint)], capture_output=True)
-    message = refused(machined, image, disk, f"it is in use: {part} is mounted at {mountpoint}",
-                      "--wipe does not override this", wipe=wipe)
+    message = refused(
+        machined,
+        image,
+        disk,
+        f"it is in use: {part} is mounted at {mountpoint}",
+        "--wipe does not override this",
+        wipe=wipe,
+    )
     assert "pass --wipe" not in message
 
 
@@ -267,19 +288,25 @@ def test_exclusively_opened_disk_refused_even_with_wipe(machined: Path, image: P
     mount namespace, seen from a container)."""
     fd = os.open(disk.device, os.O_RDONLY | os.O_EXCL)
     disk.undo.callback(os.close, fd)
-    refused(machined, image, disk, "it is in use: opening it exclusively failed", "--wipe does not override this",
-            wipe=True)
+    refused(
+        machined, image, disk, "it is in use: opening it exclusively failed", "--wipe does not override this", wipe=True
+    )
 
 
 def test_device_mapper_holder_refused_even_with_wipe(machined: Path, image: Path, disk: Disk) -> None:
     need("dmsetup")
     name = f"kiln-test-{uuid.uuid4().hex[:8]}"
-    if subprocess.run(["dmsetup", "create", name, "--table", f"0 2048 linear {disk.device} 0"],
-                      capture_output=True).returncode != 0:
+    if (
+        subprocess.run(
+            ["dmsetup", "create", name, "--table", f"0 2048 linear {disk.device} 0"], capture_output=True
+        ).returncode
+        != 0
+    ):
         pytest.skip("no device-mapper in this kernel (CONFIG_BLK_DEV_DM); the Go tests cover a fake /sys")
     disk.undo.callback(subprocess.run, ["dmsetup", "remove", "--retry", name], capture_output=True)
-    refused(machined, image, disk, "is held by dm-", f"device-mapper {name}", "--wipe does not override this",
-            wipe=True)
+    refused(
+        machined, image, disk, "is held by dm-", f"device-mapper {name}", "--wipe does not override this", wipe=True
+    )
 
 
 def test_md_holder_refused_even_with_wipe(machined: Path, image: Path, disk: Disk) -> None:
@@ -287,8 +314,18 @@ def test_md_holder_refused_even_with_wipe(machined: Path, image: Path, disk: Dis
     if not md_driver():
         pytest.skip("no md driver in this kernel (CONFIG_BLK_DEV_MD); the Go tests cover a fake /sys")
     array = f"/dev/md/kiln-test-{uuid.uuid4().hex[:8]}"
-    run("mdadm", "--create", array, "--run", "--metadata=1.2", "--level=1", "--raid-devices=2", "--force",
-        disk.device, "missing")
+    run(
+        "mdadm",
+        "--create",
+        array,
+        "--run",
+        "--metadata=1.2",
+        "--level=1",
+        "--raid-devices=2",
+        "--force",
+        disk.device,
+        "missing",
+    )
     disk.undo.callback(subprocess.run, ["mdadm", "--stop", array], capture_output=True)
     refused(machined, image, disk, "(md array)", "--wipe does not override this", wipe=True)
 
@@ -296,9 +333,9 @@ def test_md_holder_refused_even_with_wipe(machined: Path, image: Path, disk: Dis
 # --- kiln install itself ---------------------------------------------------------------------------------
 
 
-def test_kiln_install_exits_2_on_a_refused_disk(machined: Path, image: Path, disk: Disk,
-                                               monkeypatch: pytest.MonkeyPatch,
-                                               capfd: pytest.CaptureFixture[str]) -> None:
+def test_kiln_install_exits_2_on_a_refused_disk(
+    machined: Path, image: Path, disk: Disk, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
     """`kiln install --image` with its package build replaced by the machined built here."""
     from types import SimpleNamespace
 

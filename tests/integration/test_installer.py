@@ -57,8 +57,9 @@ def build_machined(out: Path) -> Path:
 
 
 def partitions(disk: Path) -> list[dict[str, object]]:
-    table = json.loads(subprocess.run(["sfdisk", "--json", str(disk)], capture_output=True, text=True,
-                                      check=True).stdout)
+    table = json.loads(
+        subprocess.run(["sfdisk", "--json", str(disk)], capture_output=True, text=True, check=True).stdout
+    )
     return list(table["partitiontable"]["partitions"])
 
 
@@ -141,8 +142,9 @@ def test_oci_layout_is_valid(built: tuple[Path, Path], inputs: tuple[BootAssets,
     assert packed[12:24] == b"KS\x08\x00" + IMAGE_SIZE.to_bytes(8, "little")  # the size machined reads
 
 
-def test_two_builds_give_identical_bytes(built: tuple[Path, Path], inputs: tuple[BootAssets, Path, Path],
-                                         tmp_path: Path) -> None:
+def test_two_builds_give_identical_bytes(
+    built: tuple[Path, Path], inputs: tuple[BootAssets, Path, Path], tmp_path: Path
+) -> None:
     assets, disk, machined = inputs
     layout, tar = built
     again_layout, again_tar = build_installer(assets, disk, machined, tmp_path, "installer")
@@ -190,8 +192,16 @@ def loop(tmp_path: Path) -> Iterator[tuple[str, Path]]:
 # development VMs lack CAP_SYS_RESOURCE), runc refuses with this, and the run is retried as privileged
 # minus that capability: every other capability, all block devices, no seccomp filter.
 NO_PRIVILEGED = "unable to apply caps: operation not permitted"
-ALMOST_PRIVILEGED = ["--cap-add", "ALL", "--cap-drop", "SYS_RESOURCE", "--security-opt", "seccomp=unconfined",
-                     "--device-cgroup-rule", "b *:* rwm"]
+ALMOST_PRIVILEGED = [
+    "--cap-add",
+    "ALL",
+    "--cap-drop",
+    "SYS_RESOURCE",
+    "--security-opt",
+    "seccomp=unconfined",
+    "--device-cgroup-rule",
+    "b *:* rwm",
+]
 
 
 def run_installer(reference: str, device: str, *extra: str) -> subprocess.CompletedProcess[str]:
@@ -221,8 +231,9 @@ def assert_installed(image: Path, disk: Path) -> None:
             assert got.read(size) == want.read(size), part["name"]
 
 
-def test_docker_run_installs_onto_loop_device(loaded: str, loop: tuple[str, Path],
-                                              inputs: tuple[BootAssets, Path, Path]) -> None:
+def test_docker_run_installs_onto_loop_device(
+    loaded: str, loop: tuple[str, Path], inputs: tuple[BootAssets, Path, Path]
+) -> None:
     device, backing = loop
     _, disk, _ = inputs
     result = run_installer(loaded, device)
@@ -234,17 +245,21 @@ def test_docker_run_installs_onto_loop_device(loaded: str, loop: tuple[str, Path
     assert backing.stat().st_size == TARGET_SIZE
 
 
-def test_disk_with_partitions_refused_without_wipe(loaded: str, loop: tuple[str, Path],
-                                                   inputs: tuple[BootAssets, Path, Path]) -> None:
+def test_disk_with_partitions_refused_without_wipe(
+    loaded: str, loop: tuple[str, Path], inputs: tuple[BootAssets, Path, Path]
+) -> None:
     device, backing = loop
     _, disk, _ = inputs
-    subprocess.run(["sfdisk", "--quiet", device], input="label: dos\nstart=2048, size=8192, type=83\n", text=True,
-                   check=True)
+    subprocess.run(
+        ["sfdisk", "--quiet", device], input="label: dos\nstart=2048, size=8192, type=83\n", text=True, check=True
+    )
     before = backing.read_bytes()
     refused = run_installer(loaded, device)
     assert refused.returncode == 2, refused.stdout + refused.stderr
-    assert refused.stderr == (f"install: refusing to install onto {device}: it holds an MBR partition table (dos); "
-                              "pass --wipe to overwrite it\n")
+    assert refused.stderr == (
+        f"install: refusing to install onto {device}: it holds an MBR partition table (dos); "
+        "pass --wipe to overwrite it\n"
+    )
     assert backing.read_bytes() == before
     accepted = run_installer(loaded, device, "--wipe")
     assert accepted.returncode == 0, accepted.stdout + accepted.stderr
@@ -255,8 +270,9 @@ def test_disk_with_partitions_refused_without_wipe(loaded: str, loop: tuple[str,
 # --- on the host: kiln.installer.install runs the same binary ------------------------------------------
 
 
-def test_install_disk_on_host(inputs: tuple[BootAssets, Path, Path], tmp_path: Path,
-                              capfd: pytest.CaptureFixture[str]) -> None:
+def test_install_disk_on_host(
+    inputs: tuple[BootAssets, Path, Path], tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
     _, disk, machined = inputs
     target = tmp_path / "disk.img"
     with target.open("wb") as out:

@@ -119,8 +119,13 @@ def test_byte_identical_rebuild(iso: tuple[BootAssets, Path], tmp_path: Path) ->
     time.sleep(1.1)
     moved = tmp_path / "elsewhere"
     moved.mkdir()
-    again = BootAssets.make(Path(shutil.copy(assets.vmlinuz, moved)), Path(shutil.copy(assets.initramfs, moved)),
-                            assets.cmdline, assets.version, assets.epoch)
+    again = BootAssets.make(
+        Path(shutil.copy(assets.vmlinuz, moved)),
+        Path(shutil.copy(assets.initramfs, moved)),
+        assets.cmdline,
+        assets.version,
+        assets.epoch,
+    )
     second = build_iso(again, tmp_path / "again.iso")
     assert sha(second) == sha(first)
     later = BootAssets.make(again.vmlinuz, again.initramfs, assets.cmdline, assets.version, EPOCH + 86400)
@@ -145,8 +150,11 @@ def test_pxe_directory(tmp_path: Path) -> None:
     assert script[0] == "#!ipxe"
     commands = [line.split(maxsplit=1) for line in script[1:] if not line.startswith("echo")]
     # Relative paths: iPXE resolves them against the script's URI, on any TFTP or HTTP root.
-    assert commands == [["kernel", f"vmlinuz initrd=initramfs.zst {assets.cmdline}"],
-                        ["initrd", "initramfs.zst"], ["boot"]]
+    assert commands == [
+        ["kernel", f"vmlinuz initrd=initramfs.zst {assets.cmdline}"],
+        ["initrd", "initramfs.zst"],
+        ["boot"],
+    ]
     assert {int(p.stat().st_mtime) for p in written} == {EPOCH}
     # Rebuilding in place (sources are the outputs) keeps the files.
     same = BootAssets.make(out / "vmlinuz", out / "initramfs.zst", assets.cmdline, assets.version, EPOCH)

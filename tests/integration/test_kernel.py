@@ -43,8 +43,15 @@ class KernelProject:
 
     def kiln(self, *args: str) -> subprocess.CompletedProcess[str]:
         env = {**os.environ, "KILN_CACHE": str(self.cache), "PYTHONUNBUFFERED": "1"}
-        return subprocess.run([sys.executable, "-m", "kiln.cli", *args], cwd=self.root, env=env,
-                              capture_output=True, text=True, timeout=1800, stdin=subprocess.DEVNULL)
+        return subprocess.run(
+            [sys.executable, "-m", "kiln.cli", *args],
+            cwd=self.root,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=1800,
+            stdin=subprocess.DEVNULL,
+        )
 
 
 @pytest.fixture(scope="module")
@@ -72,8 +79,11 @@ def test_olddefconfig_keeps_the_shipped_config(kproject: KernelProject, arch: st
     assert config.read_text() == before
     assert "kconfig: warning" not in result.stderr, result.stderr  # nothing of the config was dropped
     options = kconfig.parse_file(full)
-    wrong = [f"{name}={options.get(name, 'n')}" for name, allowed in REQUIRED.items()
-             if options.get(name, "n") not in allowed]
+    wrong = [
+        f"{name}={options.get(name, 'n')}"
+        for name, allowed in REQUIRED.items()
+        if options.get(name, "n") not in allowed
+    ]
     assert not wrong, f"resolved config-{arch} lacks: {wrong}"
 
 
@@ -107,8 +117,7 @@ def configure_only_package(kproject: KernelProject) -> None:
 def test_fragment_reaches_the_built_config(kproject: KernelProject) -> None:
     configure_only_package(kproject)
     out = kproject.root / "_out"
-    result = kproject.kiln("build", "kernel-configure", "--set", "kernel_fragments=wireguard,debug",
-                           "--out", str(out))
+    result = kproject.kiln("build", "kernel-configure", "--set", "kernel_fragments=wireguard,debug", "--out", str(out))
     assert result.returncode == 0, result.stdout + result.stderr[-4000:]
     options = kconfig.parse_file(out / "kernel-configure" / "boot" / "config")
     assert options["CONFIG_WIREGUARD"] == "m"  # not in config-amd64: only the fragment asks for it

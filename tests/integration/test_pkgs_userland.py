@@ -42,7 +42,7 @@ def program_headers(path: Path) -> list[int]:
     """The p_type of each program header of a 64-bit little-endian ELF file."""
     data = path.read_bytes()
     assert data[:4] == b"\x7fELF" and data[4] == 2 and data[5] == 1, f"{path} is not a 64-bit LE ELF"
-    phoff, = struct.unpack_from("<Q", data, 0x20)
+    (phoff,) = struct.unpack_from("<Q", data, 0x20)
     phentsize, phnum = struct.unpack_from("<HH", data, 0x36)
     return [struct.unpack_from("<I", data, phoff + i * phentsize)[0] for i in range(phnum)]
 
@@ -70,7 +70,11 @@ def built(seed_store: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     env = {**os.environ, "KILN_CACHE": str(cache), "PYTHONUNBUFFERED": "1"}
     result = subprocess.run(
         [sys.executable, "-m", "kiln.cli", "build", *PACKAGES, "--jobs", "2", "--json", "--out", str(out)],
-        cwd=project, env=env, capture_output=True, text=True, timeout=3600,
+        cwd=project,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=3600,
     )
     assert result.returncode == 0, result.stdout + result.stderr[-6000:]
     statuses = {name: info["status"] for name, info in json.loads(result.stdout)["packages"].items()}
@@ -102,7 +106,10 @@ def test_binaries_run_on_the_host(built: Path, tmp_path: Path) -> None:
     subprocess.run(["truncate", "-s", "16M", str(ext4)], check=True)
     result = subprocess.run(
         [str(built / "e2fsprogs/usr/sbin/mke2fs"), "-F", "-q", "-t", "ext4", "-L", "KILNSTATE", str(ext4)],
-        env={"MKE2FS_CONFIG": str(env_conf)}, capture_output=True, text=True, timeout=60,
+        env={"MKE2FS_CONFIG": str(env_conf)},
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert result.returncode == 0, result.stderr
     run(built / "e2fsprogs/usr/sbin/e2fsck", "-fn", ext4)

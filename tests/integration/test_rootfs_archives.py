@@ -31,8 +31,16 @@ def sha(path: Path) -> str:
 
 
 def test_merge_prune_and_conflicts(tmp_path: Path) -> None:
-    a = make(tmp_path / "a", {"usr/bin/tool": "a", "usr/include/x.h": "h", "usr/lib/libx.a": "ar",
-                              "usr/share/man/man1/tool.1": "man", "etc/os-release": "ID=kiln"})
+    a = make(
+        tmp_path / "a",
+        {
+            "usr/bin/tool": "a",
+            "usr/include/x.h": "h",
+            "usr/lib/libx.a": "ar",
+            "usr/share/man/man1/tool.1": "man",
+            "etc/os-release": "ID=kiln",
+        },
+    )
     b = make(tmp_path / "b", {"usr/sbin/other": "b"})
     owners = merge([Part("a", a), Part("b", b)], tmp_path / "root")
     assert owners["usr/sbin/other"] == "b"

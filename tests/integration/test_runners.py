@@ -67,8 +67,11 @@ def manifests(project: Project) -> dict[str, bytes]:
 
 
 def runner_of(project: Project) -> set[str]:
-    return {json.loads(m.read_text())["meta"].get("runner") for m in (project.cache / "store").glob("*/meta.json")
-            if json.loads(m.read_text())["name"] != "stage0"}
+    return {
+        json.loads(m.read_text())["meta"].get("runner")
+        for m in (project.cache / "store").glob("*/meta.json")
+        if json.loads(m.read_text())["name"] != "stage0"
+    }
 
 
 # A toolchain package and one of variant toolchain; a dependency's sub-tree at a nested `to`; step env
@@ -150,8 +153,16 @@ def test_docker_runner_on_a_remote_engine(project: Project, second_engine: str) 
 
 
 def test_shell_on_the_docker_runner(project: Project, engine: None) -> None:
-    result = project.kiln("shell", "--runner", "docker", "greet-app", "--", "sh", "-c",
-                          "ls /deps/lib /tmp/build/src; cat /etc/greet.conf; id -u")
+    result = project.kiln(
+        "shell",
+        "--runner",
+        "docker",
+        "greet-app",
+        "--",
+        "sh",
+        "-c",
+        "ls /deps/lib /tmp/build/src; cat /etc/greet.conf; id -u",
+    )
     assert result.code == 0, result.err
     assert "libgreet.a" in result.out and "main.c" in result.out and "Howdy" in result.out
     assert result.out.split()[-1] == "0"
@@ -160,8 +171,9 @@ def test_shell_on_the_docker_runner(project: Project, engine: None) -> None:
 def run_with_env(project: Project, extra: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     from tests.integration.conftest import KILN
 
-    return subprocess.run([*KILN, *args], cwd=project.root, env={**project.env(), **extra}, capture_output=True,
-                          text=True, timeout=900)
+    return subprocess.run(
+        [*KILN, *args], cwd=project.root, env={**project.env(), **extra}, capture_output=True, text=True, timeout=900
+    )
 
 
 NETWORK_PROBE = """
@@ -222,15 +234,17 @@ finalize: [{from: /out, to: /}]
     assert "about to fail" in project.kiln("log", "broken").out
 
 
-def test_exported_dockerfile_builds_with_docker_build_and_checks_sources(project: Project, buildkit: None,
-                                                                         tmp_path: Path) -> None:
+def test_exported_dockerfile_builds_with_docker_build_and_checks_sources(
+    project: Project, buildkit: None, tmp_path: Path
+) -> None:
     from kiln.build.runners.buildkit import find_client
 
     context = tmp_path / "ctx"
     project.kiln("bootstrap", check=True)
     # The seed as stage0.tar in the context (`kiln build --runner buildkit` covers the seed as an image).
-    exported = project.kiln("export", "dockerfile", "greet-app", "--out", str(context), "--no-network-flags",
-                            "--stage0", "tar", check=True)
+    exported = project.kiln(
+        "export", "dockerfile", "greet-app", "--out", str(context), "--no-network-flags", "--stage0", "tar", check=True
+    )
     assert "wrote" in exported.out
     dockerfile = (context / "Dockerfile").read_text()
     assert "FROM scratch AS kiln-stage0\nADD stage0.tar /" in dockerfile
@@ -238,9 +252,21 @@ def test_exported_dockerfile_builds_with_docker_build_and_checks_sources(project
     assert "sha256sum -c" in dockerfile
     client = find_client()
     out = tmp_path / "out"
-    build = subprocess.run([*client.argv, "--network", "none", "--target", "kiln-outputs", "--output",
-                            f"type=local,dest={out}", str(context)], env=client.environ(), capture_output=True,
-                           text=True)
+    build = subprocess.run(
+        [
+            *client.argv,
+            "--network",
+            "none",
+            "--target",
+            "kiln-outputs",
+            "--output",
+            f"type=local,dest={out}",
+            str(context),
+        ],
+        env=client.environ(),
+        capture_output=True,
+        text=True,
+    )
     assert build.returncode == 0, build.stdout + build.stderr
     assert (out / "greet-app/usr/bin/greet").stat().st_mode & 0o111
     sandbox = project.kiln("build", "greet-app", "--out", "sandbox-out", check=True)
@@ -250,15 +276,26 @@ def test_exported_dockerfile_builds_with_docker_build_and_checks_sources(project
     # A source altered after export fails its sha256 check inside the build.
     main_c = context / "sources/greet-app/tree/src/main.c"
     main_c.write_text(main_c.read_text() + "\n/* changed */\n")
-    tampered = subprocess.run([*client.argv, "--network", "none", "--target", "kiln-outputs", "--output",
-                               f"type=local,dest={tmp_path / 'out2'}", str(context)], env=client.environ(),
-                              capture_output=True, text=True)
+    tampered = subprocess.run(
+        [
+            *client.argv,
+            "--network",
+            "none",
+            "--target",
+            "kiln-outputs",
+            "--output",
+            f"type=local,dest={tmp_path / 'out2'}",
+            str(context),
+        ],
+        env=client.environ(),
+        capture_output=True,
+        text=True,
+    )
     assert tampered.returncode != 0
     assert "FAILED" in tampered.stdout + tampered.stderr
 
 
-def test_registry_cache_feeds_a_second_builder(project: Project, seed_store: Path,
-                                               registry: tuple[str, Path]) -> None:
+def test_registry_cache_feeds_a_second_builder(project: Project, seed_store: Path, registry: tuple[str, Path]) -> None:
     host, _ = registry
     ref = f"oci://{host}/kiln/cache"
     first = project.kiln("build", "greet-test", "--cache-to", ref, "--json", check=True)
@@ -282,16 +319,20 @@ def test_registry_cache_feeds_a_second_builder(project: Project, seed_store: Pat
     assert "pushed 0 of 1" in third.kiln("cache", "push", ref, "greet-app", check=True).out
 
 
-def test_registry_blob_that_does_not_match_its_digest_is_refused(project: Project, seed_store: Path,
-                                                                 registry: tuple[str, Path]) -> None:
+def test_registry_blob_that_does_not_match_its_digest_is_refused(
+    project: Project, seed_store: Path, registry: tuple[str, Path]
+) -> None:
     host, storage = registry
     ref = f"oci://{host}/kiln/cache"
     project.kiln("build", "greet-conf-src", check=True)
     project.kiln("cache", "push", ref, "greet-conf-src", check=True)
     key = json.loads(project.kiln("cache", "ls", "--json", check=True).out)
     key = next(e["key"] for e in key if e["name"] == "greet-conf-src")
-    manifest = requests.get(f"http://{host}/v2/kiln/cache/manifests/{key}",
-                            headers={"Accept": "application/vnd.oci.image.manifest.v1+json"}, timeout=10).json()
+    manifest = requests.get(
+        f"http://{host}/v2/kiln/cache/manifests/{key}",
+        headers={"Accept": "application/vnd.oci.image.manifest.v1+json"},
+        timeout=10,
+    ).json()
     digest = manifest["layers"][1]["digest"].split(":")[1]  # the tree's tar.zst
     tree_blob = storage / "docker/registry/v2/blobs/sha256" / digest[:2] / digest / "data"
     data = bytearray(tree_blob.read_bytes())

@@ -31,8 +31,7 @@ def stage0_entries(project: Project) -> list[dict[str, object]]:
 def test_root_tarball_becomes_the_seed_and_builds_work_on_it(project: Project, seed_store: Path) -> None:
     seed_key = stage0_key(load_tree(project.pkgs, Platform.parse("linux/amd64")))
     tarball = project.root.parent / "root.tar"
-    subprocess.run(["tar", "-C", str(seed_store / "store" / seed_key / "tree"), "-cf", str(tarball), "."],
-                   check=True)
+    subprocess.run(["tar", "-C", str(seed_store / "store" / seed_key / "tree"), "-cf", str(tarball), "."], check=True)
     boot = project.kiln("bootstrap", "--from-tar", str(tarball), check=True)
     tar_key = boot.out.split()[-1]
     assert tar_key != seed_key  # keyed by the tarball's hash, not by stage0.yaml
@@ -70,17 +69,33 @@ def oci_archive(path: Path, layers: list[bytes]) -> None:
         return f"sha256:{digest}"
 
     config = json.dumps({"architecture": "amd64", "os": "linux", "rootfs": {"type": "layers"}}).encode()
-    manifest = json.dumps({
-        "schemaVersion": 2,
-        "mediaType": "application/vnd.oci.image.manifest.v1+json",
-        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": add(config),
-                   "size": len(config)},
-        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": add(layer),
-                    "size": len(layer)} for layer in layers],
-    }).encode()
-    index = json.dumps({"schemaVersion": 2, "manifests": [
-        {"mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": add(manifest),
-         "size": len(manifest)}]}).encode()
+    manifest = json.dumps(
+        {
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "config": {
+                "mediaType": "application/vnd.oci.image.config.v1+json",
+                "digest": add(config),
+                "size": len(config),
+            },
+            "layers": [
+                {"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": add(layer), "size": len(layer)}
+                for layer in layers
+            ],
+        }
+    ).encode()
+    index = json.dumps(
+        {
+            "schemaVersion": 2,
+            "manifests": [
+                {
+                    "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                    "digest": add(manifest),
+                    "size": len(manifest),
+                }
+            ],
+        }
+    ).encode()
     files = {"oci-layout": b'{"imageLayoutVersion": "1.0.0"}', "index.json": index}
     files |= {f"blobs/sha256/{d}": data for d, data in blobs.items()}
     with tarfile.open(path, "w") as tar:
@@ -91,8 +106,18 @@ def oci_archive(path: Path, layers: list[bytes]) -> None:
 
 
 def test_oci_archive_layers_apply_in_order_with_whiteouts(project: Project) -> None:
-    bottom = _tar({"bin/": None, "bin/tool": b"v1", "etc/": None, "etc/a": b"a", "etc/b": b"b",
-                   "opt/": None, "opt/old/": None, "opt/old/file": b"old"})
+    bottom = _tar(
+        {
+            "bin/": None,
+            "bin/tool": b"v1",
+            "etc/": None,
+            "etc/a": b"a",
+            "etc/b": b"b",
+            "opt/": None,
+            "opt/old/": None,
+            "opt/old/file": b"old",
+        }
+    )
     top = _tar({"bin/tool": b"v2", "etc/.wh.a": b"", "opt/.wh..wh..opq": b"", "opt/new": b"new"})
     archive = project.root.parent / "image.oci.tar"
     oci_archive(archive, [bottom, top])

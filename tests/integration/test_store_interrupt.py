@@ -122,15 +122,22 @@ def finish(process: subprocess.Popen[str], seconds: float = 300) -> tuple[int, s
 
 def test_gc_during_a_build_keeps_the_cached_dependency(project: Project, gate: Gate) -> None:
     """dep is judged cached at once; app mounts it only after gate's step: a gc runs in between."""
-    add_package(project, "dep", """
+    add_package(
+        project,
+        "dep",
+        """
 name: dep
 variant: stage0
 steps:
   - build: [mkdir -p /out && echo dep > /out/result]
 finalize: [{from: /out, to: /}]
-""")
+""",
+    )
     add_package(project, "gate", gate.package("gate"))
-    add_package(project, "app", """
+    add_package(
+        project,
+        "app",
+        """
 name: app
 variant: stage0
 dependencies:
@@ -139,7 +146,8 @@ dependencies:
 steps:
   - build: [mkdir -p /out && cat /dep/result /gate/result > /out/both]
 finalize: [{from: /out, to: /}]
-""")
+""",
+    )
     project.kiln("build", "dep", check=True)
     [dep_key] = [k for k, name in stored(project).items() if name == "dep"]
     build = project.popen("build", "app", "--json")
@@ -163,8 +171,13 @@ finalize: [{from: /out, to: /}]
 def start_with_default_sigint(project: Project, *args: str) -> subprocess.Popen[str]:
     """kiln as a subprocess whose SIGINT is not ignored, even when this test runs as a background job."""
     return subprocess.Popen(
-        [*KILN, *args], cwd=project.root, env=project.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        [*KILN, *args],
+        cwd=project.root,
+        env=project.env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
 
 

@@ -39,7 +39,11 @@ def toolchain(seed_store: Path, tmp_path_factory: pytest.TempPathFactory) -> Pat
     env = {**os.environ, "KILN_CACHE": str(cache), "PYTHONUNBUFFERED": "1"}
     result = subprocess.run(
         [sys.executable, "-m", "kiln.cli", "build", "toolchain", "--json", "--out", str(out)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=3600,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=3600,
     )
     assert result.returncode == 0, result.stdout + result.stderr[-6000:]
     assert json.loads(result.stdout)["packages"]["toolchain"]["status"] == "built"
@@ -49,23 +53,31 @@ def toolchain(seed_store: Path, tmp_path_factory: pytest.TempPathFactory) -> Pat
 def compile_and_run(compiler: Path, source: str, suffix: str, tmp_path: Path) -> tuple[Path, str]:
     (tmp_path / f"hello{suffix}").write_text(source)
     binary = tmp_path / f"hello{suffix}.bin"
-    subprocess.run([str(compiler), "-static", "-O2", str(tmp_path / f"hello{suffix}"), "-o", str(binary)],
-                   check=True, capture_output=True, text=True)
+    subprocess.run(
+        [str(compiler), "-static", "-O2", str(tmp_path / f"hello{suffix}"), "-o", str(binary)],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     return binary, subprocess.run([str(binary)], check=True, capture_output=True, text=True).stdout
 
 
 @pytest.mark.timeout(3600)
-@pytest.mark.parametrize(("driver", "source", "suffix", "expected"), [
-    ("gcc", C_PROGRAM, ".c", "c 42\n"),
-    ("g++", CXX_PROGRAM, ".cc", "c++ 42\n"),
-])
+@pytest.mark.parametrize(
+    ("driver", "source", "suffix", "expected"),
+    [
+        ("gcc", C_PROGRAM, ".c", "c 42\n"),
+        ("g++", CXX_PROGRAM, ".cc", "c++ 42\n"),
+    ],
+)
 def test_full_toolchain_links_static_programs_that_run(
     toolchain: Path, tmp_path: Path, driver: str, source: str, suffix: str, expected: str
 ) -> None:
     binary, output = compile_and_run(toolchain / "bin" / f"{TRIPLE}-{driver}", source, suffix, tmp_path)
     assert output == expected
     assert PT_INTERP not in program_headers(binary)  # static: no dynamic loader
-    comment = subprocess.run(["readelf", "-p", ".comment", str(binary)], capture_output=True, text=True,
-                             check=True).stdout
+    comment = subprocess.run(
+        ["readelf", "-p", ".comment", str(binary)], capture_output=True, text=True, check=True
+    ).stdout
     assert "GCC: (Kiln) 12.2.0" in comment and "Debian" not in comment  # Kiln's gcc and crt, not stage0's
     assert (toolchain / TRIPLE / "lib" / "libc.a").is_file()  # musl in the toolchain's sysroot

@@ -21,8 +21,9 @@ def rooms() -> ModuleType:
 
 
 def test_the_committed_picture_is_current() -> None:
-    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "rooms.py"), "--check"],
-                            capture_output=True, text=True, check=False)
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "rooms.py"), "--check"], capture_output=True, text=True, check=False
+    )
     assert result.returncode == 0, result.stderr
 
 
@@ -30,7 +31,7 @@ def test_the_picture_shows_each_crossing_and_no_upward_one() -> None:
     edges: Counter[tuple[str, str]] = rooms().room_imports()
     assert edges[("build", "pkg")] > 0 and edges[("pkg", "core")] > 0
     order = ["cli", "installer", "rootfs", "build", "pkg", "core"]
-    for (a, b) in edges:
+    for a, b in edges:
         if a in order and b in order:
             assert order.index(a) < order.index(b), f"{a} imports {b}, a room above it"
     assert not any(a == "core" for a, _ in edges), "core imports no other room"

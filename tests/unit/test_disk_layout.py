@@ -20,7 +20,11 @@ def assets_of(tmp_path: Path, kernel_size: int, initrd_size: int) -> BootAssets:
 def test_small_payload_gets_the_default_layout(tmp_path: Path) -> None:
     parts = layout(assets_of(tmp_path, 10 * MIB, 12 * MIB))
     assert [(p.name, p.start // MIB, p.size // MIB) for p in parts] == [
-        ("EFI", 1, 100), ("BIOS", 101, 1), ("BOOT", 102, BOOT_MIN_SIZE // MIB), ("META", 230, 1)]
+        ("EFI", 1, 100),
+        ("BIOS", 101, 1),
+        ("BOOT", 102, BOOT_MIN_SIZE // MIB),
+        ("META", 230, 1),
+    ]
     assert minimum_size(assets_of(tmp_path, 1, 1)) == 232 * MIB
 
 

@@ -57,20 +57,35 @@ class Image:
         self.blobs[digest(data)] = data
         return {"mediaType": media_type, "digest": digest(data), "size": len(data), **extra}
 
-    def manifest(self, layers: list[bytes], arch: str = "amd64", media_type: str = LAYER_TAR,
-                 diff_ids: list[bytes] | None = None) -> bytes:
-        config = json.dumps({"architecture": arch, "os": "linux", "rootfs": {
-            "type": "layers", "diff_ids": [digest(d) for d in (diff_ids if diff_ids is not None else layers)]}})
-        return json.dumps({
-            "schemaVersion": 2, "mediaType": MANIFEST,
-            "config": self.add(config.encode(), "application/vnd.oci.image.config.v1+json"),
-            "layers": [self.add(data, media_type) for data in layers],
-        }).encode()
+    def manifest(
+        self, layers: list[bytes], arch: str = "amd64", media_type: str = LAYER_TAR, diff_ids: list[bytes] | None = None
+    ) -> bytes:
+        config = json.dumps(
+            {
+                "architecture": arch,
+                "os": "linux",
+                "rootfs": {
+                    "type": "layers",
+                    "diff_ids": [digest(d) for d in (diff_ids if diff_ids is not None else layers)],
+                },
+            }
+        )
+        return json.dumps(
+            {
+                "schemaVersion": 2,
+                "mediaType": MANIFEST,
+                "config": self.add(config.encode(), "application/vnd.oci.image.config.v1+json"),
+                "layers": [self.add(data, media_type) for data in layers],
+            }
+        ).encode()
 
-    def write(self, path: Path, manifests: list[dict[str, object]], tamper: Callable[[dict[str, bytes]], None]
-              | None = None) -> Path:
-        files = {"oci-layout": b'{"imageLayoutVersion": "1.0.0"}',
-                 "index.json": json.dumps({"schemaVersion": 2, "manifests": manifests}).encode()}
+    def write(
+        self, path: Path, manifests: list[dict[str, object]], tamper: Callable[[dict[str, bytes]], None] | None = None
+    ) -> Path:
+        files = {
+            "oci-layout": b'{"imageLayoutVersion": "1.0.0"}',
+            "index.json": json.dumps({"schemaVersion": 2, "manifests": manifests}).encode(),
+        }
         files |= {f"blobs/sha256/{d.removeprefix('sha256:')}": data for d, data in self.blobs.items()}
         if tamper:
             tamper(files)
@@ -132,8 +147,17 @@ def test_member_through_a_symlink_of_the_same_layer_is_refused(tmp_path: Path, t
 
 
 def test_whiteouts_inside_still_work(tmp_path: Path, tree: Path) -> None:
-    bottom = layer({"etc/": None, "etc/a": b"a", "etc/b": b"b", "opt/": None, "opt/old/": None,
-                    "opt/old/f": b"old", "opt/lnk": "/etc"})
+    bottom = layer(
+        {
+            "etc/": None,
+            "etc/a": b"a",
+            "etc/b": b"b",
+            "opt/": None,
+            "opt/old/": None,
+            "opt/old/f": b"old",
+            "opt/lnk": "/etc",
+        }
+    )
     top = layer({"etc/.wh.a": b"", "opt/.wh..wh..opq": b"", "opt/new": b"new"})
     import_tarball(single(tmp_path, [bottom, top]), tree, AMD64)
     assert not (tree / "etc/a").exists() and (tree / "etc/b").read_bytes() == b"b"
@@ -146,11 +170,17 @@ def multi_arch(tmp_path: Path) -> Path:
     amd = image.manifest([layer({"arch": b"amd64"})], arch="amd64")
     arm = image.manifest([layer({"arch": b"arm64"})], arch="arm64")
     attestation = image.add(b'{"schemaVersion": 2}', MANIFEST, platform={"os": "unknown", "architecture": "unknown"})
-    nested = json.dumps({"schemaVersion": 2, "mediaType": INDEX, "manifests": [
-        image.add(amd, MANIFEST, platform={"os": "linux", "architecture": "amd64"}),
-        image.add(arm, MANIFEST, platform={"os": "linux", "architecture": "arm64", "variant": "v8"}),
-        attestation,
-    ]}).encode()
+    nested = json.dumps(
+        {
+            "schemaVersion": 2,
+            "mediaType": INDEX,
+            "manifests": [
+                image.add(amd, MANIFEST, platform={"os": "linux", "architecture": "amd64"}),
+                image.add(arm, MANIFEST, platform={"os": "linux", "architecture": "arm64", "variant": "v8"}),
+                attestation,
+            ],
+        }
+    ).encode()
     return image.write(tmp_path / "multi.tar", [image.add(nested, INDEX)])
 
 
@@ -163,8 +193,9 @@ def test_multi_arch_index_gives_the_platforms_image(tmp_path: Path, tree: Path, 
 def test_multi_arch_index_without_the_platform_is_an_error(tmp_path: Path, tree: Path) -> None:
     image = Image()
     amd = image.manifest([layer({"arch": b"amd64"})], arch="amd64")
-    archive = image.write(tmp_path / "amd.tar", [image.add(amd, MANIFEST,
-                                                           platform={"os": "linux", "architecture": "amd64"})])
+    archive = image.write(
+        tmp_path / "amd.tar", [image.add(amd, MANIFEST, platform={"os": "linux", "architecture": "amd64"})]
+    )
     with pytest.raises(SeedError, match=r"no image for linux/arm64 in this archive \(it has linux/amd64\)"):
         import_tarball(archive, tree, ARM64)
 
@@ -176,22 +207,29 @@ def test_single_image_for_another_arch_is_an_error(tmp_path: Path, tree: Path) -
 
 def docker_save(tmp_path: Path, layers: list[bytes], arch: str = "amd64") -> Path:
     """A classic `docker save` archive: <id>/layer.tar files, a <sha>.json config, manifest.json."""
-    config = json.dumps({"architecture": arch, "os": "linux",
-                         "rootfs": {"type": "layers", "diff_ids": [digest(d) for d in layers]}}).encode()
+    config = json.dumps(
+        {"architecture": arch, "os": "linux", "rootfs": {"type": "layers", "diff_ids": [digest(d) for d in layers]}}
+    ).encode()
     config_name = digest(config).removeprefix("sha256:") + ".json"
     files = {config_name: config}
     paths = []
     for number, data in enumerate(layers):
         paths.append(f"{number:064x}/layer.tar")
         files[paths[-1]] = data
-    files["manifest.json"] = json.dumps([{"Config": config_name, "RepoTags": ["seed:latest"],
-                                          "Layers": paths}]).encode()
+    files["manifest.json"] = json.dumps(
+        [{"Config": config_name, "RepoTags": ["seed:latest"], "Layers": paths}]
+    ).encode()
     return write_tar(tmp_path / "saved.tar", files)
 
 
 def test_docker_save_archive_is_mapped_not_unpacked_as_a_root(tmp_path: Path, tree: Path) -> None:
-    archive = docker_save(tmp_path, [layer({"bin/": None, "bin/tool": b"v1", "etc/": None, "etc/a": b"a"}),
-                                     layer({"bin/tool": b"v2", "etc/.wh.a": b""})])
+    archive = docker_save(
+        tmp_path,
+        [
+            layer({"bin/": None, "bin/tool": b"v1", "etc/": None, "etc/a": b"a"}),
+            layer({"bin/tool": b"v2", "etc/.wh.a": b""}),
+        ],
+    )
     import_tarball(archive, tree, AMD64)
     assert sorted(str(p.relative_to(tree)) for p in tree.rglob("*")) == ["bin", "bin/tool", "etc"]
     assert (tree / "bin/tool").read_bytes() == b"v2"
@@ -243,14 +281,16 @@ def test_blob_digest_mismatch_is_refused(tmp_path: Path, tree: Path) -> None:
 
 def test_digest_with_a_path_in_it_is_refused(tmp_path: Path, tree: Path) -> None:
     image = Image()
-    archive = image.write(tmp_path / "odd.tar", [{"mediaType": MANIFEST, "digest": "sha256:../../../etc/passwd",
-                                                  "size": 1}])
+    archive = image.write(
+        tmp_path / "odd.tar", [{"mediaType": MANIFEST, "digest": "sha256:../../../etc/passwd", "size": 1}]
+    )
     with pytest.raises(SeedError, match="malformed digest"):
         import_tarball(archive, tree, AMD64)
 
 
-def test_cli_reports_a_bad_seed_archive_with_exit_2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                    kiln: Callable[..., Result]) -> None:
+def test_cli_reports_a_bad_seed_archive_with_exit_2(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kiln: Callable[..., Result]
+) -> None:
     monkeypatch.setenv("KILN_CACHE", str(tmp_path / "cache"))
     canary = tmp_path / "cache" / "victim"
     canary.mkdir(parents=True)

@@ -144,9 +144,7 @@ TEMPLATE_CASES: dict[str, tuple[str, str]] = {
 
 
 @pytest.mark.parametrize("case", sorted(TEMPLATE_CASES))
-def test_hostile_template_is_refused(
-    case: str, tmp_path: Path, cache: Path, kiln: Callable[..., Result]
-) -> None:
+def test_hostile_template_is_refused(case: str, tmp_path: Path, cache: Path, kiln: Callable[..., Result]) -> None:
     source, expected = TEMPLATE_CASES[case]
     write_tree(tmp_path, {"a/pkg.yaml": source})
     result, elapsed = validate(kiln)
@@ -197,34 +195,56 @@ BILLION_LAUGHS = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
 )
 
 YAML_CASES: dict[str, tuple[dict[str, str | bytes], str]] = {
-    "recursive alias": ({"a/pkg.yaml": "name: a\nvariant: stage0\nx: &x [*x]\n"},
-                        "pkgs/a/pkg.yaml:3: YAML anchors (&x) are not allowed in Kiln files"),
-    "alias bomb": ({"a/pkg.yaml": "name: a\nvariant: stage0\n" + BILLION_LAUGHS},
-                   "pkgs/a/pkg.yaml:3: YAML anchors (&a) are not allowed in Kiln files"),
-    "alias without anchor": ({"a/pkg.yaml": "name: a\nvariant: stage0\n\nx: *y\n"},
-                             "pkgs/a/pkg.yaml:4: "),
-    "deep flow nesting": ({"a/pkg.yaml": "name: a\nx: " + "[" * 20000 + "]" * 20000 + "\n"},
-                          "pkgs/a/pkg.yaml:2: nested more than 64 levels deep"),
-    "deep block nesting": ({"a/pkg.yaml": "name: a\nx:\n" + "".join(" " * i + "- \n" for i in range(1, 3000))},
-                           "pkgs/a/pkg.yaml:"),
-    "non-UTF-8": ({"a/pkg.yaml": b"name: a\nvariant: stage0\ndescription: \xff\xfe\n"},
-                  "pkgs/a/pkg.yaml:3: pkg.yaml is not valid UTF-8"),
-    "huge file": ({"a/pkg.yaml": "name: a\n" + "# padding\n" * 120000},
-                  "pkgs/a/pkg.yaml:1: pkg.yaml is too large"),
-    "bad timestamp": ({"a/pkg.yaml": "name: a\nvariant: stage0\n\nversion: 2024-13-45\n"},
-                      "pkgs/a/pkg.yaml:4: bad value '2024-13-45'"),
-    "two documents": ({"a/pkg.yaml": "name: a\nvariant: stage0\n---\nname: b\n"},
-                      "pkgs/a/pkg.yaml:3: expected a single YAML document"),
-    "vars.yaml alias": ({"vars.yaml": "a: &a 1\nb: *a\n", "a/pkg.yaml": OK},
-                        "pkgs/vars.yaml:1: YAML anchors (&a) are not allowed"),
-    "vars.yaml non-UTF-8": ({"vars.yaml": b"a: 1\nb: \xc3\x28\n", "a/pkg.yaml": OK},
-                            "pkgs/vars.yaml:2: vars file is not valid UTF-8"),
-    "package vars.yaml deep": ({"a/vars.yaml": "x: " + "{a: " * 100 + "}" * 100 + "\n", "a/pkg.yaml": OK},
-                               "pkgs/a/vars.yaml:1: nested more than 64 levels deep"),
-    "stage0.yaml bomb": ({"stage0.yaml": BILLION_LAUGHS, "a/pkg.yaml": OK},
-                         "pkgs/stage0.yaml:1: YAML anchors (&a) are not allowed"),
-    "stage0.yaml huge": ({"stage0.yaml": "#" * (2 << 20), "a/pkg.yaml": OK},
-                         "pkgs/stage0.yaml:1: stage0.yaml is too large"),
+    "recursive alias": (
+        {"a/pkg.yaml": "name: a\nvariant: stage0\nx: &x [*x]\n"},
+        "pkgs/a/pkg.yaml:3: YAML anchors (&x) are not allowed in Kiln files",
+    ),
+    "alias bomb": (
+        {"a/pkg.yaml": "name: a\nvariant: stage0\n" + BILLION_LAUGHS},
+        "pkgs/a/pkg.yaml:3: YAML anchors (&a) are not allowed in Kiln files",
+    ),
+    "alias without anchor": ({"a/pkg.yaml": "name: a\nvariant: stage0\n\nx: *y\n"}, "pkgs/a/pkg.yaml:4: "),
+    "deep flow nesting": (
+        {"a/pkg.yaml": "name: a\nx: " + "[" * 20000 + "]" * 20000 + "\n"},
+        "pkgs/a/pkg.yaml:2: nested more than 64 levels deep",
+    ),
+    "deep block nesting": (
+        {"a/pkg.yaml": "name: a\nx:\n" + "".join(" " * i + "- \n" for i in range(1, 3000))},
+        "pkgs/a/pkg.yaml:",
+    ),
+    "non-UTF-8": (
+        {"a/pkg.yaml": b"name: a\nvariant: stage0\ndescription: \xff\xfe\n"},
+        "pkgs/a/pkg.yaml:3: pkg.yaml is not valid UTF-8",
+    ),
+    "huge file": ({"a/pkg.yaml": "name: a\n" + "# padding\n" * 120000}, "pkgs/a/pkg.yaml:1: pkg.yaml is too large"),
+    "bad timestamp": (
+        {"a/pkg.yaml": "name: a\nvariant: stage0\n\nversion: 2024-13-45\n"},
+        "pkgs/a/pkg.yaml:4: bad value '2024-13-45'",
+    ),
+    "two documents": (
+        {"a/pkg.yaml": "name: a\nvariant: stage0\n---\nname: b\n"},
+        "pkgs/a/pkg.yaml:3: expected a single YAML document",
+    ),
+    "vars.yaml alias": (
+        {"vars.yaml": "a: &a 1\nb: *a\n", "a/pkg.yaml": OK},
+        "pkgs/vars.yaml:1: YAML anchors (&a) are not allowed",
+    ),
+    "vars.yaml non-UTF-8": (
+        {"vars.yaml": b"a: 1\nb: \xc3\x28\n", "a/pkg.yaml": OK},
+        "pkgs/vars.yaml:2: vars file is not valid UTF-8",
+    ),
+    "package vars.yaml deep": (
+        {"a/vars.yaml": "x: " + "{a: " * 100 + "}" * 100 + "\n", "a/pkg.yaml": OK},
+        "pkgs/a/vars.yaml:1: nested more than 64 levels deep",
+    ),
+    "stage0.yaml bomb": (
+        {"stage0.yaml": BILLION_LAUGHS, "a/pkg.yaml": OK},
+        "pkgs/stage0.yaml:1: YAML anchors (&a) are not allowed",
+    ),
+    "stage0.yaml huge": (
+        {"stage0.yaml": "#" * (2 << 20), "a/pkg.yaml": OK},
+        "pkgs/stage0.yaml:1: stage0.yaml is too large",
+    ),
 }
 
 
@@ -250,11 +270,10 @@ def test_hostile_yaml_is_refused(case: str, tmp_path: Path, cache: Path, kiln: C
 
 
 @pytest.mark.parametrize("loader", [getattr(yaml, "CSafeLoader", yaml.SafeLoader), yaml.SafeLoader])
-@pytest.mark.parametrize("text", ["[" * 20000 + "]" * 20000, "{a: " * 20000 + "}" * 20000,
-                                  "".join(" " * i + "- \n" for i in range(5000))])
-def test_deep_nesting_is_an_error_with_both_loaders(
-    text: str, loader: type, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.mark.parametrize(
+    "text", ["[" * 20000 + "]" * 20000, "{a: " * 20000 + "}" * 20000, "".join(" " * i + "- \n" for i in range(5000))]
+)
+def test_deep_nesting_is_an_error_with_both_loaders(text: str, loader: type, monkeypatch: pytest.MonkeyPatch) -> None:
     """The C parser and the pure-Python one both stop at the cap, well before their quadratic cost."""
     monkeypatch.setattr(yamlfile, "_Loader", loader)
     start = time.monotonic()
@@ -273,9 +292,7 @@ def test_dangling_symlink_pkg_yaml(tmp_path: Path, cache: Path, kiln: Callable[.
 
 
 @pytest.mark.parametrize("name", ["a/pkg.yaml", "vars.yaml", "base/vars.yaml", "stage0.yaml"])
-def test_fifo_is_refused_without_hanging(
-    name: str, tmp_path: Path, cache: Path, kiln: Callable[..., Result]
-) -> None:
+def test_fifo_is_refused_without_hanging(name: str, tmp_path: Path, cache: Path, kiln: Callable[..., Result]) -> None:
     """Nobody ever writes to this FIFO: opening it blocking would hang kiln forever."""
     pkgs = write_tree(tmp_path, {"base/pkg.yaml": OK})
     (pkgs / name).parent.mkdir(parents=True, exist_ok=True)
@@ -314,14 +331,19 @@ def test_links_out_of_the_tree_are_refused(
 # --- values YAML 1.1 would change, names and paths ---------------------------------------------------
 
 VALUE_CASES: dict[str, tuple[str, str]] = {
-    "env float": ("    env:\n      GO_VERSION: 1.20\n",
-                  "pkgs/a/pkg.yaml:6: GO_VERSION must be a string, not a number (quote it)"),
-    "env octal": ("    env:\n      UMASK: 0755\n",
-                  "pkgs/a/pkg.yaml:6: UMASK must be a string, not a number (quote it)"),
-    "env yes": ("    env:\n      STATIC: yes\n",
-                  "pkgs/a/pkg.yaml:6: STATIC must be a string, not a boolean (quote it)"),
-    "env name with newline": ("    env:\n      \"A\\n\": x\n",
-                  "pkgs/a/pkg.yaml:5: env name 'A\\n' is not a valid shell"),
+    "env float": (
+        "    env:\n      GO_VERSION: 1.20\n",
+        "pkgs/a/pkg.yaml:6: GO_VERSION must be a string, not a number (quote it)",
+    ),
+    "env octal": (
+        "    env:\n      UMASK: 0755\n",
+        "pkgs/a/pkg.yaml:6: UMASK must be a string, not a number (quote it)",
+    ),
+    "env yes": (
+        "    env:\n      STATIC: yes\n",
+        "pkgs/a/pkg.yaml:6: STATIC must be a string, not a boolean (quote it)",
+    ),
+    "env name with newline": ('    env:\n      "A\\n": x\n', "pkgs/a/pkg.yaml:5: env name 'A\\n' is not a valid shell"),
     "env name with dash": ("    env:\n      A-B: x\n", "pkgs/a/pkg.yaml:5: env name 'A-B' is not a valid shell"),
 }
 
@@ -335,20 +357,25 @@ def test_env_values_and_names(case: str, tmp_path: Path, cache: Path, kiln: Call
 
 
 PATH_CASES: dict[str, tuple[str, str]] = {
-    "name with trailing newline": ('name: "a\\n"\nvariant: stage0\n',
-                                   "pkgs/a/pkg.yaml:1: bad package name 'a\\n'"),
+    "name with trailing newline": ('name: "a\\n"\nvariant: stage0\n', "pkgs/a/pkg.yaml:1: bad package name 'a\\n'"),
     "from with newline and dotdot": (
         'name: a\nvariant: stage0\ndependencies:\n  - stage: base\n    from: "/x\\n/../../../../"\n',
         "pkgs/a/pkg.yaml:5: from must be an absolute path without '..', ':', ','",
     ),
-    "to with a colon": ('name: a\nvariant: stage0\ndependencies:\n  - stage: base\n    to: "/a:/etc"\n',
-                        "pkgs/a/pkg.yaml:5: to must be an absolute path without '..', ':', ','"),
-    "to with a comma": ('name: a\nvariant: stage0\ndependencies:\n  - stage: base\n    to: "/a,upperdir=/"\n',
-                        "pkgs/a/pkg.yaml:5: to must be an absolute path without '..', ':', ','"),
-    "stage with trailing newline": ('name: a\nvariant: stage0\ndependencies:\n  - stage: "base\\n"\n',
-                                    "pkgs/a/pkg.yaml:4: bad dependency name 'base\\n'"),
+    "to with a colon": (
+        'name: a\nvariant: stage0\ndependencies:\n  - stage: base\n    to: "/a:/etc"\n',
+        "pkgs/a/pkg.yaml:5: to must be an absolute path without '..', ':', ','",
+    ),
+    "to with a comma": (
+        'name: a\nvariant: stage0\ndependencies:\n  - stage: base\n    to: "/a,upperdir=/"\n',
+        "pkgs/a/pkg.yaml:5: to must be an absolute path without '..', ':', ','",
+    ),
+    "stage with trailing newline": (
+        'name: a\nvariant: stage0\ndependencies:\n  - stage: "base\\n"\n',
+        "pkgs/a/pkg.yaml:4: bad dependency name 'base\\n'",
+    ),
     "sha256 with trailing newline": (
-        'name: a\nvariant: stage0\nsteps:\n  - sources:\n      - url: https://x.org/a.tgz\n'
+        "name: a\nvariant: stage0\nsteps:\n  - sources:\n      - url: https://x.org/a.tgz\n"
         '        destination: a.tgz\n        sha256: "' + "a" * 64 + '\\n"\n' + FIN,
         "pkgs/a/pkg.yaml:7: malformed sha256",
     ),
@@ -356,20 +383,20 @@ PATH_CASES: dict[str, tuple[str, str]] = {
         'name: a\nvariant: stage0\nsteps:\n  - sources:\n      - path: src\n        destination: "a\\0b"\n' + FIN,
         "pkgs/a/pkg.yaml:6: destination must be a path relative to /tmp/build without '..' or control",
     ),
-    "finalize with an escape": ('name: a\nvariant: stage0\nfinalize:\n  - from: "/out\\e[2J"\n    to: /\n',
-                                "pkgs/a/pkg.yaml:4: from must be an absolute path without '..' or control"),
+    "finalize with an escape": (
+        'name: a\nvariant: stage0\nfinalize:\n  - from: "/out\\e[2J"\n    to: /\n',
+        "pkgs/a/pkg.yaml:4: from must be an absolute path without '..' or control",
+    ),
     "url with trailing newline": (
         'name: a\nvariant: stage0\nsteps:\n  - sources:\n      - url: "https://x.org/a.tgz\\n"\n'
-        '        destination: a.tgz\n        sha256: ' + "a" * 64 + "\n" + FIN,
+        "        destination: a.tgz\n        sha256: " + "a" * 64 + "\n" + FIN,
         "pkgs/a/pkg.yaml:5: url must be an http(s) or ftp URL",
     ),
 }
 
 
 @pytest.mark.parametrize("case", sorted(PATH_CASES))
-def test_paths_and_names_are_checked_whole(
-    case: str, tmp_path: Path, cache: Path, kiln: Callable[..., Result]
-) -> None:
+def test_paths_and_names_are_checked_whole(case: str, tmp_path: Path, cache: Path, kiln: Callable[..., Result]) -> None:
     source, expected = PATH_CASES[case]
     write_tree(tmp_path, {"base/pkg.yaml": OK, "a/pkg.yaml": source})
     result, elapsed = validate(kiln)
@@ -378,10 +405,13 @@ def test_paths_and_names_are_checked_whole(
 
 
 def test_invalid_package_is_not_also_an_unknown_dependency(tmp_path: Path, kiln: Callable[..., Result]) -> None:
-    write_tree(tmp_path, {
-        "libfoo/pkg.yaml": "name: libfoo\nvariant: stage0\nsteps:\n  - build:\n      - true\n" + FIN,
-        "app/pkg.yaml": "name: app\nvariant: stage0\ndependencies:\n  - stage: libfoo\n",
-    })
+    write_tree(
+        tmp_path,
+        {
+            "libfoo/pkg.yaml": "name: libfoo\nvariant: stage0\nsteps:\n  - build:\n      - true\n" + FIN,
+            "app/pkg.yaml": "name: app\nvariant: stage0\ndependencies:\n  - stage: libfoo\n",
+        },
+    )
     result = kiln("validate")
     assert result.code == 2
     assert result.err.splitlines() == ["pkgs/libfoo/pkg.yaml:5: build[0] must be a string, not a boolean (quote it)"]
@@ -395,6 +425,7 @@ def test_shipped_tree_still_validates(kiln: Callable[..., Result], monkeypatch: 
 
 
 # --- the other YAML readers: profiles and kiln.yaml ---------------------------------------------------
+
 
 def test_profile_with_alias_is_an_input_error(tmp_path: Path) -> None:
     file = tmp_path / "p.yaml"
@@ -482,9 +513,7 @@ def test_signed_cache_is_used_and_a_forged_entry_is_not(
     assert not (tmp_path / "canary").exists()
 
 
-def test_a_key_others_can_read_disables_the_cache(
-    tmp_path: Path, cache: Path, kiln: Callable[..., Result]
-) -> None:
+def test_a_key_others_can_read_disables_the_cache(tmp_path: Path, cache: Path, kiln: Callable[..., Result]) -> None:
     state = tmp_path / "state"
     state.mkdir(mode=0o700)
     (state / "template-cache.key").write_bytes(b"k" * 32)
@@ -494,9 +523,7 @@ def test_a_key_others_can_read_disables_the_cache(
     assert not (cache / "templates").exists()
 
 
-def test_a_cached_template_keeps_its_errors_and_lines(
-    tmp_path: Path, cache: Path, kiln: Callable[..., Result]
-) -> None:
+def test_a_cached_template_keeps_its_errors_and_lines(tmp_path: Path, cache: Path, kiln: Callable[..., Result]) -> None:
     """Loaded from the signed cache, a template reports runtime errors at the same line."""
     source = "name: a\nvariant: stage0\n\nversion: '{{ 10 // n }}'\n"
     pkgs = write_tree(tmp_path, {"vars.yaml": "n: 5\n", "a/pkg.yaml": source})

@@ -46,16 +46,55 @@ def private_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
         else:
             os.environ[name] = value
     codecache._key.cache_clear()
+
+
 OK = "name: base\nvariant: stage0\nfinalize:\n  - from: /\n    to: /\n"
 FAST = settings(max_examples=100, deadline=2000, suppress_health_check=[HealthCheck.too_slow])
 
 # Bytes that look like YAML and Jinja often enough to reach past the first parser error.
-FRAGMENTS = st.sampled_from([
-    b"name: a\n", b"variant: stage0\n", b"steps:\n", b"  - build: [make]\n", b"env: {A: 1}\n", b"&a ", b"*a ",
-    b"[", b"]", b"{", b"}", b"{{ arch }}", b"{% for i in range(3) %}", b"{% endfor %}", b"{{", b"}}", b"{%",
-    b"%}", b"- ", b": ", b"\n", b"  ", b"'", b'"', b"!!binary ", b"!!int ", b"2024-13-45", b"\xff", b"\x00",
-    b"\xc3", b"\t", b"? ", b"---\n", b"...\n", b"\xef\xbb\xbf", b"\r\n", b"0x", b"1e999", b"~",
-])
+FRAGMENTS = st.sampled_from(
+    [
+        b"name: a\n",
+        b"variant: stage0\n",
+        b"steps:\n",
+        b"  - build: [make]\n",
+        b"env: {A: 1}\n",
+        b"&a ",
+        b"*a ",
+        b"[",
+        b"]",
+        b"{",
+        b"}",
+        b"{{ arch }}",
+        b"{% for i in range(3) %}",
+        b"{% endfor %}",
+        b"{{",
+        b"}}",
+        b"{%",
+        b"%}",
+        b"- ",
+        b": ",
+        b"\n",
+        b"  ",
+        b"'",
+        b'"',
+        b"!!binary ",
+        b"!!int ",
+        b"2024-13-45",
+        b"\xff",
+        b"\x00",
+        b"\xc3",
+        b"\t",
+        b"? ",
+        b"---\n",
+        b"...\n",
+        b"\xef\xbb\xbf",
+        b"\r\n",
+        b"0x",
+        b"1e999",
+        b"~",
+    ]
+)
 HOSTILE_BYTES = st.one_of(
     st.binary(max_size=400), st.lists(FRAGMENTS | st.binary(max_size=8), max_size=40).map(b"".join)
 )
@@ -85,8 +124,14 @@ def test_any_pkg_yaml_bytes_give_a_kiln_error(content: bytes) -> None:
 @FAST
 @given(HOSTILE_BYTES)
 def test_any_vars_yaml_bytes_give_a_kiln_error(content: bytes) -> None:
-    load_with({"vars.yaml": content, "base/pkg.yaml": OK.encode(), "a/vars.yaml": content,
-               "a/pkg.yaml": b"name: a\nvariant: stage0\nversion: '{{ arch }}'\n"})
+    load_with(
+        {
+            "vars.yaml": content,
+            "base/pkg.yaml": OK.encode(),
+            "a/vars.yaml": content,
+            "a/pkg.yaml": b"name: a\nvariant: stage0\nversion: '{{ arch }}'\n",
+        }
+    )
 
 
 @FAST
@@ -106,8 +151,9 @@ def test_any_template_text_gives_a_kiln_error(source: str) -> None:
 
 PATHISH = st.one_of(
     st.text(max_size=40),
-    st.lists(st.sampled_from(["", ".", "..", "a", "b c", "/", ":", ",", "\n", "\x00", "\x1b", "é", "~"]),
-             max_size=8).map("/".join),
+    st.lists(
+        st.sampled_from(["", ".", "..", "a", "b c", "/", ":", ",", "\n", "\x00", "\x1b", "é", "~"]), max_size=8
+    ).map("/".join),
 )
 
 
@@ -157,10 +203,33 @@ def test_loader_accepts_only_clean_dependency_paths(value: str) -> None:
 
 # --- schema patterns: whole strings only --------------------------------------------------------------
 
-SCHEMAS = [("pkg.schema.json", "kiln.pkg"), ("stage0.schema.json", "kiln.pkg"),
-           ("profile.schema.json", "kiln.installer")]
-SAMPLES = ["a", "a1", "p.1", "/a", "/a/b", "a/b", "x=1.0", "a" * 64, "0" * 64, "1GiB", "2 MiB", "http://x.org/a",
-           "https://x/a", "ftp://x/a", "file:///a", ">=0.1,<0.2", "bookworm", "A_1", "metal", "disk.raw"]
+SCHEMAS = [
+    ("pkg.schema.json", "kiln.pkg"),
+    ("stage0.schema.json", "kiln.pkg"),
+    ("profile.schema.json", "kiln.installer"),
+]
+SAMPLES = [
+    "a",
+    "a1",
+    "p.1",
+    "/a",
+    "/a/b",
+    "a/b",
+    "x=1.0",
+    "a" * 64,
+    "0" * 64,
+    "1GiB",
+    "2 MiB",
+    "http://x.org/a",
+    "https://x/a",
+    "ftp://x/a",
+    "file:///a",
+    ">=0.1,<0.2",
+    "bookworm",
+    "A_1",
+    "metal",
+    "disk.raw",
+]
 
 
 def schema_patterns(node: object) -> list[str]:
@@ -187,13 +256,16 @@ def test_no_schema_pattern_accepts_a_trailing_newline(name: str, package: str) -
                 assert not re.search(pattern, sample + "\n/../x"), (pattern, sample)
 
 
-@pytest.mark.parametrize(("document", "name", "package"), [
-    ({"name": "a\n"}, "pkg.schema.json", "kiln.pkg"),
-    ({"name": "a", "dependencies": [{"stage": "b", "from": "/x\n/../../../../"}]}, "pkg.schema.json", "kiln.pkg"),
-    ({"name": "a", "steps": [{"env": {"A\n": "x"}}]}, "pkg.schema.json", "kiln.pkg"),
-    ({"suite": "bookworm\n"}, "stage0.schema.json", "kiln.pkg"),
-    ({"mirror": "http://x\n"}, "stage0.schema.json", "kiln.pkg"),
-])
+@pytest.mark.parametrize(
+    ("document", "name", "package"),
+    [
+        ({"name": "a\n"}, "pkg.schema.json", "kiln.pkg"),
+        ({"name": "a", "dependencies": [{"stage": "b", "from": "/x\n/../../../../"}]}, "pkg.schema.json", "kiln.pkg"),
+        ({"name": "a", "steps": [{"env": {"A\n": "x"}}]}, "pkg.schema.json", "kiln.pkg"),
+        ({"suite": "bookworm\n"}, "stage0.schema.json", "kiln.pkg"),
+        ({"mirror": "http://x\n"}, "stage0.schema.json", "kiln.pkg"),
+    ],
+)
 def test_both_validators_refuse_a_trailing_newline(document: dict[str, object], name: str, package: str) -> None:
     assert schema.validate(document, name, package)
     assert list(schema._validator(name, package).iter_errors(document))

@@ -138,8 +138,9 @@ def test_source_swapped_after_verification_never_reaches_the_build(tmp_path: Pat
     assert place_source(fetcher.fetch(source), build, "pkg.tar").read_bytes() == b"pinned bytes\n"
 
 
-def test_untouched_cached_source_is_not_hashed_again(tmp_path: Path, mirror: Path,
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_untouched_cached_source_is_not_hashed_again(
+    tmp_path: Path, mirror: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     fetcher, source, path = cached(tmp_path, mirror, b"pinned bytes\n")
     import kiln.build.fetch as fetch
 
@@ -150,8 +151,9 @@ def test_untouched_cached_source_is_not_hashed_again(tmp_path: Path, mirror: Pat
     assert fetcher.fetch(source) == path
 
 
-def test_cache_verify_rehashes_sources_and_reports(tmp_path: Path, mirror: Path, monkeypatch: pytest.MonkeyPatch,
-                                                   kiln: Callable[..., Result]) -> None:
+def test_cache_verify_rehashes_sources_and_reports(
+    tmp_path: Path, mirror: Path, monkeypatch: pytest.MonkeyPatch, kiln: Callable[..., Result]
+) -> None:
     monkeypatch.setenv("KILN_CACHE", str(tmp_path / "cache"))
     _, _, good = cached(tmp_path, mirror, b"good source\n", "a.txt")
     _, _, bad = cached(tmp_path, mirror, b"will be damaged\n", "b.txt")
@@ -188,10 +190,15 @@ def corrupt_after_first(members: list[tarfile.TarInfo]) -> bytes:
 
 def test_corrupt_header_followed_by_evil_link_is_refused(tmp_path: Path) -> None:
     archive = tmp_path / "pkg.tar"
-    archive.write_bytes(corrupt_after_first(
-        [entry("pkg/", tarfile.DIRTYPE), entry("pkg/hidden", tarfile.DIRTYPE),
-         entry("pkg/passwd", tarfile.SYMTYPE, "/etc/passwd")]
-    ))
+    archive.write_bytes(
+        corrupt_after_first(
+            [
+                entry("pkg/", tarfile.DIRTYPE),
+                entry("pkg/hidden", tarfile.DIRTYPE),
+                entry("pkg/passwd", tarfile.SYMTYPE, "/etc/passwd"),
+            ]
+        )
+    )
     # What an extraction does: GNU tar skips the bad header and makes the link.
     out = tmp_path / "out"
     out.mkdir()
@@ -324,9 +331,15 @@ def test_unsafe_zips_are_refused(tmp_path: Path, members: list[tuple[str, bytes,
 
 
 def test_benign_zip_is_accepted(tmp_path: Path) -> None:
-    archive = make_zip(tmp_path / "ok.zip", [("pkg/", b"", stat.S_IFDIR | 0o755), ("pkg/f", b"f", 0o100644),
-                                             ("pkg/l", b"f", stat.S_IFLNK | 0o777),
-                                             ("pkg/top", b"../pkg/f", stat.S_IFLNK | 0o777)])  # unzip strips nothing
+    archive = make_zip(
+        tmp_path / "ok.zip",
+        [
+            ("pkg/", b"", stat.S_IFDIR | 0o755),
+            ("pkg/f", b"f", 0o100644),
+            ("pkg/l", b"f", stat.S_IFLNK | 0o777),
+            ("pkg/top", b"../pkg/f", stat.S_IFLNK | 0o777),
+        ],
+    )  # unzip strips nothing
     assert check_archive(archive) == "zip"
 
 
@@ -342,8 +355,10 @@ def test_fetcher_refuses_an_evil_zip(tmp_path: Path, mirror: Path) -> None:
 
 
 def test_link_safe_in_place_but_out_once_stripped(tmp_path: Path) -> None:
-    archive = _write(tmp_path / "strip.tar", tar_bytes(
-        [entry("pkg-1.0/", tarfile.DIRTYPE), entry("pkg-1.0/up", tarfile.SYMTYPE, "../x")]))
+    archive = _write(
+        tmp_path / "strip.tar",
+        tar_bytes([entry("pkg-1.0/", tarfile.DIRTYPE), entry("pkg-1.0/up", tarfile.SYMTYPE, "../x")]),
+    )
     check_archive(archive, strip_components=0)
     # What the build does with it: the link now points out of the extraction directory.
     out = tmp_path / "out"
@@ -356,18 +371,26 @@ def test_link_safe_in_place_but_out_once_stripped(tmp_path: Path) -> None:
 
 def test_dot_counts_as_a_component_when_stripping(tmp_path: Path) -> None:
     # GNU tar strips "./" as one component: ./pkg/up -> ../x is safe at 1 level, out at 2.
-    archive = _write(tmp_path / "dot.tar", tar_bytes([entry("./pkg/", tarfile.DIRTYPE),
-                                                      entry("./pkg/up", tarfile.SYMTYPE, "../x")]))
+    archive = _write(
+        tmp_path / "dot.tar", tar_bytes([entry("./pkg/", tarfile.DIRTYPE), entry("./pkg/up", tarfile.SYMTYPE, "../x")])
+    )
     check_archive(archive)
     with pytest.raises(FetchError, match="after --strip-components=2"):
         check_archive(archive, strip_components=2)
 
 
 def test_link_to_the_top_directory_is_out_once_stripped(tmp_path: Path) -> None:
-    archive = _write(tmp_path / "hard.tar", tar_bytes([
-        entry("pkg/", tarfile.DIRTYPE), entry("pkg/d", tarfile.SYMTYPE, ".."),
-        entry("pkg/f"), entry("pkg/h", tarfile.LNKTYPE, "pkg/d/d/f"),
-    ]))
+    archive = _write(
+        tmp_path / "hard.tar",
+        tar_bytes(
+            [
+                entry("pkg/", tarfile.DIRTYPE),
+                entry("pkg/d", tarfile.SYMTYPE, ".."),
+                entry("pkg/f"),
+                entry("pkg/h", tarfile.LNKTYPE, "pkg/d/d/f"),
+            ]
+        ),
+    )
     with pytest.raises(FetchError, match=r"'pkg/d' is a symlink that points outside .* --strip-components=1"):
         check_archive(archive)
 
@@ -407,8 +430,9 @@ def test_a_download_in_progress_holds_its_partial(tmp_path: Path, mirror: Path) 
         sink.discard()
 
 
-def test_cache_gc_removes_stale_partials(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                        kiln: Callable[..., Result]) -> None:
+def test_cache_gc_removes_stale_partials(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kiln: Callable[..., Result]
+) -> None:
     monkeypatch.setenv("KILN_CACHE", str(tmp_path / "cache"))
     sources = tmp_path / "cache" / "sources"
     sources.mkdir(parents=True)
@@ -442,8 +466,12 @@ def zstd_blob(tmp_path: Path, data: bytes) -> Path:
     ("data", "message"),
     [
         (tar_bytes([entry("etc", tarfile.SYMTYPE, "/etc"), entry("etc/cron.d/x")]), "'etc' is a symlink"),
-        (corrupt_after_first([entry("a", tarfile.DIRTYPE), entry("b", tarfile.DIRTYPE),
-                              entry("c", tarfile.SYMTYPE, "/etc/passwd")]), "unreadable tar header"),
+        (
+            corrupt_after_first(
+                [entry("a", tarfile.DIRTYPE), entry("b", tarfile.DIRTYPE), entry("c", tarfile.SYMTYPE, "/etc/passwd")]
+            ),
+            "unreadable tar header",
+        ),
         (tar_bytes([entry("dev/sda", tarfile.BLKTYPE)]), "device node"),
     ],
     ids=["symlink-out", "corrupt-header", "device"],
@@ -477,8 +505,9 @@ def test_pack_and_unpack_round_trip_without_a_shell(tmp_path: Path) -> None:
 
 
 def test_verdict_of_the_older_check_is_judged_again(tmp_path: Path, mirror: Path) -> None:
-    data = corrupt_after_first([entry("a", tarfile.DIRTYPE), entry("b", tarfile.DIRTYPE),
-                                entry("c", tarfile.SYMTYPE, "/etc/passwd")])
+    data = corrupt_after_first(
+        [entry("a", tarfile.DIRTYPE), entry("b", tarfile.DIRTYPE), entry("c", tarfile.SYMTYPE, "/etc/passwd")]
+    )
     fetcher, _, _ = cached(tmp_path, mirror, b"placeholder")
     (mirror / "evil.tar").write_bytes(data)
     evil = Source(url="http://127.0.0.1:9/evil.tar", destination="evil.tar", sha256=sha(data))

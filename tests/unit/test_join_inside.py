@@ -26,11 +26,21 @@ def root(tmp_path: Path) -> Path:
     return top
 
 
-@pytest.mark.parametrize("path, expected", [
-    ("/", ""), ("", ""), ("/usr/lib", "usr/lib"), ("usr//./lib/", "usr/lib"), ("/lib/x", "usr/lib/x"),
-    ("/abs/lib", "usr/lib"), ("/up/usr", "usr"), ("/host/root", None),
-    ("/missing/deeper", "missing/deeper"), ("/a:b,c", "a:b,c"),
-])
+@pytest.mark.parametrize(
+    "path, expected",
+    [
+        ("/", ""),
+        ("", ""),
+        ("/usr/lib", "usr/lib"),
+        ("usr//./lib/", "usr/lib"),
+        ("/lib/x", "usr/lib/x"),
+        ("/abs/lib", "usr/lib"),
+        ("/up/usr", "usr"),
+        ("/host/root", None),
+        ("/missing/deeper", "missing/deeper"),
+        ("/a:b,c", "a:b,c"),
+    ],
+)
 def test_links_resolve_inside_the_root(root: Path, path: str, expected: str | None) -> None:
     joined = join_inside(root, path)
     assert joined.is_relative_to(root)

@@ -112,7 +112,8 @@ IMPLIED_COMMON: Implied = {
     "CONFIG_SECCOMP_FILTER": ("def_bool y with SECCOMP && NET", ("CONFIG_SECCOMP", "CONFIG_NET")),
     "CONFIG_NF_NAT": ("selected by NFT_NAT and IP_NF_NAT", ("CONFIG_IP_NF_NAT",)),
     "CONFIG_NETFILTER_XT_TARGET_MASQUERADE": (
-        "selected by IP_NF_TARGET_MASQUERADE", ("CONFIG_IP_NF_TARGET_MASQUERADE",),
+        "selected by IP_NF_TARGET_MASQUERADE",
+        ("CONFIG_IP_NF_TARGET_MASQUERADE",),
     ),
     "CONFIG_RD_ZSTD": ("default y, depends on BLK_DEV_INITRD", ("CONFIG_BLK_DEV_INITRD",)),
 }
@@ -161,15 +162,33 @@ def test_implied_options_are_really_left_to_kconfig(arch: str) -> None:
 def test_hardening_amd64() -> None:
     """A sample of the KSPP options applied (docs/custom-kernel.md lists them and the ones left off)."""
     options = kconfig.parse_file(KERNEL / "config-amd64")
-    for name in ("CONFIG_INIT_ON_ALLOC_DEFAULT_ON", "CONFIG_INIT_ON_FREE_DEFAULT_ON", "CONFIG_SLAB_FREELIST_HARDENED",
-                 "CONFIG_HARDENED_USERCOPY", "CONFIG_FORTIFY_SOURCE", "CONFIG_SECURITY_YAMA",
-                 "CONFIG_SECURITY_LANDLOCK", "CONFIG_BUG_ON_DATA_CORRUPTION", "CONFIG_X86_KERNEL_IBT",
-                 "CONFIG_ZERO_CALL_USED_REGS", "CONFIG_UBSAN_TRAP", "CONFIG_DEBUG_WX"):
+    for name in (
+        "CONFIG_INIT_ON_ALLOC_DEFAULT_ON",
+        "CONFIG_INIT_ON_FREE_DEFAULT_ON",
+        "CONFIG_SLAB_FREELIST_HARDENED",
+        "CONFIG_HARDENED_USERCOPY",
+        "CONFIG_FORTIFY_SOURCE",
+        "CONFIG_SECURITY_YAMA",
+        "CONFIG_SECURITY_LANDLOCK",
+        "CONFIG_BUG_ON_DATA_CORRUPTION",
+        "CONFIG_X86_KERNEL_IBT",
+        "CONFIG_ZERO_CALL_USED_REGS",
+        "CONFIG_UBSAN_TRAP",
+        "CONFIG_DEBUG_WX",
+    ):
         assert options.get(name) == "y", name
     # off: "is not set", or left out where the default is off (x86_64_defconfig had them on)
-    for name in ("CONFIG_DEVMEM", "CONFIG_KEXEC", "CONFIG_HIBERNATION", "CONFIG_IA32_EMULATION",
-                 "CONFIG_MODIFY_LDT_SYSCALL", "CONFIG_X86_VSYSCALL_EMULATION", "CONFIG_PROC_KCORE",
-                 "CONFIG_MAGIC_SYSRQ", "CONFIG_BINFMT_MISC"):
+    for name in (
+        "CONFIG_DEVMEM",
+        "CONFIG_KEXEC",
+        "CONFIG_HIBERNATION",
+        "CONFIG_IA32_EMULATION",
+        "CONFIG_MODIFY_LDT_SYSCALL",
+        "CONFIG_X86_VSYSCALL_EMULATION",
+        "CONFIG_PROC_KCORE",
+        "CONFIG_MAGIC_SYSRQ",
+        "CONFIG_BINFMT_MISC",
+    ):
         assert options.get(name, kconfig.NOT_SET) == kconfig.NOT_SET, name
     # left off on purpose (reproducible builds, out-of-tree modules): see docs/custom-kernel.md
     assert options.get("CONFIG_MODULE_SIG", kconfig.NOT_SET) == kconfig.NOT_SET
@@ -194,7 +213,7 @@ def test_fragments_are_config_lines_only() -> None:
 
 
 def test_parse_and_dropped() -> None:
-    text = "# comment\nCONFIG_A=y\nCONFIG_B=m\n# CONFIG_C is not set\nCONFIG_S=\"x y\"\nCONFIG_N=32\n"
+    text = '# comment\nCONFIG_A=y\nCONFIG_B=m\n# CONFIG_C is not set\nCONFIG_S="x y"\nCONFIG_N=32\n'
     options = kconfig.parse(text)
     assert options == {"CONFIG_A": "y", "CONFIG_B": "m", "CONFIG_C": "n", "CONFIG_S": '"x y"', "CONFIG_N": "32"}
     wanted = kconfig.merge([options, {"CONFIG_B": "y", "CONFIG_D": "y"}])

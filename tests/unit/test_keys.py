@@ -75,7 +75,11 @@ def test_same_keys_from_another_process_directory_and_environment(pkgs: Path, tm
     )
     env = {**os.environ, "PYTHONHASHSEED": "123", "LANG": "C", "HOME": str(tmp_path), "KILN_JOBS": "64"}
     out = subprocess.run(
-        [sys.executable, "-c", script, str(copy / "pkgs")], cwd="/", env=env, capture_output=True, text=True,
+        [sys.executable, "-c", script, str(copy / "pkgs")],
+        cwd="/",
+        env=env,
+        capture_output=True,
+        text=True,
         check=True,
     ).stdout
     assert json.loads(out) == here

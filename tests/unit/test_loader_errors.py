@@ -84,10 +84,14 @@ CASES: dict[str, tuple[dict[str, str], list[str]]] = {
         ["pkgs/a/pkg.yaml:4: from must be an absolute path without '..' or control characters, not 'out'"],
     ),
     "dotdot in to": (
-        {"base/pkg.yaml": OK_DEP, "a/pkg.yaml": "name: a\nvariant: stage0\ndependencies:\n"
-         "  - stage: base\n    to: /usr/../../etc\n"},
-        ["pkgs/a/pkg.yaml:5: to must be an absolute path without '..', ':', ',' or control characters (it becomes an "
-         "overlay mount option), not '/usr/../../etc'"],
+        {
+            "base/pkg.yaml": OK_DEP,
+            "a/pkg.yaml": "name: a\nvariant: stage0\ndependencies:\n  - stage: base\n    to: /usr/../../etc\n",
+        },
+        [
+            "pkgs/a/pkg.yaml:5: to must be an absolute path without '..', ':', ',' or control characters "
+            "(it becomes an overlay mount option), not '/usr/../../etc'"
+        ],
     ),
     "destination escapes build dir": (
         {
@@ -96,12 +100,16 @@ CASES: dict[str, tuple[dict[str, str], list[str]]] = {
                 f"        destination: ../a.tgz\n        sha256: {SHA}\nfinalize: [{{from: /, to: /}}]\n"
             )
         },
-        ["pkgs/a/pkg.yaml:6: destination must be a path relative to /tmp/build without '..' or control characters, "
-         "not '../a.tgz'"],
+        [
+            "pkgs/a/pkg.yaml:6: destination must be a path relative to /tmp/build without '..' or control characters, "
+            "not '../a.tgz'"
+        ],
     ),
     "undefined variable": (
-        {"a/pkg.yaml": "name: a\nvariant: stage0\nsteps:\n  - build:\n      - make {{ flags }}\n"
-         "finalize: [{from: /, to: /}]\n"},
+        {
+            "a/pkg.yaml": "name: a\nvariant: stage0\nsteps:\n  - build:\n      - make {{ flags }}\n"
+            "finalize: [{from: /, to: /}]\n"
+        },
         ["pkgs/a/pkg.yaml:5: undefined variable 'flags'"],
     ),
     "undefined attribute at render time": (
@@ -125,14 +133,18 @@ CASES: dict[str, tuple[dict[str, str], list[str]]] = {
         ["pkgs/a/pkg.yaml:3: duplicate key 'name' (first at line 1)"],
     ),
     "yaml error after a loop maps to the template line": (
-        {"a/pkg.yaml": "name: a\nvariant: stage0\nsteps:\n{% for i in [1, 2, 3] %}\n  - build: [echo {{ i }}]\n"
-         "{% endfor %}\nfinalize: [{from: /, to: /}\nversion: '1'\n"},
+        {
+            "a/pkg.yaml": "name: a\nvariant: stage0\nsteps:\n{% for i in [1, 2, 3] %}\n  - build: [echo {{ i }}]\n"
+            "{% endfor %}\nfinalize: [{from: /, to: /}\nversion: '1'\n"
+        },
         ["pkgs/a/pkg.yaml:8: YAML syntax: did not find expected ',' or ']'"],
     ),
     "toolchain variant without toolchain package": (
         {"a/pkg.yaml": "name: a\n"},
-        ["pkgs/a/pkg.yaml:1: variant 'toolchain' builds on package 'toolchain' (the 'toolchain' variable), "
-         "which is not in the tree; add it or use variant stage0 or scratch"],
+        [
+            "pkgs/a/pkg.yaml:1: variant 'toolchain' builds on package 'toolchain' (the 'toolchain' variable), "
+            "which is not in the tree; add it or use variant stage0 or scratch"
+        ],
     ),
     "yaml boolean where a snippet belongs": (
         {"a/pkg.yaml": "name: a\nvariant: stage0\nsteps:\n  - build:\n      - true\nfinalize: [{from: /, to: /}]\n"},
@@ -154,9 +166,7 @@ CASES: dict[str, tuple[dict[str, str], list[str]]] = {
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_bad_input_is_reported_with_file_and_line(
-    case: str, tmp_path: Path, kiln: Callable[..., Result]
-) -> None:
+def test_bad_input_is_reported_with_file_and_line(case: str, tmp_path: Path, kiln: Callable[..., Result]) -> None:
     files, expected = CASES[case]
     write_tree(tmp_path, files)
     result = kiln("validate")
@@ -169,7 +179,7 @@ def test_bad_input_is_reported_with_file_and_line(
             assert line.startswith(want[:-3])
         else:
             assert line == want
-    assert lines[len(expected):] == trailer
+    assert lines[len(expected) :] == trailer
     assert "Traceback" not in result.err
 
 

@@ -51,9 +51,17 @@ def test_every_shipped_profile_validates_against_the_json_schema() -> None:
 
 
 def test_shipped_cloud_profiles_have_their_platform_format_and_console() -> None:
-    expected = {"aws": ("raw", ".zst"), "gcp": ("raw", ".tar.gz"), "azure": ("vhd", "raw"),
-                "digital-ocean": ("raw", ".gz"), "openstack": ("qcow2", "raw"), "nocloud": ("raw", "raw"),
-                "vmware": ("ova", "raw"), "hcloud": ("raw", ".xz"), "vultr": ("raw", "raw")}
+    expected = {
+        "aws": ("raw", ".zst"),
+        "gcp": ("raw", ".tar.gz"),
+        "azure": ("vhd", "raw"),
+        "digital-ocean": ("raw", ".gz"),
+        "openstack": ("qcow2", "raw"),
+        "nocloud": ("raw", "raw"),
+        "vmware": ("ova", "raw"),
+        "hcloud": ("raw", ".xz"),
+        "vultr": ("raw", "raw"),
+    }
     for name, (disk_format, out_format) in expected.items():
         profile = load_profile(PROFILES / f"{name}.yaml")
         assert (profile.kind, profile.disk_format, profile.out_format) == ("image", disk_format, out_format), name
@@ -64,13 +72,18 @@ def test_shipped_cloud_profiles_have_their_platform_format_and_console() -> None
 
 
 def test_defaults_and_command_line(tmp_path: Path) -> None:
-    profile = load_profile(write(tmp_path, """
+    profile = load_profile(
+        write(
+            tmp_path,
+            """
         platform: metal
         customization:
           kernel_args: [quiet]
           machine_config: {hostname: node-1}
         output: {kind: image}
-    """))
+    """,
+        )
+    )
     assert (profile.name, profile.arch, profile.disk_size, profile.disk_format) == ("p", "amd64", 1 << 30, "raw")
     assert profile.cmdline() == f"quiet kiln.platform=metal kiln.config={CONFIG_PATH}"
     assert profile.kernel.package == "kernel"
@@ -78,39 +91,70 @@ def test_defaults_and_command_line(tmp_path: Path) -> None:
     assert "machined" in profile.packages_to_build()
 
 
-@pytest.mark.parametrize(("text", "expected"), [
-    ("platform: metal\noutput: {kind: disk}\n",
-     "p.yaml:2: output kind 'disk' is not one of iso, image, pxe, installer, kernel, initramfs"),
-    ("platform: metal\noutptu: {kind: iso}\n",
-     "p.yaml:2: unknown key 'outptu' (did you mean 'output'?)"),
-    ("platform: metal\noutput:\n  kind: image\n  image: {format: vdi}\n",
-     "p.yaml:4: image format 'vdi' is not one of raw, qcow2, vhd, vmdk, ova"),
-    ("platform: metal\noutput:\n  kind: image\n  image:\n    disk_size: huge\n",
-     "p.yaml:5: disk_size 'huge' must be a size such as 2GiB, 1536MiB or 4G"),
-    ("platform: metal\noutput:\n  kind: image\n  image:\n    disk_size: 10MiB\n",
-     "p.yaml:5: disk_size 10MiB is too small: at least 256MiB (EFI, BOOT and room to grow)"),
-    ("platform: metal\noutput:\n  kind: image\n  image:\n    disk_size: 1000000001B\n",
-     "p.yaml:5: disk_size 1000000001B is 1000000001 bytes, not a whole number of 512-byte sectors"),
-    ("platform: metal\noutput:\n  kind: iso\n  image: {format: raw}\n",
-     "p.yaml:4: output.image options apply to kinds image and installer, not iso"),
-    ("platform: metal\noutput:\n  kind: pxe\n  out_format: .zst\n",
-     "p.yaml:4: out_format .zst applies to image and iso outputs, not pxe"),
-    ("platform: metal\ncustomization:\n  kernel_args: console=ttyS0\noutput: {kind: iso}\n",
-     "p.yaml:3: kernel_args must be a list, not a string"),
-    ("platform: Metal\noutput: {kind: iso}\n",
-     "p.yaml:1: platform 'Metal' must be lower-case letters, digits and '-'"),
-    ("output: {kind: iso}\n", "p.yaml:1: missing required key 'platform'"),
-    ("platform: metal\narch: arm64\noutput: {kind: iso}\n",
-     "p.yaml:2: arch arm64: only amd64 images can be built so far (arm64 boot assets validate but no arm64 "
-     "bootloader output exists yet)"),
-    ("platform: metal\noutput: {kind: iso\n", "p.yaml:3: YAML syntax: did not find expected ',' or '}'"),
-    ("platform: metal\nplatform: aws\noutput: {kind: iso}\n", "p.yaml:2: duplicate key 'platform' (first at line 1)"),
-    ("platform: metal\ninput:\n  kernel: {path: nowhere/vmlinuz}\noutput: {kind: iso}\n",
-     "p.yaml:3: input.kernel: no such file"),
-    ("platform: metal\ninput:\n  extensions: [Bad]\noutput: {kind: iso}\n", "p.yaml:3: 'Bad' is not a package name"),
-])
-def test_bad_profiles_name_file_and_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: str,
-                                         expected: str) -> None:
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            "platform: metal\noutput: {kind: disk}\n",
+            "p.yaml:2: output kind 'disk' is not one of iso, image, pxe, installer, kernel, initramfs",
+        ),
+        ("platform: metal\noutptu: {kind: iso}\n", "p.yaml:2: unknown key 'outptu' (did you mean 'output'?)"),
+        (
+            "platform: metal\noutput:\n  kind: image\n  image: {format: vdi}\n",
+            "p.yaml:4: image format 'vdi' is not one of raw, qcow2, vhd, vmdk, ova",
+        ),
+        (
+            "platform: metal\noutput:\n  kind: image\n  image:\n    disk_size: huge\n",
+            "p.yaml:5: disk_size 'huge' must be a size such as 2GiB, 1536MiB or 4G",
+        ),
+        (
+            "platform: metal\noutput:\n  kind: image\n  image:\n    disk_size: 10MiB\n",
+            "p.yaml:5: disk_size 10MiB is too small: at least 256MiB (EFI, BOOT and room to grow)",
+        ),
+        (
+            "platform: metal\noutput:\n  kind: image\n  image:\n    disk_size: 1000000001B\n",
+            "p.yaml:5: disk_size 1000000001B is 1000000001 bytes, not a whole number of 512-byte sectors",
+        ),
+        (
+            "platform: metal\noutput:\n  kind: iso\n  image: {format: raw}\n",
+            "p.yaml:4: output.image options apply to kinds image and installer, not iso",
+        ),
+        (
+            "platform: metal\noutput:\n  kind: pxe\n  out_format: .zst\n",
+            "p.yaml:4: out_format .zst applies to image and iso outputs, not pxe",
+        ),
+        (
+            "platform: metal\ncustomization:\n  kernel_args: console=ttyS0\noutput: {kind: iso}\n",
+            "p.yaml:3: kernel_args must be a list, not a string",
+        ),
+        (
+            "platform: Metal\noutput: {kind: iso}\n",
+            "p.yaml:1: platform 'Metal' must be lower-case letters, digits and '-'",
+        ),
+        ("output: {kind: iso}\n", "p.yaml:1: missing required key 'platform'"),
+        (
+            "platform: metal\narch: arm64\noutput: {kind: iso}\n",
+            "p.yaml:2: arch arm64: only amd64 images can be built so far (arm64 boot assets validate but no arm64 "
+            "bootloader output exists yet)",
+        ),
+        ("platform: metal\noutput: {kind: iso\n", "p.yaml:3: YAML syntax: did not find expected ',' or '}'"),
+        (
+            "platform: metal\nplatform: aws\noutput: {kind: iso}\n",
+            "p.yaml:2: duplicate key 'platform' (first at line 1)",
+        ),
+        (
+            "platform: metal\ninput:\n  kernel: {path: nowhere/vmlinuz}\noutput: {kind: iso}\n",
+            "p.yaml:3: input.kernel: no such file",
+        ),
+        (
+            "platform: metal\ninput:\n  extensions: [Bad]\noutput: {kind: iso}\n",
+            "p.yaml:3: 'Bad' is not a package name",
+        ),
+    ],
+)
+def test_bad_profiles_name_file_and_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: str, expected: str
+) -> None:
     monkeypatch.chdir(tmp_path)
     found = messages(write(tmp_path, text))
     assert any(m.startswith(expected) for m in found), found
@@ -129,20 +173,26 @@ def test_profiles_by_name_by_path_and_unknown(tmp_path: Path) -> None:
     with pytest.raises(InputError, match=r"unknown profile 'meta' \(did you mean 'metal'\?\)"):
         find_profile("meta", PROFILES)
     with pytest.raises(InputError, match="profile name 'iso' is also used by"):
-        load_profiles(["iso", str(write(tmp_path, "name: iso\nplatform: x\noutput: {kind: pxe}\n", "b.yaml"))],
-                      PROFILES)
+        load_profiles(
+            ["iso", str(write(tmp_path, "name: iso\nplatform: x\noutput: {kind: pxe}\n", "b.yaml"))], PROFILES
+        )
 
 
 def test_unknown_package_points_at_the_profile_line(tmp_path: Path) -> None:
     graph = Graph(load_tree(ROOT / "pkgs", Platform.parse("linux/amd64")))
-    profile = load_profile(write(tmp_path, """
+    profile = load_profile(
+        write(
+            tmp_path,
+            """
         platform: metal
         input:
           extensions:
             - kmod
             - wireguardd
         output: {kind: iso}
-    """))
+    """,
+        )
+    )
     with pytest.raises(InputError) as caught:
         check_packages([profile], graph)
     assert str(caught.value).endswith("p.yaml:5: unknown package 'wireguardd'")
@@ -167,15 +217,24 @@ def test_cli_bad_profile_exits_2_without_traceback(kiln: Callable[..., Result], 
     write(tmp_path, "platform: metal\noutput: {kind: floppy}\n", "bad.yaml")
     result = kiln("image", "bad.yaml", "--pkgs", str(ROOT / "pkgs"))
     assert result.code == 2
-    assert result.err.strip() == ("bad.yaml:2: output kind 'floppy' is not one of iso, image, pxe, installer, "
-                                  "kernel, initramfs")
-    result = kiln("image", "iso", "--extension", "kmod", "--profiles-dir", str(PROFILES), "--pkgs",
-                  str(ROOT / "pkgs"))
+    assert result.err.strip() == (
+        "bad.yaml:2: output kind 'floppy' is not one of iso, image, pxe, installer, kernel, initramfs"
+    )
+    result = kiln("image", "iso", "--extension", "kmod", "--profiles-dir", str(PROFILES), "--pkgs", str(ROOT / "pkgs"))
     assert result.code == 2 and "apply without profiles" in result.err
 
 
 def test_install_refuses_a_profile_that_is_not_a_raw_disk(kiln: Callable[..., Result]) -> None:
-    result = kiln("install", "--disk", "x.img", "--profile", "openstack", "--profiles-dir", str(PROFILES),
-                  "--pkgs", str(ROOT / "pkgs"))
+    result = kiln(
+        "install",
+        "--disk",
+        "x.img",
+        "--profile",
+        "openstack",
+        "--profiles-dir",
+        str(PROFILES),
+        "--pkgs",
+        str(ROOT / "pkgs"),
+    )
     assert result.code == 2
     assert "openstack.yaml:5: profile openstack writes image (qcow2, raw): kiln install needs a raw" in result.err

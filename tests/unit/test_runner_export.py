@@ -43,7 +43,7 @@ def test_dockerfile_has_one_stage_set_per_package_in_build_order(tmp_path: Path)
     positions = [text.index(f"AS out-{n}\n") for n in names]
     assert positions == sorted(positions)
     # greet-app's root, bottom first: greet-conf at / (declared second), then greet-lib at /deps.
-    app = text[text.index("AS build-greet-app"):text.index("AS out-greet-app")]
+    app = text[text.index("AS build-greet-app") : text.index("AS out-greet-app")]
     assert app.index("COPY --from=out-greet-conf / /") < app.index("COPY --from=out-greet-lib / /deps/")
     assert "FROM scratch AS build-greet-conf" in text  # variant scratch
     assert "COPY --from=build-greet-conf /etc /etc" in text
@@ -76,8 +76,10 @@ def test_stage_names_and_paths_the_dockerfile_cannot_hold() -> None:
 
 def test_buildkit_log_is_split_by_package_and_finds_the_failure() -> None:
     lines: list[tuple[str, str]] = []
-    log = BuildLog({"build-greet-lib": "greet-lib", "src-greet-lib": "greet-lib", "out-x": "x"},
-                   lambda pkg, line: lines.append((pkg, line)))
+    log = BuildLog(
+        {"build-greet-lib": "greet-lib", "src-greet-lib": "greet-lib", "out-x": "x"},
+        lambda pkg, line: lines.append((pkg, line)),
+    )
     for line in [
         "#5 [internal] load metadata",
         "#7 [build-greet-lib 3/5] RUN gcc -c greet.c",
@@ -93,11 +95,14 @@ def test_buildkit_log_is_split_by_package_and_finds_the_failure() -> None:
     assert log.seconds == {"greet-lib": 1.5}
 
 
-@pytest.mark.parametrize(("text", "scheme"), [
-    ("oci://localhost:5000/kiln/cache", "http"),
-    ("oci://127.0.0.1:5000/kiln", "http"),
-    ("oci://registry.example.com/kiln/store", "https"),
-])
+@pytest.mark.parametrize(
+    ("text", "scheme"),
+    [
+        ("oci://localhost:5000/kiln/cache", "http"),
+        ("oci://127.0.0.1:5000/kiln", "http"),
+        ("oci://registry.example.com/kiln/store", "https"),
+    ],
+)
 def test_cache_references(text: str, scheme: str) -> None:
     ref = Ref.parse(text)
     assert str(ref) == text

@@ -67,10 +67,17 @@ class StubBuilder:
 
 @pytest.fixture
 def graph(tmp_path: Path) -> Graph:
-    pkgs = write_tree(tmp_path, {
-        "a/pkg.yaml": pkg("a"), "b/pkg.yaml": pkg("b", "a"), "c/pkg.yaml": pkg("c", "b"),
-        "x/pkg.yaml": pkg("x"), "y/pkg.yaml": pkg("y", "x"), "top/pkg.yaml": pkg("top", "c", "y"),
-    })
+    pkgs = write_tree(
+        tmp_path,
+        {
+            "a/pkg.yaml": pkg("a"),
+            "b/pkg.yaml": pkg("b", "a"),
+            "c/pkg.yaml": pkg("c", "b"),
+            "x/pkg.yaml": pkg("x"),
+            "y/pkg.yaml": pkg("y", "x"),
+            "top/pkg.yaml": pkg("top", "c", "y"),
+        },
+    )
     return Graph(load_tree(pkgs, Platform.parse("linux/amd64")))
 
 
@@ -118,7 +125,12 @@ def test_keep_going_builds_what_does_not_need_the_failure(graph: Graph, tmp_path
     builder = StubBuilder(graph, Store(tmp_path / "cache"), fail={"b"})
     outcomes = run(builder, ["top"], jobs=1, keep_going=True)
     assert status(outcomes) == {
-        "a": "built", "b": "failed", "c": "skipped", "x": "built", "y": "built", "top": "skipped",
+        "a": "built",
+        "b": "failed",
+        "c": "skipped",
+        "x": "built",
+        "y": "built",
+        "top": "skipped",
     }
 
 

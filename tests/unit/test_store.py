@@ -61,8 +61,12 @@ def leftovers(root: Path) -> list[str]:
 
 
 def child(script: str, *args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(script), *args], text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    return subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(script), *args],
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
 
 
 def wait_for(path: Path, proc: subprocess.Popen[str], seconds: float = 30) -> None:
@@ -388,8 +392,18 @@ def test_unreadable_meta_is_listed_and_reported(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("text", "size"),
-    [("1000", 1000), ("0", 0), ("10G", 10 << 30), ("500M", 500 << 20), ("1.5GiB", 3 << 29), ("2k", 2048),
-     ("1GB", 10**9), ("1.5 MB", 1_500_000), (" 7b ", 7), (".5K", 512)],
+    [
+        ("1000", 1000),
+        ("0", 0),
+        ("10G", 10 << 30),
+        ("500M", 500 << 20),
+        ("1.5GiB", 3 << 29),
+        ("2k", 2048),
+        ("1GB", 10**9),
+        ("1.5 MB", 1_500_000),
+        (" 7b ", 7),
+        (".5K", 512),
+    ],
 )
 def test_parse_size(text: str, size: int) -> None:
     assert parse_size(text) == size

@@ -256,13 +256,18 @@ class NoopRunner:
 
 
 def real_builder(tmp_path: Path, runner: NoopRunner) -> Builder:
-    pkgs = write_tree(tmp_path, {"one/pkg.yaml": """
+    pkgs = write_tree(
+        tmp_path,
+        {
+            "one/pkg.yaml": """
         name: one
         variant: scratch
         steps:
           - build: [echo hi]
         finalize: [{from: /out, to: /}]
-        """})
+        """
+        },
+    )
     graph = Graph(load_tree(pkgs, Platform.parse("linux/amd64")))
     store = Store(tmp_path / "cache")
     return Builder(graph, compute_keys(graph), store, Fetcher(store.root, []), runner, 1, SDE)
@@ -337,8 +342,9 @@ def test_a_cancel_ends_a_download_and_keeps_no_partial_file(tmp_path: Path) -> N
 
     cache = tmp_path / "cache"
     fetcher = Fetcher(cache, [Mirror.parse(mirror.as_uri(), tmp_path)], Cancellable(report), retries=0)
-    source = Source(destination="big.tar.gz", url="http://127.0.0.1:9/big-1.0.tar.gz",
-                    sha256=hashlib.sha256(data).hexdigest())
+    source = Source(
+        destination="big.tar.gz", url="http://127.0.0.1:9/big-1.0.tar.gz", sha256=hashlib.sha256(data).hexdigest()
+    )
     with pytest.raises(Cancelled, match="download of"):
         fetcher.fetch(source)
     assert [p.name for p in (cache / "sources").iterdir()] == []

@@ -16,8 +16,11 @@ ACCELS = ("tcg", "kvm")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("artifact", metavar="ARTIFACT", help="a directory with vmlinuz and initramfs.zst "
-                        "(or with boot.ipxe: PXE boot), an ISO or a disk image")
+    parser.add_argument(
+        "artifact",
+        metavar="ARTIFACT",
+        help="a directory with vmlinuz and initramfs.zst (or with boot.ipxe: PXE boot), an ISO or a disk image",
+    )
     parser.add_argument("--firmware", choices=("bios", "uefi"), default="bios", help="SeaBIOS or OVMF (UEFI)")
     parser.add_argument("--disk", metavar="SIZE", help="attach a blank virtio disk of SIZE (e.g. 4G)")
     parser.add_argument("--disk-file", metavar="PATH", help="attach this qcow2 disk (created with --disk if missing)")
@@ -26,8 +29,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--expect", default=READY, help=f"console text that means success (default {READY!r})")
     parser.add_argument("--api", type=int, metavar="PORT", help="forward machined's API to 127.0.0.1:PORT")
     parser.add_argument("--memory", default="1024", help="guest memory in MiB (default 1024)")
-    parser.add_argument("--accel", choices=ACCELS, default="tcg",
-                        help="tcg (default; KVM initialises on some hosts but its guests hang) or kvm")
+    parser.add_argument(
+        "--accel",
+        choices=ACCELS,
+        default="tcg",
+        help="tcg (default; KVM initialises on some hosts but its guests hang) or kvm",
+    )
     parser.add_argument("--log", metavar="PATH", help="console log (default: in the cache, printed at the end)")
     parser.add_argument("--quiet", action="store_true", help="do not stream the console")
 
@@ -45,8 +52,9 @@ def run(args: argparse.Namespace) -> int:
             if not disk.exists():
                 if not args.disk:
                     raise InputError(f"--disk-file {disk} does not exist: give --disk SIZE to create it")
-                made = subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", str(disk), args.disk],
-                                      capture_output=True, text=True)
+                made = subprocess.run(
+                    ["qemu-img", "create", "-q", "-f", "qcow2", str(disk), args.disk], capture_output=True, text=True
+                )
                 if made.returncode != 0:
                     raise InputError(f"--disk {args.disk}: {made.stderr.strip()}")
             machine.blank_disk = disk
@@ -57,5 +65,4 @@ def run(args: argparse.Namespace) -> int:
         print(f"kiln boot: {args.expect!r} after {result.seconds:.1f} s (console log: {log})", file=sys.stderr)
         return 0
     tail = "\n".join(result.tail)
-    raise BuildError(f"boot failed: {result.reason}; last {len(result.tail)} console lines "
-                     f"(full log: {log}):\n{tail}")
+    raise BuildError(f"boot failed: {result.reason}; last {len(result.tail)} console lines (full log: {log}):\n{tail}")

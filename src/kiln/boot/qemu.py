@@ -53,13 +53,33 @@ class Machine:
         qemu = shutil.which("qemu-system-x86_64")
         if qemu is None:
             raise BuildError("qemu-system-x86_64 is not installed: apt install qemu-system-x86")
-        args = [qemu, "-accel", self.accel, "-m", self.memory, "-smp", "2", "-nographic", "-no-reboot",
-                "-serial", "stdio", "-monitor", "none", "-nodefaults"]
+        args = [
+            qemu,
+            "-accel",
+            self.accel,
+            "-m",
+            self.memory,
+            "-smp",
+            "2",
+            "-nographic",
+            "-no-reboot",
+            "-serial",
+            "stdio",
+            "-monitor",
+            "none",
+            "-nodefaults",
+        ]
         if self.firmware == "uefi":
             if vars_copy is None:
                 raise BuildError("UEFI boots need a writable copy of OVMF_VARS")
-            args += ["-machine", "q35", "-drive", f"if=pflash,format=raw,unit=0,readonly=on,file={OVMF_CODE}",
-                     "-drive", f"if=pflash,format=raw,unit=1,file={vars_copy}"]
+            args += [
+                "-machine",
+                "q35",
+                "-drive",
+                f"if=pflash,format=raw,unit=0,readonly=on,file={OVMF_CODE}",
+                "-drive",
+                f"if=pflash,format=raw,unit=1,file={vars_copy}",
+            ]
         if self.kernel:
             args += ["-kernel", str(self.kernel)]
             if self.initrd:
@@ -113,8 +133,13 @@ class BootResult:
 
 
 def boot(
-    machine: Machine, expect: str, timeout: float, log: Path, echo: Callable[[str], None] | None = None,
-    *, until_exit: bool = False,
+    machine: Machine,
+    expect: str,
+    timeout: float,
+    log: Path,
+    echo: Callable[[str], None] | None = None,
+    *,
+    until_exit: bool = False,
 ) -> BootResult:
     """Run QEMU until `expect` shows on the console, a panic, QEMU's exit, or the timeout.
 
@@ -136,8 +161,9 @@ def boot(
         start = time.monotonic()
         with log.open("w") as out:
             out.write("# " + " ".join(command) + "\n")
-            process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                       stderr=subprocess.STDOUT)
+            process = subprocess.Popen(
+                command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+            )
             assert process.stdout is not None
             os.set_blocking(process.stdout.fileno(), False)
             selector = selectors.DefaultSelector()
@@ -152,13 +178,23 @@ def boot(
                         break
                     if not selector.select(min(left, 0.5)):
                         if process.poll() is not None:
-                            result = BootResult(False, time.monotonic() - start, None, list(tail),
-                                                f"QEMU exited with code {process.returncode}")
+                            result = BootResult(
+                                False,
+                                time.monotonic() - start,
+                                None,
+                                list(tail),
+                                f"QEMU exited with code {process.returncode}",
+                            )
                         continue
                     chunk = process.stdout.read() or b""
                     if not chunk and process.poll() is not None:
-                        result = BootResult(False, time.monotonic() - start, None, list(tail),
-                                            f"QEMU exited with code {process.returncode}")
+                        result = BootResult(
+                            False,
+                            time.monotonic() - start,
+                            None,
+                            list(tail),
+                            f"QEMU exited with code {process.returncode}",
+                        )
                         continue
                     pending += chunk
                     *lines, pending = pending.split(b"\n")
@@ -190,8 +226,12 @@ def boot(
 
 
 def _wait_exit(
-    process: subprocess.Popen[bytes], out: IO[str], tail: collections.deque[str],
-    echo: Callable[[str], None] | None, found: BootResult, left: float,
+    process: subprocess.Popen[bytes],
+    out: IO[str],
+    tail: collections.deque[str],
+    echo: Callable[[str], None] | None,
+    found: BootResult,
+    left: float,
 ) -> BootResult:
     """After the expected line: read the console until QEMU exits on its own."""
     assert process.stdout is not None
@@ -204,12 +244,17 @@ def _wait_exit(
     except subprocess.TimeoutExpired:
         return BootResult(False, found.seconds, found.line, list(tail), "the guest did not power off")
     reader.join(timeout=2)
-    return BootResult(code == 0, found.seconds, found.line, list(tail),
-                      "powered off" if code == 0 else f"QEMU exited with code {code}", code)
+    return BootResult(
+        code == 0,
+        found.seconds,
+        found.line,
+        list(tail),
+        "powered off" if code == 0 else f"QEMU exited with code {code}",
+        code,
+    )
 
 
-def _drain(stream: IO[bytes], out: IO[str], tail: collections.deque[str],
-           echo: Callable[[str], None] | None) -> None:
+def _drain(stream: IO[bytes], out: IO[str], tail: collections.deque[str], echo: Callable[[str], None] | None) -> None:
     for raw in stream:
         line = raw.decode(errors="replace").rstrip("\r\n")
         out.write(line + "\n")

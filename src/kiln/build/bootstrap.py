@@ -360,8 +360,9 @@ def _plain_tar(layer: Layer, work: Path, label: str, where: Location) -> Path:
             tool = shutil.which("zstd")
             if tool is None:
                 raise SeedError(f"{label} is zstd-compressed and zstd is not installed (apt-get install zstd)", where)
-            result = subprocess.run([tool, "-q", "-d", "-f", "-o", str(plain), "--", str(layer.blob)],
-                                    capture_output=True, text=True)
+            result = subprocess.run(
+                [tool, "-q", "-d", "-f", "-o", str(plain), "--", str(layer.blob)], capture_output=True, text=True
+            )
             if result.returncode != 0:
                 raise SeedError(f"{label}: cannot decompress: {result.stderr.strip()}", where)
     if layer.diff_id is not None and f"sha256:{file_sha256(plain)}" != layer.diff_id:
@@ -391,8 +392,16 @@ def apply_layer(layer: Layer | Path, tree: Path, label: str | None = None, where
         for parts in whiteouts:
             _whiteout(tree, parts)
         result = subprocess.run(
-            ["tar", "-xpf", str(plain), "-C", str(tree), "--numeric-owner", f"--exclude={WHITEOUT}*",
-             f"--exclude=*/{WHITEOUT}*"],
+            [
+                "tar",
+                "-xpf",
+                str(plain),
+                "-C",
+                str(tree),
+                "--numeric-owner",
+                f"--exclude={WHITEOUT}*",
+                f"--exclude=*/{WHITEOUT}*",
+            ],
             capture_output=True,
             text=True,
         )
@@ -427,7 +436,7 @@ def _check_layer(members: list[Member], tree: Path, label: str, where: Location)
             if through:
                 raise refuse(member, f"is a hardlink through the symlink {through!r}")
         if parts and parts[-1].startswith(WHITEOUT):
-            if parts[-1] != OPAQUE and parts[-1][len(WHITEOUT):] in ("", ".", ".."):
+            if parts[-1] != OPAQUE and parts[-1][len(WHITEOUT) :] in ("", ".", ".."):
                 raise refuse(member, "is a whiteout of no file")
             whiteouts.append(parts)
     return whiteouts
@@ -471,7 +480,7 @@ def _whiteout(tree: Path, parts: list[str]) -> None:
         for child in list(directory.iterdir()):
             _remove(child)
     else:
-        _remove(directory / parts[-1][len(WHITEOUT):])
+        _remove(directory / parts[-1][len(WHITEOUT) :])
 
 
 def _remove(path: Path) -> None:

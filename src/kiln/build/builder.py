@@ -74,7 +74,8 @@ class Builder:
                     if source.path is not None:
                         where = ("steps", s_index, "sources", index, "path")
                         self.local_digests[(package.name, s_index, index)] = local_source_digest(
-                            self.graph.tree, package, source.path, where)
+                            self.graph.tree, package, source.path, where
+                        )
 
     @property
     def seed_key(self) -> str:
@@ -150,8 +151,10 @@ class Builder:
         same = tree_digest(placed) == expected if placed.is_dir() else [file_sha256(placed)] == list(expected.values())
         if not same:
             path = package.steps[s_index].sources[index].path
-            raise BuildError(f"{package.name}: local source {path!r} changed since this build started "
-                             "(its cache key was computed from the earlier contents); run the build again")
+            raise BuildError(
+                f"{package.name}: local source {path!r} changed since this build started "
+                "(its cache key was computed from the earlier contents); run the build again"
+            )
 
     def build(self, name: str, on_phase: Callable[[str], None]) -> Entry:
         """Build `name` into the store; the caller holds the store lock for its key."""
@@ -183,14 +186,21 @@ class Builder:
             seconds = round(time.monotonic() - start, 2)
             _mark(out, f"==> {name}: built in {seconds} s\n")
             meta = {
-                "seconds": seconds, "platform": str(self.graph.tree.platform), "version": package.version,
+                "seconds": seconds,
+                "platform": str(self.graph.tree.platform),
+                "version": package.version,
                 "runner": self.runner.name,
             }
             TOKEN.check(f"package '{name}'")  # a cancelled run stores nothing
             return self.store.commit(key, staging, name, meta, self.source_date_epoch)
 
     def _steps(
-        self, package: Package, root: BuildRoot, staging: Path, log: Path, out: IO[bytes],
+        self,
+        package: Package,
+        root: BuildRoot,
+        staging: Path,
+        log: Path,
+        out: IO[bytes],
         on_phase: Callable[[str], None],
     ) -> None:
         """Run every snippet in order, then finalize into staging/tree."""

@@ -762,8 +762,9 @@ def _decompressed(path: Path, kind: str | None, shown: str) -> Iterator[_Readabl
             f"(apt-get install {_TOOLS[kind]}); an archive that cannot be checked is refused"
         )
     with tempfile.TemporaryFile() as errors:
-        proc = subprocess.Popen([tool, "-dc", "--", str(path)], stdout=subprocess.PIPE, stderr=errors,
-                                stdin=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            [tool, "-dc", "--", str(path)], stdout=subprocess.PIPE, stderr=errors, stdin=subprocess.DEVNULL
+        )
         assert proc.stdout is not None
         try:
             yield proc.stdout
@@ -887,8 +888,16 @@ def _zip_members(path: Path, shown: str) -> list[Member]:
                     members.append(Member(info.filename, "device"))
                 else:
                     members.append(Member(info.filename, "dir" if info.is_dir() else "file"))
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError, zlib.error, lzma.LZMAError,
-            NotImplementedError, ValueError) as exc:
+    except (
+        zipfile.BadZipFile,
+        zipfile.LargeZipFile,
+        OSError,
+        EOFError,
+        zlib.error,
+        lzma.LZMAError,
+        NotImplementedError,
+        ValueError,
+    ) as exc:
         raise FetchError(f"cannot read archive {shown}: {exc}") from None
     return members
 
@@ -940,6 +949,7 @@ def check_archive(path: Path, name: str | None = None, strip_components: int | N
 def _check_names(members: list[Member], shown: str) -> None:
     """What no extraction should ever write: absolute names, `..`, control characters, devices."""
     for member in members:
+
         def refuse(why: str, member: Member = member) -> FetchError:
             return FetchError(f"unsafe archive {shown}: member {member.name!r} {why}")
 
@@ -1013,8 +1023,10 @@ def _copy_verified(fetched: Path, target: Path) -> None:
     if _SHA256.fullmatch(fetched.name) and h.hexdigest() != fetched.name:
         target.unlink()
         _forget(fetched)
-        raise FetchError(f"cached source {fetched} changed after it was verified (sha256 {h.hexdigest()}); "
-                         "it was removed: run the build again to fetch it")
+        raise FetchError(
+            f"cached source {fetched} changed after it was verified (sha256 {h.hexdigest()}); "
+            "it was removed: run the build again to fetch it"
+        )
 
 
 def place_local(project_root: Path, source: Source, build_dir: Path) -> Path:

@@ -155,8 +155,12 @@ class DownloadBars:
         from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
         self.bars = Progress(
-            TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-            console=console or Console(stderr=True), transient=True,
+            TextColumn("{task.description}"),
+            BarColumn(),
+            DownloadColumn(),
+            TransferSpeedColumn(),
+            console=console or Console(stderr=True),
+            transient=True,
         )
         self.tasks: dict[str, object] = {}
         self._lock = threading.Lock()

@@ -136,8 +136,7 @@ class Registry:
     # --- entries ---------------------------------------------------------------------------------------------------
 
     def has(self, key: str) -> bool:
-        response = self._request("HEAD", f"{self.base}/manifests/{check_key(key)}",
-                                 headers={"Accept": MANIFEST_TYPE})
+        response = self._request("HEAD", f"{self.base}/manifests/{check_key(key)}", headers={"Accept": MANIFEST_TYPE})
         if response.status_code == 404:
             return False
         self._check(response, f"looking up {key}")
@@ -163,8 +162,10 @@ class Registry:
             "annotations": {"io.kiln.key": key, "io.kiln.name": entry.name},
         }
         body = json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode()
-        self._check(self._request("PUT", f"{self.base}/manifests/{key}", data=body,
-                                  headers={"Content-Type": MANIFEST_TYPE}), f"pushing the manifest of {key}")
+        self._check(
+            self._request("PUT", f"{self.base}/manifests/{key}", data=body, headers={"Content-Type": MANIFEST_TYPE}),
+            f"pushing the manifest of {key}",
+        )
         return True
 
     def _put_blob_file(self, path: Path, media_type: str) -> dict[str, Any]:
@@ -183,8 +184,12 @@ class Registry:
         location = urljoin(f"{self.base}/", start.headers["Location"])
         joiner = "&" if "?" in location else "?"
         with path.open("rb") as handle:
-            put = self._request("PUT", f"{location}{joiner}digest={digest}", data=handle,
-                                headers={"Content-Type": "application/octet-stream", "Content-Length": str(size)})
+            put = self._request(
+                "PUT",
+                f"{location}{joiner}digest={digest}",
+                data=handle,
+                headers={"Content-Type": "application/octet-stream", "Content-Length": str(size)},
+            )
         self._check(put, f"uploading {path.name}")
         return descriptor
 
@@ -220,8 +225,9 @@ class Registry:
                 _unpack(tree_path, staging / "tree", work)
                 info = dict(meta.get("meta", {}))
                 info["pulled_from"] = str(self.ref)
-                return store.commit(key, staging, str(meta["name"]), info, source_date_epoch,
-                                    expect_manifest=files_path.read_bytes())
+                return store.commit(
+                    key, staging, str(meta["name"]), info, source_date_epoch, expect_manifest=files_path.read_bytes()
+                )
             finally:
                 subprocess.run(["rm", "-rf", str(work)], check=False)
 
@@ -234,8 +240,9 @@ class Registry:
         wanted = descriptor.get("size")
         if not isinstance(wanted, int) or isinstance(wanted, bool) or wanted < 0:
             raise RemoteError(f"{self.ref}: blob {digest} has no valid size in its descriptor")
-        response = self._check(self._request("GET", f"{self.base}/blobs/{digest}", stream=True),
-                               f"fetching blob {digest}")
+        response = self._check(
+            self._request("GET", f"{self.base}/blobs/{digest}", stream=True), f"fetching blob {digest}"
+        )
         h = hashlib.sha256()
         size = 0
         with dest.open("wb") as out:
@@ -246,8 +253,9 @@ class Registry:
                     break
                 out.write(chunk)
         if h.hexdigest() != want or size != wanted:
-            raise RemoteError(f"{self.ref}: blob {digest} does not match its digest (got sha256:{h.hexdigest()}, "
-                              f"{size} bytes)")
+            raise RemoteError(
+                f"{self.ref}: blob {digest} does not match its digest (got sha256:{h.hexdigest()}, {size} bytes)"
+            )
         return dest
 
 
@@ -272,15 +280,24 @@ def _pack(entry: Entry, dest: Path) -> None:
     tar's output is piped straight into zstd: two argv lists, no shell.
     """
     tar = [
-        "tar", "-C", str(entry.tree), "--sort=name", "--numeric-owner", "--format=posix",
-        "--pax-option=exthdr.name=%d/PaxHeaders/%f,delete=atime,delete=ctime", "-cf", "-", ".",
+        "tar",
+        "-C",
+        str(entry.tree),
+        "--sort=name",
+        "--numeric-owner",
+        "--format=posix",
+        "--pax-option=exthdr.name=%d/PaxHeaders/%f,delete=atime,delete=ctime",
+        "-cf",
+        "-",
+        ".",
     ]
     with tempfile.TemporaryFile() as tar_err, tempfile.TemporaryFile() as zstd_err:
         packer = subprocess.Popen(tar, stdout=subprocess.PIPE, stderr=tar_err, stdin=subprocess.DEVNULL)
         assert packer.stdout is not None
         try:
-            compressor = subprocess.run(["zstd", "-q", "-T0", "-3", "-f", "-o", str(dest)], stdin=packer.stdout,
-                                        stderr=zstd_err, check=False)
+            compressor = subprocess.run(
+                ["zstd", "-q", "-T0", "-3", "-f", "-o", str(dest)], stdin=packer.stdout, stderr=zstd_err, check=False
+            )
         finally:
             packer.stdout.close()
             packed = packer.wait()
@@ -297,8 +314,9 @@ def _unpack(blob: Path, tree: Path, work: Path) -> None:
     from kiln.build.fetch import FetchError, check_archive
 
     plain = work / "tree.tar"
-    result = subprocess.run(["zstd", "-q", "-d", "-f", "-o", str(plain), "--", str(blob)],
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        ["zstd", "-q", "-d", "-f", "-o", str(plain), "--", str(blob)], capture_output=True, text=True
+    )
     if result.returncode != 0:
         raise RemoteError(f"cannot decompress a pulled tree: {result.stderr.strip()}")
     try:
@@ -308,7 +326,10 @@ def _unpack(blob: Path, tree: Path, work: Path) -> None:
         raise RemoteError(exc.message) from None
     if any(tree.iterdir()):
         raise RemoteError(f"cannot unpack a pulled tree: {tree} is not empty")
-    result = subprocess.run(["tar", "-xpf", str(plain), "--numeric-owner", "--no-overwrite-dir", "-C", str(tree)],
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        ["tar", "-xpf", str(plain), "--numeric-owner", "--no-overwrite-dir", "-C", str(tree)],
+        capture_output=True,
+        text=True,
+    )
     if result.returncode != 0:
         raise RemoteError(f"cannot unpack a pulled tree: {result.stderr.strip()}")

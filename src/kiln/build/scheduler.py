@@ -50,7 +50,13 @@ class Progress(Protocol):
 
 class Scheduler:
     def __init__(
-        self, builder: Builder, progress: Progress, jobs: int, *, no_cache: bool = False, keep_going: bool = False,
+        self,
+        builder: Builder,
+        progress: Progress,
+        jobs: int,
+        *,
+        no_cache: bool = False,
+        keep_going: bool = False,
         pins: Pins | None = None,
     ) -> None:
         self.builder = builder
@@ -120,7 +126,10 @@ class Scheduler:
         return outcomes
 
     def _abort(
-        self, exc: BaseException, pool: ThreadPoolExecutor, running: dict[Future[tuple[str, float]], str],
+        self,
+        exc: BaseException,
+        pool: ThreadPoolExecutor,
+        running: dict[Future[tuple[str, float]], str],
         outcomes: dict[str, Outcome],
     ) -> None:
         """The main thread was interrupted: start nothing more, let running builds unwind, report them.
@@ -145,8 +154,10 @@ class Scheduler:
             raise error
         else:
             outcome.status = CANCELLED if TOKEN.cancelled else FAILED
-            outcome.error = error if isinstance(error, KilnError) else BuildError(
-                f"package '{outcome.name}': {type(error).__name__}: {error}"
+            outcome.error = (
+                error
+                if isinstance(error, KilnError)
+                else BuildError(f"package '{outcome.name}': {type(error).__name__}: {error}")
             )
         self.progress.done(outcome)
         return error is None

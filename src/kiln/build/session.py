@@ -96,8 +96,13 @@ class Session:
     def bootstrap(self, say: Callable[[str], None] = print) -> str:
         key = stage0_key(self.graph.tree)
         ensure_stage0(
-            self.graph.tree.stage0, key, self.graph.tree.platform, self.store, logs_dir(self.store) / "stage0",
-            say, self.source_date_epoch,
+            self.graph.tree.stage0,
+            key,
+            self.graph.tree.platform,
+            self.store,
+            logs_dir(self.store) / "stage0",
+            say,
+            self.source_date_epoch,
         )
         return key
 
@@ -109,8 +114,15 @@ class Session:
         raise BuildError(f"a concurrent gc evicted the stage0 seed as soon as it was made, {PIN_ATTEMPTS} times")
 
     def build(
-        self, targets: list[str], jobs: int, progress: Progress, *, no_cache: bool, keep_going: bool,
-        cache_from: str | None = None, cache_to: str | None = None,
+        self,
+        targets: list[str],
+        jobs: int,
+        progress: Progress,
+        *,
+        no_cache: bool,
+        keep_going: bool,
+        cache_from: str | None = None,
+        cache_to: str | None = None,
     ) -> dict[str, Outcome]:
         """Build targets and their needs; with cache_from, first pull what a registry has that is needed."""
         names = self.graph.closure(targets)
@@ -130,8 +142,9 @@ class Session:
         if isinstance(runner, BuildKitRunner):
             outcomes = runner.build_graph(self.builder, targets, progress, no_cache=no_cache)
         else:
-            scheduler = Scheduler(self.builder, progress, jobs,
-                                  no_cache=no_cache, keep_going=keep_going, pins=self.pins)
+            scheduler = Scheduler(
+                self.builder, progress, jobs, no_cache=no_cache, keep_going=keep_going, pins=self.pins
+            )
             outcomes = scheduler.run(targets)
         if cache_to:
             self.push([self.keys[n] for n in names if self.store.has(self.keys[n])], cache_to)
@@ -155,8 +168,11 @@ class Session:
                 if not self.store.has(key) and registry.pull(self.store, key, self.source_date_epoch):
                     pulled.append(name)
         if pulled:
-            print(f"kiln: pulled {len(pulled)} entr{'y' if len(pulled) == 1 else 'ies'} from {ref}: "
-                  + ", ".join(pulled), file=sys.stderr, flush=True)
+            print(
+                f"kiln: pulled {len(pulled)} entr{'y' if len(pulled) == 1 else 'ies'} from {ref}: " + ", ".join(pulled),
+                file=sys.stderr,
+                flush=True,
+            )
         return pulled
 
     def push(self, keys: list[str], ref: str) -> int:
@@ -165,8 +181,7 @@ class Session:
 
         registry = Registry(Ref.parse(ref))
         sent = sum(1 for key in keys if registry.push(self.store, key))
-        print(f"kiln: pushed {sent} of {len(keys)} entries to {ref} (the rest were there)", file=sys.stderr,
-              flush=True)
+        print(f"kiln: pushed {sent} of {len(keys)} entries to {ref} (the rest were there)", file=sys.stderr, flush=True)
         return sent
 
     def export(self, names: list[str], out: Path) -> None:
@@ -207,8 +222,9 @@ def shell(session: Session, target: str, command: list[str]) -> int:
     package = session.graph.tree.packages[target]
     needs = [d for d in session.graph.closure([target]) if d != target]
     if needs:
-        outcomes = session.build(needs, jobs=os.cpu_count() or 1, no_cache=False, keep_going=False,
-                                 progress=PlainProgress(sys.stderr))
+        outcomes = session.build(
+            needs, jobs=os.cpu_count() or 1, no_cache=False, keep_going=False, progress=PlainProgress(sys.stderr)
+        )
         if failures(outcomes):
             raise BuildError(f"cannot open a shell: a dependency of '{target}' failed to build")
     elif session.needs_seed([target]):
@@ -220,4 +236,3 @@ def shell(session: Session, target: str, command: list[str]) -> int:
         with contextlib.closing(session.builder.prepare_root(package, Path(work))) as root:
             print(f"kiln: shell in {target}'s build root; changes are discarded on exit", file=sys.stderr)
             return root.shell(env, command)
-

@@ -307,8 +307,15 @@ class Store:
             last_used = (path / META).stat().st_mtime
         try:
             meta = json.loads((path / META).read_bytes())
-            return Entry(path.name, str(meta["name"]), path, int(meta["size"]), int(meta["files"]),
-                         dict(meta.get("meta", {})), last_used)
+            return Entry(
+                path.name,
+                str(meta["name"]),
+                path,
+                int(meta["size"]),
+                int(meta["files"]),
+                dict(meta.get("meta", {})),
+                last_used,
+            )
         except (ValueError, KeyError, TypeError, OSError) as exc:
             return Entry(path.name, "?", path, 0, 0, {"error": f"unreadable {META}: {exc}"}, last_used)
 
@@ -458,7 +465,12 @@ class Store:
             _release(*held)
 
     def commit(
-        self, key: str, staging: Path, name: str, meta: dict[str, Any], source_date_epoch: int,
+        self,
+        key: str,
+        staging: Path,
+        name: str,
+        meta: dict[str, Any],
+        source_date_epoch: int,
         expect_manifest: bytes | None = None,
     ) -> Entry:
         """Normalize `staging/tree`, record its manifest and publish it as `store/<key>` atomically.

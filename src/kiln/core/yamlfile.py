@@ -304,6 +304,7 @@ def _read_at_most(fd: int, limit: int, expected: int) -> bytes:
 
 def yaml_input_error(exc: Exception, where: str, line_of: Any = None, text: str = "") -> InputError:
     """The InputError for a YAML or YamlProblem failure; `line_of` maps parsed lines (templates)."""
+
     def mapped(line: int) -> int:
         return int(line_of(line)) if line_of and line else line
 

@@ -33,8 +33,15 @@ class BootAssets:
     initramfs_sha256: str = ""
 
     @classmethod
-    def make(cls, vmlinuz: Path, initramfs: Path, cmdline: str, version: str, epoch: int,
-             digests: tuple[str, str] | None = None) -> BootAssets:
+    def make(
+        cls,
+        vmlinuz: Path,
+        initramfs: Path,
+        cmdline: str,
+        version: str,
+        epoch: int,
+        digests: tuple[str, str] | None = None,
+    ) -> BootAssets:
         """Assets whose seed hashes the kernel, the initramfs, the command line, version and epoch.
 
         `digests` (the files' sha256s) lets callers that make many assets of the same files hash them once.

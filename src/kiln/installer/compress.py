@@ -36,9 +36,25 @@ def compress(path: Path, out_format: str, epoch: int) -> Path:
         # GNU format with sparse members: what GCP asks for (disk.raw inside), and small.
         target = path.with_name(path.name + ".tar.gz")
         tar = path.with_name(path.name + ".tar")
-        _run(["tar", "--format=gnu", "--sparse", "--sort=name", f"--mtime=@{epoch}", "--owner=0", "--group=0",
-              "--numeric-owner", "--mode=u=rw,go=r", "-C", str(path.parent), "-cf", str(tar), path.name],
-             f"tar of {path.name}")
+        _run(
+            [
+                "tar",
+                "--format=gnu",
+                "--sparse",
+                "--sort=name",
+                f"--mtime=@{epoch}",
+                "--owner=0",
+                "--group=0",
+                "--numeric-owner",
+                "--mode=u=rw,go=r",
+                "-C",
+                str(path.parent),
+                "-cf",
+                str(tar),
+                path.name,
+            ],
+            f"tar of {path.name}",
+        )
         _run(["gzip", "-n", "-6", "-c", str(tar)], f"gzip of {tar.name}", stdout=target)
         tar.unlink()
     elif out_format == ".gz":

@@ -44,8 +44,19 @@ KERNEL_NAME = "vmlinuz"
 INITRD_NAME = "initramfs.zst"
 
 # Modules built into both core images: nothing is loaded from disk but grub.cfg.
-COMMON_MODULES = ["part_gpt", "fat", "search", "search_fs_uuid", "normal", "configfile", "linux", "serial",
-                  "terminal", "echo", "test"]
+COMMON_MODULES = [
+    "part_gpt",
+    "fat",
+    "search",
+    "search_fs_uuid",
+    "normal",
+    "configfile",
+    "linux",
+    "serial",
+    "terminal",
+    "echo",
+    "test",
+]
 BIOS_MODULES = ["biosdisk", *COMMON_MODULES]
 EFI_MODULES = ["efi_gop", *COMMON_MODULES]
 
@@ -58,8 +69,7 @@ DRIVE_CHECK = 0x66  # a jump that treats drives < 0x80 as floppies; NOPed for ha
 TABLE_START, TABLE_END = 0x1B8, 0x1FE  # disk signature + partition table, kept from the MBR
 BLOCKLIST = SECTOR - 12  # diskboot.img's first blocklist entry: start (u64), length (u16), segment (u16)
 
-TOOLS = {"sfdisk": "fdisk", "mkfs.fat": "dosfstools", "mmd": "mtools", "mcopy": "mtools",
-         "grub-mkimage": "grub-common"}
+TOOLS = {"sfdisk": "fdisk", "mkfs.fat": "dosfstools", "mmd": "mtools", "mcopy": "mtools", "grub-mkimage": "grub-common"}
 
 
 @dataclass(frozen=True)
@@ -86,8 +96,12 @@ def layout(assets: BootAssets) -> list[Partition]:
     boot_size = max(BOOT_MIN_SIZE, _align(2 * payload + 16 * MIB, MIB))
     parts: list[Partition] = []
     at = MIB
-    for name, kind, size in (("EFI", ESP_TYPE, ESP_SIZE), ("BIOS", BIOS_BOOT_TYPE, BIOS_SIZE),
-                             ("BOOT", LINUX_DATA_TYPE, boot_size), ("META", LINUX_DATA_TYPE, META_SIZE)):
+    for name, kind, size in (
+        ("EFI", ESP_TYPE, ESP_SIZE),
+        ("BIOS", BIOS_BOOT_TYPE, BIOS_SIZE),
+        ("BOOT", LINUX_DATA_TYPE, boot_size),
+        ("META", LINUX_DATA_TYPE, META_SIZE),
+    ):
         parts.append(Partition(name, kind, at, size))
         at += size
     return parts
@@ -122,12 +136,13 @@ def build_raw(assets: BootAssets, out: Path, size: int) -> Path:
         raise InputError(f"disk size {size} is not a multiple of {SECTOR} bytes")
     needed = minimum_size(assets)
     if size < needed:
-        raise InputError(f"disk size {size // MIB} MiB is too small: EFI, BIOS, BOOT and META need "
-                         f"{needed // MIB} MiB (and machined 356 MiB more for STATE and EPHEMERAL)")
+        raise InputError(
+            f"disk size {size // MIB} MiB is too small: EFI, BIOS, BOOT and META need "
+            f"{needed // MIB} MiB (and machined 356 MiB more for STATE and EPHEMERAL)"
+        )
     _require_tools()
     parts = {p.name: p for p in layout(assets)}
-    env = {**os.environ, "SOURCE_DATE_EPOCH": str(assets.epoch), "TZ": "UTC", "LC_ALL": "C",
-           "MTOOLS_SKIP_CHECK": "1"}
+    env = {**os.environ, "SOURCE_DATE_EPOCH": str(assets.epoch), "TZ": "UTC", "LC_ALL": "C", "MTOOLS_SKIP_CHECK": "1"}
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = out.with_name(out.name + ".partial")
     partial.unlink(missing_ok=True)
@@ -142,19 +157,53 @@ def build_raw(assets: BootAssets, out: Path, size: int) -> Path:
             # Both core images look for BOOT by its serial and read the menu there.
             load_cfg.write_text(f"search --no-floppy --set=root --fs-uuid {boot_uuid}\nset prefix=($root)/grub\n")
             core = work / "core.img"
-            _run(["grub-mkimage", "-O", "i386-pc", "-d", str(GRUB_LIB / "i386-pc"), "-p", "/grub",
-                  "-c", str(load_cfg), "-o", str(core), *BIOS_MODULES], env)
+            _run(
+                [
+                    "grub-mkimage",
+                    "-O",
+                    "i386-pc",
+                    "-d",
+                    str(GRUB_LIB / "i386-pc"),
+                    "-p",
+                    "/grub",
+                    "-c",
+                    str(load_cfg),
+                    "-o",
+                    str(core),
+                    *BIOS_MODULES,
+                ],
+                env,
+            )
             efi = work / "BOOTX64.EFI"
-            _run(["grub-mkimage", "-O", "x86_64-efi", "-d", str(GRUB_LIB / "x86_64-efi"), "-p", "/grub",
-                  "-c", str(load_cfg), "-o", str(efi), *EFI_MODULES], env)
+            _run(
+                [
+                    "grub-mkimage",
+                    "-O",
+                    "x86_64-efi",
+                    "-d",
+                    str(GRUB_LIB / "x86_64-efi"),
+                    "-p",
+                    "/grub",
+                    "-c",
+                    str(load_cfg),
+                    "-o",
+                    str(efi),
+                    *EFI_MODULES,
+                ],
+                env,
+            )
             grub_cfg = work / "grub.cfg"
             grub_cfg.write_text(grub_config(assets, f"/{KERNEL_NAME}", f"/{INITRD_NAME}"))
 
             _fat(assets, partial, parts["EFI"], "EFI", env)
             _copy_in(partial, parts["EFI"], env, {"EFI/BOOT/BOOTX64.EFI": efi})
             _fat(assets, partial, parts["BOOT"], "BOOT", env)
-            _copy_in(partial, parts["BOOT"], env, {KERNEL_NAME: assets.vmlinuz, INITRD_NAME: assets.initramfs,
-                                                   "grub/grub.cfg": grub_cfg})
+            _copy_in(
+                partial,
+                parts["BOOT"],
+                env,
+                {KERNEL_NAME: assets.vmlinuz, INITRD_NAME: assets.initramfs, "grub/grub.cfg": grub_cfg},
+            )
             install_bios_grub(partial, core, parts["BIOS"])
         partial.chmod(0o644)
         partial.replace(out)
@@ -193,7 +242,7 @@ def install_bios_grub(image: Path, core_img: Path, bios: Partition) -> None:
         boot[BPB_START:BPB_END] = mbr[BPB_START:BPB_END]
         struct.pack_into("<Q", boot, KERNEL_SECTOR, first)
         boot[BOOT_DRIVE] = 0xFF
-        boot[DRIVE_CHECK:DRIVE_CHECK + 2] = b"\x90\x90"
+        boot[DRIVE_CHECK : DRIVE_CHECK + 2] = b"\x90\x90"
         boot[TABLE_START:TABLE_END] = mbr[TABLE_START:TABLE_END]
         disk.seek(0)
         disk.write(boot)
@@ -204,17 +253,37 @@ def install_bios_grub(image: Path, core_img: Path, bios: Partition) -> None:
 def _partition(assets: BootAssets, image: Path, parts: list[Partition], env: dict[str, str]) -> None:
     """GPT with derived disk and partition GUIDs; names are what machined looks for."""
     lines = ["label: gpt", f"label-id: {disk_guid(assets)}", "unit: sectors", ""]
-    lines += [f"start={p.start // SECTOR}, size={p.size // SECTOR}, type={p.type}, "
-              f'uuid={partition_guid(assets, p.name)}, name="{p.name}"' for p in parts]
+    lines += [
+        f"start={p.start // SECTOR}, size={p.size // SECTOR}, type={p.type}, "
+        f'uuid={partition_guid(assets, p.name)}, name="{p.name}"'
+        for p in parts
+    ]
     _run(["sfdisk", "--quiet", "--no-reread", "--no-tell-kernel", str(image)], env, "\n".join(lines) + "\n")
 
 
 def _fat(assets: BootAssets, image: Path, part: Partition, label: str, env: dict[str, str]) -> None:
     """FAT32 at the partition's offset, one sector per cluster (FAT32 needs at least 65525 clusters,
     and tools tell FAT types apart by that count); --invariant fixes the time-based fields, -i the serial."""
-    _run(["mkfs.fat", "--invariant", "-i", fat_serial(assets, part.name), "-F", "32", "-s", "1", "-n", label,
-          "-h", str(part.start // SECTOR), f"--offset={part.start // SECTOR}", str(image),
-          str(part.size // 1024)], env)
+    _run(
+        [
+            "mkfs.fat",
+            "--invariant",
+            "-i",
+            fat_serial(assets, part.name),
+            "-F",
+            "32",
+            "-s",
+            "1",
+            "-n",
+            label,
+            "-h",
+            str(part.start // SECTOR),
+            f"--offset={part.start // SECTOR}",
+            str(image),
+            str(part.size // 1024),
+        ],
+        env,
+    )
 
 
 def _copy_in(image: Path, part: Partition, env: dict[str, str], files: dict[str, Path]) -> None:

@@ -67,8 +67,11 @@ def _vhd(raw: Path, out: Path, assets: BootAssets, work: Path) -> None:
         _qemu_img(["convert", "-f", "raw", "-O", "raw", str(raw), str(grown)])
         with grown.open("r+b") as stream:
             stream.truncate((size // MIB + 1) * MIB)
-        result = subprocess.run(["sfdisk", "--quiet", "--no-reread", "--no-tell-kernel", "--relocate",
-                                 "gpt-bak-std", str(grown)], capture_output=True, text=True)
+        result = subprocess.run(
+            ["sfdisk", "--quiet", "--no-reread", "--no-tell-kernel", "--relocate", "gpt-bak-std", str(grown)],
+            capture_output=True,
+            text=True,
+        )
         if result.returncode != 0:
             raise BuildError(f"sfdisk --relocate failed on {raw.name}: {result.stderr.strip()}")
         raw = grown
@@ -134,8 +137,9 @@ def _ova(raw: Path, out: Path, assets: BootAssets, work: Path) -> None:
     disk.parent.mkdir()
     _vmdk(raw, disk, assets)
     ovf = ovf_descriptor(name, disk.name, disk.stat().st_size, raw.stat().st_size, assets).encode()
-    manifest = (f"SHA256({name}.ovf)= {hashlib.sha256(ovf).hexdigest()}\n"
-                f"SHA256({disk.name})= {file_sha256(disk)}\n").encode()
+    manifest = (
+        f"SHA256({name}.ovf)= {hashlib.sha256(ovf).hexdigest()}\nSHA256({disk.name})= {file_sha256(disk)}\n"
+    ).encode()
     with tarfile.open(out, "w", format=tarfile.USTAR_FORMAT) as tar:
         for member, data in ((f"{name}.ovf", ovf), (f"{name}.mf", manifest)):
             tar.addfile(_tar_info(member, len(data), assets.epoch), io.BytesIO(data))
@@ -151,8 +155,9 @@ def _tar_info(name: str, size: int, epoch: int) -> tarfile.TarInfo:
     return info
 
 
-def ovf_descriptor(name: str, vmdk: str, vmdk_size: int, capacity: int, assets: BootAssets,
-                   cpus: int = 2, memory_mib: int = 2048) -> str:
+def ovf_descriptor(
+    name: str, vmdk: str, vmdk_size: int, capacity: int, assets: BootAssets, cpus: int = 2, memory_mib: int = 2048
+) -> str:
     """An OVF 1.0 envelope for one VM: BIOS firmware, an IDE disk (PIIX4) and an E1000 NIC.
 
     IDE and E1000 are the devices VirtualBox and VMware both import without translation, and
@@ -165,20 +170,52 @@ def ovf_descriptor(name: str, vmdk: str, vmdk_size: int, capacity: int, assets: 
         inner = "".join(f"        <rasd:{key}>{value}</rasd:{key}>\n" for key, value in sorted(values.items()))
         return f"      <Item>\n{inner}      </Item>\n"
 
-    items = "".join((
-        fields(AllocationUnits="hertz * 10^6", Description="Number of virtual CPUs",
-               ElementName=f"{cpus} virtual CPU(s)", InstanceID="1", ResourceType="3",
-               VirtualQuantity=str(cpus)),
-        fields(AllocationUnits="byte * 2^20", Description="Memory size", ElementName=f"{memory_mib} MB of memory",
-               InstanceID="2", ResourceType="4", VirtualQuantity=str(memory_mib)),
-        fields(Address="0", Description="IDE Controller", ElementName="ideController0", InstanceID="3",
-               ResourceSubType="PIIX4", ResourceType="5"),
-        fields(AddressOnParent="0", ElementName="disk0", HostResource="ovf:/disk/vmdisk1", InstanceID="4",
-               Parent="3", ResourceType="17"),
-        fields(AddressOnParent="0", AutomaticAllocation="true", Connection="VM Network",
-               Description="E1000 ethernet adapter", ElementName="ethernet0", InstanceID="5",
-               ResourceSubType="E1000", ResourceType="10"),
-    ))
+    items = "".join(
+        (
+            fields(
+                AllocationUnits="hertz * 10^6",
+                Description="Number of virtual CPUs",
+                ElementName=f"{cpus} virtual CPU(s)",
+                InstanceID="1",
+                ResourceType="3",
+                VirtualQuantity=str(cpus),
+            ),
+            fields(
+                AllocationUnits="byte * 2^20",
+                Description="Memory size",
+                ElementName=f"{memory_mib} MB of memory",
+                InstanceID="2",
+                ResourceType="4",
+                VirtualQuantity=str(memory_mib),
+            ),
+            fields(
+                Address="0",
+                Description="IDE Controller",
+                ElementName="ideController0",
+                InstanceID="3",
+                ResourceSubType="PIIX4",
+                ResourceType="5",
+            ),
+            fields(
+                AddressOnParent="0",
+                ElementName="disk0",
+                HostResource="ovf:/disk/vmdisk1",
+                InstanceID="4",
+                Parent="3",
+                ResourceType="17",
+            ),
+            fields(
+                AddressOnParent="0",
+                AutomaticAllocation="true",
+                Connection="VM Network",
+                Description="E1000 ethernet adapter",
+                ElementName="ethernet0",
+                InstanceID="5",
+                ResourceSubType="E1000",
+                ResourceType="10",
+            ),
+        )
+    )
     return f"""<?xml version="1.0" encoding="UTF-8"?>
 <Envelope xmlns="http://schemas.dmtf.org/ovf/envelope/1"
           xmlns:cim="http://schemas.dmtf.org/wbem/wscim/1/common"

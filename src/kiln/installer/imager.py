@@ -71,14 +71,16 @@ def check_packages(profiles: list[Profile], graph: Graph) -> None:
             fields.append((("output", "kind"), MACHINED))
         for path, name in fields:
             if name not in known:
-                errors.append(InputError(f"unknown package '{name}'{suggest(name, set(known))}",
-                                         profile.location(*path)))
+                errors.append(
+                    InputError(f"unknown package '{name}'{suggest(name, set(known))}", profile.location(*path))
+                )
     if errors:
         raise errors[0] if len(errors) == 1 else InputErrors(errors)
 
 
-def build_packages(profiles: list[Profile], graph: Graph, jobs: int, *, json_output: bool,
-                   extra: tuple[str, ...] = ()) -> Built:
+def build_packages(
+    profiles: list[Profile], graph: Graph, jobs: int, *, json_output: bool, extra: tuple[str, ...] = ()
+) -> Built:
     """Build (or find in the store) every package the profiles need, plus `extra` ones."""
     from kiln.build.session import Session, choose_progress, failures
 
@@ -111,11 +113,17 @@ class AssetMaker:
 
     def identity(self, profile: Profile) -> str:
         data = {
-            "kernel": self.built.keys[profile.kernel.package] if profile.kernel.package else
-            file_sha256(profile.kernel.path) if profile.kernel.path else None,
+            "kernel": self.built.keys[profile.kernel.package]
+            if profile.kernel.package
+            else file_sha256(profile.kernel.path)
+            if profile.kernel.path
+            else None,
             "initramfs": file_sha256(profile.initramfs) if profile.initramfs else None,
-            "init": profile.init, "rootfs": profile.rootfs, "packages": profile.packages,
-            "extensions": profile.extensions, "config": profile.machine_config,
+            "init": profile.init,
+            "rootfs": profile.rootfs,
+            "packages": profile.packages,
+            "extensions": profile.extensions,
+            "config": profile.machine_config,
             "keys": {n: self.built.keys[n] for n in profile.packages_to_build()},
         }
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
@@ -141,8 +149,11 @@ class AssetMaker:
         kernel_tree = self._kernel_tree(profile, where)
         if profile.initramfs is not None:
             return kernel_tree / "boot/vmlinuz", profile.initramfs
-        trees = {**{n: self.built.trees[n] for n in profile.packages_to_build()}, KERNEL: kernel_tree,
-                 INIT: self.built.trees[profile.init]}
+        trees = {
+            **{n: self.built.trees[n] for n in profile.packages_to_build()},
+            KERNEL: kernel_tree,
+            INIT: self.built.trees[profile.init],
+        }
         rootfs = [*profile.rootfs, *profile.packages]
         if profile.machine_config is not None:
             config = where / "config-tree"
@@ -223,8 +234,11 @@ def sbom_packages(profile: Profile, built: Built) -> list[SbomPackage]:
     if profile.kernel.package:
         roles.append((profile.kernel.package, "kernel"))
     if profile.initramfs is None:
-        roles += [(profile.init, "init"), *[(n, "rootfs") for n in (*profile.rootfs, *profile.packages)],
-                  *[(n, "extension") for n in profile.extensions]]
+        roles += [
+            (profile.init, "init"),
+            *[(n, "rootfs") for n in (*profile.rootfs, *profile.packages)],
+            *[(n, "extension") for n in profile.extensions],
+        ]
     return [SbomPackage(packages[name], built.keys[name], role) for name, role in dict(roles).items()]
 
 
@@ -260,8 +274,13 @@ def make_profile(profile: Profile, maker: AssetMaker, out: Path, say: Say) -> Re
         say(f"{profile.name}: writing {profile.kind} output")
         write_output(profile, assets, dest, maker.built)
         write_sbom(dest, profile.name, profile.version, assets.seed, assets.epoch, sbom_packages(profile, maker.built))
-        identity = {"name": profile.name, "arch": profile.arch, "platform": profile.platform,
-                    "version": profile.version, "kind": profile.kind}
+        identity = {
+            "name": profile.name,
+            "arch": profile.arch,
+            "platform": profile.platform,
+            "version": profile.version,
+            "kind": profile.kind,
+        }
         manifest = write_manifest(dest, identity, manifest_inputs(profile, assets, maker.built))
         replace_dir(dest, final, Path(tmp) / "replaced")
     artifacts = json.loads((final / manifest.name).read_text())["artifacts"]

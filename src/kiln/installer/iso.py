@@ -26,12 +26,29 @@ from kiln.installer.grub import grub_config
 GRUB_LIB = Path("/usr/lib/grub")
 # Modules built into the GRUB core images: nothing is loaded from the ISO but grub.cfg, so the
 # ISO does not carry GRUB's module directories (about 20 MB with grub-mkrescue).
-COMMON_MODULES = ["iso9660", "part_msdos", "part_gpt", "search", "search_fs_uuid", "normal", "configfile",
-                  "linux", "serial", "terminal", "echo", "test"]
+COMMON_MODULES = [
+    "iso9660",
+    "part_msdos",
+    "part_gpt",
+    "search",
+    "search_fs_uuid",
+    "normal",
+    "configfile",
+    "linux",
+    "serial",
+    "terminal",
+    "echo",
+    "test",
+]
 BIOS_MODULES = ["biosdisk", *COMMON_MODULES]
 EFI_MODULES = ["fat", "efi_gop", *COMMON_MODULES]
-TOOLS = {"grub-mkimage": "grub-common", "xorriso": "xorriso", "mkfs.fat": "dosfstools", "mmd": "mtools",
-         "mcopy": "mtools"}
+TOOLS = {
+    "grub-mkimage": "grub-common",
+    "xorriso": "xorriso",
+    "mkfs.fat": "dosfstools",
+    "mmd": "mtools",
+    "mcopy": "mtools",
+}
 
 
 def volume_id(version: str) -> str:
@@ -47,7 +64,7 @@ def iso_date(epoch: int) -> str:
 
 def grub_uuid(epoch: int) -> str:
     date = iso_date(epoch)
-    return "-".join([date[0:4], *(date[i:i + 2] for i in range(4, 16, 2))])
+    return "-".join([date[0:4], *(date[i : i + 2] for i in range(4, 16, 2))])
 
 
 def build_iso(assets: BootAssets, out: Path) -> Path:
@@ -59,33 +76,93 @@ def build_iso(assets: BootAssets, out: Path) -> Path:
         work = Path(tmp)
         load_cfg = work / "load.cfg"
         # The core images find the ISO (CD or whole USB disk) by its UUID and read grub.cfg there.
-        load_cfg.write_text(f"search --no-floppy --set=root --fs-uuid {grub_uuid(assets.epoch)}\n"
-                            "set prefix=($root)/boot/grub\n")
+        load_cfg.write_text(
+            f"search --no-floppy --set=root --fs-uuid {grub_uuid(assets.epoch)}\nset prefix=($root)/boot/grub\n"
+        )
         bios = work / "eltorito.img"
-        _run(["grub-mkimage", "-O", "i386-pc-eltorito", "-d", str(GRUB_LIB / "i386-pc"), "-p", "/boot/grub",
-              "-c", str(load_cfg), "-o", str(bios), *BIOS_MODULES], env)
+        _run(
+            [
+                "grub-mkimage",
+                "-O",
+                "i386-pc-eltorito",
+                "-d",
+                str(GRUB_LIB / "i386-pc"),
+                "-p",
+                "/boot/grub",
+                "-c",
+                str(load_cfg),
+                "-o",
+                str(bios),
+                *BIOS_MODULES,
+            ],
+            env,
+        )
         efi_binary = work / "BOOTX64.EFI"
-        _run(["grub-mkimage", "-O", "x86_64-efi", "-d", str(GRUB_LIB / "x86_64-efi"), "-p", "/boot/grub",
-              "-c", str(load_cfg), "-o", str(efi_binary), *EFI_MODULES], env)
+        _run(
+            [
+                "grub-mkimage",
+                "-O",
+                "x86_64-efi",
+                "-d",
+                str(GRUB_LIB / "x86_64-efi"),
+                "-p",
+                "/boot/grub",
+                "-c",
+                str(load_cfg),
+                "-o",
+                str(efi_binary),
+                *EFI_MODULES,
+            ],
+            env,
+        )
         efi_image = _efi_image(assets, efi_binary, work, env)
         grub_cfg = work / "grub.cfg"
         grub_cfg.write_text(grub_config(assets, "/boot/vmlinuz", "/boot/initramfs.zst"))
         partial = out.with_name(out.name + ".partial")
         partial.unlink(missing_ok=True)
         date = iso_date(assets.epoch)
-        _run(["xorriso", "-as", "mkisofs", "-graft-points",
-              "-V", volume_id(assets.version), "-A", f"KILN {assets.version}",
-              f"--modification-date={date}", "--set_all_file_dates", date,
-              "--gpt_disk_guid", str(derived_uuid(assets.seed, "iso-gpt")),
-              # BIOS: El Torito no-emulation GRUB image; the same core booted from the hybrid MBR on USB.
-              "-b", "boot/grub/i386-pc/eltorito.img", "-no-emul-boot", "-boot-load-size", "4",
-              "-boot-info-table", "--grub2-boot-info", "--grub2-mbr", str(GRUB_LIB / "i386-pc/boot_hybrid.img"),
-              # UEFI: El Torito EFI image, exposed in GPT as the EFI system partition for USB.
-              "--efi-boot", "efi.img", "-efi-boot-part", "--efi-boot-image", "--protective-msdos-label",
-              "-r", "-o", str(partial),
-              f"/boot/vmlinuz={assets.vmlinuz}", f"/boot/initramfs.zst={assets.initramfs}",
-              f"/boot/grub/grub.cfg={grub_cfg}", f"/boot/grub/i386-pc/eltorito.img={bios}",
-              f"/efi.img={efi_image}"], env)
+        _run(
+            [
+                "xorriso",
+                "-as",
+                "mkisofs",
+                "-graft-points",
+                "-V",
+                volume_id(assets.version),
+                "-A",
+                f"KILN {assets.version}",
+                f"--modification-date={date}",
+                "--set_all_file_dates",
+                date,
+                "--gpt_disk_guid",
+                str(derived_uuid(assets.seed, "iso-gpt")),
+                # BIOS: El Torito no-emulation GRUB image; the same core booted from the hybrid MBR on USB.
+                "-b",
+                "boot/grub/i386-pc/eltorito.img",
+                "-no-emul-boot",
+                "-boot-load-size",
+                "4",
+                "-boot-info-table",
+                "--grub2-boot-info",
+                "--grub2-mbr",
+                str(GRUB_LIB / "i386-pc/boot_hybrid.img"),
+                # UEFI: El Torito EFI image, exposed in GPT as the EFI system partition for USB.
+                "--efi-boot",
+                "efi.img",
+                "-efi-boot-part",
+                "--efi-boot-image",
+                "--protective-msdos-label",
+                "-r",
+                "-o",
+                str(partial),
+                f"/boot/vmlinuz={assets.vmlinuz}",
+                f"/boot/initramfs.zst={assets.initramfs}",
+                f"/boot/grub/grub.cfg={grub_cfg}",
+                f"/boot/grub/i386-pc/eltorito.img={bios}",
+                f"/efi.img={efi_image}",
+            ],
+            env,
+        )
         partial.chmod(0o644)
         partial.replace(out)
     return out

@@ -26,9 +26,14 @@ SBOM = "sbom.spdx.json"
 # it; and concurrent first imports of one package from worker threads race inside importlib
 # (KeyError: 'spdx_tools.spdx.model', seen about one run in six), so load_spdx() runs first.
 _SPDX_MODULES = (
-    "spdx_tools.spdx.model.actor", "spdx_tools.spdx.model.checksum", "spdx_tools.spdx.model.document",
-    "spdx_tools.spdx.model.package", "spdx_tools.spdx.model.relationship", "spdx_tools.spdx.model.spdx_no_assertion",
-    "spdx_tools.spdx.validation.document_validator", "spdx_tools.spdx.writer.json.json_writer",
+    "spdx_tools.spdx.model.actor",
+    "spdx_tools.spdx.model.checksum",
+    "spdx_tools.spdx.model.document",
+    "spdx_tools.spdx.model.package",
+    "spdx_tools.spdx.model.relationship",
+    "spdx_tools.spdx.model.spdx_no_assertion",
+    "spdx_tools.spdx.validation.document_validator",
+    "spdx_tools.spdx.writer.json.json_writer",
 )
 
 
@@ -66,8 +71,7 @@ def write_manifest(directory: Path, profile: dict[str, Any], inputs: dict[str, A
     return path
 
 
-def write_sbom(directory: Path, name: str, version: str, seed: str, epoch: int,
-               packages: list[SbomPackage]) -> Path:
+def write_sbom(directory: Path, name: str, version: str, seed: str, epoch: int, packages: list[SbomPackage]) -> Path:
     """An SPDX 2.3 JSON document describing the image and the packages it contains.
 
     From worker threads, call load_spdx() in the main thread first (see _SPDX_MODULES).
@@ -84,13 +88,24 @@ def write_sbom(directory: Path, name: str, version: str, seed: str, epoch: int,
 
     created = datetime.datetime.fromtimestamp(epoch, tz=datetime.UTC).replace(tzinfo=None)
     info = CreationInfo(
-        spdx_version="SPDX-2.3", spdx_id="SPDXRef-DOCUMENT", name=f"kiln-{name}-{version}",
+        spdx_version="SPDX-2.3",
+        spdx_id="SPDXRef-DOCUMENT",
+        name=f"kiln-{name}-{version}",
         document_namespace=f"https://kiln.invalid/spdx/{name}/{derived_uuid(seed, 'sbom')}",
-        creators=[Actor(ActorType.TOOL, f"kiln-{version}")], created=created)
-    image = SpdxPackage("SPDXRef-image", f"kiln-{name}", SpdxNoAssertion(), version=version, files_analyzed=False,
-                        primary_package_purpose=PackagePurpose.OPERATING_SYSTEM,
-                        license_concluded=SpdxNoAssertion(), license_declared=SpdxNoAssertion(),
-                        copyright_text=SpdxNoAssertion())
+        creators=[Actor(ActorType.TOOL, f"kiln-{version}")],
+        created=created,
+    )
+    image = SpdxPackage(
+        "SPDXRef-image",
+        f"kiln-{name}",
+        SpdxNoAssertion(),
+        version=version,
+        files_analyzed=False,
+        primary_package_purpose=PackagePurpose.OPERATING_SYSTEM,
+        license_concluded=SpdxNoAssertion(),
+        license_declared=SpdxNoAssertion(),
+        copyright_text=SpdxNoAssertion(),
+    )
     spdx_packages = [image]
     relationships = [Relationship("SPDXRef-DOCUMENT", RelationshipType.DESCRIBES, "SPDXRef-image")]
     for item in sorted(packages, key=lambda p: p.package.name):
@@ -98,15 +113,22 @@ def write_sbom(directory: Path, name: str, version: str, seed: str, epoch: int,
         sources = [s for step in pkg.steps for s in step.sources if s.url and s.sha256]
         spdx_id = "SPDXRef-Package-" + "".join(c if c.isalnum() or c in ".-" else "-" for c in pkg.name)
         location: str | SpdxNoAssertion = sources[0].url if sources and sources[0].url else SpdxNoAssertion()
-        spdx_packages.append(SpdxPackage(
-            spdx_id, pkg.name, location,
-            version=pkg.version or None, files_analyzed=False,
-            checksums=[Checksum(ChecksumAlgorithm.SHA256, s.sha256) for s in sources[:1] if s.sha256],
-            source_info=f"built by Kiln ({item.role}); store key {item.key}",
-            license_concluded=SpdxNoAssertion(), license_declared=SpdxNoAssertion(),
-            copyright_text=SpdxNoAssertion(), description=pkg.description or None,
-            external_references=[ExternalPackageRef(ExternalPackageRefCategory.OTHER, "kiln-store-key", item.key)],
-        ))
+        spdx_packages.append(
+            SpdxPackage(
+                spdx_id,
+                pkg.name,
+                location,
+                version=pkg.version or None,
+                files_analyzed=False,
+                checksums=[Checksum(ChecksumAlgorithm.SHA256, s.sha256) for s in sources[:1] if s.sha256],
+                source_info=f"built by Kiln ({item.role}); store key {item.key}",
+                license_concluded=SpdxNoAssertion(),
+                license_declared=SpdxNoAssertion(),
+                copyright_text=SpdxNoAssertion(),
+                description=pkg.description or None,
+                external_references=[ExternalPackageRef(ExternalPackageRefCategory.OTHER, "kiln-store-key", item.key)],
+            )
+        )
         relationships.append(Relationship("SPDXRef-image", RelationshipType.CONTAINS, spdx_id))
     document = Document(info, packages=spdx_packages, relationships=relationships)
     problems = validate_full_spdx_document(document)

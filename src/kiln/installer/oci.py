@@ -77,13 +77,16 @@ def image_tag(version: str) -> str:
     return tag if tag and tag[0] not in ".-" else "v" + tag[:127]
 
 
-def build_installer(assets: BootAssets, disk_raw: Path, machined: Path, out_dir: Path,
-                    name: str) -> tuple[Path, Path]:
+def build_installer(assets: BootAssets, disk_raw: Path, machined: Path, out_dir: Path, name: str) -> tuple[Path, Path]:
     """Write out_dir/<name>/ (an OCI image layout) and out_dir/<name>.tar (that layout plus
     docker's manifest.json, for `docker load`); return both. The image is tagged
     kiln-installer:<version>."""
-    for what, path in (("disk image", disk_raw), ("machined", machined), ("kernel", assets.vmlinuz),
-                       ("initramfs", assets.initramfs)):
+    for what, path in (
+        ("disk image", disk_raw),
+        ("machined", machined),
+        ("kernel", assets.vmlinuz),
+        ("initramfs", assets.initramfs),
+    ):
         if not path.is_file():
             raise InputError(f"installer: {what} {path} does not exist")
     arch = static_elf_arch(machined)
@@ -96,8 +99,10 @@ def build_installer(assets: BootAssets, disk_raw: Path, machined: Path, out_dir:
         disk_gz = work / "disk.raw.gz"
         gzip_with_size(disk_raw, disk_gz)
         layer_files = [
-            ("boot assets", {f"{SHARE}/vmlinuz": (assets.vmlinuz, 0o644),
-                             f"{SHARE}/initramfs.zst": (assets.initramfs, 0o644)}),
+            (
+                "boot assets",
+                {f"{SHARE}/vmlinuz": (assets.vmlinuz, 0o644), f"{SHARE}/initramfs.zst": (assets.initramfs, 0o644)},
+            ),
             ("disk image", {DISK_MEMBER: (disk_gz, 0o644)}),
             ("installer (machined install)", {ENTRYPOINT: (machined, 0o755)}),
         ]
@@ -116,8 +121,10 @@ def build_installer(assets: BootAssets, disk_raw: Path, machined: Path, out_dir:
                 "Entrypoint": ["/" + ENTRYPOINT],
                 "Env": ["PATH=/usr/bin"],
                 "WorkingDir": "/",
-                "Labels": {"org.opencontainers.image.title": "Kiln installer",
-                           "org.opencontainers.image.version": assets.version},
+                "Labels": {
+                    "org.opencontainers.image.title": "Kiln installer",
+                    "org.opencontainers.image.version": assets.version,
+                },
             },
             "rootfs": {"type": "layers", "diff_ids": diff_ids},
             "history": [{"created": created, "created_by": f"kiln: {what}"} for what, _ in layer_files],
@@ -128,24 +135,30 @@ def build_installer(assets: BootAssets, disk_raw: Path, machined: Path, out_dir:
             "mediaType": MANIFEST_TYPE,
             "config": config_blob.descriptor(),
             "layers": [layer.descriptor() for layer in layers],
-            "annotations": {"org.opencontainers.image.created": created,
-                            "org.opencontainers.image.version": assets.version},
+            "annotations": {
+                "org.opencontainers.image.created": created,
+                "org.opencontainers.image.version": assets.version,
+            },
         }
         manifest_blob = _json_blob(manifest, MANIFEST_TYPE, layout)
         reference = f"{REPOSITORY}:{tag}"
         index = {
             "schemaVersion": 2,
             "mediaType": INDEX_TYPE,
-            "manifests": [{**manifest_blob.descriptor(),
-                           "platform": {"architecture": arch, "os": "linux"},
-                           "annotations": {"org.opencontainers.image.ref.name": tag,
-                                           "io.containerd.image.name": reference}}],
+            "manifests": [
+                {
+                    **manifest_blob.descriptor(),
+                    "platform": {"architecture": arch, "os": "linux"},
+                    "annotations": {"org.opencontainers.image.ref.name": tag, "io.containerd.image.name": reference},
+                }
+            ],
         }
         (layout / "index.json").write_bytes(_canonical(index))
         (layout / "oci-layout").write_bytes(_canonical({"imageLayoutVersion": "1.0.0"}))
         # docker-archive's manifest: docker 20.10 reads this, not index.json.
-        docker_manifest = [{"Config": config_blob.path, "RepoTags": [reference],
-                            "Layers": [layer.path for layer in layers]}]
+        docker_manifest = [
+            {"Config": config_blob.path, "RepoTags": [reference], "Layers": [layer.path for layer in layers]}
+        ]
         tar_tmp = work / "installer.tar"
         _archive(layout, {"manifest.json": _canonical(docker_manifest)}, assets.epoch, tar_tmp)
 
@@ -174,8 +187,10 @@ def static_elf_arch(binary: Path) -> str:
         table = stream.read(phentsize * phnum)
     for i in range(phnum):
         if struct.unpack_from("<I", table, i * phentsize)[0] == PT_INTERP:
-            raise InputError(f"installer: {binary} is dynamically linked; the installer image has no libc "
-                             "(build machined with CGO_ENABLED=0)")
+            raise InputError(
+                f"installer: {binary} is dynamically linked; the installer image has no libc "
+                "(build machined with CGO_ENABLED=0)"
+            )
     return ELF_MACHINES[machine]
 
 
@@ -226,8 +241,11 @@ def _layer(files: dict[str, tuple[Path, int]], epoch: int, layout: Path, work: P
     diff_id = hashlib.sha256()
     gz_path = work / "layer.tar.gz"
     # filename="" and mtime=0: gzip -n
-    with tar_path.open("rb") as src, gz_path.open("wb") as raw_out, \
-            gzip.GzipFile(filename="", mode="wb", compresslevel=GZIP_LEVEL, fileobj=raw_out, mtime=0) as dst:
+    with (
+        tar_path.open("rb") as src,
+        gz_path.open("wb") as raw_out,
+        gzip.GzipFile(filename="", mode="wb", compresslevel=GZIP_LEVEL, fileobj=raw_out, mtime=0) as dst,
+    ):
         for block in iter(lambda: src.read(CHUNK), b""):
             diff_id.update(block)
             dst.write(block)

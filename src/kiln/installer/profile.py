@@ -112,12 +112,14 @@ def _rules(data: dict[str, Any]) -> list[tuple[Path_, str]]:
     if "image" in output and kind not in ("image", "installer"):
         found.append((("output", "image"), f"output.image options apply to kinds image and installer, not {kind}"))
     if kind == "installer" and set(output.get("image", {})) - {"disk_size"}:
-        found.append((("output", "image"), "an installer takes only output.image.disk_size (it installs a raw "
-                                           "disk layout)"))
+        found.append(
+            (("output", "image"), "an installer takes only output.image.disk_size (it installs a raw disk layout)")
+        )
     out_format = output.get("out_format", "raw")
     if out_format != "raw" and kind not in ("image", "iso"):
-        found.append((("output", "out_format"), f"out_format {out_format} applies to image and iso outputs, "
-                                                  f"not {kind}"))
+        found.append(
+            (("output", "out_format"), f"out_format {out_format} applies to image and iso outputs, not {kind}")
+        )
     if out_format == ".tar.gz" and kind != "image":
         found.append((("output", "out_format"), "out_format .tar.gz wraps a disk image: use it with kind image"))
     image = output.get("image", {})
@@ -125,18 +127,35 @@ def _rules(data: dict[str, Any]) -> list[tuple[Path_, str]]:
         found += [(("output", "image", "disk_size"), problem) for problem in _disk_size_problems(image["disk_size"])]
     arch = data.get("arch", "amd64")
     if arch != "amd64":
-        found.append((("arch",), f"arch {arch}: only amd64 images can be built so far (arm64 boot assets "
-                                 "validate but no arm64 bootloader output exists yet)"))
+        found.append(
+            (
+                ("arch",),
+                f"arch {arch}: only amd64 images can be built so far (arm64 boot assets "
+                "validate but no arm64 bootloader output exists yet)",
+            )
+        )
     inputs = data.get("input", {})
     if "initramfs" in inputs and "package" in inputs["initramfs"]:
-        found.append((("input", "initramfs"), "input.initramfs takes a path; the initramfs is otherwise "
-                                              "assembled from input.init and input.rootfs"))
+        found.append(
+            (
+                ("input", "initramfs"),
+                "input.initramfs takes a path; the initramfs is otherwise assembled from input.init and input.rootfs",
+            )
+        )
     if "initramfs" in inputs and ({"packages", "extensions", "rootfs"} & set(inputs)):
-        found.append((("input", "initramfs"), "a prebuilt input.initramfs cannot take rootfs, packages or "
-                                              "extensions: they go into an assembled one"))
+        found.append(
+            (
+                ("input", "initramfs"),
+                "a prebuilt input.initramfs cannot take rootfs, packages or extensions: they go into an assembled one",
+            )
+        )
     if "machine_config" in data.get("customization", {}) and "initramfs" in inputs:
-        found.append((("customization", "machine_config"), "an embedded machine_config needs an assembled "
-                                                            "initramfs, not input.initramfs"))
+        found.append(
+            (
+                ("customization", "machine_config"),
+                "an embedded machine_config needs an assembled initramfs, not input.initramfs",
+            )
+        )
     return found
 
 
@@ -155,8 +174,7 @@ def _build(data: dict[str, Any], file: Path, positioned: Positioned) -> Profile:
     initramfs = _asset_path(inputs["initramfs"]["path"], file) if "initramfs" in inputs else None
     for asset, key in ((kernel.path, "kernel"), (initramfs, "initramfs")):
         if asset is not None and not asset.is_file():
-            raise InputError(f"input.{key}: no such file {asset}",
-                             Location(str(file), positioned.line(("input", key))))
+            raise InputError(f"input.{key}: no such file {asset}", Location(str(file), positioned.line(("input", key))))
     disk_format = image.get("format", "raw")
     return Profile(
         name=data.get("name", file.stem),
@@ -210,8 +228,13 @@ def load_profiles(refs: list[str], profiles_dir: Path) -> list[Profile]:
     seen: dict[str, Profile] = {}
     for profile in profiles:
         if profile.name in seen:
-            errors.append(InputError(f"profile name '{profile.name}' is also used by {seen[profile.name].file}: "
-                                     "their outputs would overwrite each other", Location(str(profile.file))))
+            errors.append(
+                InputError(
+                    f"profile name '{profile.name}' is also used by {seen[profile.name].file}: "
+                    "their outputs would overwrite each other",
+                    Location(str(profile.file)),
+                )
+            )
         seen[profile.name] = profile
     if len(errors) == 1:
         raise errors[0]

@@ -21,15 +21,17 @@ INITRD = "initramfs.zst"
 
 def ipxe_script(assets: BootAssets) -> str:
     """The iPXE script: load kernel (with the assets' command line) and initramfs, then boot."""
-    return "\n".join([
-        "#!ipxe",
-        f"echo Kiln {assets.version}: loading {KERNEL} and {INITRD}",
-        # initrd= names the image for EFI-stub kernels (iPXE's EFI build hands it over by name).
-        f"kernel {KERNEL} initrd={INITRD} {assets.cmdline}",
-        f"initrd {INITRD}",
-        "boot",
-        "",
-    ])
+    return "\n".join(
+        [
+            "#!ipxe",
+            f"echo Kiln {assets.version}: loading {KERNEL} and {INITRD}",
+            # initrd= names the image for EFI-stub kernels (iPXE's EFI build hands it over by name).
+            f"kernel {KERNEL} initrd={INITRD} {assets.cmdline}",
+            f"initrd {INITRD}",
+            "boot",
+            "",
+        ]
+    )
 
 
 def build_pxe(assets: BootAssets, out_dir: Path) -> list[Path]:

@@ -130,8 +130,9 @@ def _build_needs(session: Session, package: Package) -> None:
     if needs:
         from kiln.build.progress import PlainProgress
 
-        outcomes = session.build(needs, jobs=os.cpu_count() or 1, no_cache=False, keep_going=False,
-                                 progress=PlainProgress(sys.stderr))
+        outcomes = session.build(
+            needs, jobs=os.cpu_count() or 1, no_cache=False, keep_going=False, progress=PlainProgress(sys.stderr)
+        )
         if failures(outcomes):
             raise BuildError(f"a dependency of '{package.name}' failed to build")
     elif session.needs_seed([package.name]):

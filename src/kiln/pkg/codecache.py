@@ -98,8 +98,9 @@ def _version_tag() -> bytes:
 
 
 def _entry(file: str, source: str) -> tuple[Path, bytes]:
-    name = hashlib.sha256(_version_tag() + file.encode("utf-8", "surrogatepass") + b"\0"
-                          + source.encode("utf-8", "surrogatepass")).hexdigest()
+    name = hashlib.sha256(
+        _version_tag() + file.encode("utf-8", "surrogatepass") + b"\0" + source.encode("utf-8", "surrogatepass")
+    ).hexdigest()
     return cache_dir() / "templates" / f"{name}.bin", name.encode()
 
 

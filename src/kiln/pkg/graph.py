@@ -60,9 +60,7 @@ class Graph:
             for index, dep in enumerate(package.dependencies):
                 if dep.stage == needed:
                     line = package.line(("dependencies", index, "stage"))
-            errors.append(
-                InputError(f"dependency cycle: {' -> '.join(path)}", Location(str(package.file), line))
-            )
+            errors.append(InputError(f"dependency cycle: {' -> '.join(path)}", Location(str(package.file), line)))
             edges[needer].remove(needed)
         return errors
 
@@ -115,4 +113,3 @@ class Graph:
             for inner in self.runtime_deps(dep.stage):
                 found.setdefault(inner.stage, inner)
         return list(found.values())
-

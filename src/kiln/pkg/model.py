@@ -142,9 +142,7 @@ class Package:
             ],
             "steps": [
                 {
-                    "sources": [
-                        {k: v for k, v in vars(s).items() if v is not None} for s in st.sources
-                    ],
+                    "sources": [{k: v for k, v in vars(s).items() if v is not None} for s in st.sources],
                     "env": dict(st.env),
                     "network": st.network,
                     **{phase: list(getattr(st, phase)) for phase in SNIPPET_PHASES},
@@ -176,6 +174,7 @@ def _path_fields(spec: dict[str, Any]) -> list[tuple[Path_, Any, bool, bool]]:
 
 def _check_paths(spec: dict[str, Any], file: Path, positions: Positioned, template_line: Any) -> None:
     """All path and name problems of a spec at once, located on template lines."""
+
     def where(path: Path_) -> Location:
         line = positions.line(path)
         return Location(str(file), int(template_line(line)) if template_line else line)
@@ -194,8 +193,9 @@ def _check_paths(spec: dict[str, Any], file: Path, positions: Positioned, templa
     for i, step in enumerate(spec.get("steps", [])):
         for key in step.get("env", {}):
             if not isinstance(key, str) or not _ENV_NAME.fullmatch(key):
-                errors.append(InputError(f"env name {key!r} is not a valid shell variable name",
-                                         where(("steps", i, "env"))))
+                errors.append(
+                    InputError(f"env name {key!r} is not a valid shell variable name", where(("steps", i, "env")))
+                )
     if len(errors) == 1:
         raise errors[0]
     if errors:

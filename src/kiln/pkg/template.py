@@ -443,8 +443,9 @@ def _undefined_names(source: str, file: Path, context: dict[str, Any]) -> list[I
 
 
 _SIMPLE = re.compile(r"\{\{[ \t]*([A-Za-z_][A-Za-z0-9_]*)[ \t]*\}\}")
-_NOT_SIMPLE_NAMES = frozenset({"true", "false", "none", "True", "False", "None", "self", "loop", "caller",
-                               "varargs", "kwargs", "range", "dict"})
+_NOT_SIMPLE_NAMES = frozenset(
+    {"true", "false", "none", "True", "False", "None", "self", "loop", "caller", "varargs", "kwargs", "range", "dict"}
+)
 
 
 def _render_simple(source: str, context: dict[str, Any]) -> str | None:
@@ -466,7 +467,7 @@ def _render_simple(source: str, context: dict[str, Any]) -> str | None:
         if not isinstance(value, str | int | float) or isinstance(value, bool):
             return None
         text = str(value)
-        pieces.append(source[last:match.start()])
+        pieces.append(source[last : match.start()])
         pieces.append(text)
         total += match.start() - last + len(text)
         if total > MAX_OUTPUT:

@@ -28,9 +28,22 @@ def mksquashfs(tree: Path, out: Path, epoch: int, compression: str = "zstd") -> 
     _need("mksquashfs", "squashfs-tools")
     out.unlink(missing_ok=True)
     command = [
-        "mksquashfs", str(tree), str(out), "-noappend", "-no-progress", "-quiet",
-        "-comp", compression, "-all-root", "-no-xattrs",
-        "-mkfs-time", str(epoch), "-all-time", str(epoch), "-processors", str(os.cpu_count() or 1),
+        "mksquashfs",
+        str(tree),
+        str(out),
+        "-noappend",
+        "-no-progress",
+        "-quiet",
+        "-comp",
+        compression,
+        "-all-root",
+        "-no-xattrs",
+        "-mkfs-time",
+        str(epoch),
+        "-all-time",
+        str(epoch),
+        "-processors",
+        str(os.cpu_count() or 1),
     ]
     # mksquashfs refuses SOURCE_DATE_EPOCH together with -mkfs-time/-all-time: the options say it all.
     env = {k: v for k, v in os.environ.items() if k != "SOURCE_DATE_EPOCH"}
@@ -53,7 +66,9 @@ def cpio_newc(tree: Path, out: Path, epoch: int, level: int = 19) -> Path:
     listing = ("\n".join(names) + "\n").encode() if names else b""
     cpio = subprocess.run(
         ["cpio", "--create", "--format=newc", "--reproducible", "--owner=0:0", "--quiet"],
-        cwd=tree, input=listing, capture_output=True,
+        cwd=tree,
+        input=listing,
+        capture_output=True,
     )
     if cpio.returncode != 0:
         raise BuildError(f"cpio failed: {cpio.stderr.decode(errors='replace').strip()}")

@@ -71,8 +71,7 @@ def build_layers(inputs: Inputs, rootfs: Path, work: Path, epoch: int) -> list[P
     for index, (manifest, name) in enumerate(inputs.extensions, start=1):
         extension.check_compatible(manifest)
         extension.check_paths(name, inputs.trees[name])
-        trees.append((f"{index:02d}-{name}", extension.layer_tree(inputs.trees[name], manifest,
-                                                                  work / "ext" / name)))
+        trees.append((f"{index:02d}-{name}", extension.layer_tree(inputs.trees[name], manifest, work / "ext" / name)))
     index_tree = extension.modules_layer(rootfs, [t for _, t in trees], work / "ext" / "modules-index")
     if index_tree is not None:
         trees.append((f"{len(trees) + 1:02d}-modules-index", index_tree))

@@ -15,14 +15,26 @@ OUTPUTS = ("kernel", "initramfs")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--output", default="kernel,initramfs",
-                        help="what to write, comma-separated: kernel,initramfs (default both)")
-    parser.add_argument("--extension", action="append", default=[], metavar="PKG",
-                        help="turn this package into a system-extension layer (repeatable, in layer order)")
-    parser.add_argument("--package", action="append", default=[], metavar="PKG",
-                        help="add this package's output to the rootfs (repeatable)")
-    parser.add_argument("--out", metavar="DIR",
-                        help="where to write (default _out/<profile>/ with profiles, else _out/image)")
+    parser.add_argument(
+        "--output", default="kernel,initramfs", help="what to write, comma-separated: kernel,initramfs (default both)"
+    )
+    parser.add_argument(
+        "--extension",
+        action="append",
+        default=[],
+        metavar="PKG",
+        help="turn this package into a system-extension layer (repeatable, in layer order)",
+    )
+    parser.add_argument(
+        "--package",
+        action="append",
+        default=[],
+        metavar="PKG",
+        help="add this package's output to the rootfs (repeatable)",
+    )
+    parser.add_argument(
+        "--out", metavar="DIR", help="where to write (default _out/<profile>/ with profiles, else _out/image)"
+    )
     parser.add_argument("--jobs", "-j", type=int, default=2, metavar="N", help="packages built at once")
     parser.add_argument("--json", action="store_true", help="print sizes as JSON")
 
@@ -36,8 +48,10 @@ def run(graph: Graph, args: argparse.Namespace) -> int:
     outputs = [o.strip() for o in args.output.split(",") if o.strip()]
     unknown = [o for o in outputs if o not in OUTPUTS]
     if unknown:
-        raise InputError(f"unknown --output {', '.join(unknown)}: choose from {', '.join(OUTPUTS)} "
-                         "(iso, disk images and the rest come with profiles)")
+        raise InputError(
+            f"unknown --output {', '.join(unknown)}: choose from {', '.join(OUTPUTS)} "
+            "(iso, disk images and the rest come with profiles)"
+        )
     packages = graph.tree.packages
     rootfs = [name for name in BASE_ROOTFS if name in packages] + list(args.package)
     for name in [*args.package, *args.extension]:
@@ -54,8 +68,7 @@ def run(graph: Graph, args: argparse.Namespace) -> int:
         raise BuildError(f"cannot assemble the image: {len(failed)} package(s) failed")
     trees = {name: session.store.tree(session.keys[name]) for name in targets}
     out = Path(args.out or "_out/image")
-    report = assemble(Inputs(trees, rootfs, manifests), out, session.source_date_epoch,
-                      say_line)
+    report = assemble(Inputs(trees, rootfs, manifests), out, session.source_date_epoch, say_line)
     if "kernel" not in outputs:
         (out / "vmlinuz").unlink()
     if "initramfs" not in outputs:

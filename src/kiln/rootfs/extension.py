@@ -43,21 +43,27 @@ def manifest_for(package: Package) -> Manifest:
     where = Location(str(package.file), package.line(("extension",)))
     section: dict[str, Any] | None = package.spec.get("extension")
     if section is None:
-        raise InputError(f"package '{package.name}' is not a system extension: add an `extension:` section "
-                         "with author and compatibility", Location(str(package.file), 1))
+        raise InputError(
+            f"package '{package.name}' is not a system extension: add an `extension:` section "
+            "with author and compatibility",
+            Location(str(package.file), 1),
+        )
     compatibility = str(section["compatibility"])
     try:
         SpecifierSet(compatibility)
     except InvalidSpecifier:
-        raise InputError(f"extension '{package.name}': compatibility {compatibility!r} is not a version range "
-                         "like '>=0.1,<0.2'", where) from None
+        raise InputError(
+            f"extension '{package.name}': compatibility {compatibility!r} is not a version range like '>=0.1,<0.2'",
+            where,
+        ) from None
     return Manifest(package.name, package.version, str(section["author"]), package.description, compatibility)
 
 
 def check_compatible(manifest: Manifest, kiln_version: str = __version__) -> None:
     if Version(kiln_version) not in SpecifierSet(manifest.compatibility):
-        raise BuildError(f"extension '{manifest.name}' needs Kiln {manifest.compatibility}, "
-                         f"this is Kiln {kiln_version}")
+        raise BuildError(
+            f"extension '{manifest.name}' needs Kiln {manifest.compatibility}, this is Kiln {kiln_version}"
+        )
 
 
 def check_paths(name: str, tree: Path) -> None:
@@ -99,8 +105,7 @@ def modules_layer(rootfs: Path, layers: list[Path], dest: Path) -> Path | None:
     shutil.copytree(rootfs / "usr/lib/modules", merged / "usr/lib/modules", symlinks=True)
     for layer in layers:
         if (layer / "usr/lib/modules").is_dir():
-            shutil.copytree(layer / "usr/lib/modules", merged / "usr/lib/modules", symlinks=True,
-                            dirs_exist_ok=True)
+            shutil.copytree(layer / "usr/lib/modules", merged / "usr/lib/modules", symlinks=True, dirs_exist_ok=True)
     for version_dir in sorted((merged / "usr/lib/modules").iterdir()):
         result = subprocess.run(["depmod", "-b", str(merged), version_dir.name], capture_output=True, text=True)
         if result.returncode != 0:

@@ -17,13 +17,34 @@ from pathlib import Path
 from kiln.core.errors import BuildError
 
 # Dropped from every rootfs: development files and documentation.
-PRUNED_DIRS = ("usr/include", "usr/share/doc", "usr/share/man", "usr/share/info", "usr/lib/pkgconfig",
-               "usr/share/pkgconfig", "usr/local/include", "toolchain")
+PRUNED_DIRS = (
+    "usr/include",
+    "usr/share/doc",
+    "usr/share/man",
+    "usr/share/info",
+    "usr/lib/pkgconfig",
+    "usr/share/pkgconfig",
+    "usr/local/include",
+    "toolchain",
+)
 PRUNED_SUFFIXES = (".a", ".la", ".h", ".o")
 
 # What must never be on a Kiln rootfs (an interactive way in, or a way to change it).
-FORBIDDEN = ("bin/sh", "bin/bash", "bin/dash", "bin/busybox", "usr/bin/sh", "usr/bin/bash", "usr/bin/dash",
-             "usr/bin/busybox", "usr/bin/apt", "usr/bin/apt-get", "usr/bin/dpkg", "sbin/apk", "usr/bin/rpm")
+FORBIDDEN = (
+    "bin/sh",
+    "bin/bash",
+    "bin/dash",
+    "bin/busybox",
+    "usr/bin/sh",
+    "usr/bin/bash",
+    "usr/bin/dash",
+    "usr/bin/busybox",
+    "usr/bin/apt",
+    "usr/bin/apt-get",
+    "usr/bin/dpkg",
+    "sbin/apk",
+    "usr/bin/rpm",
+)
 
 ELF_MAGIC = b"\x7fELF"
 
@@ -54,8 +75,10 @@ def merge(parts: list[Part], dest: Path) -> dict[str, str]:
                     target.mkdir()
                     shutil.copystat(source, target, follow_symlinks=False)
                 elif not target.is_dir() or target.is_symlink():
-                    raise BuildError(f"rootfs conflict: {rel_dir / name} is a directory in '{part.name}' "
-                                     f"but not in '{owner.get((rel_dir / name).as_posix(), '?')}'")
+                    raise BuildError(
+                        f"rootfs conflict: {rel_dir / name} is a directory in '{part.name}' "
+                        f"but not in '{owner.get((rel_dir / name).as_posix(), '?')}'"
+                    )
             dirnames[:] = [d for d in dirnames if not (base / d).is_symlink()]
             for name in sorted(filenames):
                 rel = (rel_dir / name).as_posix()

@@ -112,8 +112,11 @@ class Exporter:
             lines.append("")
             if name in self.prebuilt:
                 _link_tree(self.prebuilt[name], context / "prebuilt" / self.keys[name])
-                lines += [f"# {name}: stored by kiln as {self.keys[name]}",
-                          f"FROM scratch AS out-{sid}", f"COPY prebuilt/{self.keys[name]}/ /"]
+                lines += [
+                    f"# {name}: stored by kiln as {self.keys[name]}",
+                    f"FROM scratch AS out-{sid}",
+                    f"COPY prebuilt/{self.keys[name]}/ /",
+                ]
                 result.stages[f"out-{sid}"] = name
                 continue
             if package.variant == "toolchain" and not toolchain_base_done:
@@ -221,7 +224,8 @@ def _tar_tree(tree: Path, dest: Path) -> None:
     # Exit 1 is "file changed as we read it": hard-linking a stored tree elsewhere changes inode ctimes.
     result = subprocess.run(
         ["tar", "-C", str(tree), "--numeric-owner", "--sort=name", "--warning=no-file-changed", "-cf", str(dest), "."],
-        capture_output=True, text=True,
+        capture_output=True,
+        text=True,
     )
     if result.returncode not in (0, 1):
         raise BuildError(f"cannot archive the seed: {result.stderr.strip()}")
@@ -269,8 +273,9 @@ def find_client() -> Client:
 
 def probe_network_flag(client: Client, base_image: str, cache: Path, engine_id: str) -> bool:
     """Does this client's Dockerfile frontend take `RUN --network=`? Asked once per client and engine."""
-    ident = hashlib.sha256(json.dumps([client.argv, client.version, engine_id,
-                                       os.environ.get("BUILDX_BUILDER", "")]).encode()).hexdigest()
+    ident = hashlib.sha256(
+        json.dumps([client.argv, client.version, engine_id, os.environ.get("BUILDX_BUILDER", "")]).encode()
+    ).hexdigest()
     known: dict[str, bool] = {}
     if cache.is_file():
         try:
@@ -281,8 +286,12 @@ def probe_network_flag(client: Client, base_image: str, cache: Path, engine_id: 
         return bool(known[ident])
     with tempfile.TemporaryDirectory(prefix="kiln-probe-") as tmp:
         (Path(tmp) / "Dockerfile").write_text(f"FROM {base_image}\nRUN --network=none true\n")
-        probe = subprocess.run([*client.argv, "--progress", "plain", "--no-cache", tmp], capture_output=True,
-                               text=True, env=client.environ())
+        probe = subprocess.run(
+            [*client.argv, "--progress", "plain", "--no-cache", tmp],
+            capture_output=True,
+            text=True,
+            env=client.environ(),
+        )
     output = probe.stdout + probe.stderr
     if probe.returncode == 0:
         supported = True
@@ -328,8 +337,17 @@ class BuildLog:
             self.seconds[package] = self.seconds.get(package, 0.0) + float(done.group(2))
 
 
-def run_build(client: Client, context: Path, dest: Path, build_args: dict[str, str], log: BuildLog, full_log: Path,
-              *, network_none: bool, no_cache: bool) -> int:
+def run_build(
+    client: Client,
+    context: Path,
+    dest: Path,
+    build_args: dict[str, str],
+    log: BuildLog,
+    full_log: Path,
+    *,
+    network_none: bool,
+    no_cache: bool,
+) -> int:
     """Run the build of `kiln-outputs` into `dest`; returns the client's exit code."""
     argv = [*client.argv, "--progress", "plain", "--target", OUTPUTS, "--output", f"type=local,dest={dest}"]
     for name, value in sorted(build_args.items()):
@@ -342,8 +360,9 @@ def run_build(client: Client, context: Path, dest: Path, build_args: dict[str, s
     full_log.parent.mkdir(parents=True, exist_ok=True)
     with full_log.open("w") as out:
         out.write("$ " + " ".join(shlex.quote(a) for a in argv) + "\n")
-        process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                   env=client.environ(), errors="replace")
+        process = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=client.environ(), errors="replace"
+        )
         assert process.stdout is not None
         try:
             for line in process.stdout:
@@ -376,8 +395,10 @@ class BuildKitRunner:
         return self._client
 
     def open(self, plan: RootPlan, work: Path) -> NoReturn:
-        raise BuildError(f"package '{plan.name}': the buildkit runner builds the graph at once; "
-                         "use the sandbox or docker runner for a single root (kiln shell)")
+        raise BuildError(
+            f"package '{plan.name}': the buildkit runner builds the graph at once; "
+            "use the sandbox or docker runner for a single root (kiln shell)"
+        )
 
     def build_graph(
         self, builder: Builder, targets: list[str], progress: Progress, *, no_cache: bool
@@ -415,8 +436,16 @@ class BuildKitRunner:
                 seed_tag = ensure_stage0_image(engine, store.tree(seed_key), seed_key)
                 engine_id = str(engine.info().get("ID", ""))
             flags = probe_network_flag(self.client, seed_tag, store.root / "buildkit" / "features.json", engine_id)
-            exporter = Exporter(graph, keys, seed_key, builder.place_sources, builder.source_date_epoch,
-                                builder.make_jobs, network_flags=flags, prebuilt=prebuilt)
+            exporter = Exporter(
+                graph,
+                keys,
+                seed_key,
+                builder.place_sources,
+                builder.source_date_epoch,
+                builder.make_jobs,
+                network_flags=flags,
+                prebuilt=prebuilt,
+            )
             for name in missing:
                 progress.started(name)
             stack.enter_context(store.lock("buildkit-context"))
@@ -441,9 +470,16 @@ class BuildKitRunner:
             log = BuildLog(export.stages, on_line)
             full_log = logs_dir(store) / "_buildkit" / "last.log"
             start = time.monotonic()
-            code = run_build(self.client, context, dest, {"KILN_STAGE0": seed_tag},
-                             network_none=not flags and not export.networked, no_cache=no_cache, log=log,
-                             full_log=full_log)
+            code = run_build(
+                self.client,
+                context,
+                dest,
+                {"KILN_STAGE0": seed_tag},
+                network_none=not flags and not export.networked,
+                no_cache=no_cache,
+                log=log,
+                full_log=full_log,
+            )
             total = round(time.monotonic() - start, 2)
             if code != 0:
                 culprits = log.failed or missing
@@ -467,8 +503,12 @@ class BuildKitRunner:
                 (staging / "tree").rmdir()
                 os.rename(dest / key, staging / "tree")
                 seconds = round(log.seconds.get(name, total), 2)
-                meta = {"seconds": seconds, "platform": str(graph.tree.platform),
-                        "version": graph.tree.packages[name].version, "runner": self.name}
+                meta = {
+                    "seconds": seconds,
+                    "platform": str(graph.tree.platform),
+                    "version": graph.tree.packages[name].version,
+                    "runner": self.name,
+                }
                 store.commit(key, staging, name, meta, builder.source_date_epoch)
                 outcomes[name].status, outcomes[name].seconds = BUILT, seconds
                 progress.done(outcomes[name])

@@ -83,7 +83,8 @@ def tar_stream(tree: Path, members: str = ".") -> Iterator[bytes]:
     """
     process = subprocess.Popen(
         ["tar", "-C", str(tree), "--numeric-owner", "--warning=no-file-changed", "-cf", "-", members],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
     )
     assert process.stdout is not None
     try:
@@ -262,8 +263,11 @@ class DockerRoot:
         self._start(network=network)
         api = self.engine.api
         exec_id = api.exec_create(
-            self.container.id, ["/bin/sh", "-c", STEP_WRAPPER, "kiln-env", script],
-            environment=env, workdir=BUILD_DIR, user="0:0",
+            self.container.id,
+            ["/bin/sh", "-c", STEP_WRAPPER, "kiln-env", script],
+            environment=env,
+            workdir=BUILD_DIR,
+            user="0:0",
         )["Id"]
         log.flush()
         with TOKEN.stopper(self.container.kill):  # a cancelled run kills the step with its container
@@ -329,9 +333,7 @@ class DockerRoot:
                 copy_path(origin[0].tree, origin[1], partial, path)
         for path in _INIT_DIRS:
             host = join_inside(partial, path, follow_last=False)
-            if host.is_dir() and not host.is_symlink() and _exists_in(layers, path) is None and not any(
-                host.iterdir()
-            ):
+            if host.is_dir() and not host.is_symlink() and _exists_in(layers, path) is None and not any(host.iterdir()):
                 host.rmdir()
 
     def shell(self, env: dict[str, str], command: list[str]) -> int:

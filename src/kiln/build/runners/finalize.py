@@ -149,8 +149,9 @@ class _Copier:
     def _file(self, sparent: int, sname: str, dparent: int, dname: str, info: os.stat_result) -> None:
         src = os.open(sname, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=sparent)
         try:
-            dst = os.open(dname, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
-                          dir_fd=dparent)
+            dst = os.open(
+                dname, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dparent
+            )
             try:
                 _copy_data(src, dst)
                 self.attributes(src, dst, info)
@@ -283,7 +284,7 @@ def _copy_data(src: int, dst: int) -> None:
     while chunk := os.read(src, CHUNK):
         view = memoryview(chunk)
         while view:
-            view = view[os.write(dst, view):]
+            view = view[os.write(dst, view) :]
 
 
 def _copy_xattrs(src: int, dst: int) -> None:

@@ -41,8 +41,10 @@ def overlay_options(lowers: list[str], upper: str, work: str) -> str:
         if any(c in path for c in _OPTION_SEPARATORS) or any(ord(c) < 0x20 or ord(c) == 0x7F for c in path):
             from kiln.core.errors import BuildError
 
-            raise BuildError(f"cannot pass {path!r} to an overlay mount: ':', ',', '\\' and control characters "
-                             "would change the mount options (move KILN_CACHE to a plain path)")
+            raise BuildError(
+                f"cannot pass {path!r} to an overlay mount: ':', ',', '\\' and control characters "
+                "would change the mount options (move KILN_CACHE to a plain path)"
+            )
     return f"lowerdir={':'.join(lowers)},upperdir={upper},workdir={work}"
 
 

@@ -35,8 +35,13 @@ __all__ = ["BuildRoot", "Layer", "SandboxRoot", "SandboxRunner", "base_env", "bw
 # holds, and no site packages (-S: it needs only the standard library; starts faster).
 _KILN_PARENT = str(Path(__file__).resolve().parents[3])
 # (-c with this constant, not -m: runpy alone costs a step about as much as the helper's work.)
-_MOUNTER = [sys.executable, "-S", "-P", "-c",
-            "import sys; from kiln.build.runners.mounter import main; sys.exit(main(sys.argv[1:]))"]
+_MOUNTER = [
+    sys.executable,
+    "-S",
+    "-P",
+    "-c",
+    "import sys; from kiln.build.runners.mounter import main; sys.exit(main(sys.argv[1:]))",
+]
 
 _PR_SET_PDEATHSIG = 1
 
@@ -212,8 +217,13 @@ def _call(command: list[str], log: IO[bytes]) -> int:
     TOKEN.check("step")
     log.flush()
     process = subprocess.Popen(
-        command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent,
-        env=_helper_env(), process_group=0,
+        command,
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        preexec_fn=_die_with_parent,
+        env=_helper_env(),
+        process_group=0,
     )
     try:
         with TOKEN.stopper(kill_group(process.pid)):

@@ -16,7 +16,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -147,82 +147,105 @@ def boot(
     before the timeout, and the result carries QEMU's exit code.
     """
     with tempfile.TemporaryDirectory(prefix="kiln-boot-") as tmp:
-        vars_copy = None
-        if machine.firmware == "uefi":
-            if not OVMF_CODE.exists():
-                raise BuildError("UEFI firmware is not installed: apt install ovmf")
-            vars_copy = Path(tmp) / "OVMF_VARS.fd"
-            shutil.copyfile(OVMF_VARS, vars_copy)
-        if machine.blank_disk and not machine.blank_disk.exists():
-            raise BuildError(f"blank disk {machine.blank_disk} does not exist")
-        command = machine.command(vars_copy)
-        log.parent.mkdir(parents=True, exist_ok=True)
-        tail: collections.deque[str] = collections.deque(maxlen=TAIL)
-        start = time.monotonic()
-        with log.open("w") as out:
-            out.write("# " + " ".join(command) + "\n")
-            process = subprocess.Popen(
-                command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
-            )
-            assert process.stdout is not None
-            os.set_blocking(process.stdout.fileno(), False)
-            selector = selectors.DefaultSelector()
-            selector.register(process.stdout, selectors.EVENT_READ)
-            pending = b""
-            result: BootResult | None = None
-            try:
-                while result is None:
-                    left = timeout - (time.monotonic() - start)
-                    if left <= 0:
-                        result = BootResult(False, timeout, None, list(tail), f"timed out after {timeout:.0f} s")
-                        break
-                    if not selector.select(min(left, 0.5)):
-                        if process.poll() is not None:
-                            result = BootResult(
-                                False,
-                                time.monotonic() - start,
-                                None,
-                                list(tail),
-                                f"QEMU exited with code {process.returncode}",
-                            )
-                        continue
-                    chunk = process.stdout.read() or b""
-                    if not chunk and process.poll() is not None:
-                        result = BootResult(
-                            False,
-                            time.monotonic() - start,
-                            None,
-                            list(tail),
-                            f"QEMU exited with code {process.returncode}",
-                        )
-                        continue
-                    pending += chunk
-                    *lines, pending = pending.split(b"\n")
-                    for raw in lines:
-                        line = raw.decode(errors="replace").rstrip("\r")
-                        out.write(line + "\n")
-                        out.flush()
-                        tail.append(line)
-                        if echo:
-                            echo(line)
-                        if expect in line:
-                            result = BootResult(True, time.monotonic() - start, line, list(tail), "found")
-                            break
-                        if PANIC.search(line):
-                            result = BootResult(False, time.monotonic() - start, line, list(tail), "kernel panic")
-                            break
-                if result.ok and until_exit:
-                    result = _wait_exit(process, out, tail, echo, result, timeout - (time.monotonic() - start))
-            finally:
-                selector.close()
-                if process.poll() is None:
-                    process.terminate()
-                    try:
-                        process.wait(timeout=5)
-                    except subprocess.TimeoutExpired:
-                        process.kill()
-                        process.wait()
-        return result
+        command = machine.command(_prepare(machine, Path(tmp)))
+        return watch(command, expect, timeout, log, echo, until_exit=until_exit)
+
+
+def _prepare(machine: Machine, tmp: Path) -> Path | None:
+    """Check that what the machine boots from exists; returns a writable copy of the UEFI variables, if UEFI."""
+    vars_copy = None
+    if machine.firmware == "uefi":
+        if not OVMF_CODE.exists():
+            raise BuildError("UEFI firmware is not installed: apt install ovmf")
+        vars_copy = tmp / "OVMF_VARS.fd"
+        shutil.copyfile(OVMF_VARS, vars_copy)
+    if machine.blank_disk and not machine.blank_disk.exists():
+        raise BuildError(f"blank disk {machine.blank_disk} does not exist")
+    return vars_copy
+
+
+def watch(
+    command: list[str],
+    expect: str,
+    timeout: float,
+    log: Path,
+    echo: Callable[[str], None] | None = None,
+    *,
+    until_exit: bool = False,
+) -> BootResult:
+    """Run `command` (QEMU, its serial console on stdout) and judge its console as `boot` describes.
+
+    Every console line goes to `log` (after the command line) and `echo`; the process is stopped
+    at the end whatever happened.
+    """
+    log.parent.mkdir(parents=True, exist_ok=True)
+    tail: collections.deque[str] = collections.deque(maxlen=TAIL)
+    start = time.monotonic()
+    with log.open("w") as out:
+        out.write("# " + " ".join(command) + "\n")
+        process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        try:
+            result = _until_expected(process, _Lines(out, tail, echo), expect, timeout, start)
+            if result.ok and until_exit:
+                result = _wait_exit(process, out, tail, echo, result, timeout - (time.monotonic() - start))
+        finally:
+            _stop(process)
+    return result
+
+
+class _Lines:
+    """The console's bytes as lines: each one logged, kept in the tail and echoed as it completes."""
+
+    def __init__(self, out: IO[str], tail: collections.deque[str], echo: Callable[[str], None] | None) -> None:
+        self.out, self.tail, self.echo = out, tail, echo
+        self.pending = b""
+
+    def feed(self, chunk: bytes) -> Iterator[str]:
+        """The lines `chunk` completes; a caller that stops early leaves the rest unread, as QEMU is stopped then."""
+        self.pending += chunk
+        *complete, self.pending = self.pending.split(b"\n")
+        for raw in complete:
+            line = raw.decode(errors="replace").rstrip("\r")
+            self.out.write(line + "\n")
+            self.out.flush()
+            self.tail.append(line)
+            if self.echo:
+                self.echo(line)
+            yield line
+
+
+def _until_expected(
+    process: subprocess.Popen[bytes], lines: _Lines, expect: str, timeout: float, start: float
+) -> BootResult:
+    """Read the console until the expected line, a panic, the process's exit or the timeout."""
+    assert process.stdout is not None
+    os.set_blocking(process.stdout.fileno(), False)
+    with selectors.DefaultSelector() as selector:
+        selector.register(process.stdout, selectors.EVENT_READ)
+        while True:
+            left = timeout - (time.monotonic() - start)
+            if left <= 0:
+                return BootResult(False, timeout, None, list(lines.tail), f"timed out after {timeout:.0f} s")
+            ready = selector.select(min(left, 0.5))
+            chunk = (process.stdout.read() or b"") if ready else b""
+            if not chunk and process.poll() is not None:
+                elapsed = time.monotonic() - start
+                return BootResult(False, elapsed, None, list(lines.tail), f"QEMU exited with code {process.returncode}")
+            for line in lines.feed(chunk):
+                if expect in line:
+                    return BootResult(True, time.monotonic() - start, line, list(lines.tail), "found")
+                if PANIC.search(line):
+                    return BootResult(False, time.monotonic() - start, line, list(lines.tail), "kernel panic")
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
 
 
 def _wait_exit(

@@ -28,44 +28,55 @@ def resolve(store: Store, wanted: list[str]) -> list[Entry]:
 
 
 def run(args: argparse.Namespace) -> int:
-    store = Store(cache_dir())
-    if args.cache_verb == "ls":
-        entries = sorted(store.entries(), key=lambda e: (e.name, e.key))
-        if args.json:
-            print(json.dumps([{"key": e.key, "name": e.name, "size": e.size, "files": e.files} for e in entries]))
-            return 0
-        rows = [[e.name, e.key[:16], str(e.files), format_size(e.size)] for e in entries]
-        total = sum(e.size for e in entries)
-        console.print_table(f"store {store.root} ({format_size(total)})", ["name", "key", "files", "size"], rows)
+    verbs = {"ls": _ls, "verify": _verify, "gc": _gc, "rm": _rm}
+    if args.cache_verb not in verbs:
+        raise InputError(f"unknown cache action {args.cache_verb!r}")
+    return verbs[args.cache_verb](Store(cache_dir()), args)
+
+
+def _ls(store: Store, args: argparse.Namespace) -> int:
+    entries = sorted(store.entries(), key=lambda e: (e.name, e.key))
+    if args.json:
+        print(json.dumps([{"key": e.key, "name": e.name, "size": e.size, "files": e.files} for e in entries]))
         return 0
-    if args.cache_verb == "verify":
-        entries = resolve(store, args.keys) if args.keys else store.entries()
-        bad = 0
-        for entry in entries:
-            problems = store.verify(entry.key)
-            for problem in problems:
-                console.error(f"{entry.name} {entry.key[:16]}: {problem}")
-            bad += bool(problems)
-        print(f"verified {len(entries)} entries: {bad} damaged")
-        if not args.keys:  # the whole cache: downloaded sources too, fully re-hashed
-            checked, damaged = verify_sources(cache_dir())
-            for problem in damaged:
-                console.error(problem)
-            if checked:
-                print(f"verified {checked} sources: {len(damaged)} damaged")
-            bad += len(damaged)
-        return 1 if bad else 0
-    if args.cache_verb == "gc":
-        limit = parse_size(args.max_size) if args.max_size else None
-        removed = store.gc(limit)
-        print(f"removed {len(removed)} entries")
-        partials = remove_stale_partials(cache_dir())
-        if partials:
-            print(f"removed {len(partials)} stale partial downloads")
-        return 0
-    if args.cache_verb == "rm":
-        for entry in resolve(store, args.keys):
-            store.remove(entry.key)
-            print(f"removed {entry.name} {entry.key}")
-        return 0
-    raise InputError(f"unknown cache action {args.cache_verb!r}")
+    rows = [[e.name, e.key[:16], str(e.files), format_size(e.size)] for e in entries]
+    total = sum(e.size for e in entries)
+    console.print_table(f"store {store.root} ({format_size(total)})", ["name", "key", "files", "size"], rows)
+    return 0
+
+
+def _verify(store: Store, args: argparse.Namespace) -> int:
+    """Entries against their manifests; with no KEYs, the downloaded sources too (fully re-hashed)."""
+    entries = resolve(store, args.keys) if args.keys else store.entries()
+    bad = 0
+    for entry in entries:
+        problems = store.verify(entry.key)
+        for problem in problems:
+            console.error(f"{entry.name} {entry.key[:16]}: {problem}")
+        bad += bool(problems)
+    print(f"verified {len(entries)} entries: {bad} damaged")
+    if not args.keys:
+        checked, damaged = verify_sources(cache_dir())
+        for problem in damaged:
+            console.error(problem)
+        if checked:
+            print(f"verified {checked} sources: {len(damaged)} damaged")
+        bad += len(damaged)
+    return 1 if bad else 0
+
+
+def _gc(store: Store, args: argparse.Namespace) -> int:
+    limit = parse_size(args.max_size) if args.max_size else None
+    removed = store.gc(limit)
+    print(f"removed {len(removed)} entries")
+    partials = remove_stale_partials(cache_dir())
+    if partials:
+        print(f"removed {len(partials)} stale partial downloads")
+    return 0
+
+
+def _rm(store: Store, args: argparse.Namespace) -> int:
+    for entry in resolve(store, args.keys):
+        store.remove(entry.key)
+        print(f"removed {entry.name} {entry.key}")
+    return 0

@@ -63,20 +63,7 @@ def host_platform() -> Platform:
 
 def run(session: Session, action: str, arch: str, output: Path | None = None) -> Result:
     """Run `action` for `arch` in the kernel's build container; write config-<arch> back."""
-    if action not in ACTIONS:
-        raise InputError(f"unknown kernel action {action!r}: choose one of {', '.join(ACTIONS)}")
-    if arch not in KARCH:
-        raise InputError(f"unknown arch {arch!r}: choose one of {', '.join(KARCH)}")
-    graph = session.graph
-    if PACKAGE not in graph.tree.packages:
-        raise InputError(f"the package tree {graph.tree.root} has no '{PACKAGE}' package")
-    package = graph.tree.packages[PACKAGE]
-    base = config_path(package, arch)
-    if not base.is_file():
-        raise InputError(f"{base} does not exist: start one from the kernel's defconfig (docs/custom-kernel.md)")
-    fragments = kconfig.fragment_names(str(graph.tree.package_context(package).get("kernel_fragments", "")))
-    if action == "menuconfig" and not (sys.stdin.isatty() and sys.stdout.isatty()):
-        raise InputError("menuconfig needs a terminal: run it from an interactive shell")
+    package, base, fragments = _checked_request(session, action, arch)
     _build_needs(session, package)
 
     store = session.store
@@ -114,14 +101,38 @@ def run(session: Session, action: str, arch: str, output: Path | None = None) ->
     if output is not None:
         output.parent.mkdir(parents=True, exist_ok=True)
         output.write_text(full)
-    if fragments:
+    if fragments:  # the config with fragments applied is not the base config: leave config-<arch> alone
         return Result(defconfig, full, None, False)
+    return Result(defconfig, full, base, _write_back(base, defconfig))
+
+
+def _checked_request(session: Session, action: str, arch: str) -> tuple[Package, Path, list[str]]:
+    """The kernel package, its config-<arch> and the fragment names, or an InputError saying what is wrong."""
+    if action not in ACTIONS:
+        raise InputError(f"unknown kernel action {action!r}: choose one of {', '.join(ACTIONS)}")
+    if arch not in KARCH:
+        raise InputError(f"unknown arch {arch!r}: choose one of {', '.join(KARCH)}")
+    graph = session.graph
+    if PACKAGE not in graph.tree.packages:
+        raise InputError(f"the package tree {graph.tree.root} has no '{PACKAGE}' package")
+    package = graph.tree.packages[PACKAGE]
+    base = config_path(package, arch)
+    if not base.is_file():
+        raise InputError(f"{base} does not exist: start one from the kernel's defconfig (docs/custom-kernel.md)")
+    fragments = kconfig.fragment_names(str(graph.tree.package_context(package).get("kernel_fragments", "")))
+    if action == "menuconfig" and not (sys.stdin.isatty() and sys.stdout.isatty()):
+        raise InputError("menuconfig needs a terminal: run it from an interactive shell")
+    return package, base, fragments
+
+
+def _write_back(base: Path, defconfig: str) -> bool:
+    """Keep the base config's header, replace the rest with the new defconfig; True if the file changed."""
     old = base.read_text()
     new = kconfig.header(old) + defconfig
-    changed = new != old
-    if changed:
-        base.write_text(new)
-    return Result(defconfig, full, base, changed)
+    if new == old:
+        return False
+    base.write_text(new)
+    return True
 
 
 def _build_needs(session: Session, package: Package) -> None:

@@ -1,0 +1,59 @@
+"""The boot harness's console judge (kiln.boot.qemu.watch), on a stand-in for QEMU.
+
+Stub: a small Python program plays QEMU's serial console (lines on stdout, an exit code), so each
+verdict (found, panic, exit, timeout, power-off) is checked in a second. The real path, QEMU booting
+Kiln's images, is what tests/e2e exercises through the same function.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from kiln.boot.qemu import watch
+
+
+def guest(script: str) -> list[str]:
+    return [sys.executable, "-u", "-c", "import sys, time\n" + script]
+
+
+def test_the_expected_line_ends_the_watch_and_stops_the_guest(tmp_path: Path) -> None:
+    log, seen = tmp_path / "log" / "boot.log", []
+    started = time.monotonic()
+    result = watch(
+        guest("print('booting'); print('machined ready: v1'); time.sleep(60)"), "machined ready", 30, log, seen.append
+    )
+    assert result.ok and result.reason == "found" and result.line == "machined ready: v1"
+    assert time.monotonic() - started < 20  # the guest was stopped, not waited for
+    assert seen == ["booting", "machined ready: v1"]
+    text = log.read_text()
+    assert text.startswith("# ") and text.endswith("\nbooting\nmachined ready: v1\n")
+
+
+def test_a_panic_line_fails_at_once(tmp_path: Path) -> None:
+    result = watch(guest("print('Kernel panic - not syncing: VFS'); time.sleep(60)"), "ready", 30, tmp_path / "l")
+    assert not result.ok and result.reason == "kernel panic" and "VFS" in (result.line or "")
+
+
+def test_an_exit_without_the_line_names_the_exit_code(tmp_path: Path) -> None:
+    result = watch(guest("print('no luck'); sys.exit(3)"), "ready", 30, tmp_path / "l")
+    assert not result.ok and result.reason == "QEMU exited with code 3" and result.tail == ["no luck"]
+
+
+def test_silence_times_out(tmp_path: Path) -> None:
+    result = watch(guest("time.sleep(60)"), "ready", 1.5, tmp_path / "l")
+    assert not result.ok and result.reason == "timed out after 2 s"
+
+
+def test_partial_lines_and_carriage_returns_are_joined_before_judging(tmp_path: Path) -> None:
+    script = "sys.stdout.write('mach'); sys.stdout.flush(); time.sleep(0.3); print('ined ready\\r'); time.sleep(60)"
+    result = watch(guest(script), "machined ready", 30, tmp_path / "l")
+    assert result.ok and result.line == "machined ready"
+
+
+def test_until_exit_waits_for_power_off_and_reports_it(tmp_path: Path) -> None:
+    ok = watch(guest("print('ready'); time.sleep(0.5); print('bye')"), "ready", 30, tmp_path / "a", until_exit=True)
+    assert ok.ok and ok.reason == "powered off" and ok.exit_code == 0 and ok.tail[-1] == "bye"
+    stuck = watch(guest("print('ready'); time.sleep(60)"), "ready", 2, tmp_path / "b", until_exit=True)
+    assert not stuck.ok and stuck.reason == "the guest did not power off"

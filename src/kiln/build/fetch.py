@@ -156,6 +156,11 @@ def load_mirrors(project_root: Path) -> list[Mirror]:
     config = project_root / CONFIG_FILE
     if not config.is_file():
         return list(DEFAULT_MIRRORS)
+    return _mirrors_from_file(config, project_root)
+
+
+def _mirrors_from_file(config: Path, project_root: Path) -> list[Mirror]:
+    """kiln.yaml's `mirrors:` (absent: the default; null: none), every bad entry reported at its line."""
     file = str(config)
     positioned = read_yaml_file(config, what=CONFIG_FILE)
     data = positioned.value

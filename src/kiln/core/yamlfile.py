@@ -120,7 +120,7 @@ _SEQ_END, _MAP_END, _DOC_END = yaml.SequenceEndEvent, yaml.MappingEndEvent, yaml
 _IMPLICIT = yaml.resolver.Resolver.yaml_implicit_resolvers
 
 
-def _walk(next_event: Any, builder: _Builder) -> Any:
+def _walk(next_event: Any, builder: _Builder) -> Any:  # noqa: C901 - flat on purpose: the hot loop of loading a tree
     """Build the first document's value from events, without recursion, depth-capped.
 
     One loop with the event class compared by identity: this walk is most of the cost

@@ -65,6 +65,17 @@ class Export:
     stages: dict[str, str] = field(default_factory=dict)  # stage name -> package name
 
 
+def _fresh_context(context: Path) -> None:
+    """An empty context holding the build-root skeleton every package starts from."""
+    if context.exists():
+        shutil.rmtree(context)
+    context.mkdir(parents=True)
+    skel = context / SKEL / "tmp" / "build"
+    skel.mkdir(parents=True)
+    (context / SKEL / "tmp").chmod(0o1777)
+    skel.chmod(0o755)
+
+
 @dataclass
 class Exporter:
     """Writes the build context for `names` (a closure in build order) of `graph`."""
@@ -82,81 +93,95 @@ class Exporter:
 
     def write(self, names: list[str], exported: dict[str, str], context: Path) -> Export:
         """Fill `context` (emptied first); `exported` maps package name -> directory in kiln-outputs."""
-        if context.exists():
-            shutil.rmtree(context)
-        context.mkdir(parents=True)
-        skel = context / SKEL / "tmp" / "build"
-        skel.mkdir(parents=True)
-        (context / SKEL / "tmp").chmod(0o1777)
-        skel.chmod(0o755)
+        _fresh_context(context)
         result = Export(context, context / "Dockerfile")
+        seed_ref, lines = self._header(context)
+        toolchain_base_done = False
+        for name in names:
+            lines.append("")
+            if name in self.prebuilt:
+                lines += self._prebuilt_stage(name, context, result)
+                continue
+            package = self.graph.tree.packages[name]
+            if package.variant == "toolchain" and not toolchain_base_done:
+                lines += [
+                    f"FROM {seed_ref} AS {TOOLCHAIN_BASE}",
+                    f"COPY --from=out-{stage_id(self.graph.tree.toolchain)} / /",
+                    "",
+                ]
+                toolchain_base_done = True
+            lines += self._package_stages(package, context, seed_ref, result)
+        lines += ["", "# Every wanted output under /<name>/ (/<key>/ when kiln builds).", f"FROM scratch AS {OUTPUTS}"]
+        lines += [f"COPY --from=out-{stage_id(name)} / /{label}/" for name, label in exported.items()]
+        result.networked = sorted(set(result.networked))
+        result.dockerfile.write_text("\n".join(lines) + "\n")
+        (context / ".dockerignore").write_text("Dockerfile\n")
+        return result
+
+    def _header(self, context: Path) -> tuple[str, list[str]]:
+        """The Dockerfile's opening lines, and how later stages name the seed (an image, or a stage from a tar)."""
         lines = [
             "# Written by `kiln export dockerfile`: one stage per package, in build order.",
             f"# Build: DOCKER_BUILDKIT=1 docker build --target {OUTPUTS} --output type=local,dest=OUT .",
             f"ARG KILN_STAGE0=kiln/stage0:{self.seed_key}",
         ]
-        seed_ref = "${KILN_STAGE0}"
-        if self.stage0 == "tar":
-            if self.seed_tree is None:
-                raise BuildError("the stage0 tarball needs the seed in the store: run kiln bootstrap")
-            _tar_tree(self.seed_tree, context / "stage0.tar")
-            lines += ["", f"FROM scratch AS {SEED_STAGE}", "ADD stage0.tar /"]
-            seed_ref = SEED_STAGE
-        elif self.stage0 != "image":
+        if self.stage0 == "image":
+            return "${KILN_STAGE0}", lines
+        if self.stage0 != "tar":
             raise InputError(f"unknown stage0 mode {self.stage0!r}: choose image or tar")
-        toolchain = self.graph.tree.toolchain
-        toolchain_base_done = False
-        for name in names:
-            package = self.graph.tree.packages[name]
-            sid = stage_id(name)
-            lines.append("")
-            if name in self.prebuilt:
-                _link_tree(self.prebuilt[name], context / "prebuilt" / self.keys[name])
-                lines += [
-                    f"# {name}: stored by kiln as {self.keys[name]}",
-                    f"FROM scratch AS out-{sid}",
-                    f"COPY prebuilt/{self.keys[name]}/ /",
-                ]
-                result.stages[f"out-{sid}"] = name
-                continue
-            if package.variant == "toolchain" and not toolchain_base_done:
-                lines += [f"FROM {seed_ref} AS {TOOLCHAIN_BASE}", f"COPY --from=out-{stage_id(toolchain)} / /", ""]
-                toolchain_base_done = True
-            lines.append(f"# {name} {package.version}".rstrip() + f" (key {self.keys[name]})")
-            has_sources = any(step.sources for step in package.steps)
-            if has_sources:
-                lines += self._sources_stage(package, context, seed_ref)
-                result.stages[f"src-{sid}"] = name
-            base = {"stage0": seed_ref, "toolchain": TOOLCHAIN_BASE}.get(package.variant, "scratch")
-            lines += [f"FROM {base} AS build-{sid}", f"COPY {SKEL}/ /"]
-            result.stages[f"build-{sid}"] = name
-            lines += self._dependency_copies(package)
-            if has_sources:
-                lines.append(f"COPY --from=src-{sid} /kiln-src/tree/ /tmp/build/")
-            if package.steps:
-                env = base_env(self.source_date_epoch, self.jobs)
-                lines.append("ENV " + " ".join(f"{k}={json.dumps(v)}" for k, v in sorted(env.items())))
-            for step in package.steps:
-                exports = "".join(f"export {k}={shlex.quote(v)}; " for k, v in sorted(step.env))
-                if step.network == "default":
-                    result.networked.append(name)
-                flag = ""
-                if self.network_flags:
-                    flag = "--network=default " if step.network == "default" else "--network=none "
-                for _, script in step.snippets():
-                    argv = ["/bin/sh", "-c", f"{exports}{STEP_WRAPPER}", "kiln-env", script]
-                    lines.append(f"RUN {flag}{json.dumps(argv)}")
-            lines.append(f"FROM scratch AS out-{sid}")
-            result.stages[f"out-{sid}"] = name
-            for final in package.finalize:
-                lines.append(f"COPY --from=build-{sid} {_q(final.source)} {_q(final.to)}")
-        lines += ["", "# Every wanted output under /<name>/ (/<key>/ when kiln builds).", f"FROM scratch AS {OUTPUTS}"]
-        for name, label in exported.items():
-            lines.append(f"COPY --from=out-{stage_id(name)} / /{label}/")
-        result.networked = sorted(set(result.networked))
-        result.dockerfile.write_text("\n".join(lines) + "\n")
-        (context / ".dockerignore").write_text("Dockerfile\n")
-        return result
+        if self.seed_tree is None:
+            raise BuildError("the stage0 tarball needs the seed in the store: run kiln bootstrap")
+        _tar_tree(self.seed_tree, context / "stage0.tar")
+        return SEED_STAGE, [*lines, "", f"FROM scratch AS {SEED_STAGE}", "ADD stage0.tar /"]
+
+    def _prebuilt_stage(self, name: str, context: Path, result: Export) -> list[str]:
+        """A package kiln already stored: its tree copied in as the output stage, nothing built."""
+        key = self.keys[name]
+        _link_tree(self.prebuilt[name], context / "prebuilt" / key)
+        result.stages[f"out-{stage_id(name)}"] = name
+        return [
+            f"# {name}: stored by kiln as {key}",
+            f"FROM scratch AS out-{stage_id(name)}",
+            f"COPY prebuilt/{key}/ /",
+        ]
+
+    def _package_stages(self, package: Package, context: Path, seed_ref: str, result: Export) -> list[str]:
+        """One package as bldr converts one: sources, base, dependencies, steps, then finalize."""
+        name, sid = package.name, stage_id(package.name)
+        lines = [f"# {name} {package.version}".rstrip() + f" (key {self.keys[name]})"]
+        has_sources = any(step.sources for step in package.steps)
+        if has_sources:
+            lines += self._sources_stage(package, context, seed_ref)
+            result.stages[f"src-{sid}"] = name
+        base = {"stage0": seed_ref, "toolchain": TOOLCHAIN_BASE}.get(package.variant, "scratch")
+        lines += [f"FROM {base} AS build-{sid}", f"COPY {SKEL}/ /"]
+        result.stages[f"build-{sid}"] = name
+        lines += self._dependency_copies(package)
+        if has_sources:
+            lines.append(f"COPY --from=src-{sid} /kiln-src/tree/ /tmp/build/")
+        lines += self._steps(package, result)
+        lines.append(f"FROM scratch AS out-{sid}")
+        result.stages[f"out-{sid}"] = name
+        lines += [f"COPY --from=build-{sid} {_q(final.source)} {_q(final.to)}" for final in package.finalize]
+        return lines
+
+    def _steps(self, package: Package, result: Export) -> list[str]:
+        """The step environment once, then one RUN per snippet, with the step's env and network."""
+        if not package.steps:
+            return []
+        env = base_env(self.source_date_epoch, self.jobs)
+        lines = ["ENV " + " ".join(f"{k}={json.dumps(v)}" for k, v in sorted(env.items()))]
+        for step in package.steps:
+            exports = "".join(f"export {k}={shlex.quote(v)}; " for k, v in sorted(step.env))
+            if step.network == "default":
+                result.networked.append(package.name)
+            flag = ""
+            if self.network_flags:
+                flag = "--network=default " if step.network == "default" else "--network=none "
+            for _, script in step.snippets():
+                argv = ["/bin/sh", "-c", f"{exports}{STEP_WRAPPER}", "kiln-env", script]
+                lines.append(f"RUN {flag}{json.dumps(argv)}")
+        return lines
 
     def _sources_stage(self, package: Package, context: Path, seed_ref: str) -> list[str]:
         """Sources placed as the sandbox places them, then verified by sha256 inside the build."""
@@ -404,22 +429,12 @@ class BuildKitRunner:
         self, builder: Builder, targets: list[str], progress: Progress, *, no_cache: bool
     ) -> dict[str, Outcome]:
         """Export the closure (stored packages as prebuilt inputs), build what is missing, store it."""
-        from kiln.build.runners.docker import client, ensure_stage0_image
-
         graph, keys, store = builder.graph, builder.keys, builder.store
         names = graph.closure(targets)
         outcomes = {name: Outcome(name, keys[name]) for name in names}
         progress.begin(names)
         with contextlib.ExitStack() as stack:
-            missing = [n for n in names if no_cache or not store.has(keys[n])]
-            for name in sorted(missing, key=lambda n: keys[n]):  # one order for every process: no deadlock
-                stack.enter_context(store.lock(keys[name]))
-            missing = [n for n in missing if no_cache or not store.has(keys[n])]
-            for name in names:
-                if name not in missing:
-                    store.touch(keys[name])
-                    outcomes[name].status = CACHED
-                    progress.done(outcomes[name])
+            missing = _claim_missing(stack, builder, names, outcomes, progress, no_cache=no_cache)
             if not missing:
                 progress.end(outcomes)
                 return outcomes
@@ -427,19 +442,12 @@ class BuildKitRunner:
             prebuilt = {n: store.tree(keys[n]) for n in needed if n not in missing}
             for name in prebuilt:
                 stack.enter_context(store.use(keys[name]))
-            seed_key = builder.seed_key
-            # A remote builder cannot see this engine's images: KILN_STAGE0_IMAGE names the seed in a registry.
-            seed_tag = os.environ.get("KILN_STAGE0_IMAGE", "")
-            engine_id = "remote"
-            if not seed_tag:
-                engine = client()
-                seed_tag = ensure_stage0_image(engine, store.tree(seed_key), seed_key)
-                engine_id = str(engine.info().get("ID", ""))
+            seed_tag, engine_id = _seed_image(store, builder.seed_key)
             flags = probe_network_flag(self.client, seed_tag, store.root / "buildkit" / "features.json", engine_id)
             exporter = Exporter(
                 graph,
                 keys,
-                seed_key,
+                builder.seed_key,
                 builder.place_sources,
                 builder.source_date_epoch,
                 builder.make_jobs,
@@ -482,38 +490,91 @@ class BuildKitRunner:
             )
             total = round(time.monotonic() - start, 2)
             if code != 0:
-                culprits = log.failed or missing
-                tail = "\n".join(full_log.read_text(errors="replace").splitlines()[-30:])
+                _mark_failed(builder, missing, outcomes, progress, code, log, full_log)
+            else:
                 for name in missing:
-                    outcome = outcomes[name]
-                    if name in culprits:
-                        outcome.status = FAILED
-                        outcome.error = BuildError(
-                            f"package '{name}' failed on buildkit (exit {code}); full log {full_log}, "
-                            f"package log {log_path(store, name, keys[name])}:\n{tail}"
-                        )
-                    progress.done(outcome)
-                progress.end(outcomes)
-                return outcomes
-            for name in missing:
-                key = keys[name]
-                if no_cache and store.has(key):
-                    store.remove_locked(key)  # we hold its lock
-                staging = store.staging(key)
-                (staging / "tree").rmdir()
-                os.rename(dest / key, staging / "tree")
-                seconds = round(log.seconds.get(name, total), 2)
-                meta = {
-                    "seconds": seconds,
-                    "platform": str(graph.tree.platform),
-                    "version": graph.tree.packages[name].version,
-                    "runner": self.name,
-                }
-                store.commit(key, staging, name, meta, builder.source_date_epoch)
-                outcomes[name].status, outcomes[name].seconds = BUILT, seconds
-                progress.done(outcomes[name])
+                    seconds = round(log.seconds.get(name, total), 2)
+                    self._commit(builder, name, dest, seconds, no_cache=no_cache)
+                    outcomes[name].status, outcomes[name].seconds = BUILT, seconds
+                    progress.done(outcomes[name])
         progress.end(outcomes)
         return outcomes
+
+    def _commit(self, builder: Builder, name: str, dest: Path, seconds: float, *, no_cache: bool) -> None:
+        """Store the tree BuildKit wrote for `name` (under its key in `dest`); the caller holds the key's lock."""
+        graph, store, key = builder.graph, builder.store, builder.keys[name]
+        if no_cache and store.has(key):
+            store.remove_locked(key)
+        staging = store.staging(key)
+        (staging / "tree").rmdir()
+        os.rename(dest / key, staging / "tree")
+        meta = {
+            "seconds": seconds,
+            "platform": str(graph.tree.platform),
+            "version": graph.tree.packages[name].version,
+            "runner": self.name,
+        }
+        store.commit(key, staging, name, meta, builder.source_date_epoch)
+
+
+def _claim_missing(
+    stack: contextlib.ExitStack,
+    builder: Builder,
+    names: list[str],
+    outcomes: dict[str, Outcome],
+    progress: Progress,
+    *,
+    no_cache: bool,
+) -> list[str]:
+    """Lock what is not stored (checked again under the locks) and report the rest as cached."""
+    store, keys = builder.store, builder.keys
+    missing = [n for n in names if no_cache or not store.has(keys[n])]
+    for name in sorted(missing, key=lambda n: keys[n]):  # one order for every process: no deadlock
+        stack.enter_context(store.lock(keys[name]))
+    missing = [n for n in missing if no_cache or not store.has(keys[n])]
+    for name in names:
+        if name not in missing:
+            store.touch(keys[name])
+            outcomes[name].status = CACHED
+            progress.done(outcomes[name])
+    return missing
+
+
+def _seed_image(store: Store, seed_key: str) -> tuple[str, str]:
+    """The seed's image reference and the engine's ID (for the feature probe's cache).
+
+    A remote builder cannot see this engine's images: KILN_STAGE0_IMAGE names the seed in a registry.
+    """
+    from kiln.build.runners.docker import client, ensure_stage0_image
+
+    seed_tag = os.environ.get("KILN_STAGE0_IMAGE", "")
+    if seed_tag:
+        return seed_tag, "remote"
+    engine = client()
+    return ensure_stage0_image(engine, store.tree(seed_key), seed_key), str(engine.info().get("ID", ""))
+
+
+def _mark_failed(
+    builder: Builder,
+    missing: list[str],
+    outcomes: dict[str, Outcome],
+    progress: Progress,
+    code: int,
+    log: BuildLog,
+    full_log: Path,
+) -> None:
+    """The packages the log blames (all missing ones if it blames none) failed, with the log's tail."""
+    culprits = log.failed or missing
+    tail = "\n".join(full_log.read_text(errors="replace").splitlines()[-30:])
+    for name in missing:
+        outcome = outcomes[name]
+        if name in culprits:
+            outcome.status = FAILED
+            outcome.error = BuildError(
+                f"package '{name}' failed on buildkit (exit {code}); full log {full_log}, "
+                f"package log {log_path(builder.store, name, builder.keys[name])}:\n{tail}"
+            )
+        progress.done(outcome)
 
 
 def _needed(builder: Builder, missing: list[str]) -> list[str]:

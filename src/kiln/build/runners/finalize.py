@@ -208,20 +208,9 @@ def _resolve(top: int, parts: list[str], *, follow_last: bool, create: bool) -> 
             if info is None:
                 if last:
                     return stack.pop(), name
-                if not create:
-                    raise _Missing(name)
-                os.mkdir(name, 0o777, dir_fd=stack[-1])
-                info = os.stat(name, dir_fd=stack[-1], follow_symlinks=False)
+                info = _make_missing(stack[-1], name, create=create)
             if stat.S_ISLNK(info.st_mode) and (follow_last or not last):
-                links += 1
-                if links > MAX_SYMLINKS:
-                    raise PathEscape(f"finalize: too many levels of symbolic links at {name!r}")
-                target = os.readlink(name, dir_fd=stack[-1])
-                if target.startswith("/"):
-                    for fd in stack[1:]:
-                        os.close(fd)
-                    del stack[1:]
-                pending.extend(reversed(target.split("/")))
+                links = _follow(stack, pending, name, links)
                 continue
             if last:
                 return stack.pop(), name
@@ -232,6 +221,28 @@ def _resolve(top: int, parts: list[str], *, follow_last: bool, create: bool) -> 
     finally:
         for fd in stack:
             os.close(fd)
+
+
+def _make_missing(parent: int, name: str, *, create: bool) -> os.stat_result:
+    """A missing directory on the way: made (as `mkdir -p` would), or _Missing."""
+    if not create:
+        raise _Missing(name)
+    os.mkdir(name, 0o777, dir_fd=parent)
+    return os.stat(name, dir_fd=parent, follow_symlinks=False)
+
+
+def _follow(stack: list[int], pending: list[str], name: str, links: int) -> int:
+    """Put link `name`'s target in its place; an absolute one restarts at the top (stack[0]). Returns the count."""
+    links += 1
+    if links > MAX_SYMLINKS:
+        raise PathEscape(f"finalize: too many levels of symbolic links at {name!r}")
+    target = os.readlink(name, dir_fd=stack[-1])
+    if target.startswith("/"):
+        for fd in stack[1:]:
+            os.close(fd)
+        del stack[1:]
+    pending.extend(reversed(target.split("/")))
+    return links
 
 
 def _lstat(parent: int, name: str) -> os.stat_result | None:

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from kiln.build.keys import stage0_key
-from kiln.build.runners.sandbox import BuildRoot, Layer, SandboxRunner, base_env
+from kiln.build.runners.sandbox import Layer, OverlayRoot, SandboxRunner, base_env
 from kiln.pkg.loader import load_tree
 from kiln.pkg.variables import Platform
 
@@ -94,7 +94,7 @@ def bench_noop(base: Path, seed: Path) -> dict[str, float]:
 
 def bench_overhead(base: Path, seed_tree: Path, runs: int = 100) -> dict[str, float]:
     runner = SandboxRunner()
-    root = BuildRoot(base / "overhead", [Layer(seed_tree)])
+    root = OverlayRoot(base / "overhead", [Layer(seed_tree)])
     root.prepare()
     env = base_env(1704067200, 2)
     with open(os.devnull, "wb") as log:
@@ -125,11 +125,11 @@ def bench_assembly(base: Path, seed_tree: Path) -> dict[str, float]:
         timings = []
         for attempt in range(3):
             start = time.perf_counter()
-            root = BuildRoot(base / f"assembly{attempt}", [Layer(big, "/big"), Layer(seed_tree)])
+            root = OverlayRoot(base / f"assembly{attempt}", [Layer(big, "/big"), Layer(seed_tree)])
             root.prepare()
             assert runner.run(root, "test -s /big/d15/f63", env, log, network=False) == 0
             timings.append(time.perf_counter() - start)
-        plain = BuildRoot(base / "assembly-plain", [Layer(seed_tree)])
+        plain = OverlayRoot(base / "assembly-plain", [Layer(seed_tree)])
         start = time.perf_counter()
         plain.prepare()
         assert runner.run(plain, "true", env, log, network=False) == 0

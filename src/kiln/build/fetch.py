@@ -65,7 +65,7 @@ from kiln.pkg.model import Source
 if TYPE_CHECKING:  # requests and urllib3 are imported when a download happens: a no-op build needs neither
     import requests
 
-Progress = Callable[[str, int, int | None], None]
+DownloadProgress = Callable[[str, int, int | None], None]
 """Called as (file name, bytes so far, total bytes or None); may run on worker threads."""
 
 CONFIG_FILE = "kiln.yaml"
@@ -200,7 +200,7 @@ class _Miss(Exception):
 class _Sink:
     """A temporary file in the cache directory that hashes what is written to it."""
 
-    def __init__(self, directory: Path, label: str, progress: Progress | None) -> None:
+    def __init__(self, directory: Path, label: str, progress: DownloadProgress | None) -> None:
         fd, name = tempfile.mkstemp(dir=directory, prefix=PART_PREFIX)
         fcntl.flock(fd, fcntl.LOCK_EX)  # held until closed: remove_stale_partials leaves it alone
         self.path = Path(name)
@@ -256,7 +256,7 @@ class Fetcher:
         self,
         cache: Path,
         mirrors: list[Mirror],
-        progress: Progress | None = None,
+        progress: DownloadProgress | None = None,
         *,
         retries: int = 4,
         backoff: float = 0.5,

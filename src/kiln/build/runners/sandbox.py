@@ -28,7 +28,7 @@ from kiln.build.runners.mounter import encode, overlay_options
 from kiln.core.errors import BuildError
 from kiln.core.paths import spec_parts
 
-__all__ = ["BuildRoot", "Layer", "SandboxRoot", "SandboxRunner", "base_env", "bwrap_args"]
+__all__ = ["Layer", "OverlayRoot", "SandboxRoot", "SandboxRunner", "base_env", "bwrap_args"]
 
 # The mount helper runs with the interpreter and the kiln package running now (PYTHONPATH,
 # see _helper_env), no current directory on its path (-P), whatever the caller's directory
@@ -53,7 +53,7 @@ def _die_with_parent() -> None:
 
 
 @dataclass
-class BuildRoot:
+class OverlayRoot:
     """A package's root: layers (top first) under writable uppers kept in `work`."""
 
     work: Path
@@ -159,12 +159,12 @@ class SandboxRunner:
             if shutil.which(tool) is None:
                 raise BuildError(f"the sandbox runner needs '{tool}': run scripts/setup-host.sh")
 
-    def run(self, root: BuildRoot, script: str, env: dict[str, str], log: IO[bytes], *, network: bool) -> int:
+    def run(self, root: OverlayRoot, script: str, env: dict[str, str], log: IO[bytes], *, network: bool) -> int:
         """Run one snippet with `set -eu` in /tmp/build, output to the log; returns its exit code."""
         inner = [*bwrap_args(root.root, env, network=network), "/bin/sh", "-euc", script, "kiln-step"]
         return _call(root.command(inner), log)
 
-    def finalize(self, root: BuildRoot, copies: list[tuple[str, str]], out: Path, log: IO[bytes]) -> int:
+    def finalize(self, root: OverlayRoot, copies: list[tuple[str, str]], out: Path, log: IO[bytes]) -> int:
         """Copy the finalize paths out of the merged root (outside bwrap, inside the mounts).
 
         The copy is kiln.build.runners.finalize, run by the mount helper: no shell, no host
@@ -172,14 +172,14 @@ class SandboxRunner:
         """
         return _call(root.finalize_command(copies, out), log)
 
-    def shell(self, root: BuildRoot, env: dict[str, str], command: list[str]) -> int:
+    def shell(self, root: OverlayRoot, env: dict[str, str], command: list[str]) -> int:
         """An interactive process in the build root, attached to the caller's terminal."""
         inner = [*bwrap_args(root.root, env, network=False, interactive=True), *command]
         return subprocess.call(root.command(inner), preexec_fn=_die_with_parent, env=_helper_env())
 
     def open(self, plan: RootPlan, work: Path) -> SandboxRoot:
         """The Runner protocol: an overlay root of the plan's layers, prepared in `work`."""
-        root = BuildRoot(work, plan.layers)
+        root = OverlayRoot(work, plan.layers)
         root.prepare()
         return SandboxRoot(self, root)
 
@@ -189,7 +189,7 @@ class SandboxRoot:
     """The BuildRoot protocol over an overlay root; nothing to release, the mounts die with each call."""
 
     runner: SandboxRunner
-    overlay: BuildRoot
+    overlay: OverlayRoot
 
     @property
     def build_dir(self) -> Path:

@@ -95,24 +95,12 @@ def cmd_bootstrap(args: argparse.Namespace) -> int:
 
 
 def cmd_fetch(args: argparse.Namespace) -> int:
-    from kiln.build.fetch import fetch_all
-    from kiln.core.errors import Location
-
-    graph = _load(args)
     from kiln.build.session import Session
 
-    session = Session.open(graph)
+    graph = _load(args)
     names = graph.closure(args.targets) if args.targets else graph.order
-    wanted = []
-    for name in names:
-        package = graph.tree.packages[name]
-        for s_index, step in enumerate(package.steps):
-            for index, source in enumerate(step.sources):
-                if not source.is_local:
-                    where = Location(str(package.file), package.line(("steps", s_index, "sources", index)))
-                    wanted.append((source, where))
-    paths = fetch_all(session.builder.fetcher, wanted)
-    print(f"fetched {len(paths)} source(s) for {len(names)} package(s)")
+    fetched = Session.open(graph).fetch(names)
+    print(f"fetched {fetched} source(s) for {len(names)} package(s)")
     return 0
 
 
@@ -153,30 +141,16 @@ def cmd_shell(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from kiln.build.runners.buildkit import OUTPUTS, Exporter
+    from kiln.build.runners.buildkit import OUTPUTS
     from kiln.build.session import Session
 
     graph = _load(args)
     names = graph.closure(args.targets)
-    session = Session.open(graph, "none")
-    builder = session.builder
-    seed_tree = None
-    if args.stage0 == "tar":
-        session.bootstrap(console.say_line)
-        seed_tree = session.store.tree(builder.seed_key)
-    exporter = Exporter(
-        graph,
-        session.keys,
-        builder.seed_key,
-        builder.place_sources,
-        builder.source_date_epoch,
-        builder.make_jobs,
-        network_flags=not args.no_network_flags,
-        stage0=args.stage0,
-        seed_tree=seed_tree,
-    )
     out = Path(args.out)
-    export = exporter.write(names, {n: n for n in args.targets}, out)
+    session = Session.open(graph, "none")
+    export = session.export_dockerfile(
+        names, args.targets, out, stage0=args.stage0, network_flags=not args.no_network_flags
+    )
     print(f"wrote {export.dockerfile} ({len(names)} packages) and its build context in {out}")
     print(f"build: DOCKER_BUILDKIT=1 docker build --target {OUTPUTS} --output type=local,dest=OUT {out}")
     return 0
@@ -197,35 +171,12 @@ def cmd_log(args: argparse.Namespace) -> int:
 def cmd_cache(args: argparse.Namespace) -> int:
     from kiln.build import cache_cmd
 
-    if args.cache_verb in ("push", "pull"):
-        return cache_remote(args)
-
+    if args.cache_verb == "pull":
+        graph = _load(args)
+        targets = args.names or list(graph.order)
+        graph.closure(targets)  # unknown names fail here, with a suggestion
+        return cache_cmd.pull(graph, targets, args.ref)
     return cache_cmd.run(args)
-
-
-def cache_remote(args: argparse.Namespace) -> int:
-    """`kiln cache push REF [KEY|NAME...]` (default: every entry) and `kiln cache pull REF [TARGET...]`."""
-    from kiln.build.cache_cmd import resolve
-    from kiln.build.session import Session
-    from kiln.build.store import Store
-    from kiln.core.paths import cache_dir
-
-    if args.cache_verb == "push":
-        store = Store(cache_dir())
-        keys = [e.key for e in (resolve(store, args.names) if args.names else store.entries())]
-        from kiln.build.remote import Ref, Registry
-
-        registry = Registry(Ref.parse(args.ref))
-        sent = sum(1 for key in keys if registry.push(store, key))
-        print(f"pushed {sent} of {len(keys)} entries to {args.ref} (the rest were there)")
-        return 0
-    graph = _load(args)
-    targets = args.names or list(graph.order)
-    graph.closure(targets)
-    session = Session.open(graph, "none")
-    pulled = session.pull_needed(targets, args.ref)
-    print(f"pulled {len(pulled)} entries from {args.ref}")
-    return 0
 
 
 def cmd_kernel(args: argparse.Namespace) -> int:

@@ -11,6 +11,7 @@ from kiln.core import console
 from kiln.core.errors import InputError
 from kiln.core.paths import cache_dir
 from kiln.core.sizes import format_size, parse_size
+from kiln.pkg.graph import Graph
 
 
 def resolve(store: Store, wanted: list[str]) -> list[Entry]:
@@ -28,7 +29,7 @@ def resolve(store: Store, wanted: list[str]) -> list[Entry]:
 
 
 def run(args: argparse.Namespace) -> int:
-    verbs = {"ls": _ls, "verify": _verify, "gc": _gc, "rm": _rm}
+    verbs = {"ls": _ls, "verify": _verify, "gc": _gc, "rm": _rm, "push": _push}
     if args.cache_verb not in verbs:
         raise InputError(f"unknown cache action {args.cache_verb!r}")
     return verbs[args.cache_verb](Store(cache_dir()), args)
@@ -79,4 +80,23 @@ def _rm(store: Store, args: argparse.Namespace) -> int:
     for entry in resolve(store, args.keys):
         store.remove(entry.key)
         print(f"removed {entry.name} {entry.key}")
+    return 0
+
+
+def _push(store: Store, args: argparse.Namespace) -> int:
+    """`kiln cache push REF [KEY|NAME...]`: the named entries (default: every one) the registry lacks."""
+    from kiln.build.remote import Ref, Registry
+
+    keys = [e.key for e in (resolve(store, args.names) if args.names else store.entries())]
+    sent = Registry(Ref.parse(args.ref)).push_all(store, keys)
+    print(f"pushed {sent} of {len(keys)} entries to {args.ref} (the rest were there)")
+    return 0
+
+
+def pull(graph: Graph, targets: list[str], ref: str) -> int:
+    """`kiln cache pull REF [TARGET...]`: what the targets' closure needs and the store lacks."""
+    from kiln.build.session import Session
+
+    pulled = Session.open(graph, "none").pull_needed(targets, ref)
+    print(f"pulled {len(pulled)} entries from {ref}")
     return 0

@@ -142,6 +142,10 @@ class Registry:
         self._check(response, f"looking up {key}")
         return True
 
+    def push_all(self, store: Store, keys: list[str]) -> int:
+        """Upload every entry of `keys` the registry lacks; returns how many were uploaded."""
+        return sum(1 for key in keys if self.push(store, key))
+
     def push(self, store: Store, key: str) -> bool:
         """Upload one entry unless the registry has it; True if it was uploaded."""
         if self.has(key):

@@ -22,12 +22,12 @@ from kiln.build.fetch import Fetcher, load_mirrors
 from kiln.build.keys import compute_keys, stage0_key
 from kiln.build.progress import LiveProgress, PlainProgress, download_progress
 from kiln.build.runners.base import BuildRoot, RootPlan, Runner
-from kiln.build.runners.buildkit import BuildKitRunner
+from kiln.build.runners.buildkit import BuildKitRunner, Export, Exporter
 from kiln.build.runners.sandbox import SandboxRunner
 from kiln.build.scheduler import FAILED, Outcome, Progress, Scheduler
 from kiln.build.store import Pins, Store
 from kiln.core.console import say_line
-from kiln.core.errors import BuildError, InputError
+from kiln.core.errors import BuildError, InputError, Location
 from kiln.core.paths import cache_dir
 from kiln.pkg.graph import Graph
 
@@ -175,12 +175,46 @@ class Session:
             )
         return pulled
 
+    def export_dockerfile(
+        self, names: list[str], targets: list[str], out: Path, *, stage0: str, network_flags: bool
+    ) -> Export:
+        """`kiln export dockerfile`: the closure `names` as a Dockerfile and context in `out`, `targets` exported."""
+        seed_tree = None
+        if stage0 == "tar":
+            self.bootstrap(say_line)
+            seed_tree = self.store.tree(self.builder.seed_key)
+        exporter = Exporter(
+            self.graph,
+            self.keys,
+            self.builder.seed_key,
+            self.builder.place_sources,
+            self.builder.source_date_epoch,
+            self.builder.make_jobs,
+            network_flags=network_flags,
+            stage0=stage0,
+            seed_tree=seed_tree,
+        )
+        return exporter.write(names, {n: n for n in targets}, out)
+
+    def fetch(self, names: list[str]) -> int:
+        """Fetch (and check) every remote source of `names`, in parallel; returns how many."""
+        from kiln.build.fetch import fetch_all
+
+        wanted = []
+        for name in names:
+            package = self.graph.tree.packages[name]
+            for s_index, step in enumerate(package.steps):
+                for index, source in enumerate(step.sources):
+                    if not source.is_local:
+                        where = Location(str(package.file), package.line(("steps", s_index, "sources", index)))
+                        wanted.append((source, where))
+        return len(fetch_all(self.builder.fetcher, wanted))
+
     def push(self, keys: list[str], ref: str) -> int:
         """Upload stored entries the registry lacks; returns how many were uploaded."""
         from kiln.build.remote import Ref, Registry
 
-        registry = Registry(Ref.parse(ref))
-        sent = sum(1 for key in keys if registry.push(self.store, key))
+        sent = Registry(Ref.parse(ref)).push_all(self.store, keys)
         print(f"kiln: pushed {sent} of {len(keys)} entries to {ref} (the rest were there)", file=sys.stderr, flush=True)
         return sent
 

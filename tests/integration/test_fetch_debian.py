@@ -6,7 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from kiln.build.fetch import CHECK_VERSION, Fetcher, FetchError, Mirror, load_mirrors
+from kiln.build.sources.archives import CHECK_VERSION
+from kiln.build.sources.download import Fetcher
+from kiln.build.sources.errors import FetchError
+from kiln.build.sources.mirrors import Mirror, load_mirrors
 from kiln.core.errors import Location
 from kiln.pkg.model import Source
 

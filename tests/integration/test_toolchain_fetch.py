@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from kiln import cli
-from kiln.build import fetch
-from kiln.build.fetch import CHECK_VERSION, Fetcher
+from kiln.build.sources import download
+from kiln.build.sources.archives import CHECK_VERSION
+from kiln.build.sources.download import Fetcher
 from kiln.pkg.loader import load_tree
 from kiln.pkg.variables import Platform
 
@@ -32,17 +33,17 @@ def test_kiln_fetch_toolchain_gets_every_source_from_debian(
     served: list[str] = []
     debian = Fetcher._debian
 
-    def only_debian(self: Fetcher, hint: str, sha: str) -> fetch.Writer:
+    def only_debian(self: Fetcher, hint: str, sha: str) -> download.Writer:
         get = debian(self, hint, sha)
 
-        def record(sink: fetch._Sink) -> None:
+        def record(sink: download._Sink) -> None:
             get(sink)
             served.append(sha)
 
         return record
 
-    def no_upstream(self: Fetcher, url: str) -> fetch.Writer:
-        return fetch._missing(f"upstream disabled by the test: {url}")
+    def no_upstream(self: Fetcher, url: str) -> download.Writer:
+        return download._missing(f"upstream disabled by the test: {url}")
 
     # Upstream URLs are refused, so a source only arrives through `apt-get source`.
     monkeypatch.setattr(Fetcher, "_debian", only_debian)

@@ -15,17 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from kiln.build.fetch import (
-    Fetcher,
-    FetchError,
-    FetchErrors,
-    Mirror,
-    check_archive,
-    fetch_all,
-    load_mirrors,
-    place_local,
-    place_source,
-)
+from kiln.build.sources.archives import check_archive
+from kiln.build.sources.download import Fetcher, fetch_all
+from kiln.build.sources.errors import FetchError, FetchErrors
+from kiln.build.sources.mirrors import Mirror, load_mirrors
+from kiln.build.sources.place import place_local, place_source
 from kiln.core.errors import InputError, InputErrors, KilnError, Location
 from kiln.core.paths import cache_dir
 from kiln.pkg.model import Source

@@ -22,7 +22,7 @@ import jinja2.bccache
 import pytest
 import yaml
 
-from kiln.build.fetch import load_mirrors
+from kiln.build.sources.mirrors import load_mirrors
 from kiln.core import yamlfile
 from kiln.core.errors import InputError, KilnError
 from kiln.core.yamlfile import read_yaml_file

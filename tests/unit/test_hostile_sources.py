@@ -21,16 +21,12 @@ from pathlib import Path
 
 import pytest
 
-from kiln.build.fetch import (
-    Fetcher,
-    FetchError,
-    Mirror,
-    check_archive,
-    place_local,
-    remove_stale_partials,
-    stale_partials,
-    verify_sources,
-)
+from kiln.build.sources.archives import check_archive
+from kiln.build.sources.cache import remove_stale_partials, stale_partials, verify_sources
+from kiln.build.sources.download import Fetcher
+from kiln.build.sources.errors import FetchError
+from kiln.build.sources.mirrors import Mirror
+from kiln.build.sources.place import place_local
 from kiln.pkg.model import Source
 from tests.conftest import Result
 
@@ -125,7 +121,7 @@ def test_symlink_in_place_of_a_cached_source_is_replaced(tmp_path: Path, mirror:
 
 
 def test_source_swapped_after_verification_never_reaches_the_build(tmp_path: Path, mirror: Path) -> None:
-    from kiln.build.fetch import place_source
+    from kiln.build.sources.place import place_source
 
     fetcher, source, path = cached(tmp_path, mirror, b"pinned bytes\n")
     verified = fetcher.fetch(source)
@@ -142,12 +138,12 @@ def test_untouched_cached_source_is_not_hashed_again(
     tmp_path: Path, mirror: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     fetcher, source, path = cached(tmp_path, mirror, b"pinned bytes\n")
-    import kiln.build.fetch as fetch
+    import kiln.build.sources.cache as source_cache  # where a cached file is judged
 
     def no_hash(path: Path, **kwargs: object) -> str:
         raise AssertionError("hashed again although the stat stamp matches")
 
-    monkeypatch.setattr(fetch, "file_sha256", no_hash)
+    monkeypatch.setattr(source_cache, "file_sha256", no_hash)
     assert fetcher.fetch(source) == path
 
 
@@ -419,7 +415,7 @@ def test_stale_partials_removed_but_a_held_one_survives(tmp_path: Path) -> None:
 
 
 def test_a_download_in_progress_holds_its_partial(tmp_path: Path, mirror: Path) -> None:
-    from kiln.build.fetch import _Sink
+    from kiln.build.sources.download import _Sink
 
     (tmp_path / "cache" / "sources").mkdir(parents=True)
     sink = _Sink(tmp_path / "cache" / "sources", "x", None)

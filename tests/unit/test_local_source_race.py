@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from kiln.build.builder import Builder
-from kiln.build.fetch import Fetcher
 from kiln.build.keys import compute_keys
 from kiln.build.session import NoRunner
+from kiln.build.sources.download import Fetcher
 from kiln.build.store import Store
 from kiln.core.errors import BuildError
 from kiln.pkg.graph import Graph

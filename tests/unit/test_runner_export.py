@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from kiln.build.fetch import place_local
 from kiln.build.keys import compute_keys, stage0_key
 from kiln.build.remote import Ref
 from kiln.build.runners.base import Layer, RootPlan
 from kiln.build.runners.buildkit import BuildLog, Exporter, stage_id
 from kiln.build.runners.finalize import finalize_tree
+from kiln.build.sources.place import place_local
 from kiln.core.errors import BuildError, InputError
 from kiln.pkg.graph import Graph
 from kiln.pkg.loader import load_tree

@@ -20,11 +20,11 @@ import pytest
 
 from kiln.build.builder import Builder
 from kiln.build.cancel import TOKEN, Cancelled, Interrupted
-from kiln.build.fetch import Fetcher
 from kiln.build.keys import compute_keys
 from kiln.build.progress import PlainProgress
 from kiln.build.runners.base import RootPlan
 from kiln.build.scheduler import Outcome, Scheduler
+from kiln.build.sources.download import Fetcher
 from kiln.build.store import Entry, Pins, Store
 from kiln.core.errors import BuildError, KilnError
 from kiln.pkg.graph import Graph
@@ -325,8 +325,8 @@ def test_an_ignored_sigint_stays_ignored() -> None:
 
 def test_a_cancel_ends_a_download_and_keeps_no_partial_file(tmp_path: Path) -> None:
     """Downloads run in build workers too: the progress callback ends them at the next chunk."""
-    from kiln.build.fetch import Mirror
     from kiln.build.progress import Cancellable, DownloadLines
+    from kiln.build.sources.mirrors import Mirror
     from kiln.pkg.model import Source
 
     data = b"x" * (3 << 20)  # a few chunks

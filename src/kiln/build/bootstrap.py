@@ -30,7 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from kiln.build.fetch import FetchError, Member, tar_members
+from kiln.build.sources.archives import Member, tar_members
+from kiln.build.sources.errors import FetchError
 from kiln.build.store import Entry, Store
 from kiln.core.errors import BuildError, InputError, Location
 from kiln.core.hashing import file_sha256

@@ -15,9 +15,10 @@ from pathlib import Path
 from typing import IO
 
 from kiln.build.cancel import TOKEN
-from kiln.build.fetch import Fetcher, place_local, place_source
 from kiln.build.keys import local_source_digest, stage0_key, tree_digest
 from kiln.build.runners.base import BuildRoot, Layer, RootPlan, Runner, base_env
+from kiln.build.sources.download import Fetcher
+from kiln.build.sources.place import place_local, place_source
 from kiln.build.store import Entry, Store
 from kiln.core.errors import BuildError, Location
 from kiln.core.hashing import file_sha256

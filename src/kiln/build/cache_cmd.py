@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from kiln.build.fetch import remove_stale_partials, verify_sources
+from kiln.build.sources.cache import remove_stale_partials, verify_sources
 from kiln.build.store import Entry, Store
 from kiln.core import console
 from kiln.core.errors import InputError

@@ -315,7 +315,8 @@ def _pack(entry: Entry, dest: Path) -> None:
 def _unpack(blob: Path, tree: Path, work: Path) -> None:
     """Decompress, refuse what check_archive refuses (read to a clean end, nothing out of the tree,
     no devices), then unpack with GNU tar into the empty staging tree."""
-    from kiln.build.fetch import FetchError, check_archive
+    from kiln.build.sources.archives import check_archive
+    from kiln.build.sources.errors import FetchError
 
     plain = work / "tree.tar"
     result = subprocess.run(

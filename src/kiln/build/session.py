@@ -18,13 +18,14 @@ from pathlib import Path
 
 from kiln.build.bootstrap import ensure_stage0
 from kiln.build.builder import Builder, logs_dir
-from kiln.build.fetch import Fetcher, load_mirrors
 from kiln.build.keys import compute_keys, stage0_key
 from kiln.build.progress import LiveProgress, PlainProgress, download_progress
 from kiln.build.runners.base import BuildRoot, RootPlan, Runner
 from kiln.build.runners.buildkit import BuildKitRunner, Export, Exporter
 from kiln.build.runners.sandbox import SandboxRunner
 from kiln.build.scheduler import FAILED, Outcome, Progress, Scheduler
+from kiln.build.sources.download import Fetcher
+from kiln.build.sources.mirrors import load_mirrors
 from kiln.build.store import Pins, Store
 from kiln.core.console import say_line
 from kiln.core.errors import BuildError, InputError, Location
@@ -198,7 +199,7 @@ class Session:
 
     def fetch(self, names: list[str]) -> int:
         """Fetch (and check) every remote source of `names`, in parallel; returns how many."""
-        from kiln.build.fetch import fetch_all
+        from kiln.build.sources.download import fetch_all
 
         wanted = []
         for name in names:

@@ -15,7 +15,8 @@ from kiln.build import cancel
 from kiln.build.keys import compute_keys
 from kiln.core import console
 from kiln.core.errors import InputError, InputErrors, KilnError
-from kiln.installer import command as image_command
+from kiln.image import command as image_command
+from kiln.installer import command as install_command
 from kiln.pkg.graph import Graph
 from kiln.pkg.loader import Tree, load_tree
 from kiln.pkg.show import GRAPH_FORMATS, dump_yaml, render_graph
@@ -211,7 +212,7 @@ def cmd_install(args: argparse.Namespace) -> int:
         args.platform = platform
         return _load(args)
 
-    return image_command.run_install(args, load)
+    return install_command.run(args, load)
 
 
 def _common() -> argparse.ArgumentParser:
@@ -364,7 +365,7 @@ def build_parser() -> argparse.ArgumentParser:
         "write a profile's disk layout (default metal) onto a disk or disk "
         "file; a disk that is not empty needs --wipe, one in use is refused",
     )
-    image_command.add_install_arguments(install)
+    install_command.add_arguments(install)
 
     boot = verbs.add_parser(
         "boot",

@@ -16,9 +16,9 @@ import pytest
 
 from kiln import __version__
 from kiln.boot.qemu import READY, boot, machine_for
-from kiln.installer.assets import BootAssets
-from kiln.installer.disk import build_raw
-from kiln.installer.formats import convert
+from kiln.image.assets import BootAssets
+from kiln.image.outputs.disk import build_raw
+from kiln.image.outputs.formats import convert
 
 pytestmark = pytest.mark.e2e
 

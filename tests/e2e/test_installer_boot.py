@@ -19,9 +19,9 @@ import pytest
 
 from kiln import __version__
 from kiln.boot.qemu import READY, boot, machine_for
-from kiln.installer.assets import BootAssets
-from kiln.installer.disk import build_raw
-from kiln.installer.oci import build_installer, image_tag
+from kiln.image.assets import BootAssets
+from kiln.image.outputs.disk import build_raw
+from kiln.image.outputs.installer import build_installer, image_tag
 from tests.integration import services
 from tests.integration.test_installer import build_machined, docker, run_installer, table_dump
 

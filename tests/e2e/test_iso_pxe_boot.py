@@ -15,9 +15,9 @@ import pytest
 
 from kiln import __version__
 from kiln.boot.qemu import READY, Machine, boot
-from kiln.installer.assets import BootAssets
-from kiln.installer.iso import build_iso
-from kiln.installer.pxe import build_pxe
+from kiln.image.assets import BootAssets
+from kiln.image.outputs.iso import build_iso
+from kiln.image.outputs.pxe import build_pxe
 
 pytestmark = pytest.mark.e2e
 

@@ -23,8 +23,8 @@ import pytest
 
 from kiln.core.errors import InputError
 from kiln.core.hashing import file_sha256
-from kiln.installer.assets import BootAssets, derived_uuid
-from kiln.installer.disk import (
+from kiln.image.assets import BootAssets, derived_uuid
+from kiln.image.outputs.disk import (
     BIOS_BOOT_TYPE,
     ESP_TYPE,
     GRUB_LIB,
@@ -37,8 +37,8 @@ from kiln.installer.disk import (
     minimum_size,
     partition_guid,
 )
-from kiln.installer.formats import VHD_EPOCH, convert, vhd_checksum
-from kiln.installer.grub import grub_config
+from kiln.image.outputs.formats import VHD_EPOCH, convert, vhd_checksum
+from kiln.image.outputs.grub import grub_config
 
 pytestmark = pytest.mark.integration
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from kiln.installer.compress import compress
-from kiln.installer.manifest import SbomPackage, write_manifest, write_sbom
+from kiln.image.compress import compress
+from kiln.image.manifest import SbomPackage, write_manifest, write_sbom
 from kiln.pkg.loader import load_tree
 from kiln.pkg.variables import Platform
 

@@ -340,7 +340,7 @@ def test_kiln_install_exits_2_on_a_refused_disk(
     from types import SimpleNamespace
 
     from kiln import cli
-    from kiln.installer import imager
+    from kiln.image import imager
 
     monkeypatch.setattr(cli, "_load", lambda args: None)
     monkeypatch.setattr(imager, "check_packages", lambda profiles, graph: None)

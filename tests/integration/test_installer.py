@@ -23,9 +23,9 @@ from pathlib import Path
 import pytest
 
 from kiln.core.errors import BuildError, InputError
-from kiln.installer.assets import BootAssets
+from kiln.image.assets import BootAssets
+from kiln.image.outputs.installer import build_installer, gzip_with_size, image_tag
 from kiln.installer.install import install_disk
-from kiln.installer.oci import build_installer, gzip_with_size, image_tag
 from tests.integration import services
 
 pytestmark = pytest.mark.integration

@@ -17,10 +17,10 @@ import pytest
 
 from kiln.boot.qemu import Machine, machine_for
 from kiln.core.errors import BuildError
-from kiln.installer.assets import BootAssets, derived_uuid
-from kiln.installer.grub import grub_config
-from kiln.installer.iso import build_iso, grub_uuid, volume_id
-from kiln.installer.pxe import build_pxe
+from kiln.image.assets import BootAssets, derived_uuid
+from kiln.image.outputs.grub import grub_config
+from kiln.image.outputs.iso import build_iso, grub_uuid, volume_id
+from kiln.image.outputs.pxe import build_pxe
 
 pytestmark = pytest.mark.integration
 

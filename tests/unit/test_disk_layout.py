@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kiln.installer.assets import BootAssets
-from kiln.installer.disk import BOOT_MIN_SIZE, MIB, layout, minimum_size
-from kiln.installer.formats import vhd_checksum
+from kiln.image.assets import BootAssets
+from kiln.image.outputs.disk import BOOT_MIN_SIZE, MIB, layout, minimum_size
+from kiln.image.outputs.formats import vhd_checksum
 
 
 def assets_of(tmp_path: Path, kernel_size: int, initrd_size: int) -> BootAssets:

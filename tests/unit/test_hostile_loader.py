@@ -26,7 +26,7 @@ from kiln.build.sources.mirrors import load_mirrors
 from kiln.core import yamlfile
 from kiln.core.errors import InputError, KilnError
 from kiln.core.yamlfile import read_yaml_file
-from kiln.installer.profile import load_profile
+from kiln.image.profile import load_profile
 from kiln.pkg import codecache, template
 from tests.conftest import Result, write_tree
 

@@ -206,7 +206,7 @@ def test_loader_accepts_only_clean_dependency_paths(value: str) -> None:
 SCHEMAS = [
     ("pkg.schema.json", "kiln.pkg"),
     ("stage0.schema.json", "kiln.pkg"),
-    ("profile.schema.json", "kiln.installer"),
+    ("profile.schema.json", "kiln.image"),
 ]
 SAMPLES = [
     "a",

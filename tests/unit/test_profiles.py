@@ -13,8 +13,8 @@ import yaml
 from kiln.core import schema
 from kiln.core.errors import InputError, InputErrors
 from kiln.core.sizes import parse_size
-from kiln.installer.imager import check_packages
-from kiln.installer.profile import CONFIG_PATH, find_profile, load_profile, load_profiles
+from kiln.image.imager import check_packages
+from kiln.image.profile import CONFIG_PATH, find_profile, load_profile, load_profiles
 from kiln.pkg.graph import Graph
 from kiln.pkg.loader import load_tree
 from kiln.pkg.variables import Platform
@@ -42,7 +42,7 @@ def messages(path: Path) -> list[str]:
 
 
 def test_every_shipped_profile_validates_against_the_json_schema() -> None:
-    validator = jsonschema.Draft202012Validator(schema.load_schema("profile.schema.json", "kiln.installer"))
+    validator = jsonschema.Draft202012Validator(schema.load_schema("profile.schema.json", "kiln.image"))
     files = sorted(PROFILES.glob("*.yaml"))
     assert {f.stem for f in files} >= {"iso", "metal", "pxe", "installer", *CLOUDS}
     for file in files:

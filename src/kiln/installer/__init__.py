@@ -1,1 +1,1 @@
-"""The imager: profiles, and the ISO, disk, PXE, cloud and installer outputs made from boot assets."""
+"""Installing and (next) upgrading: `kiln install` onto a disk; the installer image itself is an image output."""

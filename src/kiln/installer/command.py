@@ -1,78 +1,17 @@
-"""`kiln image PROFILE...` (profiles) and `kiln image --output kernel,initramfs` (no profile)."""
+"""`kiln install --disk PATH`: a profile's raw disk written by the same `machined install` the installer image runs."""
 
 from __future__ import annotations
 
 import argparse
-import json
 from collections.abc import Callable
 from pathlib import Path
 
 from kiln.core.console import say_line
 from kiln.core.errors import InputError
 from kiln.pkg.graph import Graph
-from kiln.rootfs import command as rootfs_command
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "profiles",
-        nargs="*",
-        metavar="PROFILE",
-        help="profiles by name (in --profiles-dir) or path: iso metal aws ...; without one, "
-        "--output kernel,initramfs is written",
-    )
-    parser.add_argument(
-        "--profiles-dir",
-        default="profiles",
-        metavar="DIR",
-        help="where profile names are looked up (default ./profiles)",
-    )
-    rootfs_command.add_arguments(parser)
-
-
-def run(args: argparse.Namespace, load: Callable[[str], Graph]) -> int:
-    """Profiles given: build them all; none: the kernel + initramfs output of the booting-system issue."""
-    if not args.profiles:
-        return rootfs_command.run(load(args.platform), args)
-    from kiln.installer.imager import build_packages, check_packages, make_images
-    from kiln.installer.profile import load_profiles
-
-    if args.extension or args.package or args.output != "kernel,initramfs":
-        raise InputError(
-            "--output, --extension and --package apply without profiles; a profile names its "
-            "extensions and packages under input:"
-        )
-    profiles = load_profiles(args.profiles, Path(args.profiles_dir))
-    platforms = sorted({p.platform_spec for p in profiles})
-    if len(platforms) > 1:
-        raise InputError(f"profiles for several platforms ({', '.join(platforms)}): make them one platform per run")
-    graph = load(platforms[0])
-    check_packages(profiles, graph)
-    built = build_packages(profiles, graph, args.jobs, json_output=args.json)
-    results = make_images(profiles, built, Path(args.out or "_out"), args.jobs, say_line)
-    if args.json:
-        print(
-            json.dumps(
-                {
-                    r.profile.name: {
-                        "directory": str(r.directory),
-                        "seconds": round(r.seconds, 2),
-                        "artifacts": r.artifacts,
-                    }
-                    for r in results
-                },
-                indent=2,
-            )
-        )
-        return 0
-    for result in results:
-        print(f"{result.profile.name}: {result.directory}/ ({result.seconds:.1f} s)")
-        for artifact in result.artifacts:
-            print(f"  {artifact['size'] / 1048576:10.2f} MiB  {artifact['path']}  {artifact['sha256'][:16]}")
-    return 0
-
-
-def add_install_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--disk", required=True, metavar="PATH", help="the disk (or disk image file) to write")
     parser.add_argument(
         "--wipe",
@@ -92,11 +31,11 @@ def add_install_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--jobs", "-j", type=int, default=2, metavar="N", help="packages built at once")
 
 
-def run_install(args: argparse.Namespace, load: Callable[[str], Graph]) -> int:
+def run(args: argparse.Namespace, load: Callable[[str], Graph]) -> int:
     """Write a profile's raw disk onto --disk with the same `machined install` the installer image runs."""
-    from kiln.installer.imager import MACHINED, build_packages, check_packages, make_images
+    from kiln.image.imager import MACHINED, build_packages, check_packages, make_images
+    from kiln.image.profile import load_profiles
     from kiln.installer.install import install_disk
-    from kiln.installer.profile import load_profiles
 
     profile = load_profiles([args.profile], Path(args.profiles_dir))[0]
     if profile.kind != "image" or profile.disk_format != "raw" or profile.out_format != "raw":

@@ -1,4 +1,4 @@
-"""`kiln image --output kernel,initramfs`: build what is missing, then assemble the boot assets."""
+"""`kiln image` without a profile (`--output kernel,initramfs`): build what is missing, then assemble."""
 
 from __future__ import annotations
 

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from kiln.core.errors import InputError
-from kiln.installer.assets import BootAssets
+from kiln.image.assets import BootAssets
 
 REPOSITORY = "kiln-installer"
 ENTRYPOINT = "usr/bin/installer"

@@ -20,8 +20,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from kiln.core.errors import BuildError
-from kiln.installer.assets import BootAssets, derived_uuid
-from kiln.installer.grub import grub_config
+from kiln.image.assets import BootAssets, derived_uuid
+from kiln.image.outputs.grub import grub_config
 
 GRUB_LIB = Path("/usr/lib/grub")
 # Modules built into the GRUB core images: nothing is loaded from the ISO but grub.cfg, so the

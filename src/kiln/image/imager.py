@@ -27,10 +27,10 @@ from typing import Any
 from kiln.core.errors import BuildError, InputError, InputErrors, KilnError
 from kiln.core.hashing import file_sha256
 from kiln.core.schema import suggest
-from kiln.installer.assets import BootAssets
-from kiln.installer.compress import compress
-from kiln.installer.manifest import SbomPackage, load_spdx, write_manifest, write_sbom
-from kiln.installer.profile import CONFIG_PATH, Profile
+from kiln.image.assets import BootAssets
+from kiln.image.compress import compress
+from kiln.image.manifest import SbomPackage, load_spdx, write_manifest, write_sbom
+from kiln.image.profile import CONFIG_PATH, Profile
 from kiln.pkg.graph import Graph
 
 Say = Callable[[str], None]
@@ -186,16 +186,16 @@ def write_output(profile: Profile, assets: BootAssets, dest: Path, built: Built)
     elif kind == "initramfs":
         shutil.copyfile(assets.initramfs, dest / "initramfs.zst")
     elif kind == "iso":
-        from kiln.installer.iso import build_iso
+        from kiln.image.outputs.iso import build_iso
 
         compress(build_iso(assets, dest / f"kiln-{profile.arch}.iso"), profile.out_format, assets.epoch)
     elif kind == "pxe":
-        from kiln.installer.pxe import build_pxe
+        from kiln.image.outputs.pxe import build_pxe
 
         build_pxe(assets, dest)
     elif kind == "image":
-        from kiln.installer.disk import build_raw
-        from kiln.installer.formats import convert
+        from kiln.image.outputs.disk import build_raw
+        from kiln.image.outputs.formats import convert
 
         with tempfile.TemporaryDirectory(prefix="disk-", dir=dest.parent) as tmp:
             raw = build_raw(assets, Path(tmp) / "disk.raw", profile.disk_size)
@@ -206,8 +206,8 @@ def write_output(profile: Profile, assets: BootAssets, dest: Path, built: Built)
                 convert(raw, profile.disk_format, final, assets)
         compress(final, profile.out_format, assets.epoch)
     elif kind == "installer":
-        from kiln.installer.disk import build_raw
-        from kiln.installer.oci import build_installer
+        from kiln.image.outputs.disk import build_raw
+        from kiln.image.outputs.installer import build_installer
 
         machined = built.trees[MACHINED] / "usr/sbin/machined"
         with tempfile.TemporaryDirectory(prefix="disk-", dir=dest.parent) as tmp:
@@ -292,10 +292,10 @@ def make_profile(profile: Profile, maker: AssetMaker, out: Path, say: Say) -> Re
 # The modules write_output and AssetMaker import for each output kind. They are imported in the
 # main thread before the pool starts: concurrent first imports from worker threads can race.
 _KIND_MODULES = {
-    "iso": ("kiln.installer.iso",),
-    "pxe": ("kiln.installer.pxe",),
-    "image": ("kiln.installer.disk", "kiln.installer.formats"),
-    "installer": ("kiln.installer.disk", "kiln.installer.oci"),
+    "iso": ("kiln.image.outputs.iso",),
+    "pxe": ("kiln.image.outputs.pxe",),
+    "image": ("kiln.image.outputs.disk", "kiln.image.outputs.formats"),
+    "installer": ("kiln.image.outputs.disk", "kiln.image.outputs.installer"),
 }
 _ASSET_MODULES = ("kiln.rootfs.extension", "kiln.rootfs.assemble")
 

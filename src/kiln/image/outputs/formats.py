@@ -22,7 +22,7 @@ from xml.sax.saxutils import escape, quoteattr
 
 from kiln.core.errors import BuildError, InputError
 from kiln.core.hashing import file_sha256
-from kiln.installer.assets import BootAssets, derived_uuid
+from kiln.image.assets import BootAssets, derived_uuid
 
 FORMATS = ("raw", "qcow2", "vhd", "vmdk", "ova")
 MIB = 1 << 20

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kiln.installer.assets import BootAssets
+from kiln.image.assets import BootAssets
 
 
 def grub_config(assets: BootAssets, kernel: str, initrd: str, timeout: int = 1) -> str:

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kiln.core.errors import BuildError, InputError
-from kiln.installer.assets import BootAssets, derived_uuid
-from kiln.installer.grub import grub_config
+from kiln.image.assets import BootAssets, derived_uuid
+from kiln.image.outputs.grub import grub_config
 
 MIB = 1 << 20
 SECTOR = 512

@@ -12,7 +12,7 @@ import os
 import shutil
 from pathlib import Path
 
-from kiln.installer.assets import BootAssets
+from kiln.image.assets import BootAssets
 
 SCRIPT = "boot.ipxe"
 KERNEL = "vmlinuz"

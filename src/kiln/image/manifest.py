@@ -16,7 +16,7 @@ from typing import Any
 
 from kiln.core.errors import BuildError
 from kiln.core.hashing import file_sha256
-from kiln.installer.assets import derived_uuid
+from kiln.image.assets import derived_uuid
 from kiln.pkg.model import Package
 
 MANIFEST = "manifest.json"

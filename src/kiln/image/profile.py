@@ -97,7 +97,7 @@ def load_profile(file: Path) -> Profile:
     data = positioned.value
     if not isinstance(data, dict):
         raise InputError("a profile must be a mapping", Location(where, 1))
-    problems = schema.validate(data, "profile.schema.json", "kiln.installer")
+    problems = schema.validate(data, "profile.schema.json", "kiln.image")
     problems += [] if problems else _rules(data)
     if problems:
         raise InputErrors([InputError(msg, Location(where, positioned.line(path))) for path, msg in problems])

@@ -277,6 +277,7 @@ CRASH = """
     import os, sys, time
     from pathlib import Path
     from kiln.build import store as S
+    from kiln.build.store import manifest as M
     root, stage, marker = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
 
     def hang(*args: object, **kwargs: object) -> None:
@@ -290,7 +291,7 @@ CRASH = """
     if stage == "staging":
         hang()
     elif stage == "hashing":
-        S.file_sha256 = hang
+        M.file_sha256 = hang  # what the manifest walk hashes with
     elif stage == "rename":
         os.rename = hang
     store.commit("k" * 64, staging, "pkg", {}, 0)

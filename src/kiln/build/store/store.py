@@ -5,6 +5,9 @@ readers see either no entry or a complete one, never a partial one, even when a
 builder is killed with SIGKILL. Coordination uses `flock(2)` only, because the kernel
 drops those locks when a process dies: no stale lock can ever block a later build.
 See docs/store.md for the layout and the guarantees.
+
+Over 400 lines on purpose: the Store class is one lock protocol (publish, read, pin, gc, verify, remove),
+whose methods share the invariants docs/store.md states; split, a method could drift from them.
 """
 
 from __future__ import annotations
@@ -15,44 +18,28 @@ import json
 import os
 import re
 import secrets
-import shutil
-import stat
 import threading
-import weakref
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kiln.build.store.files import fsync_path, rmtree, write_durable
+from kiln.build.store.locks import acquire, release
+from kiln.build.store.manifest import MANIFEST, TreeScan, differences, manifest_bytes, read_manifest
 from kiln.core.errors import BuildError, InputError, KilnError
-from kiln.core.hashing import file_sha256
 from kiln.core.paths import cache_dir
 
-MANIFEST_SCHEMA = "kiln-store-manifest-v1"
 META_SCHEMA = "kiln-store-meta-v1"
-MANIFEST = "manifest.json"
 META = "meta.json"
 LAST_USED = "last-used"
 TREE = "tree"
-CHUNK = 1 << 20
 BUILD_LOCK = ".build"  # `locks/<key>.build.lock`: no key has a dot, no staging name ends so
 
 # Keys are path components: no dots, so `<key>.<pid>.<random>` staging names parse unambiguously.
 KEY_RE = re.compile(r"[A-Za-z0-9_-]{1,128}")
 STAGING_RE = re.compile(r"(?P<key>[A-Za-z0-9_-]{1,128})\.(?P<pid>[0-9]+)\.(?P<random>[0-9a-f]{16})")
-
-
-@dataclass(frozen=True)
-class FileRecord:
-    """One path of an entry's tree as the manifest records it (size and sha256 for files only)."""
-
-    path: str
-    type: str  # "file" | "dir" | "symlink"
-    mode: int
-    size: int
-    sha256: str | None
-    target: str | None
 
 
 @dataclass
@@ -78,182 +65,6 @@ def check_key(key: str) -> str:
     if not KEY_RE.fullmatch(key):
         raise InputError(f"invalid store key {key!r}: expected 1-128 characters of [A-Za-z0-9_-]")
     return key
-
-
-# --- locks -------------------------------------------------------------------------------------------------------
-
-
-def _acquire(path: Path, flags: int) -> int | None:
-    """flock `path` and return the fd, or None if LOCK_NB and it is held elsewhere.
-
-    Lock files are unlinked when released, so after locking we check that the file we
-    hold is still the one at `path`; if a releaser unlinked it meanwhile, start over.
-    """
-    while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        try:
-            fcntl.flock(fd, flags)
-        except BlockingIOError:
-            os.close(fd)
-            return None
-        except BaseException:
-            os.close(fd)
-            raise
-        try:
-            on_disk = os.stat(path)
-            held = os.fstat(fd)
-            if (on_disk.st_dev, on_disk.st_ino) == (held.st_dev, held.st_ino):
-                return fd
-        except FileNotFoundError:
-            pass
-        os.close(fd)
-
-
-def _release(path: Path, fd: int) -> None:
-    """Unlink the lock file if nobody else holds or waits on it, then drop the lock."""
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        pass  # a shared holder remains; the last one out removes the file
-    else:
-        with suppress(FileNotFoundError):
-            os.unlink(path)
-    os.close(fd)
-
-
-def _rmtree(path: Path) -> None:
-    """Remove a tree even if a build left read-only directories in it."""
-
-    seen: set[str] = set()
-
-    def retry(_func: Callable[..., Any], target: str, exc: tuple[type[BaseException], BaseException, Any]) -> None:
-        if not os.path.lexists(target):
-            return  # removed by an earlier retry
-        if target in seen:
-            raise exc[1]
-        seen.add(target)
-        parent = os.path.dirname(target)
-        os.chmod(parent, stat.S_IMODE(os.lstat(parent).st_mode) | stat.S_IRWXU)
-        if os.path.isdir(target) and not os.path.islink(target):
-            os.chmod(target, stat.S_IMODE(os.lstat(target).st_mode) | stat.S_IRWXU)
-            shutil.rmtree(target, onerror=retry)
-        else:
-            os.unlink(target)
-
-    shutil.rmtree(path, onerror=retry)
-
-
-def _fsync(path: Path, *, directory: bool = False) -> None:
-    fd = os.open(path, (os.O_RDONLY | os.O_DIRECTORY) if directory else os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_durable(path: Path, data: bytes) -> None:
-    with open(path, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-
-
-# --- tree scanning -----------------------------------------------------------------------------------------------
-
-
-class _Scan:
-    """Walk a tree into sorted FileRecords; when normalizing, clamp mtimes and chown to root.
-
-    Hard links hash once per inode. Special files are errors when normalizing (an output
-    must be plain files, dirs and symlinks) and "special" records when verifying.
-    """
-
-    def __init__(self, top: Path, *, normalize: bool, source_date_epoch: int = 0) -> None:
-        self.top = top
-        self.normalize = normalize
-        self.limit_ns = source_date_epoch * 1_000_000_000
-        self.chown = normalize and os.geteuid() == 0
-        self.records: list[FileRecord] = []
-        self.hashes: dict[tuple[int, int], str] = {}
-        self.buffer = bytearray(CHUNK)
-
-    def run(self) -> list[FileRecord]:
-        self._walk(str(self.top), "")
-        if self.normalize:
-            self._fix(str(self.top), os.lstat(self.top))
-        self.records.sort(key=lambda r: r.path)
-        return self.records
-
-    def _walk(self, directory: str, prefix: str) -> None:
-        with os.scandir(directory) as it:
-            children = sorted(it, key=lambda e: e.name)
-        for child in children:
-            rel = prefix + child.name
-            info = child.stat(follow_symlinks=False)
-            mode = info.st_mode
-            if stat.S_ISDIR(mode):
-                self._walk(child.path, rel + "/")
-                self.records.append(FileRecord(rel, "dir", stat.S_IMODE(mode), 0, None, None))
-            elif stat.S_ISREG(mode):
-                inode = (info.st_dev, info.st_ino)
-                digest = self.hashes.get(inode) if info.st_nlink > 1 else None
-                if digest is None:
-                    try:
-                        digest = file_sha256(child.path, buffer=self.buffer)
-                    except OSError as exc:
-                        raise BuildError(f"cannot read {child.path}: {exc.strerror}") from exc
-                    if info.st_nlink > 1:
-                        self.hashes[inode] = digest
-                self.records.append(FileRecord(rel, "file", stat.S_IMODE(mode), info.st_size, digest, None))
-            elif stat.S_ISLNK(mode):
-                self.records.append(FileRecord(rel, "symlink", stat.S_IMODE(mode), 0, None, os.readlink(child.path)))
-            elif self.normalize:
-                kind = _special_kind(mode)
-                raise BuildError(f"package output contains a {kind}, which the store refuses: {child.path}")
-            else:
-                self.records.append(FileRecord(rel, "special", stat.S_IMODE(mode), 0, None, None))
-                continue
-            if self.normalize:
-                self._fix(child.path, info)
-
-    def _fix(self, path: str, info: os.stat_result) -> None:
-        """Make ownership and times independent of who built it and when."""
-        if self.chown and (info.st_uid, info.st_gid) != (0, 0):
-            os.lchown(path, 0, 0)
-            # chown(2) clears setuid/setgid bits even for root; put the recorded mode back.
-            if not stat.S_ISLNK(info.st_mode) and info.st_mode & (stat.S_ISUID | stat.S_ISGID):
-                os.chmod(path, stat.S_IMODE(info.st_mode))
-        if info.st_mtime_ns > self.limit_ns:
-            os.utime(path, ns=(self.limit_ns, self.limit_ns), follow_symlinks=False)
-
-
-def _special_kind(mode: int) -> str:
-    if stat.S_ISCHR(mode):
-        return "character device"
-    if stat.S_ISBLK(mode):
-        return "block device"
-    if stat.S_ISFIFO(mode):
-        return "fifo"
-    if stat.S_ISSOCK(mode):
-        return "socket"
-    return "special file"
-
-
-def manifest_bytes(records: list[FileRecord]) -> bytes:
-    """Canonical manifest text: same tree, same bytes, whatever the key or the store."""
-    files = [asdict(r) for r in records]
-    text = json.dumps({"schema": MANIFEST_SCHEMA, "files": files}, sort_keys=True, indent=1)
-    return (text + "\n").encode()
-
-
-def read_manifest(path: Path) -> list[FileRecord]:
-    data = json.loads(path.read_bytes())
-    if not isinstance(data, dict) or data.get("schema") != MANIFEST_SCHEMA:
-        raise ValueError(f"not a {MANIFEST_SCHEMA} document")
-    return [FileRecord(**item) for item in data["files"]]
-
-
-# --- the store ---------------------------------------------------------------------------------------------------
 
 
 class Store:
@@ -337,25 +148,25 @@ class Store:
         build lock is held. Not reentrant: taking it twice in one thread deadlocks.
         """
         path = self._build_lock_path(check_key(key))
-        fd = _acquire(path, fcntl.LOCK_EX)
+        fd = acquire(path, fcntl.LOCK_EX)
         assert fd is not None
         try:
             yield
         finally:
-            _release(path, fd)
+            release(path, fd)
 
     @contextmanager
     def use(self, key: str) -> Iterator[Entry]:
         """Shared per-key lock while reading an entry's tree, so gc and remove leave it alone."""
         path = self._lock_path(check_key(key))
-        fd = _acquire(path, fcntl.LOCK_SH)
+        fd = acquire(path, fcntl.LOCK_SH)
         assert fd is not None
         try:
             entry = self.entry(key)
             self.touch(key)
             yield entry
         finally:
-            _release(path, fd)
+            release(path, fd)
 
     def _lock_path(self, name: str) -> Path:
         self.locks_dir.mkdir(parents=True, exist_ok=True)
@@ -371,22 +182,22 @@ class Store:
         Neither is waited for: what gc and `remove` must leave alone is exactly what someone holds.
         """
         build_path = self._build_lock_path(key)
-        build_fd = _acquire(build_path, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        build_fd = acquire(build_path, fcntl.LOCK_EX | fcntl.LOCK_NB)
         if build_fd is None:
             yield False
             return
         try:
             path = self._lock_path(key)
-            fd = _acquire(path, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fd = acquire(path, fcntl.LOCK_EX | fcntl.LOCK_NB)
             if fd is None:
                 yield False
                 return
             try:
                 yield True
             finally:
-                _release(path, fd)
+                release(path, fd)
         finally:
-            _release(build_path, build_fd)
+            release(build_path, build_fd)
 
     # writing
 
@@ -401,14 +212,14 @@ class Store:
         self.store_dir.mkdir(parents=True, exist_ok=True)
         name = f"{key}.{os.getpid()}.{secrets.token_hex(8)}"
         lock_path = self._lock_path(name)
-        fd = _acquire(lock_path, fcntl.LOCK_EX)
+        fd = acquire(lock_path, fcntl.LOCK_EX)
         assert fd is not None
         staging = self.tmp_dir / name
         try:
             staging.mkdir()
             (staging / TREE).mkdir()
         except BaseException:
-            _release(lock_path, fd)
+            release(lock_path, fd)
             raise
         with self._mutex:
             self._held[staging] = (lock_path, fd)
@@ -443,11 +254,11 @@ class Store:
         if staging.parent != self.tmp_dir or not STAGING_RE.fullmatch(staging.name):
             raise KilnError(f"{staging} is not a staging dir of this store (use Store.staging)")
         lock_path = self._lock_path(staging.name)
-        fd = _acquire(lock_path, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fd = acquire(lock_path, fcntl.LOCK_EX | fcntl.LOCK_NB)
         if fd is None:
             raise KilnError(f"staging dir {staging} belongs to another running build")
         if not staging.is_dir():
-            _release(lock_path, fd)
+            release(lock_path, fd)
             raise KilnError(f"staging dir {staging} no longer exists")
         with self._mutex:
             self._held[staging] = (lock_path, fd)
@@ -460,9 +271,9 @@ class Store:
             return
         try:
             if staging.exists():
-                _rmtree(staging)
+                rmtree(staging)
         finally:
-            _release(*held)
+            release(*held)
 
     def commit(
         self,
@@ -492,16 +303,16 @@ class Store:
             extra = sorted(p.name for p in staging.iterdir() if p.name != TREE)
             if extra:
                 raise BuildError(f"staging dir {staging} holds more than {TREE}/: {', '.join(extra)}")
-            records = _Scan(tree, normalize=True, source_date_epoch=source_date_epoch).run()
+            records = TreeScan(tree, normalize=True, source_date_epoch=source_date_epoch).run()
             if expect_manifest is not None and manifest_bytes(records) != expect_manifest:
                 raise BuildError(f"entry {key}: the unpacked tree does not match its recorded manifest")
             size = sum(r.size for r in records if r.type == "file")
             count = sum(1 for r in records if r.type != "dir")
-            _write_durable(staging / MANIFEST, manifest_bytes(records))
+            write_durable(staging / MANIFEST, manifest_bytes(records))
             info = {"schema": META_SCHEMA, "key": key, "name": name, "size": size, "files": count, "meta": meta}
-            _write_durable(staging / META, (json.dumps(info, sort_keys=True, indent=1) + "\n").encode())
+            write_durable(staging / META, (json.dumps(info, sort_keys=True, indent=1) + "\n").encode())
             (staging / LAST_USED).touch()
-            _fsync(staging, directory=True)
+            fsync_path(staging, directory=True)
             try:
                 os.rename(staging, final)
             except OSError as exc:
@@ -510,7 +321,7 @@ class Store:
                 if exc.errno == errno.EXDEV:
                     raise KilnError(f"{self.tmp_dir} and {self.store_dir} must be on one filesystem") from exc
                 raise
-            _fsync(self.store_dir, directory=True)
+            fsync_path(self.store_dir, directory=True)
             return self.entry(key)
         finally:
             self.discard(staging)  # after a successful rename there is nothing left to delete
@@ -531,19 +342,19 @@ class Store:
         Waits for its readers (mounts, other runs' pins) to let go: they rely on the old tree.
         """
         path = self._lock_path(key)
-        fd = _acquire(path, fcntl.LOCK_EX)
+        fd = acquire(path, fcntl.LOCK_EX)
         assert fd is not None
         try:
             return self._evict(key)
         finally:
-            _release(path, fd)
+            release(path, fd)
 
     def _evict(self, key: str) -> bool:
         """Move `store/<key>` to a locked trash dir in tmp/ and delete it; False if it was gone."""
         self.tmp_dir.mkdir(parents=True, exist_ok=True)
         name = f"{key}.{os.getpid()}.{secrets.token_hex(8)}"
         lock_path = self._lock_path(name)
-        fd = _acquire(lock_path, fcntl.LOCK_EX)
+        fd = acquire(lock_path, fcntl.LOCK_EX)
         assert fd is not None
         trash = self.tmp_dir / name
         try:
@@ -551,10 +362,10 @@ class Store:
                 os.rename(self.store_dir / key, trash)
             except FileNotFoundError:
                 return False
-            _rmtree(trash)
+            rmtree(trash)
             return True
         finally:
-            _release(lock_path, fd)
+            release(lock_path, fd)
 
     # checking and collecting
 
@@ -570,7 +381,7 @@ class Store:
             problems.append(f"{META}: {entry.meta['error']}")
         if not entry.tree.is_dir():
             return [*problems, f"{TREE}/: missing"]
-        actual = {r.path: r for r in _Scan(entry.tree, normalize=False).run()}
+        actual = {r.path: r for r in TreeScan(entry.tree, normalize=False).run()}
         for path in sorted(expected.keys() | actual.keys()):
             want, got = expected.get(path), actual.get(path)
             if got is None:
@@ -580,7 +391,7 @@ class Store:
             elif want.type != got.type:
                 problems.append(f"{path}: is a {got.type}, expected a {want.type}")
             else:
-                problems.extend(f"{path}: {p}" for p in _differences(want, got))
+                problems.extend(f"{path}: {p}" for p in differences(want, got))
         return problems
 
     def clean_tmp(self) -> list[str]:
@@ -593,16 +404,16 @@ class Store:
         removed: list[str] = []
         for name in sorted(names):
             lock_path = self._lock_path(name)
-            fd = _acquire(lock_path, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fd = acquire(lock_path, fcntl.LOCK_EX | fcntl.LOCK_NB)
             if fd is None:
                 continue  # a live builder
             try:
                 target = self.tmp_dir / name
                 if target.exists() or target.is_symlink():
-                    _rmtree(target)
+                    rmtree(target)
                     removed.append(name)
             finally:
-                _release(lock_path, fd)
+                release(lock_path, fd)
         return removed
 
     def clean_locks(self) -> int:
@@ -613,9 +424,9 @@ class Store:
         for path in sorted(self.locks_dir.glob("*.lock")):
             if not KEY_RE.fullmatch(path.stem.removesuffix(BUILD_LOCK)):
                 continue  # a staging dir's lock: clean_tmp's
-            fd = _acquire(path, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fd = acquire(path, fcntl.LOCK_EX | fcntl.LOCK_NB)
             if fd is not None:
-                _release(path, fd)  # unlinks it: a waiter on the old file notices and starts over
+                release(path, fd)  # unlinks it: a waiter on the old file notices and starts over
                 removed += 1
         return removed
 
@@ -644,86 +455,3 @@ class Store:
                     removed.append(entry.key)
                     total -= entry.size
         return removed
-
-
-class Pins:
-    """Shared key locks a run holds on the entries it relies on, until `release`.
-
-    A dependency judged cached must still be there when its dependent mounts it, and an
-    output must outlive the run that exports it: gc and remove take a key's lock without
-    waiting and skip held ones, so a pinned entry is never evicted. A pin is taken, then
-    the entry checked again under it, so an entry evicted just before counts as missing.
-    Never take `Store.lock` on a key this process pins: flock would deadlock on itself.
-    """
-
-    def __init__(self, store: Store) -> None:
-        self.store = store
-        self._held: dict[str, tuple[Path, int]] = {}
-        self._mutex = threading.Lock()
-        # Released at interpreter exit too, so a verb that never closes its session leaves no lock files.
-        self._finalizer = weakref.finalize(self, _release_all, self._held, self._mutex)
-
-    def __enter__(self) -> Pins:
-        return self
-
-    def __exit__(self, *_exc: object) -> None:
-        self.release()
-
-    def __contains__(self, key: str) -> bool:
-        with self._mutex:
-            return key in self._held
-
-    def pin(self, key: str, *, wait: bool = True) -> bool:
-        """Pin `key` if it is published; False if it is not (or, without `wait`, if its lock is busy)."""
-        if key in self:
-            return True
-        if not self.store.has(key):
-            return False  # nothing to pin: no lock file is made for it
-        path = self.store._lock_path(key)
-        fd = _acquire(path, fcntl.LOCK_SH | (0 if wait else fcntl.LOCK_NB))
-        if fd is None:
-            return False
-        try:
-            present = self.store.has(key)  # evicted between the check and the lock?
-        except BaseException:
-            _release(path, fd)
-            raise
-        with self._mutex:
-            if present and key not in self._held:
-                self._held[key] = (path, fd)
-                return True
-        _release(path, fd)
-        return present
-
-    def unpin(self, key: str) -> None:
-        """Drop one pin (before this process rebuilds the key under its exclusive lock)."""
-        with self._mutex:
-            held = self._held.pop(key, None)
-        if held is not None:
-            _release(*held)
-
-    def release(self) -> None:
-        """Drop every pin; gc may evict those entries again."""
-        _release_all(self._held, self._mutex)
-
-
-def _release_all(held: dict[str, tuple[Path, int]], mutex: threading.Lock) -> None:
-    with mutex:
-        locks = list(held.values())
-        held.clear()
-    for path, fd in locks:
-        _release(path, fd)
-
-
-def _differences(want: FileRecord, got: FileRecord) -> list[str]:
-    out: list[str] = []
-    if want.type != "symlink" and want.mode != got.mode:
-        out.append(f"mode {got.mode:04o}, expected {want.mode:04o}")
-    if want.type == "file":
-        if want.size != got.size:
-            out.append(f"size {got.size}, expected {want.size}")
-        if want.sha256 != got.sha256:
-            out.append(f"sha256 {got.sha256}, expected {want.sha256}")
-    if want.type == "symlink" and want.target != got.target:
-        out.append(f"symlink to {got.target!r}, expected {want.target!r}")
-    return out

@@ -9,6 +9,8 @@ import (
 	"net"
 	"regexp"
 	"strings"
+
+	"kiln/machined/internal/yaml"
 )
 
 // Config is the machine config (docs/machine-config.md). Every field is optional: an
@@ -92,11 +94,11 @@ func isJSON(data []byte) bool {
 // decodeDocument decodes YAML (the subset) or JSON into v. Strict decoding refuses unknown
 // fields, so a typo ("hostnme") is an error rather than a silently ignored setting.
 func decodeDocument(name string, data []byte, v interface{}, strict bool) error {
-	if len(data) > maxYAMLSize {
-		return fmt.Errorf("%s: %d bytes is more than the %d a config may have", name, len(data), maxYAMLSize)
+	if len(data) > yaml.MaxSize {
+		return fmt.Errorf("%s: %d bytes is more than the %d a config may have", name, len(data), yaml.MaxSize)
 	}
 	if !isJSON(data) {
-		tree, err := parseYAML(name, data)
+		tree, err := yaml.Parse(name, data)
 		if err != nil {
 			return err
 		}

@@ -14,25 +14,6 @@ func fuzzSeeds(f *testing.F) {
 	}
 }
 
-// FuzzParseYAML: the parser returns a tree or an error for any input, never panics, and the
-// tree it returns is not much larger than the input (no blow-up from hostile documents).
-func FuzzParseYAML(f *testing.F) {
-	fuzzSeeds(f)
-	f.Fuzz(func(t *testing.T, data []byte) {
-		tree, err := parseYAML("fuzz.yaml", data)
-		if err != nil {
-			return
-		}
-		out, err := json.Marshal(tree)
-		if err != nil {
-			t.Fatalf("the tree does not marshal: %v", err)
-		}
-		if len(out) > 8*len(data)+64 {
-			t.Fatalf("%d bytes of YAML gave %d bytes of JSON", len(data), len(out))
-		}
-	})
-}
-
 // FuzzParseConfig: a config decodes and validates or is an error, never a panic; what
 // decodes survives a round trip through JSON (what persistConfig keeps on STATE).
 func FuzzParseConfig(f *testing.F) {

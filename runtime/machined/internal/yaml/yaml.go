@@ -1,15 +1,13 @@
-package main
-
-// A YAML subset, because machined uses Go's standard library only. It covers what machine
-// configs and service files need (docs/machine-config.md lists it): block mappings and
-// sequences, plain/single/double-quoted scalars, one-line flow collections ([a, b], {k: v}),
-// literal and folded block scalars (| |- > >-, for PEM certificates), comments, a leading
-// "---". Anchors, aliases, tags, multi-line flow collections and multi-document streams
-// are refused with the line number rather than misread.
+// Package yaml parses the YAML subset machined reads (machined uses Go's standard library only).
+// It covers what machine configs and service files need (docs/machine-config.md lists it): block
+// mappings and sequences, plain/single/double-quoted scalars, one-line flow collections ([a, b],
+// {k: v}), literal and folded block scalars (| |- > >-, for PEM certificates), comments, a leading
+// "---". Anchors, aliases, tags, multi-line flow collections and multi-document streams are
+// refused with the line number rather than misread.
 //
-// The result is the same tree encoding/json produces (map[string]interface{},
-// []interface{}, string, float64/json.Number, bool, nil), so YAML and JSON configs share
-// one strict decoding path.
+// The result is the same tree encoding/json produces (map[string]interface{}, []interface{},
+// string, float64/json.Number, bool, nil), so YAML and JSON configs share one strict decoding path.
+package yaml
 
 import (
 	"encoding/json"
@@ -29,39 +27,40 @@ type yamlParser struct {
 	name  string
 	lines []yamlLine
 	pos   int
-	depth int // nesting of block collections, bounded by maxYAMLDepth
+	depth int // nesting of block collections, bounded by MaxDepth
 }
 
 // Limits on hostile input: a config is a few kilobytes, so these only stop a config drive
 // or a config server from making PID 1 run out of stack or memory.
 const (
-	maxYAMLSize  = 1 << 20 // bytes in one document
-	maxYAMLDepth = 64      // nested collections (block and flow together)
+	MaxSize  = 1 << 20 // bytes in one document
+	MaxDepth = 64      // nested collections (block and flow together)
 )
 
-type yamlError struct {
+// Error is a parse error: the document's name and, when known, the line.
+type Error struct {
 	name string
 	line int
 	msg  string
 }
 
-func (e *yamlError) Error() string {
+func (e *Error) Error() string {
 	if e.line == 0 { // about the whole document
 		return fmt.Sprintf("%s: %s", e.name, e.msg)
 	}
 	return fmt.Sprintf("%s:%d: %s", e.name, e.line, e.msg)
 }
 
-// parseYAML parses one document of the subset; name is used in error messages.
-func parseYAML(name string, data []byte) (interface{}, error) {
-	if len(data) > maxYAMLSize {
-		return nil, &yamlError{name, 0, fmt.Sprintf("%d bytes is more than the %d a document may have", len(data), maxYAMLSize)}
+// Parse parses one document of the subset; name is used in error messages.
+func Parse(name string, data []byte) (interface{}, error) {
+	if len(data) > MaxSize {
+		return nil, &Error{name, 0, fmt.Sprintf("%d bytes is more than the %d a document may have", len(data), MaxSize)}
 	}
 	p := &yamlParser{name: name}
 	for i, raw := range strings.Split(strings.ReplaceAll(string(data), "\r\n", "\n"), "\n") {
 		text := strings.TrimLeft(raw, " ")
 		if strings.HasPrefix(text, "\t") && strings.TrimSpace(text) != "" {
-			return nil, &yamlError{name, i + 1, "tabs are not allowed in indentation"}
+			return nil, &Error{name, i + 1, "tabs are not allowed in indentation"}
 		}
 		p.lines = append(p.lines, yamlLine{num: i + 1, indent: len(raw) - len(text), text: strings.TrimRight(text, " \t")})
 	}
@@ -99,7 +98,7 @@ func (p *yamlParser) lineNum() int {
 }
 
 func (p *yamlParser) errAt(l *yamlLine, format string, args ...interface{}) error {
-	return &yamlError{p.name, l.num, fmt.Sprintf(format, args...)}
+	return &Error{p.name, l.num, fmt.Sprintf(format, args...)}
 }
 
 // next returns the next line that is not blank or a comment, without consuming it.
@@ -122,8 +121,8 @@ func (p *yamlParser) block(minIndent int) (interface{}, error) {
 	if l == nil || l.indent < minIndent {
 		return nil, nil
 	}
-	if p.depth++; p.depth > maxYAMLDepth {
-		return nil, p.errAt(l, "nested more than %d levels deep", maxYAMLDepth)
+	if p.depth++; p.depth > MaxDepth {
+		return nil, p.errAt(l, "nested more than %d levels deep", MaxDepth)
 	}
 	defer func() { p.depth-- }()
 	if isSeqItem(l.text) {
@@ -138,8 +137,8 @@ func (p *yamlParser) block(minIndent int) (interface{}, error) {
 }
 
 func (p *yamlParser) sequence(indent int) (interface{}, error) {
-	if p.depth++; p.depth > maxYAMLDepth {
-		return nil, &yamlError{p.name, p.lineNum(), fmt.Sprintf("nested more than %d levels deep", maxYAMLDepth)}
+	if p.depth++; p.depth > MaxDepth {
+		return nil, &Error{p.name, p.lineNum(), fmt.Sprintf("nested more than %d levels deep", MaxDepth)}
 	}
 	defer func() { p.depth-- }()
 	items := []interface{}{}
@@ -182,8 +181,8 @@ func (p *yamlParser) sequence(indent int) (interface{}, error) {
 }
 
 func (p *yamlParser) mapping(indent int) (interface{}, error) {
-	if p.depth++; p.depth > maxYAMLDepth {
-		return nil, &yamlError{p.name, p.lineNum(), fmt.Sprintf("nested more than %d levels deep", maxYAMLDepth)}
+	if p.depth++; p.depth > MaxDepth {
+		return nil, &Error{p.name, p.lineNum(), fmt.Sprintf("nested more than %d levels deep", MaxDepth)}
 	}
 	defer func() { p.depth-- }()
 	m := map[string]interface{}{}
@@ -473,7 +472,7 @@ var (
 type flowParser struct {
 	text  string
 	i     int
-	depth int // starts at the block nesting it sits in; bounded by maxYAMLDepth
+	depth int // starts at the block nesting it sits in; bounded by MaxDepth
 }
 
 func (f *flowParser) space() {
@@ -488,8 +487,8 @@ func (f *flowParser) value() (interface{}, error) {
 		return nil, fmt.Errorf("unexpected end of line in a flow collection")
 	}
 	if c := f.text[f.i]; c == '[' || c == '{' {
-		if f.depth++; f.depth > maxYAMLDepth {
-			return nil, fmt.Errorf("nested more than %d levels deep", maxYAMLDepth)
+		if f.depth++; f.depth > MaxDepth {
+			return nil, fmt.Errorf("nested more than %d levels deep", MaxDepth)
 		}
 		defer func() { f.depth-- }()
 	}

@@ -11,6 +11,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"kiln/machined/internal/dhcp"
 )
 
 const (
@@ -179,13 +181,13 @@ func (n *network) dhcpLoop(iface net.Interface, first chan struct{}) {
 	}
 }
 
-func (n *network) dhcpOnce(iface net.Interface, timeout time.Duration) (dhcpLease, error) {
-	t, err := newUDPTransport(iface.Name)
+func (n *network) dhcpOnce(iface net.Interface, timeout time.Duration) (dhcp.Lease, error) {
+	t, err := dhcp.NewUDPTransport(iface.Name)
 	if err != nil {
-		return dhcpLease{}, err
+		return dhcp.Lease{}, err
 	}
 	defer t.Close()
-	lease, err := dhcpExchange(t, iface.HardwareAddr, rand.Uint32(), time.Now().Add(timeout))
+	lease, err := dhcp.Exchange(t, iface.HardwareAddr, rand.Uint32(), time.Now().Add(timeout))
 	if err != nil {
 		return lease, err
 	}

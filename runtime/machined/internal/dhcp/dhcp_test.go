@@ -1,4 +1,4 @@
-package main
+package dhcp
 
 import (
 	"encoding/binary"
@@ -68,7 +68,7 @@ func (s *fakeDHCPServer) Receive(deadline time.Time) ([]byte, error) {
 func TestDHCPExchange(t *testing.T) {
 	mac := net.HardwareAddr{0x52, 0x54, 0, 0x12, 0x34, 0x56}
 	server := &fakeDHCPServer{replies: make(chan []byte, 8), noise: true}
-	lease, err := dhcpExchange(server, mac, 0xdeadbeef, time.Now().Add(5*time.Second))
+	lease, err := Exchange(server, mac, 0xdeadbeef, time.Now().Add(5*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -84,12 +84,12 @@ func TestDHCPExchange(t *testing.T) {
 func TestDHCPNakAndTimeout(t *testing.T) {
 	mac := net.HardwareAddr{0x52, 0x54, 0, 0x12, 0x34, 0x56}
 	server := &fakeDHCPServer{replies: make(chan []byte, 8), nak: true}
-	if _, err := dhcpExchange(server, mac, 1, time.Now().Add(300*time.Millisecond)); err == nil {
+	if _, err := Exchange(server, mac, 1, time.Now().Add(300*time.Millisecond)); err == nil {
 		t.Fatal("a NAK must not give a lease")
 	}
 	silent := &fakeDHCPServer{replies: make(chan []byte), silent: true}
 	began := time.Now()
-	if _, err := dhcpExchange(silent, mac, 1, time.Now().Add(200*time.Millisecond)); err == nil || time.Since(began) > 2*time.Second {
+	if _, err := Exchange(silent, mac, 1, time.Now().Add(200*time.Millisecond)); err == nil || time.Since(began) > 2*time.Second {
 		t.Fatalf("no server: %v after %s", err, time.Since(began))
 	}
 }

@@ -1,4 +1,7 @@
-package main
+// Package dhcp is a DHCPv4 client (RFC 2131), just enough for a server or VM to get its address:
+// DISCOVER, OFFER, REQUEST, ACK, with the broadcast flag so replies reach a socket on an interface
+// that has no address yet. The packet code is pure and unit tested.
+package dhcp
 
 import (
 	"bytes"
@@ -10,10 +13,6 @@ import (
 	"syscall"
 	"time"
 )
-
-// A DHCPv4 client (RFC 2131), just enough for a server or VM to get its address: DISCOVER,
-// OFFER, REQUEST, ACK, with the broadcast flag so replies reach a socket on an interface
-// that has no address yet. The packet code is pure and unit tested.
 
 const (
 	dhcpDiscover = 1
@@ -40,8 +39,8 @@ var (
 	errNak    = errors.New("the DHCP server refused the request (NAK)")
 )
 
-// dhcpLease is what an ACK gives.
-type dhcpLease struct {
+// Lease is what an ACK gives.
+type Lease struct {
 	IP       net.IP
 	Mask     net.IPMask
 	Router   net.IP
@@ -51,7 +50,7 @@ type dhcpLease struct {
 	Renew    time.Duration
 }
 
-func (l dhcpLease) IPNet() *net.IPNet { return &net.IPNet{IP: l.IP, Mask: l.Mask} }
+func (l Lease) IPNet() *net.IPNet { return &net.IPNet{IP: l.IP, Mask: l.Mask} }
 
 // dhcpPacket is a decoded BOOTP message.
 type dhcpPacket struct {
@@ -129,8 +128,8 @@ func minByte(a, b byte) byte {
 }
 
 // leaseFrom reads the lease an ACK carries.
-func leaseFrom(p dhcpPacket) dhcpLease {
-	l := dhcpLease{IP: p.YIAddr, Mask: net.CIDRMask(24, 32), Lease: time.Hour}
+func leaseFrom(p dhcpPacket) Lease {
+	l := Lease{IP: p.YIAddr, Mask: net.CIDRMask(24, 32), Lease: time.Hour}
 	if v := p.Options[optSubnetMask]; len(v) == 4 {
 		l.Mask = net.IPMask(v)
 	}
@@ -156,19 +155,19 @@ func leaseFrom(p dhcpPacket) dhcpLease {
 	return l
 }
 
-// dhcpTransport sends to the servers and receives their replies (a UDP socket bound to
+// Transport sends to the servers and receives their replies (a UDP socket bound to
 // the interface on the machine; an in-memory server in tests).
-type dhcpTransport interface {
+type Transport interface {
 	Send([]byte) error
 	Receive(deadline time.Time) ([]byte, error)
 }
 
-// dhcpExchange runs DISCOVER/OFFER/REQUEST/ACK, resending with backoff until the deadline.
-func dhcpExchange(t dhcpTransport, mac net.HardwareAddr, xid uint32, deadline time.Time) (dhcpLease, error) {
+// Exchange runs DISCOVER/OFFER/REQUEST/ACK, resending with backoff until the deadline.
+func Exchange(t Transport, mac net.HardwareAddr, xid uint32, deadline time.Time) (Lease, error) {
 	wait := time.Second
 	for time.Now().Before(deadline) {
 		if err := t.Send(buildDHCP(dhcpDiscover, xid, mac, nil)); err != nil {
-			return dhcpLease{}, err
+			return Lease{}, err
 		}
 		offer, err := awaitDHCP(t, xid, mac, dhcpOffer, earliest(time.Now().Add(wait), deadline))
 		if err != nil {
@@ -180,7 +179,7 @@ func dhcpExchange(t dhcpTransport, mac net.HardwareAddr, xid uint32, deadline ti
 			{optServerID, offer.Options[optServerID]},
 		})
 		if err := t.Send(req); err != nil {
-			return dhcpLease{}, err
+			return Lease{}, err
 		}
 		ack, err := awaitDHCP(t, xid, mac, dhcpAck, earliest(time.Now().Add(wait), deadline))
 		if err != nil {
@@ -192,7 +191,7 @@ func dhcpExchange(t dhcpTransport, mac net.HardwareAddr, xid uint32, deadline ti
 		}
 		return leaseFrom(ack), nil
 	}
-	return dhcpLease{}, fmt.Errorf("no DHCP lease")
+	return Lease{}, fmt.Errorf("no DHCP lease")
 }
 
 func nextWait(d time.Duration) time.Duration {
@@ -210,7 +209,7 @@ func earliest(a, b time.Time) time.Time {
 }
 
 // awaitDHCP waits for a reply of the wanted type to our transaction; a NAK is an error.
-func awaitDHCP(t dhcpTransport, xid uint32, mac net.HardwareAddr, want byte, deadline time.Time) (dhcpPacket, error) {
+func awaitDHCP(t Transport, xid uint32, mac net.HardwareAddr, want byte, deadline time.Time) (dhcpPacket, error) {
 	for {
 		data, err := t.Receive(deadline)
 		if err != nil {
@@ -232,7 +231,7 @@ func awaitDHCP(t dhcpTransport, xid uint32, mac net.HardwareAddr, want byte, dea
 // udpTransport is a UDP socket on port 68 bound to one interface, broadcasting to port 67.
 type udpTransport struct{ conn net.PacketConn }
 
-func newUDPTransport(ifname string) (*udpTransport, error) {
+func NewUDPTransport(ifname string) (*udpTransport, error) {
 	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_DGRAM|syscall.SOCK_CLOEXEC, syscall.IPPROTO_UDP)
 	if err != nil {
 		return nil, err

@@ -9,9 +9,10 @@ ends with), is what makes one package give one output tree on every runner.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Protocol
+from typing import IO, Protocol, TypeVar
 
 PATH = "/toolchain/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
@@ -62,6 +63,24 @@ class Layer:
     tree: Path
     at: str = "/"
     key: str = ""
+
+
+T = TypeVar("T")
+
+
+def overlay_order(items: Iterable[tuple[str, T]], *, with_root: bool = False) -> list[tuple[str, list[T]]]:
+    """Layers grouped by the (normalized) path they land at, in the order every runner stacks them.
+
+    "/" first, then shallower paths before deeper ones, ties by path, so each nested group stacks
+    on what is below it; a group keeps the plan's order (top layer first, as overlayfs' lowerdir
+    lists it), and runners that copy instead of mounting apply it reversed. One rule for the
+    sandbox, docker and the Dockerfile export is what keeps their outputs byte-identical.
+    `with_root` keeps a "/" group even when no layer lands there.
+    """
+    groups: dict[str, list[T]] = {"/": []} if with_root else {}
+    for at, item in items:
+        groups.setdefault(at, []).append(item)
+    return [(at, groups[at]) for at in sorted(groups, key=lambda p: (0 if p == "/" else p.count("/"), p))]
 
 
 @dataclass(frozen=True)

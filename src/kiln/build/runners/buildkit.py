@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import IO, NoReturn
 
 from kiln.build.builder import Builder, log_path, logs_dir
-from kiln.build.runners.base import STEP_WRAPPER, RootPlan, base_env
+from kiln.build.runners.base import STEP_WRAPPER, RootPlan, base_env, overlay_order
 from kiln.build.scheduler import BUILT, CACHED, FAILED, Outcome, Progress
 from kiln.build.store import Store
 from kiln.core.errors import BuildError, InputError
@@ -214,16 +214,12 @@ class Exporter:
 
     def _dependency_copies(self, package: Package) -> list[str]:
         """Dependency outputs at their `to`: shallow paths first, bottom layer first, like the overlay."""
-        groups: dict[str, list[str]] = {}
+        copies = []
         for dep in self.graph.build_inputs(package.name):
             at = os.path.normpath(dep.to)
             source = dep.source.rstrip("/") + "/"
-            line = f"COPY --from=out-{stage_id(dep.stage)} {_q(source)} {_q(at.rstrip('/') + '/')}"
-            groups.setdefault(at, []).append(line)
-        lines: list[str] = []
-        for at in sorted(groups, key=lambda p: (0 if p == "/" else p.count("/"), p)):
-            lines += reversed(groups[at])
-        return lines
+            copies.append((at, f"COPY --from=out-{stage_id(dep.stage)} {_q(source)} {_q(at.rstrip('/') + '/')}"))
+        return [line for _, group in overlay_order(copies) for line in reversed(group)]
 
 
 def _q(path: str) -> str:

@@ -31,7 +31,7 @@ from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
 from kiln.build.cancel import TOKEN
-from kiln.build.runners.base import BUILD_DIR, CAPABILITIES, STEP_WRAPPER, Layer, RootPlan
+from kiln.build.runners.base import BUILD_DIR, CAPABILITIES, STEP_WRAPPER, Layer, RootPlan, overlay_order
 from kiln.build.runners.finalize import copy_path
 from kiln.core.errors import BuildError
 from kiln.core.hashing import json_sha256
@@ -229,17 +229,14 @@ class DockerRoot:
 
     def _populate(self) -> None:
         """Write dependency outputs (bottom first, shallow `to` first) and /tmp/build into the container."""
-        groups: dict[str, list[Layer]] = {}
-        for layer in self.plan.deps:
-            groups.setdefault(os.path.normpath(layer.at), []).append(layer)
         placed = list(reversed(self.plan.base))
-        for at in sorted(groups, key=lambda p: (0 if p == "/" else p.count("/"), p)):
+        for at, layers in overlay_order((os.path.normpath(layer.at), layer) for layer in self.plan.deps):
             if at != "/":
                 missing = [str(p) for p in reversed(PurePosixPath(at).parents) if str(p) != "/"] + [at]
                 missing = [p for p in missing if _exists_in(list(reversed(placed)), p) is None]
                 if missing:
                     self.container.put_archive("/", _dir_headers(missing))
-            for layer in reversed(groups[at]):
+            for layer in reversed(layers):
                 self.container.put_archive(at, tar_stream(layer.tree))
                 placed.append(layer)
         self.container.put_archive("/", tar_stream(self.work / "context", "tmp"))

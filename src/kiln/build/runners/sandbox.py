@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from kiln.build.cancel import TOKEN, kill_group
-from kiln.build.runners.base import BUILD_DIR, CAPABILITIES, Layer, RootPlan, base_env
+from kiln.build.runners.base import BUILD_DIR, CAPABILITIES, Layer, RootPlan, base_env, overlay_order
 from kiln.build.runners.mounter import encode, overlay_options
 from kiln.core.errors import BuildError
 from kiln.core.paths import spec_parts
@@ -75,21 +75,19 @@ class OverlayRoot:
         Each layer's `at` is checked here and resolved inside the merged root only when
         mounted (by the mount helper), where the layers below it are visible.
         """
-        groups: dict[str, list[Path]] = {"/": []}
-        for layer in self.layers:
-            at = "/" + "/".join(spec_parts(layer.at, "dependency 'to'"))
-            groups.setdefault(at, []).append(layer.tree)
+        ordered = overlay_order(
+            (("/" + "/".join(spec_parts(layer.at, "dependency 'to'")), layer.tree) for layer in self.layers),
+            with_root=True,
+        )
         links = self.work / "l"
         links.mkdir(parents=True, exist_ok=True)
         empty = self.work / "empty"
         empty.mkdir(exist_ok=True)
         self.mounts = []
         counter = 0
-        # "/" first, then deeper paths, so each nested overlay stacks on what is below it.
-        ordered = sorted(groups, key=lambda p: (0 if p == "/" else p.count("/"), p))
-        for index, at in enumerate(ordered):
+        for index, (at, trees) in enumerate(ordered):
             names = []
-            for tree in groups[at]:
+            for tree in trees:
                 link = links / str(counter)
                 if not link.is_symlink():
                     link.symlink_to(tree)

@@ -41,7 +41,7 @@ def room_imports(package: str = "kiln") -> Counter[tuple[str, str]]:
 
 def mermaid(edges: Counter[tuple[str, str]]) -> str:
     lines = ["```mermaid", "flowchart TD"]
-    lines += [f"    {a} -->|{count}| {b}" for (a, b), count in sorted(edges.items())]
+    lines += [f"    {a} --> {b}" for a, b in sorted(edges)]
     lines.append("```")
     return "\n".join(lines)
 

@@ -31,6 +31,7 @@ from urllib.parse import urljoin
 import requests
 
 from kiln.build.store import MANIFEST, META, Entry, Store, check_key
+from kiln.core import tools
 from kiln.core.errors import BuildError, InputError, KilnError
 
 MANIFEST_TYPE = "application/vnd.oci.image.manifest.v1+json"
@@ -319,11 +320,11 @@ def _unpack(blob: Path, tree: Path, work: Path) -> None:
     from kiln.build.sources.errors import FetchError
 
     plain = work / "tree.tar"
-    result = subprocess.run(
-        ["zstd", "-q", "-d", "-f", "-o", str(plain), "--", str(blob)], capture_output=True, text=True
+    tools.run(
+        ["zstd", "-q", "-d", "-f", "-o", str(plain), "--", str(blob)],
+        what="decompressing a pulled tree",
+        error=RemoteError,
     )
-    if result.returncode != 0:
-        raise RemoteError(f"cannot decompress a pulled tree: {result.stderr.strip()}")
     try:
         if check_archive(plain, "pulled tree", strip_components=0) != "tar":
             raise RemoteError("a pulled tree is not a tar archive")
@@ -331,10 +332,8 @@ def _unpack(blob: Path, tree: Path, work: Path) -> None:
         raise RemoteError(exc.message) from None
     if any(tree.iterdir()):
         raise RemoteError(f"cannot unpack a pulled tree: {tree} is not empty")
-    result = subprocess.run(
+    tools.run(
         ["tar", "-xpf", str(plain), "--numeric-owner", "--no-overwrite-dir", "-C", str(tree)],
-        capture_output=True,
-        text=True,
+        what="unpacking a pulled tree",
+        error=RemoteError,
     )
-    if result.returncode != 0:
-        raise RemoteError(f"cannot unpack a pulled tree: {result.stderr.strip()}")

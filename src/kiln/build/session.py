@@ -9,7 +9,6 @@ import contextlib
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
@@ -27,6 +26,7 @@ from kiln.build.scheduler import FAILED, Outcome, Progress, Scheduler
 from kiln.build.sources.download import Fetcher
 from kiln.build.sources.mirrors import load_mirrors
 from kiln.build.store import Pins, Store
+from kiln.core import tools
 from kiln.core.console import say_line
 from kiln.core.errors import BuildError, InputError, Location
 from kiln.core.paths import cache_dir
@@ -227,9 +227,7 @@ class Session:
                 shutil.rmtree(dest)
             dest.parent.mkdir(parents=True, exist_ok=True)
             source = self.store.tree(self.keys[name])
-            result = subprocess.run(["cp", "-a", "--reflink=auto", str(source), str(dest)], capture_output=True)
-            if result.returncode != 0:
-                raise BuildError(f"cannot export {name} to {dest}: {result.stderr.decode().strip()}")
+            tools.run(["cp", "-a", "--reflink=auto", str(source), str(dest)], what=f"exporting {name} to {dest}")
 
 
 def choose_progress(*, json_output: bool) -> Progress:

@@ -7,9 +7,9 @@ gzip -n (no name, no time), xz single-block per thread count fixed to 1 MiB bloc
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
+from kiln.core import tools
 from kiln.core.errors import BuildError
 
 OUT_FORMATS = ("raw", ".xz", ".zst", ".gz", ".tar.gz")
@@ -17,15 +17,10 @@ OUT_FORMATS = ("raw", ".xz", ".zst", ".gz", ".tar.gz")
 
 def _run(command: list[str], what: str, stdout: Path | None = None) -> None:
     if stdout is None:
-        done = subprocess.run(command, capture_output=True, text=True)
-        error = done.stderr
-    else:
-        with stdout.open("wb") as out:
-            proc = subprocess.run(command, stdout=out, stderr=subprocess.PIPE)
-        error = proc.stderr.decode(errors="replace")
-        done = subprocess.CompletedProcess(command, proc.returncode)
-    if done.returncode != 0:
-        raise BuildError(f"{what} failed ({' '.join(command[:2])}): {error.strip()}")
+        tools.run(command, what=what)
+        return
+    with stdout.open("wb") as out:
+        tools.run(command, what=what, stdout=out)
 
 
 def compress(path: Path, out_format: str, epoch: int) -> Path:

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 from pathlib import Path
 
+from kiln.core import tools
 from kiln.core.errors import BuildError
 from kiln.rootfs.tree import clamp_times
 
@@ -47,9 +47,7 @@ def mksquashfs(tree: Path, out: Path, epoch: int, compression: str = "zstd") -> 
     ]
     # mksquashfs refuses SOURCE_DATE_EPOCH together with -mkfs-time/-all-time: the options say it all.
     env = {k: v for k, v in os.environ.items() if k != "SOURCE_DATE_EPOCH"}
-    result = subprocess.run(command, capture_output=True, text=True, env=env)
-    if result.returncode != 0:
-        raise BuildError(f"mksquashfs failed: {result.stderr.strip() or result.stdout.strip()}")
+    tools.run(command, env=env)
     return out
 
 
@@ -64,18 +62,9 @@ def cpio_newc(tree: Path, out: Path, epoch: int, level: int = 19) -> Path:
         for name in [*dirnames, *filenames]
     )
     listing = ("\n".join(names) + "\n").encode() if names else b""
-    cpio = subprocess.run(
-        ["cpio", "--create", "--format=newc", "--reproducible", "--owner=0:0", "--quiet"],
-        cwd=tree,
-        input=listing,
-        capture_output=True,
+    cpio = tools.run(
+        ["cpio", "--create", "--format=newc", "--reproducible", "--owner=0:0", "--quiet"], cwd=tree, stdin=listing
     )
-    if cpio.returncode != 0:
-        raise BuildError(f"cpio failed: {cpio.stderr.decode(errors='replace').strip()}")
     out.unlink(missing_ok=True)
-    zstd = subprocess.run(
-        ["zstd", f"-{level}", "-q", "--no-check", "-o", str(out)], input=cpio.stdout, capture_output=True
-    )
-    if zstd.returncode != 0:
-        raise BuildError(f"zstd failed: {zstd.stderr.decode(errors='replace').strip()}")
+    tools.run(["zstd", f"-{level}", "-q", "--no-check", "-o", str(out)], stdin=cpio.stdout)
     return out

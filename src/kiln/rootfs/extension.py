@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import Version
 
 from kiln import __version__
+from kiln.core import tools
 from kiln.core.errors import BuildError, InputError, Location
 from kiln.pkg.model import Package
 
@@ -107,9 +107,7 @@ def modules_layer(rootfs: Path, layers: list[Path], dest: Path) -> Path | None:
         if (layer / "usr/lib/modules").is_dir():
             shutil.copytree(layer / "usr/lib/modules", merged / "usr/lib/modules", symlinks=True, dirs_exist_ok=True)
     for version_dir in sorted((merged / "usr/lib/modules").iterdir()):
-        result = subprocess.run(["depmod", "-b", str(merged), version_dir.name], capture_output=True, text=True)
-        if result.returncode != 0:
-            raise BuildError(f"depmod for {version_dir.name} failed: {result.stderr.strip()}")
+        tools.run(["depmod", "-b", str(merged), version_dir.name], what=f"depmod for {version_dir.name}")
         out = dest / "usr/lib/modules" / version_dir.name
         out.mkdir(parents=True, exist_ok=True)
         for index in sorted(version_dir.glob("modules.*")):

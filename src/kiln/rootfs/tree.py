@@ -10,10 +10,10 @@ from __future__ import annotations
 import os
 import shutil
 import stat
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from kiln.core import tools
 from kiln.core.errors import BuildError
 
 # Dropped from every rootfs: development files and documentation.
@@ -133,9 +133,7 @@ def strip_binaries(root: Path, strip: str = "strip") -> int:
             with path.open("rb") as handle:
                 if handle.read(4) != ELF_MAGIC:
                     continue
-            result = subprocess.run([strip, "--strip-unneeded", str(path)], capture_output=True, text=True)
-            if result.returncode != 0:
-                raise BuildError(f"strip failed on /{path.relative_to(root)}: {result.stderr.strip()}")
+            tools.run([strip, "--strip-unneeded", str(path)], what=f"strip of /{path.relative_to(root)}")
             os.utime(path, ns=(info.st_atime_ns, info.st_mtime_ns))
             count += 1
     return count

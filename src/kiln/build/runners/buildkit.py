@@ -37,6 +37,7 @@ from kiln.build.builder import Builder, log_path, logs_dir
 from kiln.build.runners.base import STEP_WRAPPER, RootPlan, base_env, overlay_order
 from kiln.build.scheduler import BUILT, CACHED, FAILED, Outcome, Progress
 from kiln.build.store import Store
+from kiln.core import tools
 from kiln.core.errors import BuildError, InputError
 from kiln.core.hashing import file_sha256
 from kiln.core.paths import spec_parts
@@ -236,20 +237,16 @@ def _q(path: str) -> str:
 def _link_tree(tree: Path, dest: Path) -> None:
     """Hard-link a stored tree into the context: no copy, and BuildKit only reads it."""
     dest.parent.mkdir(parents=True, exist_ok=True)
-    result = subprocess.run(["cp", "-al", str(tree), str(dest)], capture_output=True, text=True)
-    if result.returncode != 0:
-        raise BuildError(f"cannot link {tree} into the build context: {result.stderr.strip()}")
+    tools.run(["cp", "-al", str(tree), str(dest)], what=f"linking {tree} into the build context")
 
 
 def _tar_tree(tree: Path, dest: Path) -> None:
     # Exit 1 is "file changed as we read it": hard-linking a stored tree elsewhere changes inode ctimes.
-    result = subprocess.run(
+    tools.run(
         ["tar", "-C", str(tree), "--numeric-owner", "--sort=name", "--warning=no-file-changed", "-cf", str(dest), "."],
-        capture_output=True,
-        text=True,
+        what="archiving the seed",
+        ok=(0, 1),
     )
-    if result.returncode not in (0, 1):
-        raise BuildError(f"cannot archive the seed: {result.stderr.strip()}")
 
 
 # --- running it ----------------------------------------------------------------------------------------------------

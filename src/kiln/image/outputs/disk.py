@@ -16,11 +16,11 @@ from __future__ import annotations
 import os
 import shutil
 import struct
-import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from kiln.core import tools
 from kiln.core.errors import BuildError, InputError
 from kiln.image.assets import BootAssets, derived_uuid
 from kiln.image.outputs.grub import grub_config
@@ -306,9 +306,7 @@ def _require_tools() -> None:
 
 
 def _run(command: list[str], env: dict[str, str], stdin: str | None = None) -> None:
-    result = subprocess.run(command, env=env, input=stdin, capture_output=True, text=True)
-    if result.returncode != 0:
-        raise BuildError(f"{command[0]} failed (exit {result.returncode}): {result.stderr.strip()[-2000:]}")
+    tools.run(command, env=env, stdin=stdin)
 
 
 def _align(value: int, to: int) -> int:

@@ -14,12 +14,12 @@ import io
 import re
 import shutil
 import struct
-import subprocess
 import tarfile
 import tempfile
 from pathlib import Path
 from xml.sax.saxutils import escape, quoteattr
 
+from kiln.core import tools
 from kiln.core.errors import BuildError, InputError
 from kiln.core.hashing import file_sha256
 from kiln.image.assets import BootAssets, derived_uuid
@@ -67,13 +67,10 @@ def _vhd(raw: Path, out: Path, assets: BootAssets, work: Path) -> None:
         _qemu_img(["convert", "-f", "raw", "-O", "raw", str(raw), str(grown)])
         with grown.open("r+b") as stream:
             stream.truncate((size // MIB + 1) * MIB)
-        result = subprocess.run(
+        tools.run(
             ["sfdisk", "--quiet", "--no-reread", "--no-tell-kernel", "--relocate", "gpt-bak-std", str(grown)],
-            capture_output=True,
-            text=True,
+            what=f"sfdisk --relocate on {raw.name}",
         )
-        if result.returncode != 0:
-            raise BuildError(f"sfdisk --relocate failed on {raw.name}: {result.stderr.strip()}")
         raw = grown
     _qemu_img(["convert", "-f", "raw", "-O", "vpc", "-o", "subformat=fixed,force_size=on", str(raw), str(out)])
     patch_vhd_footer(out, assets)
@@ -267,6 +264,4 @@ def ovf_descriptor(
 def _qemu_img(args: list[str]) -> None:
     if shutil.which("qemu-img") is None:
         raise BuildError("converting disk images needs qemu-img: apt install qemu-utils")
-    result = subprocess.run(["qemu-img", *args], capture_output=True, text=True)
-    if result.returncode != 0:
-        raise BuildError(f"qemu-img {args[0]} failed (exit {result.returncode}): {result.stderr.strip()[-2000:]}")
+    tools.run(["qemu-img", *args], what=f"qemu-img {args[0]}")

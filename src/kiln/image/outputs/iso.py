@@ -14,11 +14,11 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import subprocess
 import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
 
+from kiln.core import tools
 from kiln.core.errors import BuildError
 from kiln.image.assets import BootAssets, derived_uuid
 from kiln.image.outputs.grub import grub_config
@@ -192,6 +192,4 @@ def _require_tools() -> None:
 
 
 def _run(command: list[str], env: dict[str, str]) -> None:
-    result = subprocess.run(command, env=env, capture_output=True, text=True)
-    if result.returncode != 0:
-        raise BuildError(f"{command[0]} failed (exit {result.returncode}): {result.stderr.strip()[-2000:]}")
+    tools.run(command, env=env)

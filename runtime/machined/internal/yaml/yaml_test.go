@@ -6,15 +6,6 @@ import (
 	"testing"
 )
 
-func fmtJSON(t *testing.T, v interface{}) string {
-	t.Helper()
-	data, err := json.Marshal(v)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return string(data)
-}
-
 func TestYAMLSubset(t *testing.T) {
 	doc := `---
 pem: |
@@ -66,7 +57,13 @@ bools: [true, false, ~, null]
 			t.Errorf("%s = %q, want %q", k, m[k], want)
 		}
 	}
-	str := func(v interface{}) string { return strings.TrimSpace(strings.ReplaceAll(fmtJSON(t, v), "\n", "")) }
+	str := func(v interface{}) string {
+		data, err := json.Marshal(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(data)
+	}
 	for k, want := range map[string]string{
 		"empty_map":  `{}`,
 		"flow":       `{"a":1,"b":["x","y, z"],"c":null}`,

@@ -142,7 +142,7 @@ def cmd_shell(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from kiln.build.runners.buildkit import OUTPUTS
+    from kiln.build.dockerfile import OUTPUTS
     from kiln.build.session import Session
 
     graph = _load(args)

@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from kiln.build.dockerfile import Exporter, stage_id
 from kiln.build.keys import compute_keys, stage0_key
 from kiln.build.remote import Ref
 from kiln.build.runners.base import Layer, RootPlan
-from kiln.build.runners.buildkit import BuildLog, Exporter, stage_id
+from kiln.build.runners.buildkit import BuildLog
 from kiln.build.runners.finalize import finalize_tree
 from kiln.build.sources.place import place_local
 from kiln.core.errors import BuildError, InputError
@@ -68,7 +69,7 @@ def test_sources_are_checked_against_sums_pinned_in_the_dockerfile(tmp_path: Pat
 
 def test_stage_names_and_paths_the_dockerfile_cannot_hold() -> None:
     assert stage_id("libstdc++") == "libstdc__"
-    from kiln.build.runners.buildkit import _q
+    from kiln.build.dockerfile import _q
 
     with pytest.raises(InputError):
         _q("/with space")

@@ -17,10 +17,11 @@ from pathlib import Path
 
 from kiln.build.bootstrap import ensure_stage0
 from kiln.build.builder import Builder, logs_dir
+from kiln.build.dockerfile import Export, Exporter
 from kiln.build.keys import compute_keys, stage0_key
 from kiln.build.progress import LiveProgress, PlainProgress, download_progress
 from kiln.build.runners.base import BuildRoot, RootPlan, Runner
-from kiln.build.runners.buildkit import BuildKitRunner, Export, Exporter
+from kiln.build.runners.buildkit import BuildKitRunner
 from kiln.build.runners.sandbox import SandboxRunner
 from kiln.build.scheduler import FAILED, Outcome, Progress, Scheduler
 from kiln.build.sources.download import Fetcher

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from kiln.build.bootstrap import SeedError, import_tarball
+from kiln.build.seed_import import SeedError, import_tarball
 from kiln.pkg.variables import Platform
 from tests.conftest import Result, write_tree
 

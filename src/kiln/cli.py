@@ -1,4 +1,7 @@
-"""Command line: argument parsing and dispatch only."""
+"""Command line: argument parsing and dispatch only.
+
+Over 400 lines because the parser of every verb is here; what a verb does lives in its room.
+"""
 
 from __future__ import annotations
 

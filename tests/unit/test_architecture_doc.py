@@ -43,3 +43,13 @@ def test_a_new_import_makes_the_picture_stale() -> None:
     edges = module.room_imports()
     edges[("core", "pkg")] += 1
     assert module.replace_block(text, module.block(edges)) != text
+
+
+def test_no_module_is_over_400_lines_without_saying_why() -> None:
+    import ast
+
+    for path in sorted((ROOT / "src" / "kiln").rglob("*.py")):
+        text = path.read_text()
+        if text.count("\n") > 400:
+            doc = ast.get_docstring(ast.parse(text)) or ""
+            assert "Over 400 lines" in doc, f"{path.relative_to(ROOT)}: split it, or say at its top why not"

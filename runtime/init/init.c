@@ -39,18 +39,23 @@
 #define KILN_VERSION "unknown"
 #endif
 
+/* One console line, prefix included, in a single write(2), so a kernel message or another
+ * process's line cannot land between the prefix and the message. */
 static void say(const char *fmt, ...) {
+    static const char prefix[] = "kiln-init: ";
     char line[512];
+    size_t used = sizeof prefix - 1;
+    memcpy(line, prefix, used);
     va_list ap;
     va_start(ap, fmt);
-    int n = vsnprintf(line, sizeof line - 1, fmt, ap);
+    int n = vsnprintf(line + used, sizeof line - used - 1, fmt, ap);
     va_end(ap);
     if (n < 0) return;
-    if (n > (int)sizeof line - 2) n = sizeof line - 2;
-    line[n++] = '\n';
+    used += (size_t)n > sizeof line - used - 2 ? sizeof line - used - 2 : (size_t)n;
+    line[used++] = '\n';
     int fd = open("/dev/console", O_WRONLY | O_NOCTTY);
     if (fd < 0) fd = 2;
-    if (write(fd, "kiln-init: ", 11) < 0 || write(fd, line, n) < 0) {
+    if (write(fd, line, used) < 0) {
         /* nowhere left to report to */
     }
     if (fd != 2) close(fd);

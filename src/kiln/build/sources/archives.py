@@ -25,13 +25,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import Literal, Protocol
 
 from kiln.build.sources.errors import FetchError
-
-if TYPE_CHECKING:  # requests and urllib3 are imported when a download happens: a no-op build needs neither
-    pass
-
 
 CHUNK = 1 << 20
 # First line of a `.checked` verdict; a verdict of an older check_archive (another first line) is redone.

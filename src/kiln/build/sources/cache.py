@@ -28,13 +28,8 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from kiln.core.hashing import file_sha256
-
-if TYPE_CHECKING:  # requests and urllib3 are imported when a download happens: a no-op build needs neither
-    pass
-
 
 CHECKED_SUFFIX = ".checked"
 STAMP_SUFFIX = ".verified"

@@ -11,14 +11,9 @@ import tempfile
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from kiln.build.sources.errors import Miss
 from kiln.core.hashing import file_sha256
-
-if TYPE_CHECKING:  # requests and urllib3 are imported when a download happens: a no-op build needs neither
-    pass
-
 
 DEB_SRC_KEYRING = "/usr/share/keyrings/debian-archive-keyring.gpg"
 # apt-get source is run one at a time: parallel runs only race on the same archive files.

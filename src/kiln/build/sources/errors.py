@@ -2,12 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from kiln.core.errors import KilnError, Location
-
-if TYPE_CHECKING:  # requests and urllib3 are imported when a download happens: a no-op build needs neither
-    pass
 
 
 class FetchError(KilnError):

@@ -6,15 +6,11 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 from urllib.parse import urlsplit
 
 from kiln.core.errors import InputError, InputErrors, KilnError, Location
 from kiln.core.yamlfile import read_yaml_file
-
-if TYPE_CHECKING:  # requests and urllib3 are imported when a download happens: a no-op build needs neither
-    pass
-
 
 CONFIG_FILE = "kiln.yaml"
 MIRRORS_ENV = "KILN_MIRRORS"

@@ -7,7 +7,6 @@ import os
 import shutil
 import tempfile
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING
 
 from kiln.build.runners.finalize import copy_path
 from kiln.build.sources.cache import SHA256_NAME, forget
@@ -15,10 +14,6 @@ from kiln.build.sources.errors import FetchError
 from kiln.core.errors import BuildError
 from kiln.core.paths import PathEscape, join_inside
 from kiln.pkg.model import Source
-
-if TYPE_CHECKING:  # requests and urllib3 are imported when a download happens: a no-op build needs neither
-    pass
-
 
 CHUNK = 1 << 20
 

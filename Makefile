@@ -39,6 +39,7 @@ lint: $(BIN)/kiln
 	$(BIN)/ruff check src tests bench scripts
 	$(BIN)/ruff format --check src tests bench scripts
 	$(BIN)/mypy
+	$(BIN)/mypy tests bench scripts
 	$(BIN)/lint-imports --no-logo --no-cache
 	$(BIN)/python scripts/rooms.py --check
 

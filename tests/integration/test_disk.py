@@ -18,6 +18,7 @@ import tarfile
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -66,7 +67,7 @@ def sh(*command: str) -> str:
 sha = file_sha256
 
 
-def partitions(image: Path) -> dict[str, dict[str, object]]:
+def partitions(image: Path) -> dict[str, dict[str, Any]]:
     table = json.loads(sh("sfdisk", "--json", str(image)))["partitiontable"]
     return {"table": table, **{p["name"]: p for p in table["partitions"]}}
 
@@ -292,7 +293,7 @@ def test_ova(disk: tuple[BootAssets, Path], tmp_path: Path) -> None:
         item.findtext("rasd:ResourceType", namespaces=ns)
         for item in root.iterfind("ovf:VirtualSystem/ovf:VirtualHardwareSection/ovf:Item", ns)
     ]
-    assert sorted(kinds, key=int) == ["3", "4", "5", "10", "17"]  # CPU, memory, IDE, NIC, disk
+    assert sorted(kinds, key=lambda kind: int(kind or 0)) == ["3", "4", "5", "10", "17"]  # CPU, memory, IDE, NIC, disk
     for item in root.iterfind(".//ovf:Item", ns):
         tags = [child.tag for child in item]
         assert tags == sorted(tags), "RASD elements in schema (alphabetical) order"

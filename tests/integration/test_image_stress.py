@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -23,7 +24,7 @@ pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 KILN = [sys.executable, "-m", "kiln.cli"]
-PROFILES = {
+PROFILES: dict[str, dict[str, Any]] = {
     "s-iso": {"output": {"kind": "iso"}},
     "s-disk": {"output": {"kind": "image", "image": {"disk_size": "256MiB", "format": "qcow2"}}},
     "s-pxe": {"output": {"kind": "pxe"}},

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import subprocess
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,7 @@ pytestmark = pytest.mark.integration
 EPOCH = 1704067200
 
 
-def make(root: Path, files: dict[str, str | bytes]) -> Path:
+def make(root: Path, files: Mapping[str, str | bytes]) -> Path:
     for rel, data in files.items():
         path = root / rel
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -72,7 +73,11 @@ def test_strip_shrinks_a_real_binary(tmp_path: Path) -> None:
 
 
 def test_squashfs_is_reproducible_and_root_owned(tmp_path: Path) -> None:
-    files = {"usr/bin/tool": os.urandom(50000), "etc/os-release": "ID=kiln\n", "usr/lib/x/y": "z"}
+    files: dict[str, str | bytes] = {
+        "usr/bin/tool": os.urandom(50000),
+        "etc/os-release": "ID=kiln\n",
+        "usr/lib/x/y": "z",
+    }
     first = make(tmp_path / "one", files)
     second = make(tmp_path / "two", files)
     os.chown(second / "etc/os-release", 1000, 1000)

@@ -19,7 +19,7 @@ def guest(script: str) -> list[str]:
 
 
 def test_the_expected_line_ends_the_watch_and_stops_the_guest(tmp_path: Path) -> None:
-    log, seen = tmp_path / "log" / "boot.log", []
+    log, seen = tmp_path / "log" / "boot.log", list[str]()
     started = time.monotonic()
     result = watch(
         guest("print('booting'); print('machined ready: v1'); time.sleep(60)"), "machined ready", 30, log, seen.append

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from kiln.build.seed_import import SeedError, import_tarball
+from kiln.build.seed_import import import_tarball
+from kiln.build.seed_layers import SeedError
 from kiln.pkg.variables import Platform
 from tests.conftest import Result, write_tree
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections import Counter
 from pathlib import Path
 
 import grimp
@@ -27,26 +26,26 @@ def room_of(module: str) -> str:
     return parts[1] if len(parts) > 1 else parts[0]
 
 
-def room_imports(package: str = "kiln") -> Counter[tuple[str, str]]:
-    """(importer room, imported room) -> how many module-to-module imports cross that way."""
+def room_imports(package: str = "kiln") -> set[tuple[str, str]]:
+    """(importer room, imported room) for every room that imports another."""
     graph = grimp.build_graph(package)
-    edges: Counter[tuple[str, str]] = Counter()
+    edges: set[tuple[str, str]] = set()
     for module in graph.modules:
         for imported in graph.find_modules_directly_imported_by(module):
             a, b = room_of(module), room_of(imported)
             if a != b and "kiln" not in (a, b):  # `from kiln import __version__` is no room's import
-                edges[(a, b)] += 1
+                edges.add((a, b))
     return edges
 
 
-def mermaid(edges: Counter[tuple[str, str]]) -> str:
+def mermaid(edges: set[tuple[str, str]]) -> str:
     lines = ["```mermaid", "flowchart TD"]
     lines += [f"    {a} --> {b}" for a, b in sorted(edges)]
     lines.append("```")
     return "\n".join(lines)
 
 
-def block(edges: Counter[tuple[str, str]]) -> str:
+def block(edges: set[tuple[str, str]]) -> str:
     return f"{BEGIN}\n{mermaid(edges)}\n{END}"
 
 

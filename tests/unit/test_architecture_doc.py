@@ -5,7 +5,6 @@ from __future__ import annotations
 import importlib.util
 import subprocess
 import sys
-from collections import Counter
 from pathlib import Path
 from types import ModuleType
 
@@ -28,8 +27,8 @@ def test_the_committed_picture_is_current() -> None:
 
 
 def test_the_picture_shows_each_crossing_and_no_upward_one() -> None:
-    edges: Counter[tuple[str, str]] = rooms().room_imports()
-    assert edges[("build", "pkg")] > 0 and edges[("pkg", "core")] > 0
+    edges: set[tuple[str, str]] = rooms().room_imports()
+    assert ("build", "pkg") in edges and ("pkg", "core") in edges
     order = ["cli", "installer", "image", "rootfs", "build", "pkg", "core"]
     for a, b in edges:
         if a in order and b in order:
@@ -41,7 +40,7 @@ def test_a_new_import_makes_the_picture_stale() -> None:
     module = rooms()
     text = module.DOC.read_text()
     edges = module.room_imports()
-    edges[("core", "pkg")] += 1
+    edges.add(("core", "pkg"))
     assert module.replace_block(text, module.block(edges)) != text
 
 

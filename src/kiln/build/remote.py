@@ -33,13 +33,13 @@ import requests
 from kiln.build.store import MANIFEST, META, Entry, Store, check_key
 from kiln.core import tools
 from kiln.core.errors import BuildError, InputError, KilnError
+from kiln.core.hashing import CHUNK
 
 MANIFEST_TYPE = "application/vnd.oci.image.manifest.v1+json"
 ARTIFACT_TYPE = "application/vnd.kiln.store-entry.v1"
 META_TYPE = "application/vnd.kiln.store-entry.meta.v1+json"
 FILES_TYPE = "application/vnd.kiln.store-entry.manifest.v1+json"
 TREE_TYPE = "application/vnd.kiln.store-entry.tree.v1.tar+zstd"
-CHUNK = 1 << 20
 _REF = re.compile(r"oci://(?P<host>[A-Za-z0-9.-]+(?::[0-9]+)?)/(?P<repo>[a-z0-9]+(?:[._/-][a-z0-9]+)*)/?")
 
 

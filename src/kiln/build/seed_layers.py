@@ -15,11 +15,10 @@ from pathlib import Path
 from kiln.build.sources.archives import Member, tar_members
 from kiln.build.sources.errors import FetchError
 from kiln.core.errors import InputError, Location
-from kiln.core.hashing import file_sha256
+from kiln.core.hashing import CHUNK, file_sha256
 
 OPAQUE = ".wh..wh..opq"
 WHITEOUT = ".wh."
-CHUNK = 1 << 20
 
 
 class SeedError(InputError):

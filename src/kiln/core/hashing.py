@@ -38,10 +38,6 @@ def _thread_buffer() -> bytearray:
     return buf
 
 
-def bytes_sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
 def json_sha256(value: Any) -> str:
     """sha256 of a JSON value in canonical form (sorted keys, no whitespace), as cache keys use."""
     text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from kiln.core.console import say_line
 from kiln.core.errors import InputError
-from kiln.image import boot_assets
+from kiln.image import kernel_initramfs
 from kiln.pkg.graph import Graph
 
 
@@ -27,13 +27,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="where profile names are looked up (default ./profiles)",
     )
-    boot_assets.add_arguments(parser)
+    kernel_initramfs.add_arguments(parser)
 
 
 def run(args: argparse.Namespace, load: Callable[[str], Graph]) -> int:
     """Profiles given: build them all; none: the kernel + initramfs output of the booting-system issue."""
     if not args.profiles:
-        return boot_assets.run(load(args.platform), args)
+        return kernel_initramfs.run(load(args.platform), args)
     from kiln.image.imager import build_packages, check_packages, make_images
     from kiln.image.profile import load_profiles
 

@@ -34,14 +34,13 @@ from kiln.build.cancel import TOKEN
 from kiln.build.runners.base import BUILD_DIR, CAPABILITIES, STEP_WRAPPER, Layer, RootPlan, overlay_order
 from kiln.build.runners.finalize import copy_path
 from kiln.core.errors import BuildError
-from kiln.core.hashing import json_sha256
+from kiln.core.hashing import CHUNK, json_sha256
 from kiln.core.paths import join_inside, spec_parts
 
 STAGE0_REPO = "kiln/stage0"
 BASE_REPO = "kiln/base"
 SCRATCH_IMAGE = "kiln/scratch:empty"
 LABEL = "io.kiln.build"
-CHUNK = 1 << 20
 
 # Keeps a container alive between snippets; snippets run as execs beside it.
 _IDLE = ["/bin/sh", "-c", "trap 'exit 0' TERM; while :; do sleep 3600 & wait $!; done"]

@@ -28,7 +28,7 @@ from kiln.core.errors import BuildError
 from kiln.core.paths import MAX_SYMLINKS, PathEscape, spec_parts
 
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-CHUNK = 1 << 20
+CHUNK = 1 << 20  # as kiln.core.hashing.CHUNK; not imported: the mount helper runs this module per step, kept light
 
 
 class _Missing(Exception):

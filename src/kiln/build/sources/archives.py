@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Literal, Protocol
 
 from kiln.build.sources.errors import FetchError
+from kiln.core.hashing import CHUNK
 
-CHUNK = 1 << 20
 # First line of a `.checked` verdict; a verdict of an older check_archive (another first line) is redone.
 CHECK_VERSION = "check 2\n"
 

@@ -26,6 +26,7 @@ from kiln.build.sources.debian import apt_source
 from kiln.build.sources.errors import FetchError, FetchErrors, Miss
 from kiln.build.sources.mirrors import Mirror
 from kiln.core.errors import InputError, InputErrors, KilnError, Location
+from kiln.core.hashing import CHUNK
 from kiln.pkg.model import Source
 
 if TYPE_CHECKING:  # requests and urllib3 are imported when a download happens: a no-op build needs neither
@@ -35,7 +36,6 @@ if TYPE_CHECKING:  # requests and urllib3 are imported when a download happens: 
 DownloadProgress = Callable[[str, int, int | None], None]
 """Called as (file name, bytes so far, total bytes or None); may run on worker threads."""
 
-CHUNK = 1 << 20
 RETRY_STATUSES = (429, 500, 502, 503, 504)
 
 

@@ -12,10 +12,9 @@ from kiln.build.runners.finalize import copy_path
 from kiln.build.sources.cache import SHA256_NAME, forget
 from kiln.build.sources.errors import FetchError
 from kiln.core.errors import BuildError
+from kiln.core.hashing import CHUNK
 from kiln.core.paths import PathEscape, join_inside
 from kiln.pkg.model import Source
-
-CHUNK = 1 << 20
 
 
 def place_source(fetched: Path, build_dir: Path, destination: str) -> Path:

@@ -9,11 +9,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from kiln.core.errors import BuildError
-from kiln.core.hashing import file_sha256
+from kiln.core.hashing import CHUNK, file_sha256
 
 MANIFEST_SCHEMA = "kiln-store-manifest-v1"
 MANIFEST = "manifest.json"
-CHUNK = 1 << 20
 
 
 @dataclass(frozen=True)

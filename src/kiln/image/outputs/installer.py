@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from kiln.core.errors import InputError
+from kiln.core.hashing import CHUNK
 from kiln.image.assets import BootAssets
 
 REPOSITORY = "kiln-installer"
@@ -50,7 +51,6 @@ CONFIG_TYPE = "application/vnd.oci.image.config.v1+json"
 LAYER_TYPE = "application/vnd.oci.image.layer.v1.tar+gzip"
 
 GZIP_LEVEL = 6
-CHUNK = 1 << 20
 ELF_MACHINES = {0x3E: "amd64", 0xB7: "arm64"}
 PT_INTERP = 3
 

@@ -13,7 +13,7 @@ are most of a CLI no-op), and
 BuildKit's own no-op: the same `docker build` run again with BuildKit's cache warm, which is
 what a BuildKit-native pipeline pays on every run.
 
-Goals (issue 7): sandbox no-op >= 10 x faster than BuildKit's no-op; sandbox cold within
+Goals: sandbox no-op >= 10 x faster than BuildKit's no-op; sandbox cold within
 1.2 x of BuildKit's cold.
 """
 

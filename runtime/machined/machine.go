@@ -226,7 +226,7 @@ func (m *machine) startAPI() {
 	m.apiAddr, m.stopAPI = addr.String(), stop
 }
 
-// readyLine is the one line the boot harness waits for, exactly as issue 5 specifies it
+// readyLine is the one line the boot harness waits for, exactly as the boot contract specifies it
 // (tests match it whole); whether the API is on is said on the line before it.
 func (m *machine) readyLine() string {
 	names := make([]string, len(m.extensions))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kiln.build.runners.finalize import finalize_tree
+from kiln.core.treecopy import finalize_tree
 
 
 def test_finalize_makes_a_missing_out(tmp_path: Path) -> None:

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from kiln.build.runners.finalize import finalize_tree
 from kiln.build.runners.mounter import overlay_options
 from kiln.core.errors import BuildError
 from kiln.core.paths import PathEscape, join_inside, spec_parts
+from kiln.core.treecopy import finalize_tree
 
 
 @pytest.fixture

@@ -25,7 +25,7 @@ Y = ("y",)
 YM = ("y", "m")
 M = ("m",)
 
-# What the kernel must support (issue 4). Boot-path pieces are built in: the initramfs has no
+# What the kernel must support. Boot-path pieces are built in: the initramfs has no
 # modules, so its /init can only use what the kernel has (squashfs, loop, overlayfs, consoles).
 REQUIRED: dict[str, tuple[str, ...]] = {
     # virtio

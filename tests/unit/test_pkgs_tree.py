@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PKGS = ROOT / "pkgs"
 PLATFORMS = ["linux/amd64", "linux/arm64"]
 
-# The rootfs userland and runtime packages (issue 4, items 5 and 6): they must stay in the tree.
+# The rootfs userland and runtime packages: they must stay in the tree.
 USERLAND = {"fhs", "ca-certificates", "util-linux", "e2fsprogs", "dosfstools", "kmod", "xfsprogs"}
 RUNTIME = {"init", "machined", "go"}
 

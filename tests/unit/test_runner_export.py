@@ -11,11 +11,11 @@ import pytest
 from kiln.build.dockerfile import Exporter, stage_id
 from kiln.build.keys import compute_keys, stage0_key
 from kiln.build.remote import Ref
-from kiln.build.runners.base import Layer, RootPlan
+from kiln.build.rootplan import Layer, RootPlan
 from kiln.build.runners.buildkit import BuildLog
-from kiln.build.runners.finalize import finalize_tree
 from kiln.build.sources.place import place_local
 from kiln.core.errors import BuildError, InputError
+from kiln.core.treecopy import finalize_tree
 from kiln.pkg.graph import Graph
 from kiln.pkg.loader import load_tree
 from kiln.pkg.model import Package

@@ -20,6 +20,7 @@ from rich.console import Console
 from kiln.build.keys import compute_keys
 from kiln.build.progress import LiveProgress, PlainProgress
 from kiln.build.scheduler import Outcome, Scheduler
+from kiln.build.session import NoRunner
 from kiln.build.store import Entry, Store
 from kiln.core.errors import BuildError
 from kiln.pkg.graph import Graph
@@ -42,6 +43,7 @@ class StubBuilder:
         self.store = store
         self.fail = fail
         self.delay = delay
+        self.runner = NoRunner()  # runs nothing: `build` below stands in for the runner too
         self.calls: list[str] = []
         self.active = 0
         self.peak = 0

@@ -8,15 +8,17 @@ from __future__ import annotations
 
 import contextlib
 import shutil
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
 from kiln.build.cancel import TOKEN
 from kiln.build.keys import local_source_digest, stage0_key, tree_digest
-from kiln.build.runners.base import BuildRoot, Layer, RootPlan, Runner, base_env
+from kiln.build.rootplan import Layer, RootPlan, base_env
+from kiln.build.runners.base import BuildRoot, GraphJob, GraphResult, GraphRunner, Runner
 from kiln.build.sources.download import Fetcher
 from kiln.build.sources.place import place_local, place_source
 from kiln.build.store import Entry, Store
@@ -82,11 +84,16 @@ class Builder:
     def seed_key(self) -> str:
         return stage0_key(self.graph.tree)
 
+    def input_names(self, package: Package) -> list[str]:
+        """The packages whose outputs are mounted into the package's root (the seed is not one)."""
+        names = [d.stage for d in self.graph.build_inputs(package.name)]
+        if package.variant == "toolchain":
+            names.append(self.graph.tree.toolchain)
+        return names
+
     def input_keys(self, package: Package) -> list[str]:
         """Store keys of every tree mounted into the package's root."""
-        keys = [self.keys[d.stage] for d in self.graph.build_inputs(package.name)]
-        if package.variant == "toolchain":
-            keys.append(self.keys[self.graph.tree.toolchain])
+        keys = [self.keys[name] for name in self.input_names(package)]
         if package.variant in ("toolchain", "stage0"):
             keys.append(self.seed_key)
         return keys
@@ -176,24 +183,90 @@ class Builder:
         self, package: Package, key: str, staging: Path, log: Path, on_phase: Callable[[str], None], start: float
     ) -> Entry:
         name = package.name
-        last = log.parent / "last.log"
-        with log.open("wb") as out:
-            last.unlink(missing_ok=True)
-            last.symlink_to(log.name)
+        with self._open_log(name) as out:
             on_phase("sources")
             with contextlib.closing(self.prepare_root(package, staging / "work")) as root:
                 self._steps(package, root, staging, log, out, on_phase)
             shutil.rmtree(staging / "work")
             seconds = round(time.monotonic() - start, 2)
             _mark(out, f"==> {name}: built in {seconds} s\n")
-            meta = {
-                "seconds": seconds,
-                "platform": str(self.graph.tree.platform),
-                "version": package.version,
-                "runner": self.runner.name,
-            }
-            TOKEN.check(f"package '{name}'")  # a cancelled run stores nothing
-            return self.store.commit(key, staging, name, meta, self.source_date_epoch)
+            return self._commit(name, staging, seconds)
+
+    def _commit(self, name: str, staging: Path, seconds: float) -> Entry:
+        """Store a filled staging dir under the package's key; the caller holds the key's build lock."""
+        meta = {
+            "seconds": seconds,
+            "platform": str(self.graph.tree.platform),
+            "version": self.graph.tree.packages[name].version,
+            "runner": self.runner.name,
+        }
+        TOKEN.check(f"package '{name}'")  # a cancelled run stores nothing
+        return self.store.commit(self.keys[name], staging, name, meta, self.source_date_epoch)
+
+    def build_graph(self, names: list[str], on_phase: Callable[[str, str], None], *, no_cache: bool) -> GraphResult:
+        """Build `names` at once on a whole-graph runner and store what it built; the caller holds their locks.
+
+        With `no_cache`, a stored entry is replaced only once its rebuild succeeded.
+        """
+        runner = self.runner
+        if not isinstance(runner, GraphRunner):
+            raise BuildError(f"the {runner.name} runner builds one package at a time")
+        needed = self._needed(names)
+        with contextlib.ExitStack() as stack:
+            prebuilt = {}
+            for name in needed:
+                if name not in names:
+                    prebuilt[name] = stack.enter_context(self.store.use(self.keys[name])).tree
+            seed = Layer(stack.enter_context(self.store.use(self.seed_key)).tree, "/", self.seed_key)
+            stagings = {name: stack.enter_context(self.store.fresh_staging(self.keys[name])) for name in names}
+            logs = {name: stack.enter_context(self._open_log(name)) for name in names}
+            state = self.store.root / runner.name
+            state.mkdir(parents=True, exist_ok=True)
+            stack.enter_context(self.store.lock(f"{runner.name}-context"))
+            scratch = Path(stack.enter_context(tempfile.TemporaryDirectory(dir=self.store.tmp_dir, prefix="graph-")))
+            job = GraphJob(
+                self.graph,
+                self.keys,
+                needed,
+                {name: staging / "tree" for name, staging in stagings.items()},
+                prebuilt,
+                seed,
+                self.place_sources,
+                self.source_date_epoch,
+                self.make_jobs,
+                logs,
+                on_phase,
+                log=logs_dir(self.store) / f"_{runner.name}" / "last.log",
+                state=state,
+                scratch=scratch,
+                no_cache=no_cache,
+            )
+            job.log.parent.mkdir(parents=True, exist_ok=True)
+            result = runner.build_graph(job)
+            if result.code == 0:
+                for name in names:
+                    if no_cache and self.store.has(self.keys[name]):
+                        self.store.remove_locked(self.keys[name])
+                    self._commit(name, stagings[name], result.seconds[name])
+        return result
+
+    def _needed(self, missing: list[str]) -> list[str]:
+        """The missing packages and every stage their roots read, in build order."""
+        wanted = set(missing)
+        for name in missing:
+            wanted.update(self.input_names(self.graph.tree.packages[name]))
+        return [n for n in self.graph.order if n in wanted]
+
+    @contextlib.contextmanager
+    def _open_log(self, name: str) -> Iterator[IO[bytes]]:
+        """logs/<name>/<key>.log, with last.log pointing at it."""
+        path = log_path(self.store, name, self.keys[name])
+        path.parent.mkdir(parents=True, exist_ok=True)
+        last = path.parent / "last.log"
+        with path.open("wb") as out:
+            last.unlink(missing_ok=True)
+            last.symlink_to(path.name)
+            yield out
 
     def _steps(
         self,

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kiln.build.runners.base import STEP_WRAPPER, base_env, overlay_order
+from kiln.build.rootplan import STEP_WRAPPER, base_env, overlay_order
 from kiln.core import tools
 from kiln.core.errors import BuildError, InputError
 from kiln.core.hashing import file_sha256

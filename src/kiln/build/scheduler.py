@@ -7,18 +7,23 @@ Every entry the run judges cached or builds is pinned until the run ends, so a
 concurrent gc cannot evict a dependency before its dependent mounts it. A
 cancelled run (kiln.build.cancel) starts nothing more, waits for its running
 builds to unwind (their steps killed, nothing committed) and raises Interrupted.
+
+A whole-graph runner (BuildKit) gets the same claims, pins and reports, but all its missing
+packages at once, in one solve.
 """
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from kiln.build.builder import Builder
+from kiln.build.builder import Builder, log_path
 from kiln.build.cancel import TOKEN, Interrupted
+from kiln.build.runners.base import GraphRunner
 from kiln.build.store import Pins
 from kiln.core.errors import BuildError, KilnError
 
@@ -78,6 +83,8 @@ class Scheduler:
             return self._run(targets, pins)
 
     def _run(self, targets: list[str], pins: Pins) -> dict[str, Outcome]:
+        if isinstance(self.builder.runner, GraphRunner):
+            return self._run_whole(targets, pins)
         graph, keys = self.builder.graph, self.builder.keys
         names = graph.closure(targets)
         outcomes = {name: Outcome(name, keys[name]) for name in names}
@@ -161,6 +168,52 @@ class Scheduler:
             )
         self.progress.done(outcome)
         return error is None
+
+    def _run_whole(self, targets: list[str], pins: Pins) -> dict[str, Outcome]:
+        """On a whole-graph runner: claim every missing key (in one order, so no deadlock), build them at once."""
+        store, keys = self.builder.store, self.builder.keys
+        names = self.builder.graph.closure(targets)
+        outcomes = {name: Outcome(name, keys[name]) for name in names}
+        self.progress.begin(names)
+        missing = [n for n in names if not self._cached(n, pins, outcomes[n], wait=False)]
+        with contextlib.ExitStack() as stack:
+            for name in sorted(missing, key=lambda n: keys[n]):
+                stack.enter_context(store.lock(keys[name]))
+            missing = [n for n in missing if not self._cached(n, pins, outcomes[n], wait=True)]  # built meanwhile?
+            if missing:
+                self._build_whole(missing, pins, outcomes)
+        self.progress.end(outcomes)
+        return outcomes
+
+    def _cached(self, name: str, pins: Pins, outcome: Outcome, *, wait: bool) -> bool:
+        """Is the package's entry stored (and now pinned)? Reported as cached if so."""
+        if self.no_cache or not pins.pin(outcome.key, wait=wait):
+            return False
+        self.builder.store.touch(outcome.key)
+        outcome.status = CACHED
+        self.progress.done(outcome)
+        return True
+
+    def _build_whole(self, missing: list[str], pins: Pins, outcomes: dict[str, Outcome]) -> None:
+        """Build the claimed packages in one go and report each; the failed solve's culprits carry the error."""
+        for name in missing:
+            self.progress.started(name)
+            pins.unpin(outcomes[name].key)  # a --no-cache rebuild replaces the entry under its exclusive lock
+        result = self.builder.build_graph(missing, self.progress.phase, no_cache=self.no_cache)
+        runner, culprits = self.builder.runner.name, result.failed or missing
+        for name in missing:
+            outcome = outcomes[name]
+            if result.code == 0:
+                outcome.status, outcome.seconds = BUILT, result.seconds[name]
+                pins.pin(outcome.key)
+            elif name in culprits:
+                log = log_path(self.builder.store, name, outcome.key)
+                outcome.status = FAILED
+                outcome.error = BuildError(
+                    f"package '{name}' failed on {runner} (exit {result.code}); full log {result.log}, "
+                    f"package log {log}:\n{result.tail}"
+                )
+            self.progress.done(outcome)
 
     @staticmethod
     def _release(name: str, waiting: dict[str, set[str]]) -> None:

@@ -20,7 +20,8 @@ from kiln.build.builder import Builder, logs_dir
 from kiln.build.dockerfile import Export, Exporter
 from kiln.build.keys import compute_keys, stage0_key
 from kiln.build.progress import LiveProgress, PlainProgress, download_progress
-from kiln.build.runners.base import BuildRoot, RootPlan, Runner
+from kiln.build.rootplan import RootPlan
+from kiln.build.runners.base import BuildRoot, GraphRunner, Runner
 from kiln.build.runners.buildkit import BuildKitRunner
 from kiln.build.runners.sandbox import SandboxRunner
 from kiln.build.scheduler import FAILED, Outcome, Progress, Scheduler
@@ -138,16 +139,10 @@ class Session:
             self.pins.release()  # a rebuild locks keys exclusively: our own pins would block it forever
         if cache_from and not no_cache:
             self.pull_needed(targets, cache_from)
-        runner = self.builder.runner
-        if self.needs_seed(names) or runner.name == "buildkit":
-            self._pinned_seed()
-        if isinstance(runner, BuildKitRunner):
-            outcomes = runner.build_graph(self.builder, targets, progress, no_cache=no_cache)
-        else:
-            scheduler = Scheduler(
-                self.builder, progress, jobs, no_cache=no_cache, keep_going=keep_going, pins=self.pins
-            )
-            outcomes = scheduler.run(targets)
+        if self.needs_seed(names) or isinstance(self.builder.runner, GraphRunner):
+            self._pinned_seed()  # a whole-graph runner's export names the seed even for scratch packages
+        scheduler = Scheduler(self.builder, progress, jobs, no_cache=no_cache, keep_going=keep_going, pins=self.pins)
+        outcomes = scheduler.run(targets)
         if cache_to:
             self.push([self.keys[n] for n in names if self.store.has(self.keys[n])], cache_to)
         return outcomes

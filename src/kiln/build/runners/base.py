@@ -1,108 +1,21 @@
-"""What every runner shares: the shape of a build root, the step environment, finalize semantics.
+"""What a runner is: a build root it opens for one package, or a whole graph it builds at once.
 
-The Builder describes a package's root as a `RootPlan` (runner-independent), asks a
-runner to `open` it, places sources in the root's `build_dir`, then runs snippets and
-finalize through the `BuildRoot` protocol. Keeping the environment and capability set
-here, and the finalize copy rules in kiln.build.runners.finalize (which every runner
-ends with), is what makes one package give one output tree on every runner.
+The Builder asks a runner to `open` a package's `RootPlan` (kiln.build.rootplan), places
+sources in the root's `build_dir`, then runs snippets and finalize through the `BuildRoot`
+protocol; every runner ends with kiln.core.treecopy's finalize rules. A `GraphRunner`
+(BuildKit) instead gets every missing package of a run as one `GraphJob`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Protocol, TypeVar
+from typing import IO, Protocol, runtime_checkable
 
-PATH = "/toolchain/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-
-# Docker's default capabilities: steps may chown, setuid and mknod in their own root,
-# but not mount, load modules or touch the host's network configuration.
-CAPABILITIES = (
-    "CAP_CHOWN",
-    "CAP_DAC_OVERRIDE",
-    "CAP_FSETID",
-    "CAP_FOWNER",
-    "CAP_MKNOD",
-    "CAP_NET_RAW",
-    "CAP_SETGID",
-    "CAP_SETUID",
-    "CAP_SETFCAP",
-    "CAP_SETPCAP",
-    "CAP_NET_BIND_SERVICE",
-    "CAP_SYS_CHROOT",
-    "CAP_KILL",
-    "CAP_AUDIT_WRITE",
-)
-
-BUILD_DIR = "/tmp/build"
-
-# Engines add variables of their own (Docker sets HOSTNAME); the wrapper drops them so a
-# snippet sees exactly base_env + the step's env, as under bubblewrap's --clearenv.
-STEP_WRAPPER = 'unset HOSTNAME; cd /tmp/build && exec /bin/sh -euc "$1" kiln-step'
-
-
-def base_env(source_date_epoch: int, jobs: int) -> dict[str, str]:
-    """What every step sees before its declared env."""
-    return {
-        "PATH": PATH,
-        "HOME": "/root",
-        "LANG": "C.UTF-8",
-        "LC_ALL": "C.UTF-8",
-        "TZ": "UTC",
-        "SHELL": "/bin/sh",
-        "SOURCE_DATE_EPOCH": str(source_date_epoch),
-        "KILN_JOBS": str(jobs),
-    }
-
-
-@dataclass(frozen=True)
-class Layer:
-    """A read-only tree (host path) that appears at `at` in the build root; `key` is its store entry."""
-
-    tree: Path
-    at: str = "/"
-    key: str = ""
-
-
-T = TypeVar("T")
-
-
-def overlay_order(items: Iterable[tuple[str, T]], *, with_root: bool = False) -> list[tuple[str, list[T]]]:
-    """Layers grouped by the (normalized) path they land at, in the order every runner stacks them.
-
-    "/" first, then shallower paths before deeper ones, ties by path, so each nested group stacks
-    on what is below it; a group keeps the plan's order (top layer first, as overlayfs' lowerdir
-    lists it), and runners that copy instead of mounting apply it reversed. One rule for the
-    sandbox, docker and the Dockerfile export is what keeps their outputs byte-identical.
-    `with_root` keeps a "/" group even when no layer lands there.
-    """
-    groups: dict[str, list[T]] = {"/": []} if with_root else {}
-    for at, item in items:
-        groups.setdefault(at, []).append(item)
-    return [(at, groups[at]) for at in sorted(groups, key=lambda p: (0 if p == "/" else p.count("/"), p))]
-
-
-@dataclass(frozen=True)
-class RootPlan:
-    """A package's build root: the variant's base (seed, toolchain) under its dependency outputs."""
-
-    name: str
-    key: str
-    variant: str
-    deps: tuple[Layer, ...] = ()  # top first, as the overlay stacks them
-    toolchain: Layer | None = None
-    seed: Layer | None = None
-
-    @property
-    def layers(self) -> list[Layer]:
-        """Every layer, top first: dependencies, then the toolchain, then the seed."""
-        return [*self.deps, *([self.toolchain] if self.toolchain else []), *([self.seed] if self.seed else [])]
-
-    @property
-    def base(self) -> list[Layer]:
-        """The layers every package of this variant shares (bottom first)."""
-        return [*([self.seed] if self.seed else []), *([self.toolchain] if self.toolchain else [])]
+from kiln.build.rootplan import Layer, RootPlan
+from kiln.pkg.graph import Graph
+from kiln.pkg.model import Package
 
 
 class BuildRoot(Protocol):
@@ -131,10 +44,55 @@ class BuildRoot(Protocol):
 
 
 class Runner(Protocol):
-    """Where steps run: `sandbox` (bubblewrap) or `docker` (an engine through the SDK)."""
+    """Where steps run: `sandbox` (bubblewrap), `docker` (an engine through the SDK) or `buildkit`."""
 
     name: str
 
     def open(self, plan: RootPlan, work: Path) -> BuildRoot:
         """A root for `plan` using `work` (an empty host dir) for its state."""
+        ...
+
+
+@dataclass
+class GraphJob:
+    """Every missing package of a run, for a runner that builds them in one solve (BuildKit).
+
+    The scheduler has locked each missing key and the builder has made its staging tree
+    and log; the runner only fills `trees` (each still empty) and writes `logs`.
+    """
+
+    graph: Graph
+    keys: dict[str, str]
+    needed: list[str]  # build order: the missing packages and the stored ones their roots read
+    trees: dict[str, Path]  # missing package -> its empty staging tree
+    prebuilt: dict[str, Path]  # stored package -> its tree
+    seed: Layer
+    place_sources: Callable[[Package, Path], None]
+    source_date_epoch: int
+    jobs: int
+    logs: dict[str, IO[bytes]]
+    on_phase: Callable[[str, str], None]  # (package, text)
+    log: Path  # where the runner writes its full log of the solve
+    state: Path  # the runner's own directory in the store, held by this job alone
+    scratch: Path  # an empty directory on the store's filesystem, removed after the job
+    no_cache: bool = False
+
+
+@dataclass
+class GraphResult:
+    """How a whole-graph build ended: on a non-zero `code` nothing is stored, `failed` names the culprits."""
+
+    code: int
+    log: Path  # the runner's full log of the solve (job.log)
+    seconds: dict[str, float] = field(default_factory=dict)
+    failed: list[str] = field(default_factory=list)
+    tail: str = ""
+
+
+@runtime_checkable
+class GraphRunner(Runner, Protocol):
+    """A runner that builds the missing part of a graph at once; the scheduler locks, the builder stores."""
+
+    def build_graph(self, job: GraphJob) -> GraphResult:
+        """Build every package of `job.trees` into its tree; never touches the store itself."""
         ...

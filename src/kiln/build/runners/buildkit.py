@@ -1,13 +1,13 @@
 """The buildkit runner: the graph exported as one Dockerfile (kiln.build.dockerfile), built by BuildKit.
 
 It finds a client that can run BuildKit builds, probes what its Dockerfile frontend supports
-(per-RUN networks), builds what the store lacks, splits BuildKit's log by package and stores
-each output as every runner does.
+(per-RUN networks), builds the packages the scheduler hands it in one solve and splits
+BuildKit's log by package. Locking and storing are the scheduler's and the builder's, as
+for every runner.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
@@ -17,16 +17,15 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, NoReturn
+from typing import NoReturn
 
-from kiln.build.builder import Builder, log_path, logs_dir
+from kiln.build.cancel import TOKEN
 from kiln.build.dockerfile import OUTPUTS, Exporter
-from kiln.build.runners.base import RootPlan
-from kiln.build.scheduler import BUILT, CACHED, FAILED, Outcome, Progress
-from kiln.build.store import Store
+from kiln.build.rootplan import Layer, RootPlan
+from kiln.build.runners.base import GraphJob, GraphResult
 from kiln.core.errors import BuildError
 
 _UNKNOWN_FLAG = re.compile(r"unknown flag: network", re.IGNORECASE)
@@ -166,22 +165,29 @@ def run_build(
         )
         assert process.stdout is not None
         try:
-            for line in process.stdout:
-                out.write(line)
-                log.feed(line.rstrip("\n"))
+            with TOKEN.stopper(process.kill):  # a cancelled run stops the solve with its client
+                for line in process.stdout:
+                    out.write(line)
+                    log.feed(line.rstrip("\n"))
         except BaseException:
             process.kill()
             raise
         finally:
             process.stdout.close()
-        return process.wait()
+        code = process.wait()
+        TOKEN.check("buildkit")  # killed by a cancel: not a package failure
+        return code
 
 
 # --- the runner ----------------------------------------------------------------------------------------------------
 
 
 class BuildKitRunner:
-    """Builds a whole closure in one BuildKit solve; packages never run one by one through `open`."""
+    """Builds the missing part of a graph in one BuildKit solve; packages never run one by one through `open`.
+
+    The scheduler claims the keys and the builder stores the trees, as for every runner:
+    this class only exports, runs the client and splits its log.
+    """
 
     name = "buildkit"
 
@@ -201,122 +207,61 @@ class BuildKitRunner:
             "use the sandbox or docker runner for a single root (kiln shell)"
         )
 
-    def build_graph(
-        self, builder: Builder, targets: list[str], progress: Progress, *, no_cache: bool
-    ) -> dict[str, Outcome]:
-        """Export the closure (stored packages as prebuilt inputs), build what is missing, store it."""
-        graph, keys, store = builder.graph, builder.keys, builder.store
-        names = graph.closure(targets)
-        outcomes = {name: Outcome(name, keys[name]) for name in names}
-        progress.begin(names)
-        with contextlib.ExitStack() as stack:
-            missing = _claim_missing(stack, builder, names, outcomes, progress, no_cache=no_cache)
-            if not missing:
-                progress.end(outcomes)
-                return outcomes
-            needed = _needed(builder, missing)
-            prebuilt = {n: store.tree(keys[n]) for n in needed if n not in missing}
-            for name in prebuilt:
-                stack.enter_context(store.use(keys[name]))
-            seed_tag, engine_id = _seed_image(store, builder.seed_key)
-            flags = probe_network_flag(self.client, seed_tag, store.root / "buildkit" / "features.json", engine_id)
-            exporter = Exporter(
-                graph,
-                keys,
-                builder.seed_key,
-                builder.place_sources,
-                builder.source_date_epoch,
-                builder.make_jobs,
-                network_flags=flags,
-                prebuilt=prebuilt,
+    def build_graph(self, job: GraphJob) -> GraphResult:
+        """Export the closure (stored packages as prebuilt inputs), build the missing ones, move their trees."""
+        seed_tag, engine_id = _seed_image(job.seed)
+        flags = probe_network_flag(self.client, seed_tag, job.state / "features.json", engine_id)
+        exporter = Exporter(
+            job.graph,
+            job.keys,
+            job.seed.key,
+            job.place_sources,
+            job.source_date_epoch,
+            job.jobs,
+            network_flags=flags,
+            prebuilt=job.prebuilt,
+        )
+        export = exporter.write(job.needed, {n: job.keys[n] for n in job.trees}, job.state / "context")
+        if export.networked and not flags:
+            raise BuildError(
+                f"{', '.join(export.networked)} declare network: default, and this BuildKit frontend "
+                f"({self.client.version}) cannot give one RUN a network and another none; build them with "
+                "--runner sandbox or docker, or use buildx with a current frontend"
             )
-            for name in missing:
-                progress.started(name)
-            stack.enter_context(store.lock("buildkit-context"))
-            context = store.root / "buildkit" / "context"
-            export = exporter.write(needed, {n: keys[n] for n in missing}, context)
-            if export.networked and not flags:
-                raise BuildError(
-                    f"{', '.join(export.networked)} declare network: default, and this BuildKit frontend "
-                    f"({self.client.version}) cannot give one RUN a network and another none; build them with "
-                    "--runner sandbox or docker, or use buildx with a current frontend"
-                )
-            store.tmp_dir.mkdir(parents=True, exist_ok=True)
-            dest = Path(stack.enter_context(tempfile.TemporaryDirectory(dir=store.tmp_dir, prefix="buildkit-out-")))
-            logs = {n: stack.enter_context(_package_log(store, n, keys[n])) for n in missing}
 
-            def on_line(package: str, line: str) -> None:
-                if package in logs:
-                    logs[package].write(line + "\n")
-                    logs[package].flush()
-                    progress.phase(package, line.split("] ", 1)[-1][:60] if "] " in line else "building")
+        def on_line(package: str, line: str) -> None:
+            if package in job.logs:
+                job.logs[package].write(line.encode() + b"\n")
+                job.logs[package].flush()
+                job.on_phase(package, line.split("] ", 1)[-1][:60] if "] " in line else "building")
 
-            log = BuildLog(export.stages, on_line)
-            full_log = logs_dir(store) / "_buildkit" / "last.log"
-            start = time.monotonic()
-            code = run_build(
-                self.client,
-                context,
-                dest,
-                {"KILN_STAGE0": seed_tag},
-                network_none=not flags and not export.networked,
-                no_cache=no_cache,
-                log=log,
-                full_log=full_log,
-            )
-            total = round(time.monotonic() - start, 2)
-            if code != 0:
-                _mark_failed(builder, missing, outcomes, progress, code, log, full_log)
-            else:
-                for name in missing:
-                    seconds = round(log.seconds.get(name, total), 2)
-                    self._commit(builder, name, dest, seconds, no_cache=no_cache)
-                    outcomes[name].status, outcomes[name].seconds = BUILT, seconds
-                    progress.done(outcomes[name])
-        progress.end(outcomes)
-        return outcomes
-
-    def _commit(self, builder: Builder, name: str, dest: Path, seconds: float, *, no_cache: bool) -> None:
-        """Store the tree BuildKit wrote for `name` (under its key in `dest`); the caller holds the key's lock."""
-        graph, store, key = builder.graph, builder.store, builder.keys[name]
-        if no_cache and store.has(key):
-            store.remove_locked(key)
-        staging = store.staging(key)
-        (staging / "tree").rmdir()
-        os.rename(dest / key, staging / "tree")
-        meta = {
-            "seconds": seconds,
-            "platform": str(graph.tree.platform),
-            "version": graph.tree.packages[name].version,
-            "runner": self.name,
-        }
-        store.commit(key, staging, name, meta, builder.source_date_epoch)
+        log = BuildLog(export.stages, on_line)
+        dest = job.scratch / "out"
+        start = time.monotonic()
+        code = run_build(
+            self.client,
+            export.context,
+            dest,
+            {"KILN_STAGE0": seed_tag},
+            network_none=not flags and not export.networked,
+            no_cache=job.no_cache,
+            log=log,
+            full_log=job.log,
+        )
+        total = round(time.monotonic() - start, 2)
+        result = GraphResult(code, job.log)
+        if code != 0:
+            result.failed = log.failed or list(job.trees)
+            result.tail = "\n".join(job.log.read_text(errors="replace").splitlines()[-30:])
+            return result
+        for name, tree in job.trees.items():
+            tree.rmdir()
+            os.rename(dest / job.keys[name], tree)
+            result.seconds[name] = round(log.seconds.get(name, total), 2)
+        return result
 
 
-def _claim_missing(
-    stack: contextlib.ExitStack,
-    builder: Builder,
-    names: list[str],
-    outcomes: dict[str, Outcome],
-    progress: Progress,
-    *,
-    no_cache: bool,
-) -> list[str]:
-    """Lock what is not stored (checked again under the locks) and report the rest as cached."""
-    store, keys = builder.store, builder.keys
-    missing = [n for n in names if no_cache or not store.has(keys[n])]
-    for name in sorted(missing, key=lambda n: keys[n]):  # one order for every process: no deadlock
-        stack.enter_context(store.lock(keys[name]))
-    missing = [n for n in missing if no_cache or not store.has(keys[n])]
-    for name in names:
-        if name not in missing:
-            store.touch(keys[name])
-            outcomes[name].status = CACHED
-            progress.done(outcomes[name])
-    return missing
-
-
-def _seed_image(store: Store, seed_key: str) -> tuple[str, str]:
+def _seed_image(seed: Layer) -> tuple[str, str]:
     """The seed's image reference and the engine's ID (for the feature probe's cache).
 
     A remote builder cannot see this engine's images: KILN_STAGE0_IMAGE names the seed in a registry.
@@ -327,49 +272,4 @@ def _seed_image(store: Store, seed_key: str) -> tuple[str, str]:
     if seed_tag:
         return seed_tag, "remote"
     engine = client()
-    return ensure_stage0_image(engine, store.tree(seed_key), seed_key), str(engine.info().get("ID", ""))
-
-
-def _mark_failed(
-    builder: Builder,
-    missing: list[str],
-    outcomes: dict[str, Outcome],
-    progress: Progress,
-    code: int,
-    log: BuildLog,
-    full_log: Path,
-) -> None:
-    """The packages the log blames (all missing ones if it blames none) failed, with the log's tail."""
-    culprits = log.failed or missing
-    tail = "\n".join(full_log.read_text(errors="replace").splitlines()[-30:])
-    for name in missing:
-        outcome = outcomes[name]
-        if name in culprits:
-            outcome.status = FAILED
-            outcome.error = BuildError(
-                f"package '{name}' failed on buildkit (exit {code}); full log {full_log}, "
-                f"package log {log_path(builder.store, name, builder.keys[name])}:\n{tail}"
-            )
-        progress.done(outcome)
-
-
-def _needed(builder: Builder, missing: list[str]) -> list[str]:
-    """The missing packages and every stage their roots read (in build order)."""
-    graph = builder.graph
-    wanted = set(missing)
-    for name in missing:
-        wanted.update(d.stage for d in graph.build_inputs(name))
-        if graph.tree.packages[name].variant == "toolchain":
-            wanted.add(graph.tree.toolchain)
-    return [n for n in graph.order if n in wanted]
-
-
-@contextlib.contextmanager
-def _package_log(store: Store, name: str, key: str) -> Iterator[IO[str]]:
-    path = log_path(store, name, key)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    last = path.parent / "last.log"
-    with path.open("w") as out:
-        last.unlink(missing_ok=True)
-        last.symlink_to(path.name)
-        yield out
+    return ensure_stage0_image(engine, seed.tree, seed.key), str(engine.info().get("ID", ""))

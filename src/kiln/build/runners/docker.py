@@ -7,7 +7,7 @@ gets a container from its base image with its dependency outputs written in at t
 capabilities (the sandbox's set) and no network unless a step declares it. Finalize
 copies each path out with get_archive (which resolves it inside the container) into a
 fresh directory of its own, then applies the same copy rules as the sandbox
-(kiln.build.runners.finalize: no shell, no host view of symlinks), so the store sees
+(kiln.core.treecopy: no shell, no host view of symlinks), so the store sees
 the tree the sandbox would give.
 
 Everything crosses the engine API (no bind mounts), so a remote engine (`DOCKER_HOST`)
@@ -31,11 +31,11 @@ from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
 from kiln.build.cancel import TOKEN
-from kiln.build.runners.base import BUILD_DIR, CAPABILITIES, STEP_WRAPPER, Layer, RootPlan, overlay_order
-from kiln.build.runners.finalize import copy_path
+from kiln.build.rootplan import BUILD_DIR, CAPABILITIES, STEP_WRAPPER, Layer, RootPlan, overlay_order
 from kiln.core.errors import BuildError
 from kiln.core.hashing import CHUNK, json_sha256
 from kiln.core.paths import join_inside, spec_parts
+from kiln.core.treecopy import copy_path
 
 STAGE0_REPO = "kiln/stage0"
 BASE_REPO = "kiln/base"

@@ -116,7 +116,7 @@ def main(argv: list[str]) -> int:
     if final is not None:
         from pathlib import Path
 
-        from kiln.build.runners.finalize import finalize_tree
+        from kiln.core.treecopy import finalize_tree
 
         try:
             finalize_tree(Path(plan["root"]), [(s, t) for s, t in final["copies"]], Path(final["out"]))

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from kiln.build.cancel import TOKEN, kill_group
-from kiln.build.runners.base import BUILD_DIR, CAPABILITIES, Layer, RootPlan, base_env, overlay_order
+from kiln.build.rootplan import BUILD_DIR, CAPABILITIES, Layer, RootPlan, base_env, overlay_order
 from kiln.build.runners.mounter import encode, overlay_options
 from kiln.core.errors import BuildError
 from kiln.core.paths import spec_parts
@@ -165,7 +165,7 @@ class SandboxRunner:
     def finalize(self, root: OverlayRoot, copies: list[tuple[str, str]], out: Path, log: IO[bytes]) -> int:
         """Copy the finalize paths out of the merged root (outside bwrap, inside the mounts).
 
-        The copy is kiln.build.runners.finalize, run by the mount helper: no shell, no host
+        The copy is kiln.core.treecopy, run by the mount helper: no shell, no host
         view of the root's symlinks; it exits FINALIZE_FAILED with the reason in the log.
         """
         return _call(root.finalize_command(copies, out), log)

@@ -8,12 +8,12 @@ import shutil
 import tempfile
 from pathlib import Path, PurePosixPath
 
-from kiln.build.runners.finalize import copy_path
 from kiln.build.sources.cache import SHA256_NAME, forget
 from kiln.build.sources.errors import FetchError
 from kiln.core.errors import BuildError
 from kiln.core.hashing import CHUNK
 from kiln.core.paths import PathEscape, join_inside
+from kiln.core.treecopy import copy_path
 from kiln.pkg.model import Source
 
 

@@ -1,4 +1,4 @@
-"""Finalize: copy paths out of a build root into a package's output, as `cp -a` did, safely.
+"""Copying paths out of a tree someone else wrote (finalize, sources, the docker runner), as `cp -a` did, safely.
 
 This runs on the host, as root, over a tree a package wrote, so nothing here follows a
 symlink with the host's view and no spec string reaches a shell. Paths are walked one

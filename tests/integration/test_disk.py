@@ -39,7 +39,7 @@ from kiln.image.outputs.disk import (
     partition_guid,
 )
 from kiln.image.outputs.formats import VHD_EPOCH, convert, vhd_checksum
-from kiln.image.outputs.grub import grub_config
+from kiln.image.outputs.grub import environment_block, slot_boot_config, slots_config
 
 pytestmark = pytest.mark.integration
 
@@ -113,20 +113,25 @@ def test_partition_table(disk: tuple[BootAssets, Path]) -> None:
     sh("sfdisk", "--verify", str(image))
 
 
-def test_boot_holds_kernel_initramfs_and_menu(disk: tuple[BootAssets, Path], tmp_path: Path) -> None:
+def test_boot_holds_slot_a_the_slot_menu_and_the_boot_state(disk: tuple[BootAssets, Path], tmp_path: Path) -> None:
     assets, image = disk
     boot = partitions(image)["BOOT"]
     start = boot["start"]
     assert isinstance(start, int)
-    assert fat_file(image, start, "vmlinuz", tmp_path / "k") == assets.vmlinuz.read_bytes()
-    assert fat_file(image, start, "initramfs.zst", tmp_path / "i") == assets.initramfs.read_bytes()
-    menu = fat_file(image, start, "grub/grub.cfg", tmp_path / "g").decode()
-    assert menu == grub_config(assets, "/vmlinuz", "/initramfs.zst")
-    assert "linux /vmlinuz console=ttyS0 kiln.platform=metal" in menu
+    assert fat_file(image, start, "A/vmlinuz", tmp_path / "k") == assets.vmlinuz.read_bytes()
+    assert fat_file(image, start, "A/initramfs.zst", tmp_path / "i") == assets.initramfs.read_bytes()
+    slot = fat_file(image, start, "A/boot.cfg", tmp_path / "s").decode()
+    assert slot == slot_boot_config(assets, "A", "vmlinuz", "initramfs.zst")
+    assert "linux /A/vmlinuz console=ttyS0 kiln.platform=metal kiln.slot=A\n" in slot
+    assert fat_file(image, start, "grub/grub.cfg", tmp_path / "g").decode() == slots_config()
+    env = fat_file(image, start, "grub/grubenv", tmp_path / "e")
+    assert env == environment_block({"kiln_default": "A"})
+    assert len(env) == 1024 and env.startswith(b"# GRUB Environment Block\nkiln_default=A\n#")
+    assert not sh("mdir", "-b", "-i", f"{image}@@{start * 512}", "::/").count("::/B")  # slot B: written by an upgrade
     info = sh("minfo", "-i", f"{image}@@{start * 512}", "::")
     assert f"serial number: {fat_serial(assets, 'BOOT')}" in info
     assert sh("mlabel", "-s", "-i", f"{image}@@{start * 512}", "::").split() == ["Volume", "label", "is", "BOOT"]
-    listing = sh("mdir", "-i", f"{image}@@{start * 512}", "::/")
+    listing = sh("mdir", "-i", f"{image}@@{start * 512}", "::/A")
     assert listing.count("2024-01-01") >= 3, f"file times are the epoch (UTC):\n{listing}"
 
 

@@ -1,8 +1,9 @@
 """The raw GPT disk image: EFI, BIOS, BOOT and META partitions that SeaBIOS and OVMF both boot.
 
 Layout (docs/disk-layout.md): a protective MBR holding GRUB's boot.img, the GPT, then EFI
-(FAT32, /EFI/BOOT/BOOTX64.EFI), BIOS (GRUB's i386-pc core.img, raw), BOOT (FAT32: vmlinuz,
-initramfs.zst, grub/grub.cfg) and META (1 MiB, empty). The rest of the disk stays free:
+(FAT32, /EFI/BOOT/BOOTX64.EFI), BIOS (GRUB's i386-pc core.img, raw), BOOT (FAT32: slot A's
+A/vmlinuz, A/initramfs.zst and A/boot.cfg, the slot menu grub/grub.cfg and the boot state
+grub/grubenv; slot B is written by an upgrade) and META (1 MiB, empty). The rest of the disk stays free:
 machined creates STATE and EPHEMERAL there on first boot. Both GRUB images find BOOT by its
 FAT serial and read the shared menu from it.
 
@@ -23,7 +24,7 @@ from pathlib import Path
 from kiln.core import tools
 from kiln.core.errors import BuildError, InputError
 from kiln.image.assets import BootAssets, derived_uuid
-from kiln.image.outputs.grub import grub_config
+from kiln.image.outputs.grub import ENV_NAME, environment_block, slot_boot_config, slots_config
 
 MIB = 1 << 20
 SECTOR = 512
@@ -42,6 +43,7 @@ BACKUP_GPT = 1 * MIB
 
 KERNEL_NAME = "vmlinuz"
 INITRD_NAME = "initramfs.zst"
+INSTALL_SLOT = "A"  # the disk image, the installer and `kiln install` all write slot A
 
 # Modules built into both core images: nothing is loaded from disk but grub.cfg.
 COMMON_MODULES = [
@@ -56,6 +58,7 @@ COMMON_MODULES = [
     "terminal",
     "echo",
     "test",
+    "loadenv",
 ]
 BIOS_MODULES = ["biosdisk", *COMMON_MODULES]
 EFI_MODULES = ["efi_gop", *COMMON_MODULES]
@@ -193,7 +196,11 @@ def build_raw(assets: BootAssets, out: Path, size: int) -> Path:
                 env,
             )
             grub_cfg = work / "grub.cfg"
-            grub_cfg.write_text(grub_config(assets, f"/{KERNEL_NAME}", f"/{INITRD_NAME}"))
+            grub_cfg.write_text(slots_config())
+            grubenv = work / ENV_NAME
+            grubenv.write_bytes(environment_block({"kiln_default": INSTALL_SLOT}))
+            slot_cfg = work / "boot.cfg"
+            slot_cfg.write_text(slot_boot_config(assets, INSTALL_SLOT, KERNEL_NAME, INITRD_NAME))
 
             _fat(assets, partial, parts["EFI"], "EFI", env)
             _copy_in(partial, parts["EFI"], env, {"EFI/BOOT/BOOTX64.EFI": efi})
@@ -202,7 +209,13 @@ def build_raw(assets: BootAssets, out: Path, size: int) -> Path:
                 partial,
                 parts["BOOT"],
                 env,
-                {KERNEL_NAME: assets.vmlinuz, INITRD_NAME: assets.initramfs, "grub/grub.cfg": grub_cfg},
+                {
+                    f"{INSTALL_SLOT}/{KERNEL_NAME}": assets.vmlinuz,
+                    f"{INSTALL_SLOT}/{INITRD_NAME}": assets.initramfs,
+                    f"{INSTALL_SLOT}/boot.cfg": slot_cfg,
+                    "grub/grub.cfg": grub_cfg,
+                    f"grub/{ENV_NAME}": grubenv,
+                },
             )
             install_bios_grub(partial, core, parts["BIOS"])
         partial.chmod(0o644)

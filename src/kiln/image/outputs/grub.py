@@ -1,8 +1,25 @@
-"""The GRUB menu every GRUB-booted output (ISO, disk images) shares."""
+"""The GRUB menus: one for read-only media (ISO), one choosing an A/B slot on disks.
+
+The disk menu reads the boot state from GRUB's environment block (`/grub/grubenv` on BOOT):
+the default slot, the slot on trial (`kiln_next`) and its tries left. Each boot of a trial
+slot costs one try, written back with `save_env` before the kernel starts; with none left,
+GRUB boots the default slot again and records the rollback. machined makes a trial slot the
+default once it reaches ready (docs/upgrades.md). Each slot carries its own `boot.cfg` (its
+kernel command line), so a slot's kernel and arguments travel together.
+"""
 
 from __future__ import annotations
 
 from kiln.image.assets import BootAssets
+
+SLOTS = ("A", "B")
+MAX_TRIES = 9  # the menu counts tries down without arithmetic: one branch per value
+ENV_NAME = "grubenv"
+ENV_SIZE = 1024
+ENV_HEADER = "# GRUB Environment Block\n"
+STATE_VARS = ("kiln_default", "kiln_next", "kiln_tries", "kiln_rollback")
+
+_CONSOLE = ["serial --unit=0 --speed=115200", "terminal_input console serial", "terminal_output console serial"]
 
 
 def grub_config(assets: BootAssets, kernel: str, initrd: str, timeout: int = 1) -> str:
@@ -12,9 +29,7 @@ def grub_config(assets: BootAssets, kernel: str, initrd: str, timeout: int = 1) 
     """
     return "\n".join(
         [
-            "serial --unit=0 --speed=115200",
-            "terminal_input console serial",
-            "terminal_output console serial",
+            *_CONSOLE,
             "set default=0",
             f"set timeout={timeout}",
             f'menuentry "Kiln {assets.version}" {{',
@@ -24,3 +39,64 @@ def grub_config(assets: BootAssets, kernel: str, initrd: str, timeout: int = 1) 
             "",
         ]
     )
+
+
+def slot_boot_config(assets: BootAssets, slot: str, kernel: str, initrd: str) -> str:
+    """`/<slot>/boot.cfg`: the slot's kernel, its command line (naming the slot) and initramfs."""
+    return f"linux /{slot}/{kernel} {assets.cmdline} kiln.slot={slot}\ninitrd /{slot}/{initrd}\n"
+
+
+def slots_config(timeout: int = 1) -> str:
+    """The disk's grub.cfg: pick the slot from the environment block, count a trial's tries, boot it.
+
+    Only the four state variables are loaded (a hostile grubenv cannot set `prefix` or `root`),
+    and a slot name that is not A or B reads as A.
+    """
+    countdown = []
+    for tries in range(MAX_TRIES, 0, -1):
+        keyword = "if" if tries == MAX_TRIES else "elif"
+        countdown.append(f'    {keyword} [ "$kiln_tries" = "{tries}" ]; then')
+        countdown.append(f'        set kiln_tries="{tries - 1}"')
+        countdown.append('        set kiln_slot="$kiln_next"')
+    lines = [
+        *_CONSOLE,
+        f"set timeout={timeout}",
+        "set default=0",
+        'set kiln_default="A"',
+        'set kiln_next=""',
+        'set kiln_tries=""',
+        'set kiln_rollback=""',
+        f"load_env {' '.join(STATE_VARS)}",
+        'if [ "$kiln_default" != "B" ]; then set kiln_default="A"; fi',
+        'if [ "$kiln_next" != "A" -a "$kiln_next" != "B" ]; then set kiln_next=""; fi',
+        'set kiln_slot="$kiln_default"',
+        'if [ -n "$kiln_next" ]; then',
+        *countdown,
+        "    else",
+        '        set kiln_rollback="$kiln_next"',
+        '        set kiln_next=""',
+        '        set kiln_tries=""',
+        "    fi",
+        f"    save_env {' '.join(STATE_VARS[1:])}",
+        "fi",
+        'if [ "$kiln_slot" = "A" ]; then set kiln_other="B"; else set kiln_other="A"; fi',
+        "export kiln_slot kiln_other",
+        'menuentry "Kiln, slot $kiln_slot" {',
+        "    source /$kiln_slot/boot.cfg",
+        "}",
+        'if [ -f "/$kiln_other/boot.cfg" ]; then',
+        '    menuentry "Kiln, slot $kiln_other (the other slot)" {',
+        "        source /$kiln_other/boot.cfg",
+        "    }",
+        "fi",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def environment_block(values: dict[str, str]) -> bytes:
+    """A GRUB environment block: the header, `name=value` lines, '#' padding to 1024 bytes."""
+    body = ENV_HEADER + "".join(f"{name}={value}\n" for name, value in values.items())
+    if len(body) > ENV_SIZE or any("\n" in v or "\\" in v for v in values.values()):
+        raise ValueError(f"boot state does not fit a GRUB environment block: {values}")
+    return (body + "#" * (ENV_SIZE - len(body))).encode()

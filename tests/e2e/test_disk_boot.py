@@ -56,7 +56,7 @@ def test_boots_to_ready(disks: dict[str, Path], tmp_path: Path, fmt: str, firmwa
     result = boot(machine, READY, BOOT_TIMEOUT, log)
     assert result.ok, f"{fmt}/{firmware}: {result.reason}; console:\n" + "\n".join(result.tail)
     text = log.read_text(errors="replace")
-    assert f"Kiln {__version__}" in text, "GRUB's Kiln menu entry never showed"
+    assert f"Kiln {__version__}, slot A" in text, "GRUB's Kiln menu entry for slot A never showed"
     assert "disk: using /dev/vda" in text, "machined did not take the image's disk"
     assert result.line is not None and "var=/dev/vda" in result.line, f"/var is not on the disk: {result.line}"
     print(f"{fmt}/{firmware}: ready after {result.seconds:.1f} s")

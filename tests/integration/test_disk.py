@@ -125,8 +125,10 @@ def test_boot_holds_slot_a_the_slot_menu_and_the_boot_state(disk: tuple[BootAsse
     assert "linux /A/vmlinuz console=ttyS0 kiln.platform=metal kiln.slot=A\n" in slot
     assert fat_file(image, start, "grub/grub.cfg", tmp_path / "g").decode() == slots_config()
     env = fat_file(image, start, "grub/grubenv", tmp_path / "e")
-    assert env == environment_block({"kiln_default": "A"})
-    assert len(env) == 1024 and env.startswith(b"# GRUB Environment Block\nkiln_default=A\n#")
+    assert env == environment_block({"kiln_default": "A", "kiln_version_A": assets.version})
+    assert len(env) == 1024 and env.startswith(
+        f"# GRUB Environment Block\nkiln_default=A\nkiln_version_A={assets.version}\n#".encode()
+    )
     assert not sh("mdir", "-b", "-i", f"{image}@@{start * 512}", "::/").count("::/B")  # slot B: written by an upgrade
     info = sh("minfo", "-i", f"{image}@@{start * 512}", "::")
     assert f"serial number: {fat_serial(assets, 'BOOT')}" in info

@@ -15,7 +15,7 @@ from kiln.image.outputs.grub import MAX_TRIES, environment_block, slots_config
 
 def test_only_the_state_variables_are_loaded_and_saved() -> None:
     menu = slots_config()
-    assert "load_env kiln_default kiln_next kiln_tries kiln_rollback\n" in menu
+    assert "load_env kiln_default kiln_next kiln_tries kiln_rollback kiln_version_A kiln_version_B\n" in menu
     assert "    save_env kiln_next kiln_tries kiln_rollback\n" in menu
     assert menu.count("load_env") == 1 and menu.count("save_env") == 1
     assert "--file" not in menu  # the block next to grub.cfg ($prefix/grubenv), nowhere else

@@ -198,7 +198,9 @@ def build_raw(assets: BootAssets, out: Path, size: int) -> Path:
             grub_cfg = work / "grub.cfg"
             grub_cfg.write_text(slots_config())
             grubenv = work / ENV_NAME
-            grubenv.write_bytes(environment_block({"kiln_default": INSTALL_SLOT}))
+            grubenv.write_bytes(
+                environment_block({"kiln_default": INSTALL_SLOT, f"kiln_version_{INSTALL_SLOT}": assets.version})
+            )
             slot_cfg = work / "boot.cfg"
             slot_cfg.write_text(slot_boot_config(assets, INSTALL_SLOT, KERNEL_NAME, INITRD_NAME))
 

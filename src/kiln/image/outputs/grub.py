@@ -18,6 +18,7 @@ ENV_NAME = "grubenv"
 ENV_SIZE = 1024
 ENV_HEADER = "# GRUB Environment Block\n"
 STATE_VARS = ("kiln_default", "kiln_next", "kiln_tries", "kiln_rollback")
+VERSION_VARS = ("kiln_version_A", "kiln_version_B")  # shown in the menu's titles only
 
 _CONSOLE = ["serial --unit=0 --speed=115200", "terminal_input console serial", "terminal_output console serial"]
 
@@ -66,7 +67,7 @@ def slots_config(timeout: int = 1) -> str:
         'set kiln_next=""',
         'set kiln_tries=""',
         'set kiln_rollback=""',
-        f"load_env {' '.join(STATE_VARS)}",
+        f"load_env {' '.join(STATE_VARS + VERSION_VARS)}",
         'if [ "$kiln_default" != "B" ]; then set kiln_default="A"; fi',
         'if [ "$kiln_next" != "A" -a "$kiln_next" != "B" ]; then set kiln_next=""; fi',
         'set kiln_slot="$kiln_default"',
@@ -79,13 +80,17 @@ def slots_config(timeout: int = 1) -> str:
         "    fi",
         f"    save_env {' '.join(STATE_VARS[1:])}",
         "fi",
-        'if [ "$kiln_slot" = "A" ]; then set kiln_other="B"; else set kiln_other="A"; fi',
+        'if [ "$kiln_slot" = "A" ]; then',
+        '    set kiln_other="B"; set kiln_this_version="$kiln_version_A"; set kiln_other_version="$kiln_version_B"',
+        "else",
+        '    set kiln_other="A"; set kiln_this_version="$kiln_version_B"; set kiln_other_version="$kiln_version_A"',
+        "fi",
         "export kiln_slot kiln_other",
-        'menuentry "Kiln, slot $kiln_slot" {',
+        'menuentry "Kiln $kiln_this_version, slot $kiln_slot" {',
         "    source /$kiln_slot/boot.cfg",
         "}",
         'if [ -f "/$kiln_other/boot.cfg" ]; then',
-        '    menuentry "Kiln, slot $kiln_other (the other slot)" {',
+        '    menuentry "Kiln $kiln_other_version, slot $kiln_other (the other slot)" {',
         "        source /$kiln_other/boot.cfg",
         "    }",
         "fi",

@@ -1,0 +1,108 @@
+"""End-to-end: A/B slots under real GRUB (SeaBIOS and OVMF) and the real machined.
+
+Nothing is stubbed: the disk is build_raw's, with conftest's real kernel and initramfs in
+slot A; the test writes slot B and the boot state into BOOT's FAT with mtools, as an upgrade
+would, boots it in QEMU (TCG) on a disk that keeps what GRUB and machined write between
+boots, and reads the boot state back after each boot. A trial slot that panics costs one try
+per boot and GRUB falls back to slot A once the tries run out; a trial slot that reaches
+ready is made the default by machined before it prints the ready line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from kiln import __version__
+from kiln.boot.qemu import READY, BootResult, Machine, boot
+from kiln.image.assets import BootAssets
+from kiln.image.outputs.disk import build_raw
+from kiln.image.outputs.grub import environment_block
+
+pytestmark = pytest.mark.e2e
+
+BOOT_TIMEOUT = 300.0
+EPOCH = 1704067200
+SIZE = 1 << 30
+MTOOLS_ENV = {**os.environ, "MTOOLS_SKIP_CHECK": "1"}
+
+
+class Disk:
+    """A raw disk whose BOOT partition the test reads and writes with mtools."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        table = json.loads(subprocess.run(["sfdisk", "-J", str(path)], check=True, capture_output=True).stdout)
+        boot_part = next(p for p in table["partitiontable"]["partitions"] if p.get("name") == "BOOT")
+        self.target = f"{path}@@{boot_part['start'] * 512}"
+
+    def read(self, name: str) -> bytes:
+        return subprocess.run(
+            ["mtype", "-i", self.target, f"::/{name}"], check=True, capture_output=True, env=MTOOLS_ENV
+        ).stdout
+
+    def write(self, name: str, data: bytes, scratch: Path) -> None:
+        scratch.write_bytes(data)
+        subprocess.run(["mcopy", "-o", "-i", self.target, str(scratch), f"::/{name}"], check=True, env=MTOOLS_ENV)
+
+    def mkdir(self, name: str) -> None:
+        subprocess.run(["mmd", "-i", self.target, f"::/{name}"], check=True, env=MTOOLS_ENV)
+
+    def state(self) -> dict[str, str]:
+        """The boot state's variables, as GRUB and machined left them."""
+        text = self.read("grub/grubenv").decode()
+        return dict(line.split("=", 1) for line in text.splitlines()[1:] if line and not line.startswith("#"))
+
+
+def slot_b(disk: Disk, tmp_path: Path, *, initramfs: bytes, cmdline: str) -> None:
+    """Slot B with slot A's kernel, the given initramfs and command line."""
+    disk.mkdir("B")
+    disk.write("B/vmlinuz", disk.read("A/vmlinuz"), tmp_path / "vmlinuz")
+    disk.write("B/initramfs.zst", initramfs, tmp_path / "initramfs.zst")
+    cfg = f"linux /B/vmlinuz {cmdline} kiln.slot=B\ninitrd /B/initramfs.zst\n"
+    disk.write("B/boot.cfg", cfg.encode(), tmp_path / "boot.cfg")
+
+
+def boot_disk(disk: Disk, firmware: str, expect: str, log: Path) -> BootResult:
+    """Boot the disk itself (no snapshot: what GRUB and machined write stays), stop at `expect`."""
+    machine = Machine(firmware=firmware, extra=["-drive", f"file={disk.path},format=raw,if=virtio"])
+    result = boot(machine, expect, BOOT_TIMEOUT, log)
+    assert result.ok, f"{firmware}: waiting for {expect!r}: {result.reason}; console:\n" + "\n".join(result.tail)
+    return result
+
+
+def booted_slot(log: Path) -> str:
+    found = re.findall(r"Command line: .*kiln\.slot=([AB])", log.read_text(errors="replace"))
+    assert found, "no kernel command line naming a slot on the console"
+    return str(found[0])
+
+
+@pytest.fixture
+def disk(image_dir: Path, tmp_path: Path) -> Disk:
+    assets = BootAssets.make(image_dir / "vmlinuz", image_dir / "initramfs.zst", "console=ttyS0", __version__, EPOCH)
+    return Disk(build_raw(assets, tmp_path / "disk.raw", SIZE))
+
+
+@pytest.mark.parametrize("firmware", ["bios", "uefi"])
+def test_a_trial_slot_that_panics_falls_back_after_its_tries(disk: Disk, tmp_path: Path, firmware: str) -> None:
+    slot_b(disk, tmp_path, initramfs=b"not an initramfs\n" * 64, cmdline="console=ttyS0 panic=1")
+    disk.write(
+        "grub/grubenv",
+        environment_block({"kiln_default": "A", "kiln_next": "B", "kiln_tries": "2", "kiln_version_A": __version__}),
+        tmp_path / "env",
+    )
+    for left in ("1", "0"):
+        log = tmp_path / f"{firmware}-try-{left}.log"
+        boot_disk(disk, firmware, "Kernel panic", log)
+        assert booted_slot(log) == "B"
+        assert disk.state()["kiln_tries"] == left
+    log = tmp_path / f"{firmware}-fallback.log"
+    boot_disk(disk, firmware, READY, log)
+    assert booted_slot(log) == "A"
+    state = disk.state()
+    assert state["kiln_default"] == "A" and state["kiln_next"] == "" and state["kiln_rollback"] == "B"

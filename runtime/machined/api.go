@@ -9,12 +9,15 @@ import (
 	"net/http"
 	"strings"
 	"time"
+
+	"kiln/machined/internal/safego"
+	"kiln/machined/internal/supervisor"
 )
 
 // apiBackend is what the API serves; the machine implements it, tests fake it.
 type apiBackend interface {
 	Status() interface{}
-	Services() []ServiceStatus
+	Services() []supervisor.ServiceStatus
 	Logs(service string) ([]string, bool)
 	Power(action string) // "reboot" or "poweroff"; called after the response is sent
 }
@@ -55,7 +58,7 @@ func apiHandler(b apiBackend) http.Handler {
 				f.Flush()
 			}
 			// after the reply is on its way: shutting down takes the network with it
-			goSafe("api "+action, func() { time.Sleep(200 * time.Millisecond); b.Power(action) })
+			safego.Go("api "+action, func() { time.Sleep(200 * time.Millisecond); b.Power(action) })
 		}))
 	}
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
@@ -101,6 +104,6 @@ func serveAPI(cfg APIConfig, b apiBackend, errorLog io.Writer) (net.Addr, func()
 		ReadHeaderTimeout: 10 * time.Second,
 		ErrorLog:          log.New(errorLog, "api: ", 0),
 	}
-	goSafe("api server", func() { _ = srv.Serve(tls.NewListener(ln, tlsConfig)) })
+	safego.Go("api server", func() { _ = srv.Serve(tls.NewListener(ln, tlsConfig)) })
 	return ln.Addr(), func() { _ = srv.Close() }, nil
 }

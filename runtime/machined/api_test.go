@@ -10,6 +10,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"kiln/machined/internal/supervisor"
 )
 
 type fakeBackend struct {
@@ -18,8 +20,8 @@ type fakeBackend struct {
 }
 
 func (f *fakeBackend) Status() interface{} { return map[string]string{"version": "test"} }
-func (f *fakeBackend) Services() []ServiceStatus {
-	return []ServiceStatus{{Name: "web", State: stateRunning, PID: 42, Restart: restartAlways}}
+func (f *fakeBackend) Services() []supervisor.ServiceStatus {
+	return []supervisor.ServiceStatus{{Name: "web", State: supervisor.StateRunning, PID: 42, Restart: supervisor.RestartAlways}}
 }
 func (f *fakeBackend) Logs(name string) ([]string, bool) {
 	if name != "web" {

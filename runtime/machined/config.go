@@ -6,49 +6,29 @@ import (
 	"crypto/x509"
 	"encoding/json"
 	"fmt"
-	"net"
 	"regexp"
 	"strings"
 
+	"kiln/machined/internal/network"
+	"kiln/machined/internal/supervisor"
 	"kiln/machined/internal/yaml"
 )
 
 // Config is the machine config (docs/machine-config.md). Every field is optional: an
 // empty config means DHCP on every interface, no extra services and the API off.
 type Config struct {
-	Version  int           `json:"version,omitempty"`
-	Hostname string        `json:"hostname,omitempty"`
-	Install  InstallConfig `json:"install,omitempty"`
-	Network  NetworkConfig `json:"network,omitempty"`
-	Services []ServiceSpec `json:"services,omitempty"`
-	API      APIConfig     `json:"api,omitempty"`
+	Version  int                      `json:"version,omitempty"`
+	Hostname string                   `json:"hostname,omitempty"`
+	Install  InstallConfig            `json:"install,omitempty"`
+	Network  network.NetworkConfig    `json:"network,omitempty"`
+	Services []supervisor.ServiceSpec `json:"services,omitempty"`
+	API      APIConfig                `json:"api,omitempty"`
 }
 
 // InstallConfig names the disk machined owns (STATE and EPHEMERAL go there).
 type InstallConfig struct {
 	Disk       string `json:"disk,omitempty"`       // /dev/vda, /dev/nvme0n1, ...
 	Filesystem string `json:"filesystem,omitempty"` // of EPHEMERAL (/var): ext4 (default) or xfs
-}
-
-type NetworkConfig struct {
-	Interfaces  []InterfaceConfig `json:"interfaces,omitempty"`
-	Nameservers []string          `json:"nameservers,omitempty"`
-}
-
-// InterfaceConfig configures one interface; with no addresses it uses DHCP.
-type InterfaceConfig struct {
-	Name      string   `json:"name"`
-	DHCP      *bool    `json:"dhcp,omitempty"`
-	Addresses []string `json:"addresses,omitempty"` // CIDR: 192.168.1.10/24
-	Gateway   string   `json:"gateway,omitempty"`
-}
-
-// UsesDHCP: DHCP unless addresses are given and dhcp is not forced on.
-func (i InterfaceConfig) UsesDHCP() bool {
-	if i.DHCP != nil {
-		return *i.DHCP
-	}
-	return len(i.Addresses) == 0
 }
 
 // APIConfig holds PEM text: the server's certificate and key, and the CA that signs clients.
@@ -60,30 +40,6 @@ type APIConfig struct {
 }
 
 func (a APIConfig) Enabled() bool { return a.CA != "" || a.Cert != "" || a.Key != "" }
-
-// stringMap is an env block: YAML's `PORT: 8080` is a number, but env values are strings.
-type stringMap map[string]string
-
-func (m *stringMap) UnmarshalJSON(data []byte) error {
-	var raw map[string]interface{}
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.UseNumber()
-	if err := dec.Decode(&raw); err != nil {
-		return err
-	}
-	*m = stringMap{}
-	for k, v := range raw {
-		switch v := v.(type) {
-		case string:
-			(*m)[k] = v
-		case json.Number, bool:
-			(*m)[k] = fmt.Sprint(v)
-		default:
-			return fmt.Errorf("env %s: want a string, got %T", k, v)
-		}
-	}
-	return nil
-}
 
 // isJSON: a config whose first significant character opens an object is JSON.
 func isJSON(data []byte) bool {
@@ -152,13 +108,13 @@ func (c *Config) validate() error {
 	default:
 		return fmt.Errorf("install.filesystem %q: want ext4 or xfs", c.Install.Filesystem)
 	}
-	if err := c.Network.validate(); err != nil {
+	if err := c.Network.Validate(); err != nil {
 		return err
 	}
 	seen := map[string]bool{}
 	for i := range c.Services {
 		s := &c.Services[i]
-		if err := s.validate(); err != nil {
+		if err := s.Validate(); err != nil {
 			return fmt.Errorf("services[%d]: %v", i, err)
 		}
 		if seen[s.Name] {
@@ -169,36 +125,6 @@ func (c *Config) validate() error {
 	if c.API.Enabled() {
 		if _, err := c.API.tlsConfig(); err != nil {
 			return fmt.Errorf("api: %v", err)
-		}
-	}
-	return nil
-}
-
-func (n *NetworkConfig) validate() error {
-	names := map[string]bool{}
-	for i, iface := range n.Interfaces {
-		if iface.Name == "" {
-			return fmt.Errorf("network.interfaces[%d]: name is required", i)
-		}
-		if names[iface.Name] {
-			return fmt.Errorf("network.interfaces: %q is listed twice", iface.Name)
-		}
-		names[iface.Name] = true
-		for _, a := range iface.Addresses {
-			if ip, _, err := net.ParseCIDR(a); err != nil || ip.To4() == nil {
-				return fmt.Errorf("network.interfaces[%d] (%s): address %q: want IPv4 CIDR such as 192.168.1.10/24", i, iface.Name, a)
-			}
-		}
-		if g := iface.Gateway; g != "" && (net.ParseIP(g) == nil || net.ParseIP(g).To4() == nil) {
-			return fmt.Errorf("network.interfaces[%d] (%s): gateway %q is not an IPv4 address", i, iface.Name, g)
-		}
-		if iface.Gateway != "" && len(iface.Addresses) == 0 {
-			return fmt.Errorf("network.interfaces[%d] (%s): a gateway needs a static address", i, iface.Name)
-		}
-	}
-	for _, ns := range n.Nameservers {
-		if net.ParseIP(ns) == nil {
-			return fmt.Errorf("network.nameservers: %q is not an IP address", ns)
 		}
 	}
 	return nil

@@ -4,6 +4,9 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	"kiln/machined/internal/network"
+	"kiln/machined/internal/supervisor"
 )
 
 const exampleYAML = `# a machine config
@@ -47,16 +50,16 @@ func TestParseYAMLConfig(t *testing.T) {
 		Version:  1,
 		Hostname: "node-1",
 		Install:  InstallConfig{Disk: "/dev/vda", Filesystem: "xfs"},
-		Network: NetworkConfig{
-			Interfaces: []InterfaceConfig{
+		Network: network.NetworkConfig{
+			Interfaces: []network.InterfaceConfig{
 				{Name: "eth0"},
 				{Name: "eth1", Addresses: []string{"192.168.10.5/24", "10.0.0.5/8"}, Gateway: "192.168.10.1"},
 			},
 			Nameservers: []string{"1.1.1.1", "9.9.9.9"},
 		},
-		Services: []ServiceSpec{
+		Services: []supervisor.ServiceSpec{
 			{Name: "web", Command: "/usr/local/bin/web", Args: []string{"--port", "8080", "it's"},
-				Env: stringMap{"PORT": "8080", "DEBUG": "true", "GREETING": "hello\tworld"}, Type: "simple", Restart: "always", After: []string{"db"}},
+				Env: supervisor.StringMap{"PORT": "8080", "DEBUG": "true", "GREETING": "hello\tworld"}, Type: "simple", Restart: "always", After: []string{"db"}},
 			{Name: "db", Command: "/usr/local/bin/db", Type: "simple", Restart: "on-failure"},
 		},
 		API: APIConfig{Listen: ":50000"},
@@ -127,25 +130,5 @@ func TestEmptyConfigAndLenientUserData(t *testing.T) {
 	cfg, err = parseConfig("user-data", []byte(userData), false)
 	if err != nil || cfg.Hostname != "from-user-data" {
 		t.Fatalf("lenient user-data: %+v %v", cfg, err)
-	}
-}
-
-func TestServiceDefaultsAndDependencies(t *testing.T) {
-	s := ServiceSpec{Name: "a", Command: "/bin/true"}
-	if err := s.validate(); err != nil || s.Restart != restartOnFailure {
-		t.Fatalf("default restart: %q %v", s.Restart, err)
-	}
-	specs := []ServiceSpec{{Name: "a", After: []string{"b"}}, {Name: "b", After: []string{"c"}}, {Name: "c", After: []string{"a"}}}
-	if err := checkDependencies(specs); err == nil || !strings.Contains(err.Error(), "cycle: a -> b -> c -> a") {
-		t.Fatalf("cycle: %v", err)
-	}
-	if err := checkDependencies([]ServiceSpec{{Name: "a", After: []string{"ghost"}}}); err == nil || !strings.Contains(err.Error(), "ghost") {
-		t.Fatalf("unknown dependency: %v", err)
-	}
-	merged := mergeServices(
-		[]ServiceSpec{{Name: "web", Command: "/ext/web", Source: "ext.json"}, {Name: "agent", Command: "/ext/agent"}},
-		[]ServiceSpec{{Name: "web", Command: "/cfg/web"}})
-	if len(merged) != 2 || merged[1].Command != "/cfg/web" || merged[1].Source != "machine config" {
-		t.Fatalf("merge: %+v", merged)
 	}
 }

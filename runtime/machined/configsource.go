@@ -14,6 +14,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"kiln/machined/internal/disk"
 )
 
 const cidataMount = "/run/kiln/cidata"
@@ -145,15 +147,15 @@ func findConfigDrive(sysRoot string) (dev, fstype string) {
 	deadline := time.Now().Add(3 * time.Second)
 	for {
 		waiting := false
-		for _, b := range listBlockDevices(sysRoot) {
-			if isVirtualDisk(b.Name) {
+		for _, b := range disk.ListBlockDevices(sysRoot) {
+			if disk.IsVirtualDisk(b.Name) {
 				continue
 			}
 			if b.Sectors == 0 {
 				waiting = waiting || strings.HasPrefix(b.Name, "sr")
 				continue
 			}
-			t, label, err := probeFS(b.Path)
+			t, label, err := disk.ProbeFS(b.Path)
 			if err != nil || t == "" {
 				continue
 			}

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+
+	"kiln/machined/internal/supervisor"
 )
 
 // console writes machined's own lines to /dev/console and to stdout, once each place:
@@ -15,11 +17,11 @@ type console struct {
 	mu      sync.Mutex
 	console *os.File
 	stdout  *os.File
-	log     *ringLog // machined's own log, served by the API as service "machined"
+	log     *supervisor.RingLog // machined's own log, served by the API as service "machined"
 }
 
 func newConsole(stdout *os.File) *console {
-	c := &console{stdout: stdout, log: newRingLog(2000, 256<<10)}
+	c := &console{stdout: stdout, log: supervisor.NewRingLog(2000, 256<<10)}
 	if f, err := os.OpenFile("/dev/console", os.O_WRONLY|syscall.O_NOCTTY, 0); err == nil {
 		if sameCharDevice(f, stdout) {
 			f.Close()

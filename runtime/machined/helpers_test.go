@@ -15,6 +15,20 @@ import (
 	"time"
 )
 
+// waitFor polls cond every 100 ms until it holds or max has passed (as internal/disk's).
+func waitFor(cond func() bool, max time.Duration) bool {
+	deadline := time.Now().Add(max)
+	for {
+		if cond() {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
 func fmtJSON(t *testing.T, v interface{}) string {
 	t.Helper()
 	data, err := json.Marshal(v)

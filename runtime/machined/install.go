@@ -18,6 +18,9 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	// disk is install's name for the target, so the package goes by another here
+	diskpkg "kiln/machined/internal/disk"
 )
 
 const (
@@ -187,7 +190,7 @@ func install(imagePath, disk string, wipe bool, say func(string, ...interface{})
 		return refuse("%s is neither a block device nor a disk image file", disk)
 	}
 	if isBlock {
-		if users := diskUsers("/sys", "/proc", disk, uint64(st.Sys().(*syscall.Stat_t).Rdev)); len(users) > 0 {
+		if users := diskpkg.Users("/sys", "/proc", disk, uint64(st.Sys().(*syscall.Stat_t).Rdev)); len(users) > 0 {
 			return refuseInUse(disk, strings.Join(users, ", "))
 		}
 	}
@@ -210,16 +213,16 @@ func install(imagePath, disk string, wipe bool, say func(string, ...interface{})
 	if diskSize < src.size {
 		return refuse("%s (%d bytes) is smaller than the image (%d bytes)", disk, diskSize, src.size)
 	}
-	found, tools, err := diskContent(f, disk, diskSize)
+	found, tools, err := diskpkg.Content(f, disk, diskSize)
 	switch {
 	case err != nil && !wipe:
 		return refuse("refusing to install onto %s: cannot tell whether it holds data (%v); pass --wipe to overwrite it", disk, err)
 	case err != nil:
 		say("warning: --wipe: cannot probe %s (%v); overwriting it", disk, err)
 	case len(found) > 0 && !wipe:
-		return refuse("refusing to install onto %s: it holds %s; pass --wipe to overwrite it", disk, joinFindings(found))
+		return refuse("refusing to install onto %s: it holds %s; pass --wipe to overwrite it", disk, diskpkg.JoinFindings(found))
 	case len(found) > 0:
-		say("--wipe: overwriting %s on %s", joinFindings(found), disk)
+		say("--wipe: overwriting %s on %s", diskpkg.JoinFindings(found), disk)
 	default:
 		say("%s is empty (checked by %s; first and last MiB zero)", disk, strings.Join(tools, " and "))
 	}
@@ -313,4 +316,10 @@ func unwrapPath(err error) error {
 		return fmt.Errorf("%s: %v", pe.Path, pe.Err)
 	}
 	return err
+}
+
+// exists says whether path exists (internal/disk keeps its own for sysfs).
+func exists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
 }

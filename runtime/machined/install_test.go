@@ -14,6 +14,10 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	// disk is these tests' name for the target, so the package goes by another here
+	diskpkg "kiln/machined/internal/disk"
+	"kiln/machined/internal/supervisor"
 )
 
 // gptImage makes a sized file with a GPT from the real sfdisk and recognisable bytes in
@@ -33,7 +37,7 @@ func gptImage(t *testing.T, dir string, size int64) string {
 	}
 	script := "label: gpt\nstart=2048, size=2048, name=EFI\nsize=2048, name=BOOT\n"
 	// through machined's reaper: once a test has started it, it reaps every child
-	if out, err := runInput([]byte(script), sf, "--quiet", path); err != nil {
+	if out, err := supervisor.RunInput([]byte(script), sf, "--quiet", path); err != nil {
 		t.Fatalf("sfdisk: %v\n%s", err, out)
 	}
 	f, err := os.OpenFile(path, os.O_RDWR, 0)
@@ -107,7 +111,7 @@ func TestInstallOntoEmptyFileKeepsSizeAndStaysSparse(t *testing.T) {
 	// and real sfdisk reads the installed table: the same partitions, names included
 	sf, _ := exec.LookPath("sfdisk")
 	dump := func(p string) string {
-		b, err := run(sf, "--dump", p)
+		b, err := supervisor.Run(sf, "--dump", p)
 		if err != nil {
 			t.Fatalf("sfdisk --dump %s: %v", p, err)
 		}
@@ -219,7 +223,7 @@ func TestInstallRefusesDiskWithContentUnlessWipe(t *testing.T) {
 			if err != nil {
 				t.Skip("mkfs.ext4 not installed (Debian: e2fsprogs)")
 			}
-			if out, err := run(mkfs, "-q", "-F", path); err != nil {
+			if out, err := supervisor.Run(mkfs, "-q", "-F", path); err != nil {
 				t.Fatalf("mkfs.ext4: %v\n%s", err, out)
 			}
 		},
@@ -270,12 +274,12 @@ func TestInstallOntoLoopDevice(t *testing.T) {
 	f, _ := os.OpenFile(backing, os.O_RDWR, 0)
 	_, _ = f.WriteAt([]byte("EFI PART"), 16<<20-512)
 	f.Close()
-	out, err := run(losetup, "--find", "--show", "--partscan", backing)
+	out, err := supervisor.Run(losetup, "--find", "--show", "--partscan", backing)
 	if err != nil {
 		t.Skipf("losetup: %v (no loop devices here?)", err)
 	}
 	dev := strings.TrimSpace(out)
-	defer func() { _, _ = run(losetup, "--detach", dev) }()
+	defer func() { _, _ = supervisor.Run(losetup, "--detach", dev) }()
 	refusedOneLine(t, "refusing to install onto "+dev+": it holds a backup GPT header (gpt); pass --wipe", "--disk", dev, "--image", image)
 	code, stdout, errs := runInstall(t, "--disk", dev, "--image", image, "--wipe")
 	if code != 0 {
@@ -319,14 +323,14 @@ func TestLayoutReadableAfterInstallOntoBiggerDisk(t *testing.T) {
 	if code, _, errs := runInstall(t, "--disk", disk, "--image", image); code != 0 {
 		t.Fatalf("exit %d: %s", code, errs)
 	}
-	out, err := run(sfdiskPath(t), "--json", disk)
+	out, err := supervisor.Run(sfdiskPath(t), "--json", disk)
 	if err != nil {
 		t.Fatalf("sfdisk --json: %v\n%s", err, out)
 	}
 	if !strings.Contains(out, "backup GPT table is not on the end") {
 		t.Fatalf("sfdisk did not warn as expected:\n%s", out)
 	}
-	layout, err := parseSfdiskJSON([]byte(out))
+	layout, err := diskpkg.ParseSfdiskJSON([]byte(out))
 	if err != nil || len(layout.Partitions) != 2 {
 		t.Fatalf("layout %+v, %v", layout, err)
 	}

@@ -9,6 +9,12 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"kiln/machined/internal/disk"
+	"kiln/machined/internal/network"
+	"kiln/machined/internal/persist"
+	"kiln/machined/internal/safego"
+	"kiln/machined/internal/supervisor"
 )
 
 // machine is machined's state: what the boot found and set up, served by the API.
@@ -22,8 +28,8 @@ type machine struct {
 	configSource string
 	varSource    string // the EPHEMERAL device, or "tmpfs"
 	extensions   []Extension
-	net          *network
-	sup          *supervisor
+	net          *network.Network
+	sup          *supervisor.Supervisor
 	apiAddr      string // "" when the API is off
 	stopAPI      func()
 	started      time.Time
@@ -49,7 +55,7 @@ func (m *machine) boot() {
 	m.con.printf("version %s starting on kernel %s", m.version, m.kernel)
 	loadModules(m.kernel, m.con.printf)
 	settleDevices()
-	m.net = newNetwork(m.con.printf)
+	m.net = network.New(m.con.printf)
 
 	m.loadConfig()
 	if m.cfg.Hostname != "" {
@@ -59,7 +65,7 @@ func (m *machine) boot() {
 	}
 	var wg sync.WaitGroup
 	wg.Add(1)
-	goSafe("network setup", func() { defer wg.Done(); m.net.Configure(m.cfg.Network, 5*time.Second) })
+	safego.Go("network setup", func() { defer wg.Done(); m.net.Configure(m.cfg.Network, 5*time.Second) })
 	m.setupVar()
 	wg.Wait()
 
@@ -112,7 +118,7 @@ func (m *machine) loadConfig() {
 	m.cfg = &Config{}
 	if value, ok := m.params[paramConfig]; ok && value != "" {
 		if isURL(value) {
-			m.net.Configure(NetworkConfig{}, 10*time.Second) // DHCP everywhere, to reach the URL
+			m.net.Configure(network.NetworkConfig{}, 10*time.Second) // DHCP everywhere, to reach the URL
 		}
 		cfg, err := configFromParam(value, m.con.printf)
 		if err != nil {
@@ -137,10 +143,10 @@ func (m *machine) loadConfig() {
 // the disk cannot be set up, which is said on the console).
 func (m *machine) setupVar() {
 	settleDevices()
-	disk, why := chooseDisk(listBlockDevices("/sys"), m.cfg.Install.Disk, m.params[paramDisk], isBlank)
-	if disk != "" {
-		m.con.printf("disk: using %s (%s)", disk, why)
-		state, ephemeral, err := prepareDisk(disk, m.cfg.Install.Filesystem, m.con.printf)
+	owned, why := disk.ChooseDisk(disk.ListBlockDevices("/sys"), m.cfg.Install.Disk, m.params[paramDisk], disk.IsBlank)
+	if owned != "" {
+		m.con.printf("disk: using %s (%s)", owned, why)
+		state, ephemeral, err := disk.Prepare(owned, m.cfg.Install.Filesystem, m.con.printf)
 		if err == nil {
 			err = mountFS(ephemeral, "/var", syscall.MS_NOSUID|syscall.MS_NODEV)
 		}
@@ -192,7 +198,7 @@ func (m *machine) persistConfig() {
 	if err == nil {
 		// 0600: it holds the API's private key; atomic and fsynced, so a power cut never
 		// leaves a truncated config that the next boot would refuse
-		err = writeFileAtomic(path, data, 0o600)
+		err = persist.WriteFileAtomic(path, data, 0o600)
 	}
 	if err != nil {
 		m.con.printf("config: keeping it on STATE: %v", err)
@@ -205,11 +211,11 @@ func (m *machine) startServices(logDir string) {
 	for _, err := range errs {
 		m.con.printf("services: %v", err)
 	}
-	opts := defaultSupervisorOptions()
+	opts := supervisor.DefaultOptions()
 	opts.LogDir = logDir
 	opts.Events = func(line string) { m.con.printf("%s", line) }
-	m.sup = newSupervisor(opts)
-	if err := m.sup.Start(mergeServices(specs, m.cfg.Services)); err != nil {
+	m.sup = supervisor.New(opts)
+	if err := m.sup.Start(supervisor.MergeServices(specs, m.cfg.Services)); err != nil {
 		m.con.printf("services: %v; none started", err)
 	}
 }
@@ -267,9 +273,9 @@ func (m *machine) Status() interface{} {
 	}
 }
 
-func (m *machine) Services() []ServiceStatus {
+func (m *machine) Services() []supervisor.ServiceStatus {
 	if m.sup == nil {
-		return []ServiceStatus{}
+		return []supervisor.ServiceStatus{}
 	}
 	return m.sup.Status()
 }

@@ -12,6 +12,8 @@ import (
 	"fmt"
 	"os"
 	"time"
+
+	"kiln/machined/internal/supervisor"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -38,8 +40,8 @@ func main() {
 				m.con.printf(f, a...)
 			}
 		})
-		children() // reap orphans from the start
-		m.boot()   // never returns
+		supervisor.Children() // reap orphans from the start
+		m.boot()              // never returns
 		return
 	}
 	userMode(m, *configPath, *services, *logDir)
@@ -47,7 +49,7 @@ func main() {
 
 // userMode runs the supervisor and the API of a config on an ordinary system.
 func userMode(m *machine, configPath, services, logDir string) {
-	m.con = &console{stdout: os.Stdout, log: newRingLog(2000, 256<<10)}
+	m.con = &console{stdout: os.Stdout, log: supervisor.NewRingLog(2000, 256<<10)}
 	handleSignals(m.power, m.con.printf)
 	m.cfg = &Config{}
 	if configPath != "" {
@@ -67,11 +69,11 @@ func userMode(m *machine, configPath, services, logDir string) {
 	for _, err := range errs {
 		m.con.printf("services: %v", err)
 	}
-	opts := defaultSupervisorOptions()
+	opts := supervisor.DefaultOptions()
 	opts.LogDir = logDir
 	opts.Events = func(line string) { m.con.printf("%s", line) }
-	m.sup = newSupervisor(opts)
-	if err := m.sup.Start(mergeServices(specs, m.cfg.Services)); err != nil {
+	m.sup = supervisor.New(opts)
+	if err := m.sup.Start(supervisor.MergeServices(specs, m.cfg.Services)); err != nil {
 		m.con.printf("services: %v", err)
 		os.Exit(2)
 	}

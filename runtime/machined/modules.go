@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+
+	"kiln/machined/internal/supervisor"
 )
 
 const modprobe = "/usr/sbin/modprobe"
@@ -63,7 +65,7 @@ func loadModules(release string, say func(string, ...interface{})) {
 		}
 		for _, batch := range batches(fresh, 256) {
 			// a non-zero exit usually means some alias had no module; modprobe -q says nothing
-			if out, err := run(modprobe, append([]string{"-b", "-q", "-a"}, batch...)...); err != nil && strings.TrimSpace(out) != "" {
+			if out, err := supervisor.Run(modprobe, append([]string{"-b", "-q", "-a"}, batch...)...); err != nil && strings.TrimSpace(out) != "" {
 				say("modprobe: %v", err)
 			}
 		}

@@ -5,6 +5,8 @@ import (
 	"os/signal"
 	"syscall"
 	"time"
+
+	"kiln/machined/internal/safego"
 )
 
 const (
@@ -21,7 +23,7 @@ func handleSignals(power chan<- string, say func(string, ...interface{})) {
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGUSR1,
 		syscall.SIGUSR2, syscall.SIGPIPE, syscall.SIGALRM, syscall.SIGTSTP, syscall.SIGTTIN, syscall.SIGTTOU,
 		syscall.SIGPWR, syscall.SIGVTALRM, syscall.SIGPROF, syscall.SIGXCPU, syscall.SIGXFSZ)
-	goForever("signal handler", func() {
+	safego.Forever("signal handler", func() {
 		for sig := range sigs {
 			switch sig {
 			case syscall.SIGTERM:

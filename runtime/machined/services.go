@@ -4,78 +4,17 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"regexp"
-	"sort"
 	"strings"
+
+	"kiln/machined/internal/supervisor"
 )
 
 // servicesDir is where extensions drop service definitions, one service per file.
 const servicesDir = "/usr/local/lib/kiln/services"
 
-// Restart policies.
-const (
-	restartAlways    = "always"
-	restartOnFailure = "on-failure"
-	restartNever     = "never"
-)
-
-// Service types: when a service counts as started for the services that start after it.
-const (
-	typeSimple  = "simple"  // as soon as it runs (daemons)
-	typeOneshot = "oneshot" // once it has exited successfully (setup steps)
-)
-
-// ServiceSpec defines one supervised service, in a service file or the machine config.
-type ServiceSpec struct {
-	Name    string    `json:"name"`
-	Command string    `json:"command"`
-	Args    []string  `json:"args,omitempty"`
-	Env     stringMap `json:"env,omitempty"`
-	Type    string    `json:"type,omitempty"`    // simple (default): ready once started; oneshot: once exited 0
-	Restart string    `json:"restart,omitempty"` // always | on-failure (default) | never
-	After   []string  `json:"after,omitempty"`   // services that must have started first
-	Source  string    `json:"-"`                 // where it was defined, for messages
-}
-
-var serviceNameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9_.-]{0,62}$`)
-
-func (s *ServiceSpec) validate() error {
-	if !serviceNameRE.MatchString(s.Name) || s.Name == "machined" {
-		return fmt.Errorf("service name %q: want lower-case letters, digits, '-', '_' or '.' (and not \"machined\")", s.Name)
-	}
-	if !strings.HasPrefix(s.Command, "/") {
-		return fmt.Errorf("service %s: command %q must be an absolute path", s.Name, s.Command)
-	}
-	switch s.Type {
-	case "":
-		s.Type = typeSimple
-	case typeSimple, typeOneshot:
-	default:
-		return fmt.Errorf("service %s: type %q: want simple or oneshot", s.Name, s.Type)
-	}
-	switch s.Restart {
-	case "":
-		s.Restart = restartOnFailure
-	case restartAlways, restartOnFailure, restartNever:
-	default:
-		return fmt.Errorf("service %s: restart %q: want always, on-failure or never", s.Name, s.Restart)
-	}
-	for k := range s.Env {
-		if k == "" || strings.ContainsAny(k, "=\x00") {
-			return fmt.Errorf("service %s: bad env name %q", s.Name, k)
-		}
-	}
-	for _, dep := range s.After {
-		if dep == s.Name {
-			return fmt.Errorf("service %s: cannot start after itself", s.Name)
-		}
-	}
-	return nil
-}
-
 // loadServiceFile reads one service file; the name defaults to the file's base name.
-func loadServiceFile(path string) (ServiceSpec, error) {
-	var s ServiceSpec
+func loadServiceFile(path string) (supervisor.ServiceSpec, error) {
+	var s supervisor.ServiceSpec
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return s, err
@@ -87,7 +26,7 @@ func loadServiceFile(path string) (ServiceSpec, error) {
 		s.Name = strings.TrimSuffix(filepath.Base(path), filepath.Ext(path))
 	}
 	s.Source = path
-	if err := s.validate(); err != nil {
+	if err := s.Validate(); err != nil {
 		return s, fmt.Errorf("%s: %v", path, err)
 	}
 	return s, nil
@@ -95,8 +34,8 @@ func loadServiceFile(path string) (ServiceSpec, error) {
 
 // loadServiceDir reads *.json, *.yaml and *.yml under dir in name order. A bad file is
 // reported and skipped: one broken extension must not keep the others' services down.
-func loadServiceDir(dir string) ([]ServiceSpec, []error) {
-	var specs []ServiceSpec
+func loadServiceDir(dir string) ([]supervisor.ServiceSpec, []error) {
+	var specs []supervisor.ServiceSpec
 	var errs []error
 	entries, err := os.ReadDir(dir)
 	if err != nil {
@@ -119,73 +58,4 @@ func loadServiceDir(dir string) ([]ServiceSpec, []error) {
 		specs = append(specs, s)
 	}
 	return specs, errs
-}
-
-// mergeServices lays the machine config's services over the extensions': a config
-// service with an extension service's name replaces it (to change its args or env).
-func mergeServices(fromExtensions, fromConfig []ServiceSpec) []ServiceSpec {
-	byName := map[string]ServiceSpec{}
-	for _, s := range fromExtensions {
-		if prev, dup := byName[s.Name]; dup {
-			s.Source = prev.Source + ", replaced by " + s.Source
-		}
-		byName[s.Name] = s
-	}
-	for _, s := range fromConfig {
-		if s.Source == "" {
-			s.Source = "machine config"
-		}
-		byName[s.Name] = s
-	}
-	out := make([]ServiceSpec, 0, len(byName))
-	for _, s := range byName {
-		out = append(out, s)
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
-	return out
-}
-
-// checkDependencies refuses unknown dependencies and cycles, which would otherwise leave
-// services waiting forever with no word on the console.
-func checkDependencies(specs []ServiceSpec) error {
-	byName := map[string]*ServiceSpec{}
-	for i := range specs {
-		byName[specs[i].Name] = &specs[i]
-	}
-	for _, s := range specs {
-		for _, dep := range s.After {
-			if byName[dep] == nil {
-				return fmt.Errorf("service %s starts after %q, which is not defined", s.Name, dep)
-			}
-		}
-	}
-	const (
-		unvisited = iota
-		visiting
-		done
-	)
-	state := map[string]int{}
-	var visit func(name string, path []string) error
-	visit = func(name string, path []string) error {
-		switch state[name] {
-		case visiting:
-			return fmt.Errorf("services depend on each other in a cycle: %s", strings.Join(append(path, name), " -> "))
-		case done:
-			return nil
-		}
-		state[name] = visiting
-		for _, dep := range byName[name].After {
-			if err := visit(dep, append(path, name)); err != nil {
-				return err
-			}
-		}
-		state[name] = done
-		return nil
-	}
-	for _, s := range specs {
-		if err := visit(s.Name, nil); err != nil {
-			return err
-		}
-	}
-	return nil
 }

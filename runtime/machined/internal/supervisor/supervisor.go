@@ -1,4 +1,7 @@
-package main
+// Package supervisor runs machined's services and every other child process machined
+// starts: service states, restarts with backoff, dependencies between services, their logs,
+// and the process-wide reaper that owns wait4(-1).
+package supervisor
 
 import (
 	"fmt"
@@ -10,19 +13,22 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"kiln/machined/internal/safego"
 )
 
 // Service states, as the API reports them.
 const (
-	stateWaiting = "waiting" // for the services it starts after
-	stateRunning = "running" // started, not exited
-	stateBackoff = "backoff" // exited or failed to start; restarting after a delay
-	stateExited  = "exited"  // exited 0 and will not restart
-	stateFailed  = "failed"  // failed and will not restart (policy never, or on-failure ran out)
-	stateStopped = "stopped" // stopped by machined (shutdown)
+	StateWaiting = "waiting" // for the services it starts after
+	StateRunning = "running" // started, not exited
+	StateBackoff = "backoff" // exited or failed to start; restarting after a delay
+	StateExited  = "exited"  // exited 0 and will not restart
+	StateFailed  = "failed"  // failed and will not restart (policy never, or on-failure ran out)
+	StateStopped = "stopped" // stopped by machined (shutdown)
 )
 
-type supervisorOptions struct {
+// Options tunes a Supervisor; DefaultOptions are machined's.
+type Options struct {
 	LogDir      string        // per-service <name>.log files; "" keeps logs in memory only
 	BackoffBase time.Duration // first restart delay, doubled per consecutive failure
 	BackoffMax  time.Duration
@@ -31,8 +37,9 @@ type supervisorOptions struct {
 	Events      func(string)  // one line per start, exit and restart (the console)
 }
 
-func defaultSupervisorOptions() supervisorOptions {
-	return supervisorOptions{BackoffBase: time.Second, BackoffMax: 30 * time.Second,
+// DefaultOptions are the restart and stop timings machined runs with.
+func DefaultOptions() Options {
+	return Options{BackoffBase: time.Second, BackoffMax: 30 * time.Second,
 		ResetAfter: 30 * time.Second, StopTimeout: 10 * time.Second}
 }
 
@@ -59,12 +66,13 @@ type service struct {
 	lastExit string
 	exitOK   bool
 	since    time.Time
-	log      *ringLog
+	log      *RingLog
 	file     *os.File
 }
 
-type supervisor struct {
-	opts     supervisorOptions
+// Supervisor starts, restarts and stops a set of services.
+type Supervisor struct {
+	opts     Options
 	mu       sync.Mutex
 	services map[string]*service
 	changed  chan struct{} // closed and replaced on every state change
@@ -73,20 +81,21 @@ type supervisor struct {
 	wg       sync.WaitGroup
 }
 
-func newSupervisor(opts supervisorOptions) *supervisor {
-	return &supervisor{opts: opts, services: map[string]*service{}, changed: make(chan struct{}), wake: make(chan struct{})}
+// New returns a supervisor with no services; Start gives it its set.
+func New(opts Options) *Supervisor {
+	return &Supervisor{opts: opts, services: map[string]*service{}, changed: make(chan struct{}), wake: make(chan struct{})}
 }
 
 // Start validates the set (unknown dependencies, cycles) and starts every service, each
 // once the services it starts after are running (simple) or have exited 0 (oneshot).
-func (s *supervisor) Start(specs []ServiceSpec) error {
+func (s *Supervisor) Start(specs []ServiceSpec) error {
 	if err := checkDependencies(specs); err != nil {
 		return err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, spec := range specs {
-		svc := &service{spec: spec, state: stateWaiting, since: time.Now(), log: newRingLog(1000, 256<<10)}
+		svc := &service{spec: spec, state: StateWaiting, since: time.Now(), log: NewRingLog(1000, 256<<10)}
 		if s.opts.LogDir != "" {
 			path := filepath.Join(s.opts.LogDir, spec.Name+".log")
 			if f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND|syscall.O_CLOEXEC, 0o640); err == nil {
@@ -100,19 +109,19 @@ func (s *supervisor) Start(specs []ServiceSpec) error {
 	for _, spec := range specs {
 		s.wg.Add(1)
 		svc := s.services[spec.Name]
-		goSafe("service "+spec.Name, func() { s.supervise(svc) })
+		safego.Go("service "+spec.Name, func() { s.supervise(svc) })
 	}
 	return nil
 }
 
-func (s *supervisor) event(format string, args ...interface{}) {
+func (s *Supervisor) event(format string, args ...interface{}) {
 	if s.opts.Events != nil {
 		s.opts.Events(fmt.Sprintf(format, args...))
 	}
 }
 
 // setState records a change and wakes everyone waiting on one. Callers hold s.mu.
-func (s *supervisor) setState(svc *service, state string) {
+func (s *Supervisor) setState(svc *service, state string) {
 	svc.state = state
 	svc.since = time.Now()
 	close(s.changed)
@@ -129,25 +138,25 @@ func (svc *service) note(format string, args ...interface{}) {
 }
 
 // pending lists the dependencies that are not yet satisfied. Callers hold s.mu.
-func (s *supervisor) pending(svc *service) []string {
+func (s *Supervisor) pending(svc *service) []string {
 	var out []string
 	for _, name := range svc.spec.After {
 		dep := s.services[name]
-		done := dep.state == stateExited && dep.exitOK
-		if !done && (dep.spec.Type == typeOneshot || dep.state != stateRunning) {
+		done := dep.state == StateExited && dep.exitOK
+		if !done && (dep.spec.Type == TypeOneshot || dep.state != StateRunning) {
 			out = append(out, name)
 		}
 	}
 	return out
 }
 
-func (s *supervisor) supervise(svc *service) {
+func (s *Supervisor) supervise(svc *service) {
 	defer s.wg.Done()
 	// Wait for dependencies.
 	for {
 		s.mu.Lock()
 		if s.stopping {
-			s.setState(svc, stateStopped)
+			s.setState(svc, StateStopped)
 			s.mu.Unlock()
 			return
 		}
@@ -168,7 +177,7 @@ func (s *supervisor) supervise(svc *service) {
 		status, err := s.runOnce(svc)
 		s.mu.Lock()
 		if s.stopping {
-			s.setState(svc, stateStopped)
+			s.setState(svc, StateStopped)
 			s.mu.Unlock()
 			return
 		}
@@ -176,15 +185,15 @@ func (s *supervisor) supervise(svc *service) {
 		if err != nil {
 			svc.lastExit = "start failed: " + err.Error()
 		} else {
-			svc.lastExit = describeExit(status)
+			svc.lastExit = DescribeExit(status)
 		}
 		svc.exitOK, svc.pid = ok, 0
-		restart := svc.spec.Restart == restartAlways || (svc.spec.Restart == restartOnFailure && !ok)
+		restart := svc.spec.Restart == RestartAlways || (svc.spec.Restart == RestartOnFailure && !ok)
 		if !restart {
 			if ok {
-				s.setState(svc, stateExited)
+				s.setState(svc, StateExited)
 			} else {
-				s.setState(svc, stateFailed)
+				s.setState(svc, StateFailed)
 			}
 			svc.note("%s; not restarting (restart: %s)", svc.lastExit, svc.spec.Restart)
 			s.event("service %s: %s; not restarting (restart: %s)", svc.spec.Name, svc.lastExit, svc.spec.Restart)
@@ -196,7 +205,7 @@ func (s *supervisor) supervise(svc *service) {
 		}
 		failures++
 		delay := backoff(s.opts.BackoffBase, s.opts.BackoffMax, failures)
-		s.setState(svc, stateBackoff)
+		s.setState(svc, StateBackoff)
 		svc.note("%s; restarting in %s", svc.lastExit, delay)
 		s.event("service %s: %s; restarting in %s", svc.spec.Name, svc.lastExit, delay)
 		s.mu.Unlock()
@@ -225,11 +234,11 @@ func backoff(base, max time.Duration, n int) time.Duration {
 }
 
 // runOnce starts the service and waits for it to exit.
-func (s *supervisor) runOnce(svc *service) (syscall.WaitStatus, error) {
+func (s *Supervisor) runOnce(svc *service) (syscall.WaitStatus, error) {
 	cmd := &exec.Cmd{
 		Path: svc.spec.Command,
 		Args: append([]string{svc.spec.Command}, svc.spec.Args...),
-		Env:  append(baseEnv(), envList(svc.spec.Env)...),
+		Env:  append(BaseEnv(), envList(svc.spec.Env)...),
 		Dir:  "/",
 		// its own process group, so stopping it reaches the children it forked too
 		SysProcAttr: &syscall.SysProcAttr{Setpgid: true},
@@ -239,17 +248,17 @@ func (s *supervisor) runOnce(svc *service) (syscall.WaitStatus, error) {
 		s.mu.Unlock()
 		return 0, fmt.Errorf("stopping")
 	}
-	out, done, err := children().startPiped(cmd)
+	out, done, err := Children().startPiped(cmd)
 	if err != nil {
 		s.mu.Unlock()
 		return 0, err
 	}
 	svc.pid = cmd.Process.Pid
-	s.setState(svc, stateRunning)
+	s.setState(svc, StateRunning)
 	svc.note("started pid %d", svc.pid)
 	s.event("service %s: started (pid %d)", svc.spec.Name, svc.pid)
 	s.mu.Unlock()
-	goSafe("service "+svc.spec.Name+" output", func() { svc.collect(out) })
+	safego.Go("service "+svc.spec.Name+" output", func() { svc.collect(out) })
 	return <-done, nil
 }
 
@@ -263,7 +272,7 @@ func (svc *service) collect(out io.ReadCloser) {
 	_, _ = io.Copy(w, out)
 }
 
-func envList(env stringMap) []string {
+func envList(env StringMap) []string {
 	keys := make([]string, 0, len(env))
 	for k := range env {
 		keys = append(keys, k)
@@ -277,7 +286,7 @@ func envList(env stringMap) []string {
 }
 
 // Stop stops every service: SIGTERM to each process group, SIGKILL after the timeout.
-func (s *supervisor) Stop() {
+func (s *Supervisor) Stop() {
 	s.mu.Lock()
 	if s.stopping {
 		s.mu.Unlock()
@@ -288,7 +297,7 @@ func (s *supervisor) Stop() {
 	s.signalAll(syscall.SIGTERM)
 	s.mu.Unlock()
 	done := make(chan struct{})
-	goSafe("supervisor stop", func() { s.wg.Wait(); close(done) })
+	safego.Go("supervisor stop", func() { s.wg.Wait(); close(done) })
 	select {
 	case <-done:
 	case <-time.After(s.opts.StopTimeout):
@@ -307,7 +316,7 @@ func (s *supervisor) Stop() {
 	s.mu.Unlock()
 }
 
-func (s *supervisor) signalAll(sig syscall.Signal) {
+func (s *Supervisor) signalAll(sig syscall.Signal) {
 	for _, svc := range s.services {
 		if svc.pid > 0 {
 			_ = syscall.Kill(-svc.pid, sig)
@@ -316,14 +325,14 @@ func (s *supervisor) signalAll(sig syscall.Signal) {
 }
 
 // Status lists every service, by name.
-func (s *supervisor) Status() []ServiceStatus {
+func (s *Supervisor) Status() []ServiceStatus {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	out := make([]ServiceStatus, 0, len(s.services))
 	for _, svc := range s.services {
 		st := ServiceStatus{Name: svc.spec.Name, State: svc.state, PID: svc.pid, Restarts: svc.restarts,
 			LastExit: svc.lastExit, Since: svc.since, Type: svc.spec.Type, Restart: svc.spec.Restart, After: svc.spec.After, Source: svc.spec.Source}
-		if svc.state == stateWaiting {
+		if svc.state == StateWaiting {
 			st.Waiting = s.pending(svc)
 		}
 		out = append(out, st)
@@ -333,7 +342,7 @@ func (s *supervisor) Status() []ServiceStatus {
 }
 
 // Logs returns a service's kept log lines; ok is false for an unknown service.
-func (s *supervisor) Logs(name string) ([]string, bool) {
+func (s *Supervisor) Logs(name string) ([]string, bool) {
 	s.mu.Lock()
 	svc := s.services[name]
 	s.mu.Unlock()

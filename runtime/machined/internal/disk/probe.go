@@ -1,4 +1,4 @@
-package main
+package disk
 
 // What `machined install` looks for before it overwrites a disk, and what makes it refuse
 // even with --wipe.
@@ -27,24 +27,28 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"kiln/machined/internal/safego"
+	"kiln/machined/internal/supervisor"
 )
 
 // probeWindow is how much of each end of a disk is read, and what must be zero there.
 const probeWindow = 1 << 20
 
-// finding is one thing found on a disk: what a person reads ("an LVM2 physical volume"),
-// blkid's name for it ("LVM2_member"; "" when blkid has none) and where it starts.
-type finding struct {
+// Finding is one thing found on a disk: what a person reads ("an LVM2 physical volume"),
+// blkid's name for it (ID: "LVM2_member"; "" when blkid has none) and where it starts.
+type Finding struct {
 	what   string
-	id     string
+	ID     string
 	offset int64
 }
 
-func (f finding) String() string {
-	if f.id == "" {
+// String is the finding in words, with blkid's name for it in brackets when it has one.
+func (f Finding) String() string {
+	if f.ID == "" {
 		return f.what
 	}
-	return f.what + " (" + f.id + ")"
+	return f.what + " (" + f.ID + ")"
 }
 
 // knownTypes names blkid's types in words; others read "a <type> signature".
@@ -70,32 +74,33 @@ var knownTypes = map[string]string{
 	"PMBR":              "a protective MBR",
 }
 
-func typedFinding(id string, offset int64) finding {
+func typedFinding(id string, offset int64) Finding {
 	what, ok := knownTypes[id]
 	if !ok {
 		what = "a " + id + " signature"
 	}
-	return finding{what, id, offset}
+	return Finding{what, id, offset}
 }
 
 // gptFinding: the header at LBA 1 is the table; one elsewhere (the last LBA) its backup.
-func gptFinding(offset int64) finding {
+func gptFinding(offset int64) Finding {
 	if offset == 512 || offset == 4096 {
-		return finding{"a GPT partition table", "gpt", offset}
+		return Finding{"a GPT partition table", "gpt", offset}
 	}
-	return finding{"a backup GPT header", "gpt", offset}
+	return Finding{"a backup GPT header", "gpt", offset}
 }
 
-// diskWindows is a disk's first and last probeWindow bytes (fewer on a smaller disk) and
+// Windows is a disk's first and last probeWindow bytes (fewer on a smaller disk) and
 // its size; the probes below read nothing else.
-type diskWindows struct {
+type Windows struct {
 	head, tail []byte
 	size       int64
 	// at reads n bytes at an absolute offset beyond the windows (LUKS2's secondary headers)
 	at func(off int64, n int) []byte
 }
 
-func readWindows(r io.ReaderAt, size int64) (*diskWindows, error) {
+// ReadWindows reads the windows of a disk (or image) of the given size.
+func ReadWindows(r io.ReaderAt, size int64) (*Windows, error) {
 	read := func(off int64, n int) ([]byte, error) {
 		if off < 0 || off >= size {
 			return nil, nil
@@ -110,7 +115,7 @@ func readWindows(r io.ReaderAt, size int64) (*diskWindows, error) {
 		}
 		return b, nil
 	}
-	w := &diskWindows{size: size}
+	w := &Windows{size: size}
 	var err error
 	if w.head, err = read(0, probeWindow); err != nil {
 		return nil, err
@@ -127,7 +132,7 @@ func readWindows(r io.ReaderAt, size int64) (*diskWindows, error) {
 }
 
 // bytesAt returns n bytes at an absolute offset from whichever window holds them, else nil.
-func (w *diskWindows) bytesAt(off int64, n int) []byte {
+func (w *Windows) bytesAt(off int64, n int) []byte {
 	if off < 0 || off+int64(n) > w.size {
 		return nil
 	}
@@ -143,11 +148,11 @@ func (w *diskWindows) bytesAt(off int64, n int) []byte {
 	return nil
 }
 
-func (w *diskWindows) is(off int64, magic string) bool {
+func (w *Windows) is(off int64, magic string) bool {
 	return string(w.bytesAt(off, len(magic))) == magic
 }
 
-func (w *diskWindows) le32(off int64) (uint32, bool) {
+func (w *Windows) le32(off int64) (uint32, bool) {
 	b := w.bytesAt(off, 4)
 	if b == nil {
 		return 0, false
@@ -157,12 +162,12 @@ func (w *diskWindows) le32(off int64) (uint32, bool) {
 
 const mdMagic = 0xa92b4efc
 
-// probeSignatures is machined's own probe: the signatures the kernel's and blkid's probes
+// ProbeSignatures is machined's own probe: the signatures the kernel's and blkid's probes
 // use for what people most often find on a disk they did not mean to erase. It returns
 // them in the order of their offsets.
-func probeSignatures(w *diskWindows) []finding {
-	var out []finding
-	add := func(f finding) { out = append(out, f) }
+func ProbeSignatures(w *Windows) []Finding {
+	var out []Finding
+	add := func(f Finding) { out = append(out, f) }
 	for sector := int64(0); sector < 4; sector++ { // LVM2's label lives in one of sectors 0-3
 		if off := sector * 512; w.is(off, "LABELONE") && w.is(off+24, "LVM2 001") {
 			add(typedFinding("LVM2_member", off))
@@ -172,13 +177,13 @@ func probeSignatures(w *diskWindows) []finding {
 	for _, off := range []int64{0, 4096, ((w.size>>9 - 16) &^ 7) << 9} {
 		if m, ok := w.le32(off); ok && off >= 0 && m == mdMagic {
 			if v, _ := w.le32(off + 4); v == 1 {
-				add(finding{"an mdraid array member (metadata 1.x)", "linux_raid_member", off})
+				add(Finding{"an mdraid array member (metadata 1.x)", "linux_raid_member", off})
 			}
 		}
 	}
 	if off := w.size&^(64<<10-1) - 64<<10; off >= 0 { // 0.90: in the last 64 KiB-aligned 64 KiB, host order
 		if b := w.bytesAt(off, 4); b != nil && (binary.LittleEndian.Uint32(b) == mdMagic || binary.BigEndian.Uint32(b) == mdMagic) {
-			add(finding{"an mdraid array member (metadata 0.90)", "linux_raid_member", off})
+			add(Finding{"an mdraid array member (metadata 0.90)", "linux_raid_member", off})
 		}
 	}
 	switch {
@@ -258,12 +263,12 @@ func extVersion(sb []byte) string {
 
 // mbrFindings reads the boot signature at 510: an MBR with partitions, a protective MBR,
 // or just the signature (which a FAT, NTFS or exFAT boot sector, already found, explains).
-func mbrFindings(head []byte, found []finding) []finding {
+func mbrFindings(head []byte, found []Finding) []Finding {
 	if len(head) < 512 || head[510] != 0x55 || head[511] != 0xAA {
 		return nil
 	}
 	for _, f := range found {
-		if f.offset <= 3 && (f.id == "vfat" || f.id == "ntfs" || f.id == "exfat" || f.id == "BitLocker") {
+		if f.offset <= 3 && (f.ID == "vfat" || f.ID == "ntfs" || f.ID == "exfat" || f.ID == "BitLocker") {
 			return nil
 		}
 	}
@@ -279,34 +284,35 @@ func mbrFindings(head []byte, found []finding) []finding {
 	}
 	switch {
 	case entries:
-		return []finding{typedFinding("dos", 510)}
+		return []Finding{typedFinding("dos", 510)}
 	case protective:
-		return []finding{typedFinding("PMBR", 510)}
+		return []Finding{typedFinding("PMBR", 510)}
 	}
-	return []finding{{"an MBR boot signature (0x55AA at byte 510)", "", 510}}
+	return []Finding{{"an MBR boot signature (0x55AA at byte 510)", "", 510}}
 }
 
 // nonZero names the disk's ends that hold anything but zeros.
-func nonZero(w *diskWindows) []finding {
-	var out []finding
+func nonZero(w *Windows) []Finding {
+	var out []Finding
 	if bytes.IndexFunc(w.head, func(r rune) bool { return r != 0 }) >= 0 {
-		out = append(out, finding{"data in its first MiB", "", 0})
+		out = append(out, Finding{"data in its first MiB", "", 0})
 	}
 	if bytes.IndexFunc(w.tail, func(r rune) bool { return r != 0 }) >= 0 {
-		out = append(out, finding{"data in its last MiB", "", w.size - int64(len(w.tail))})
+		out = append(out, Finding{"data in its last MiB", "", w.size - int64(len(w.tail))})
 	}
 	return out
 }
 
-// toolDirs are searched after PATH (machined as PID 1 has none); blkid is /usr/sbin/blkid
+// ToolDirs are searched after PATH (machined as PID 1 has none); blkid is /usr/sbin/blkid
 // on a Kiln rootfs.
-var toolDirs = []string{"/usr/sbin", "/sbin", "/usr/bin", "/bin"}
+var ToolDirs = []string{"/usr/sbin", "/sbin", "/usr/bin", "/bin"}
 
-func lookTool(name string) string {
+// LookTool finds a tool in PATH, then in ToolDirs; "" when it is in neither.
+func LookTool(name string) string {
 	if p, err := exec.LookPath(name); err == nil {
 		return p
 	}
-	for _, d := range toolDirs {
+	for _, d := range ToolDirs {
 		p := filepath.Join(d, name)
 		if st, err := os.Stat(p); err == nil && st.Mode().IsRegular() && st.Mode()&0o111 != 0 {
 			return p
@@ -318,8 +324,8 @@ func lookTool(name string) string {
 // probeWithUtilLinux asks libblkid through wipefs (every signature, with offsets) or, where
 // only blkid is installed (a Kiln rootfs), `blkid -p` (one result, or "ambivalent" for
 // several). It returns the findings and the tool used ("" when neither is installed).
-func probeWithUtilLinux(disk string) ([]finding, string, error) {
-	if wipefs := lookTool("wipefs"); wipefs != "" {
+func probeWithUtilLinux(disk string) ([]Finding, string, error) {
+	if wipefs := LookTool("wipefs"); wipefs != "" {
 		out, err := runProbeTool(wipefs, "--no-act", "--json", disk)
 		if err != nil {
 			return nil, "wipefs", err
@@ -327,14 +333,14 @@ func probeWithUtilLinux(disk string) ([]finding, string, error) {
 		found, err := parseWipefsJSON(out)
 		return found, "wipefs", err
 	}
-	if blkid := lookTool("blkid"); blkid != "" {
+	if blkid := LookTool("blkid"); blkid != "" {
 		out, err := runProbeTool(blkid, "--probe", "--output", "export", disk)
 		var pe *probeExit
 		switch {
 		case errors.As(err, &pe) && pe.code == 2: // nothing found
 			return nil, "blkid", nil
 		case errors.As(err, &pe): // 8: several signatures
-			return []finding{{"several signatures (blkid: ambivalent result)", "", 0}}, "blkid", nil
+			return []Finding{{"several signatures (blkid: ambivalent result)", "", 0}}, "blkid", nil
 		case err != nil:
 			return nil, "blkid", err
 		}
@@ -359,9 +365,9 @@ func runProbeTool(path string, args ...string) ([]byte, error) {
 		return nil, err
 	}
 	cmd := exec.Command(path, args...)
-	cmd.Env = baseEnv()
+	cmd.Env = supervisor.BaseEnv()
 	cmd.Stdout, cmd.Stderr = outW, errW
-	done, err := children().start(cmd)
+	done, err := supervisor.Children().Start(cmd)
 	outW.Close()
 	errW.Close()
 	if err != nil {
@@ -372,7 +378,7 @@ func runProbeTool(path string, args ...string) ([]byte, error) {
 	timer := time.AfterFunc(60*time.Second, func() { _ = cmd.Process.Kill() })
 	defer timer.Stop()
 	stderr := make(chan []byte, 1)
-	goSafe("probe stderr", func() {
+	safego.Go("probe stderr", func() {
 		var b []byte
 		defer func() { stderr <- b }() // even after a panic, so the probe never waits forever
 		b, _ = io.ReadAll(io.LimitReader(errR, 64<<10))
@@ -390,14 +396,14 @@ func runProbeTool(path string, args ...string) ([]byte, error) {
 	case status.Exited() && (status.ExitStatus() == 2 || status.ExitStatus() == 8):
 		return out, &probeExit{status.ExitStatus()}
 	}
-	return nil, fmt.Errorf("%s: %s: %s", filepath.Base(path), describeExit(status), msg)
+	return nil, fmt.Errorf("%s: %s: %s", filepath.Base(path), supervisor.DescribeExit(status), msg)
 }
 
 type probeExit struct{ code int }
 
 func (e *probeExit) Error() string { return fmt.Sprintf("exit status %d", e.code) }
 
-func parseWipefsJSON(out []byte) ([]finding, error) {
+func parseWipefsJSON(out []byte) ([]Finding, error) {
 	var doc struct {
 		Signatures []struct {
 			Offset string `json:"offset"`
@@ -410,7 +416,7 @@ func parseWipefsJSON(out []byte) ([]finding, error) {
 	if err := json.Unmarshal(out, &doc); err != nil {
 		return nil, fmt.Errorf("wipefs: unreadable JSON: %v", err)
 	}
-	var found []finding
+	var found []Finding
 	for _, s := range doc.Signatures {
 		off, _ := strconv.ParseInt(s.Offset, 0, 64)
 		if s.Type == "gpt" {
@@ -422,8 +428,8 @@ func parseWipefsJSON(out []byte) ([]finding, error) {
 	return found, nil
 }
 
-func parseBlkidExport(out []byte) []finding {
-	var found []finding
+func parseBlkidExport(out []byte) []Finding {
+	var found []Finding
 	for _, line := range strings.Split(string(out), "\n") {
 		k, v, _ := strings.Cut(line, "=")
 		switch k {
@@ -444,12 +450,12 @@ func parseBlkidExport(out []byte) []finding {
 // header; else the words), so machined's more precise words win over util-linux's for the
 // same signature, and drops what another implies: a GPT implies its backup header and
 // protective MBR, an MBR table its boot signature.
-func mergeFindings(lists ...[]finding) []finding {
+func mergeFindings(lists ...[]Finding) []Finding {
 	seen := map[string]bool{}
-	var all []finding
+	var all []Finding
 	for _, l := range lists {
 		for _, f := range l {
-			key := f.id
+			key := f.ID
 			if key == "" || key == "gpt" {
 				key = f.what
 			}
@@ -460,10 +466,10 @@ func mergeFindings(lists ...[]finding) []finding {
 			}
 		}
 	}
-	var out []finding
+	var out []Finding
 	for _, f := range all {
 		switch {
-		case seen["a GPT partition table"] && (f.what == "a backup GPT header" || f.id == "PMBR"):
+		case seen["a GPT partition table"] && (f.what == "a backup GPT header" || f.ID == "PMBR"):
 		case seen["an MBR partition table"] && strings.HasPrefix(f.what, "an MBR boot signature"):
 		case strings.HasPrefix(f.what, "data in its") && len(out) > 0:
 			// data at an end is only news when nothing above explains it
@@ -474,8 +480,8 @@ func mergeFindings(lists ...[]finding) []finding {
 	return out
 }
 
-// joinFindings: "a, b and c".
-func joinFindings(found []finding) string {
+// JoinFindings names findings in a sentence: "a, b and c".
+func JoinFindings(found []Finding) string {
 	parts := make([]string, len(found))
 	for i, f := range found {
 		parts[i] = f.String()
@@ -486,14 +492,14 @@ func joinFindings(found []finding) string {
 	return strings.Join(parts[:len(parts)-1], ", ") + " and " + parts[len(parts)-1]
 }
 
-// diskContent is everything found on the open disk: machined's probe, util-linux's where
+// Content is everything found on the open disk: machined's probe, util-linux's where
 // installed, and non-zero ends. tools names the probes that ran.
-func diskContent(f *os.File, path string, size int64) (found []finding, tools []string, err error) {
-	w, err := readWindows(f, size)
+func Content(f *os.File, path string, size int64) (found []Finding, tools []string, err error) {
+	w, err := ReadWindows(f, size)
 	if err != nil {
 		return nil, nil, err
 	}
-	own := probeSignatures(w)
+	own := ProbeSignatures(w)
 	tools = []string{"machined's probe"}
 	ul, tool, err := probeWithUtilLinux(path)
 	if err != nil {
@@ -507,12 +513,12 @@ func diskContent(f *os.File, path string, size int64) (found []finding, tools []
 
 // --- in use ------------------------------------------------------------------------------
 
-// diskUsers names what uses a block device or any of its partitions: mounts (by major:minor
+// Users names what uses a block device or any of its partitions: mounts (by major:minor
 // in mountinfo, and by source path), swap, and holders (device-mapper, md). sysRoot and
 // procRoot are /sys and /proc (fake trees in tests). It misses what only O_EXCL sees (a
 // mount in another mount namespace, a process holding it open exclusively), so the caller
 // opens with O_EXCL as well.
-func diskUsers(sysRoot, procRoot, disk string, rdev uint64) []string {
+func Users(sysRoot, procRoot, disk string, rdev uint64) []string {
 	devs := map[string]string{devKey(rdev): disk} // "maj:min" -> a name people know
 	sysDir := filepath.Join(sysRoot, "dev", "block", devKey(rdev))
 	entries, _ := os.ReadDir(sysDir)

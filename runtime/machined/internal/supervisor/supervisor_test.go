@@ -1,4 +1,4 @@
-package main
+package supervisor
 
 import (
 	"os"
@@ -29,13 +29,13 @@ func (e *eventLog) all() []string {
 	return append([]string(nil), e.lines...)
 }
 
-func testSupervisor(t *testing.T, specs ...ServiceSpec) (*supervisor, *eventLog) {
+func testSupervisor(t *testing.T, specs ...ServiceSpec) (*Supervisor, *eventLog) {
 	t.Helper()
 	events := &eventLog{}
-	s := newSupervisor(supervisorOptions{LogDir: t.TempDir(), BackoffBase: 50 * time.Millisecond,
+	s := New(Options{LogDir: t.TempDir(), BackoffBase: 50 * time.Millisecond,
 		BackoffMax: 200 * time.Millisecond, ResetAfter: 5 * time.Second, StopTimeout: 500 * time.Millisecond, Events: events.add})
 	for i := range specs {
-		if err := specs[i].validate(); err != nil {
+		if err := specs[i].Validate(); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -51,11 +51,11 @@ func sh(name, script string, restart string, after ...string) ServiceSpec {
 }
 
 func oneshot(s ServiceSpec) ServiceSpec {
-	s.Type = typeOneshot
+	s.Type = TypeOneshot
 	return s
 }
 
-func status(s *supervisor, name string) ServiceStatus {
+func status(s *Supervisor, name string) ServiceStatus {
 	for _, st := range s.Status() {
 		if st.Name == name {
 			return st
@@ -76,7 +76,7 @@ func eventually(t *testing.T, what string, max time.Duration, cond func() bool) 
 }
 
 func TestRestartWithExponentialBackoff(t *testing.T) {
-	s, events := testSupervisor(t, sh("crash", "echo attempt; exit 3", restartOnFailure))
+	s, events := testSupervisor(t, sh("crash", "echo attempt; exit 3", RestartOnFailure))
 	eventually(t, "five restarts", 5*time.Second, func() bool { return status(s, "crash").Restarts >= 5 })
 	var delays []string
 	for _, e := range events.all() {
@@ -103,13 +103,13 @@ func TestRestartWithExponentialBackoff(t *testing.T) {
 
 func TestRestartPolicies(t *testing.T) {
 	s, _ := testSupervisor(t,
-		sh("done", "exit 0", restartOnFailure),
-		sh("fail-never", "exit 1", restartNever),
-		sh("always", "exit 0", restartAlways),
-		ServiceSpec{Name: "missing", Command: "/nonexistent/binary", Restart: restartNever})
-	eventually(t, "done to exit", 3*time.Second, func() bool { return status(s, "done").State == stateExited })
-	eventually(t, "fail-never to fail", 3*time.Second, func() bool { return status(s, "fail-never").State == stateFailed })
-	eventually(t, "missing to fail", 3*time.Second, func() bool { return status(s, "missing").State == stateFailed })
+		sh("done", "exit 0", RestartOnFailure),
+		sh("fail-never", "exit 1", RestartNever),
+		sh("always", "exit 0", RestartAlways),
+		ServiceSpec{Name: "missing", Command: "/nonexistent/binary", Restart: RestartNever})
+	eventually(t, "done to exit", 3*time.Second, func() bool { return status(s, "done").State == StateExited })
+	eventually(t, "fail-never to fail", 3*time.Second, func() bool { return status(s, "fail-never").State == StateFailed })
+	eventually(t, "missing to fail", 3*time.Second, func() bool { return status(s, "missing").State == StateFailed })
 	eventually(t, "always to restart", 3*time.Second, func() bool { return status(s, "always").Restarts >= 2 })
 	if st := status(s, "done"); st.Restarts != 0 {
 		t.Fatalf("on-failure restarted a clean exit: %+v", st)
@@ -120,15 +120,15 @@ func TestRestartPolicies(t *testing.T) {
 }
 
 func TestKilledServiceRestarts(t *testing.T) {
-	s, _ := testSupervisor(t, sh("daemon", "exec sleep 60", restartAlways))
-	eventually(t, "daemon running", 3*time.Second, func() bool { return status(s, "daemon").State == stateRunning })
+	s, _ := testSupervisor(t, sh("daemon", "exec sleep 60", RestartAlways))
+	eventually(t, "daemon running", 3*time.Second, func() bool { return status(s, "daemon").State == StateRunning })
 	first := status(s, "daemon").PID
 	if err := syscall.Kill(first, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, "a new pid", 3*time.Second, func() bool {
 		st := status(s, "daemon")
-		return st.State == stateRunning && st.PID != first && st.PID != 0
+		return st.State == StateRunning && st.PID != first && st.PID != 0
 	})
 	if st := status(s, "daemon"); st.Restarts != 1 || st.LastExit != "killed by killed" {
 		t.Fatalf("after kill: %+v", st)
@@ -141,13 +141,13 @@ func TestDependenciesStartInOrder(t *testing.T) {
 	// web starts after db is running; stuck waits for a one-shot that failed for good (a simple
 	// service counts as started while it runs, so a failing simple one would race with stuck).
 	s, events := testSupervisor(t,
-		sh("web", "exec sleep 60", restartAlways, "db"),
-		sh("db", "test -f "+dir+"/setup-done && exec sleep 60", restartNever, "setup"),
-		oneshot(sh("setup", "sleep 0.3; touch "+dir+"/setup-done", restartNever)),
-		oneshot(sh("broken", "exit 1", restartNever)),
-		sh("stuck", "exec sleep 60", restartAlways, "broken"))
-	eventually(t, "web running", 5*time.Second, func() bool { return status(s, "web").State == stateRunning })
-	if st := status(s, "db"); st.State != stateRunning {
+		sh("web", "exec sleep 60", RestartAlways, "db"),
+		sh("db", "test -f "+dir+"/setup-done && exec sleep 60", RestartNever, "setup"),
+		oneshot(sh("setup", "sleep 0.3; touch "+dir+"/setup-done", RestartNever)),
+		oneshot(sh("broken", "exit 1", RestartNever)),
+		sh("stuck", "exec sleep 60", RestartAlways, "broken"))
+	eventually(t, "web running", 5*time.Second, func() bool { return status(s, "web").State == StateRunning })
+	if st := status(s, "db"); st.State != StateRunning {
 		t.Fatalf("db should be running (setup had finished first): %+v", st)
 	}
 	order := []string{}
@@ -163,19 +163,19 @@ func TestDependenciesStartInOrder(t *testing.T) {
 	if !(pos["setup"] < pos["db"] && pos["db"] < pos["web"]) {
 		t.Fatalf("start order %v", order)
 	}
-	eventually(t, "broken to fail", 3*time.Second, func() bool { return status(s, "broken").State == stateFailed })
+	eventually(t, "broken to fail", 3*time.Second, func() bool { return status(s, "broken").State == StateFailed })
 	time.Sleep(200 * time.Millisecond)
-	if st := status(s, "stuck"); st.State != stateWaiting || strings.Join(st.Waiting, ",") != "broken" {
+	if st := status(s, "stuck"); st.State != StateWaiting || strings.Join(st.Waiting, ",") != "broken" {
 		t.Fatalf("stuck should wait for broken: %+v", st)
 	}
 }
 
 func TestStopEscalatesToSIGKILL(t *testing.T) {
 	s, _ := testSupervisor(t,
-		sh("polite", "exec sleep 60", restartAlways),
-		sh("stubborn", "trap '' TERM; while :; do sleep 0.05; done", restartAlways))
+		sh("polite", "exec sleep 60", RestartAlways),
+		sh("stubborn", "trap '' TERM; while :; do sleep 0.05; done", RestartAlways))
 	eventually(t, "both running", 3*time.Second, func() bool {
-		return status(s, "polite").State == stateRunning && status(s, "stubborn").State == stateRunning
+		return status(s, "polite").State == StateRunning && status(s, "stubborn").State == StateRunning
 	})
 	pids := []int{status(s, "polite").PID, status(s, "stubborn").PID}
 	began := time.Now()
@@ -190,50 +190,33 @@ func TestStopEscalatesToSIGKILL(t *testing.T) {
 		}
 	}
 	for _, name := range []string{"polite", "stubborn"} {
-		if st := status(s, name); st.State != stateStopped {
+		if st := status(s, name); st.State != StateStopped {
 			t.Fatalf("%s: %+v", name, st)
 		}
 	}
 }
 
-func TestServiceEnvironmentAndFiles(t *testing.T) {
-	dir := t.TempDir()
-	os.WriteFile(filepath.Join(dir, "env.yaml"), []byte("command: /bin/sh\nargs: [-c, 'echo \"$GREETING from $0\"']\nenv: {GREETING: hi}\nrestart: never\n"), 0o644)
-	os.WriteFile(filepath.Join(dir, "bad.json"), []byte(`{"command": "relative"}`), 0o644)
-	os.WriteFile(filepath.Join(dir, "README"), []byte("not a service"), 0o644)
-	specs, errs := loadServiceDir(dir)
-	if len(specs) != 1 || specs[0].Name != "env" || len(errs) != 1 || !strings.Contains(errs[0].Error(), "bad.json") {
-		t.Fatalf("specs %+v errs %v", specs, errs)
-	}
-	s, _ := testSupervisor(t, specs...)
-	eventually(t, "env to exit", 3*time.Second, func() bool { return status(s, "env").State == stateExited })
-	logs, _ := s.Logs("env")
-	if !strings.Contains(strings.Join(logs, "\n"), "hi from /bin/sh") {
-		t.Fatalf("logs: %v", logs)
-	}
-}
-
 func TestRunCommandsThroughTheReaper(t *testing.T) {
-	out, err := run("/bin/sh", "-c", "echo out; echo err >&2")
+	out, err := Run("/bin/sh", "-c", "echo out; echo err >&2")
 	if err != nil || out != "out\nerr\n" {
 		t.Fatalf("%q %v", out, err)
 	}
-	out, err = runInput([]byte("piped\n"), "/bin/cat")
+	out, err = RunInput([]byte("piped\n"), "/bin/cat")
 	if err != nil || out != "piped\n" {
 		t.Fatalf("%q %v", out, err)
 	}
-	if _, err := run("/bin/sh", "-c", "echo first; echo why it failed; exit 4"); err == nil || err.Error() != "/bin/sh: exit status 4: why it failed" {
+	if _, err := Run("/bin/sh", "-c", "echo first; echo why it failed; exit 4"); err == nil || err.Error() != "/bin/sh: exit status 4: why it failed" {
 		t.Fatalf("failure: %v", err)
 	}
 }
 
 func TestRingLogBounds(t *testing.T) {
-	r := newRingLog(3, 1000)
+	r := NewRingLog(3, 1000)
 	r.Write([]byte("a\nb\nc\nd\npartial"))
 	if got := strings.Join(r.Lines(), ","); got != "b,c,d,partial" {
 		t.Fatalf("lines: %s", got)
 	}
-	r = newRingLog(100, 10)
+	r = NewRingLog(100, 10)
 	r.Write([]byte("12345\n67890\nabcde\n"))
 	if got := strings.Join(r.Lines(), ","); got != "67890,abcde" {
 		t.Fatalf("byte bound: %s", got)

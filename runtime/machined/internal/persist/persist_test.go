@@ -1,4 +1,4 @@
-package main
+package persist
 
 import (
 	"os"
@@ -12,7 +12,7 @@ func TestWriteFileAtomic(t *testing.T) {
 	if err := os.WriteFile(path, []byte("old"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if err := writeFileAtomic(path, []byte("new"), 0o600); err != nil {
+	if err := WriteFileAtomic(path, []byte("new"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	data, err := os.ReadFile(path)
@@ -27,13 +27,13 @@ func TestWriteFileAtomic(t *testing.T) {
 		t.Fatalf("temporary files left behind: %v", entries)
 	}
 	// a failed write leaves the old file and no temporary file
-	if err := writeFileAtomic(filepath.Join(dir, "missing", "x"), []byte("y"), 0o600); err == nil {
+	if err := WriteFileAtomic(filepath.Join(dir, "missing", "x"), []byte("y"), 0o600); err == nil {
 		t.Fatal("writing into a missing directory should fail")
 	}
 	if err := os.Mkdir(filepath.Join(dir, "sub"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := writeFileAtomic(filepath.Join(dir, "sub"), []byte("y"), 0o600); err == nil {
+	if err := WriteFileAtomic(filepath.Join(dir, "sub"), []byte("y"), 0o600); err == nil {
 		t.Fatal("replacing a directory should fail")
 	}
 	if entries, _ := os.ReadDir(dir); len(entries) != 2 {

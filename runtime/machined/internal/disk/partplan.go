@@ -1,4 +1,4 @@
-package main
+package disk
 
 import (
 	"encoding/json"
@@ -149,8 +149,8 @@ func sfdiskScript(d DiskLayout, plan []NewPartition) string {
 	return b.String()
 }
 
-// parseSfdiskJSON reads `sfdisk --json DISK` into a layout (the disk size comes from elsewhere).
-func parseSfdiskJSON(data []byte) (DiskLayout, error) {
+// ParseSfdiskJSON reads `sfdisk --json DISK` into a layout (the disk size comes from elsewhere).
+func ParseSfdiskJSON(data []byte) (DiskLayout, error) {
 	var doc struct {
 		Table struct {
 			Label      string      `json:"label"`

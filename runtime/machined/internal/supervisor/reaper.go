@@ -1,4 +1,4 @@
-package main
+package supervisor
 
 import (
 	"bytes"
@@ -10,29 +10,33 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+
+	"kiln/machined/internal/safego"
 )
 
+// Reaper collects the exit status of machined's children.
+//
 // As PID 1 machined inherits every orphan, so one goroutine reaps all children with
 // wait4(-1). exec.Cmd.Wait would race with it for the same exit statuses, so every child
-// machined starts goes through the reaper instead: start() registers the pid under the
+// machined starts goes through the reaper instead: Start registers the pid under the
 // lock the reaper needs to deliver a status, so an exit is never lost or misdelivered.
-type reaper struct {
+type Reaper struct {
 	mu      sync.Mutex
 	waiters map[int]chan syscall.WaitStatus
 }
 
 var (
-	theReaper     *reaper
+	theReaper     *Reaper
 	theReaperOnce sync.Once
 )
 
-// children returns the process-wide reaper, starting it on first use.
-func children() *reaper {
+// Children returns the process-wide reaper, starting it on first use.
+func Children() *Reaper {
 	theReaperOnce.Do(func() {
-		theReaper = &reaper{waiters: map[int]chan syscall.WaitStatus{}}
+		theReaper = &Reaper{waiters: map[int]chan syscall.WaitStatus{}}
 		sigchld := make(chan os.Signal, 1)
 		signal.Notify(sigchld, syscall.SIGCHLD)
-		goForever("reaper", func() {
+		safego.Forever("reaper", func() {
 			for {
 				theReaper.sweep()
 				<-sigchld
@@ -43,7 +47,7 @@ func children() *reaper {
 }
 
 // sweep collects every exited child; those nobody waits for are orphans and are dropped.
-func (r *reaper) sweep() {
+func (r *Reaper) sweep() {
 	for {
 		var status syscall.WaitStatus
 		pid, err := syscall.Wait4(-1, &status, syscall.WNOHANG, nil)
@@ -63,10 +67,10 @@ func (r *reaper) sweep() {
 	}
 }
 
-// start starts cmd and returns a channel that gets its wait status. The caller must not
+// Start starts cmd and returns a channel that gets its wait status. The caller must not
 // call cmd.Wait. Output goes where cmd.Stdout/Stderr say; they must be *os.File or nil so
 // exec starts no copying goroutines that only Wait would collect.
-func (r *reaper) start(cmd *exec.Cmd) (<-chan syscall.WaitStatus, error) {
+func (r *Reaper) Start(cmd *exec.Cmd) (<-chan syscall.WaitStatus, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if err := cmd.Start(); err != nil {
@@ -78,13 +82,13 @@ func (r *reaper) start(cmd *exec.Cmd) (<-chan syscall.WaitStatus, error) {
 }
 
 // startPiped starts cmd with stdout and stderr on one pipe, returned for reading.
-func (r *reaper) startPiped(cmd *exec.Cmd) (io.ReadCloser, <-chan syscall.WaitStatus, error) {
+func (r *Reaper) startPiped(cmd *exec.Cmd) (io.ReadCloser, <-chan syscall.WaitStatus, error) {
 	rd, wr, err := os.Pipe()
 	if err != nil {
 		return nil, nil, err
 	}
 	cmd.Stdout, cmd.Stderr = wr, wr
-	done, err := r.start(cmd)
+	done, err := r.Start(cmd)
 	wr.Close() // the child holds its own copy; EOF comes when it (and its children) close it
 	if err != nil {
 		rd.Close()
@@ -93,16 +97,16 @@ func (r *reaper) startPiped(cmd *exec.Cmd) (io.ReadCloser, <-chan syscall.WaitSt
 	return rd, done, nil
 }
 
-// run runs a command to completion and returns its combined output; a non-zero exit is an
+// Run runs a command to completion and returns its combined output; a non-zero exit is an
 // error that carries the output's last line, which is what a console line needs.
-func run(name string, args ...string) (string, error) {
-	return runInput(nil, name, args...)
+func Run(name string, args ...string) (string, error) {
+	return RunInput(nil, name, args...)
 }
 
-// runInput is run with stdin fed from input.
-func runInput(input []byte, name string, args ...string) (string, error) {
+// RunInput is Run with stdin fed from input.
+func RunInput(input []byte, name string, args ...string) (string, error) {
 	cmd := exec.Command(name, args...)
-	cmd.Env = baseEnv()
+	cmd.Env = BaseEnv()
 	if input != nil {
 		f, err := inputFile(input)
 		if err != nil {
@@ -111,7 +115,7 @@ func runInput(input []byte, name string, args ...string) (string, error) {
 		defer f.Close()
 		cmd.Stdin = f
 	}
-	out, done, err := children().startPiped(cmd)
+	out, done, err := Children().startPiped(cmd)
 	if err != nil {
 		return "", err
 	}
@@ -121,7 +125,7 @@ func runInput(input []byte, name string, args ...string) (string, error) {
 	status := <-done
 	text := buf.String()
 	if !status.Exited() || status.ExitStatus() != 0 {
-		return text, fmt.Errorf("%s: %s%s", name, describeExit(status), lastLine(text))
+		return text, fmt.Errorf("%s: %s%s", name, DescribeExit(status), lastLine(text))
 	}
 	return text, nil
 }
@@ -145,7 +149,8 @@ func inputFile(input []byte) (*os.File, error) {
 	return rd, nil
 }
 
-func describeExit(status syscall.WaitStatus) string {
+// DescribeExit says how a child ended: "exit status 3", or "killed by " and the signal.
+func DescribeExit(status syscall.WaitStatus) string {
 	if status.Signaled() {
 		return "killed by " + status.Signal().String()
 	}
@@ -163,7 +168,7 @@ func lastLine(text string) string {
 	return ": " + text
 }
 
-// baseEnv is the environment every child starts from (PID 1 gets almost none from the kernel).
-func baseEnv() []string {
+// BaseEnv is the environment every child starts from (PID 1 gets almost none from the kernel).
+func BaseEnv() []string {
 	return []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/", "TERM=linux"}
 }

@@ -1,4 +1,11 @@
-package main
+// Package safego starts machined's goroutines.
+//
+// As PID 1, a panic anywhere that reaches the top of a goroutine ends machined and the
+// kernel panics with it ("Attempted to kill init!"). So every goroutine machined starts
+// goes through Go or Forever, which recover, say what happened on one console line
+// with the stack, and keep the machine up (a failed component rather than a dead machine).
+// Go's fatal errors (out of memory, concurrent map writes) cannot be recovered.
+package safego
 
 import (
 	"fmt"
@@ -8,12 +15,6 @@ import (
 	"sync"
 	"time"
 )
-
-// As PID 1, a panic anywhere that reaches the top of a goroutine ends machined and the
-// kernel panics with it ("Attempted to kill init!"). So every goroutine machined starts
-// goes through goSafe or goForever, which recover, say what happened on one console line
-// with the stack, and keep the machine up (a failed component rather than a dead machine).
-// Go's fatal errors (out of memory, concurrent map writes) cannot be recovered.
 
 var (
 	panicMu  sync.Mutex
@@ -58,18 +59,18 @@ func runSafe(name string, fn func()) (panicked bool) {
 	return false
 }
 
-// goSafe starts fn in a goroutine whose panic is recovered and reported; the goroutine
+// Go starts fn in a goroutine whose panic is recovered and reported; the goroutine
 // then ends (its deferred calls, such as a WaitGroup's Done, have run).
-func goSafe(name string, fn func()) {
+func Go(name string, fn func()) {
 	go runSafe(name, fn)
 }
 
-// goForever starts a long-lived loop (the reaper, signal handling, a DHCP client) and starts
+// Forever starts a long-lived loop (the reaper, signal handling, a DHCP client) and starts
 // it again after a panic, waiting restartDelay(n) before the n-th restart, so one bad input
 // cannot stop the machine from reaping or renewing. After maxRestarts panics the component
 // is reported failed and left stopped: a loop that panics at once every time is not retried
 // forever. fn returning normally ends it.
-func goForever(name string, fn func()) {
+func Forever(name string, fn func()) {
 	go func() {
 		for n := 1; runSafe(name, fn); n++ {
 			if n > maxRestarts {

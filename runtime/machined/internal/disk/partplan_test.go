@@ -1,4 +1,4 @@
-package main
+package disk
 
 import (
 	"os"
@@ -7,6 +7,8 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	"kiln/machined/internal/supervisor"
 )
 
 const gib = 1 << 30
@@ -113,11 +115,11 @@ func TestSfdiskScriptAndJSON(t *testing.T) {
 	js := `{"partitiontable": {"label": "gpt", "id": "X", "device": "/dev/vda", "unit": "sectors",
 	  "firstlba": 34, "lastlba": 8388574, "sectorsize": 512,
 	  "partitions": [{"node": "/dev/vda1", "start": 2048, "size": 204800, "type": "C12A7328-F81F-11D2-BA4B-00A0C93EC93B", "uuid": "U", "name": "EFI"}]}}`
-	layout, err := parseSfdiskJSON([]byte(js))
+	layout, err := ParseSfdiskJSON([]byte(js))
 	if err != nil || !layout.HasTable || layout.LastLBA != 8388574 || layout.Partitions[0].Name != "EFI" || layout.Partitions[0].Node != "/dev/vda1" {
 		t.Fatalf("%+v %v", layout, err)
 	}
-	if _, err := parseSfdiskJSON([]byte(`{"partitiontable": {"label": "dos"}}`)); err == nil || !strings.Contains(err.Error(), "only extends GPT") {
+	if _, err := ParseSfdiskJSON([]byte(`{"partitiontable": {"label": "dos"}}`)); err == nil || !strings.Contains(err.Error(), "only extends GPT") {
 		t.Fatalf("MBR: %v", err)
 	}
 }
@@ -138,13 +140,13 @@ func TestPlanAppliedWithSfdisk(t *testing.T) {
 		}
 		if withImage {
 			script := "label: gpt\nsize=100MiB, type=U, name=EFI\nsize=1MiB, type=21686148-6449-6E6F-744E-656564454649, name=BIOS\nsize=500MiB, name=BOOT\nsize=1MiB, name=META\n"
-			if out, err := runInput([]byte(script), sf, "--quiet", img); err != nil {
+			if out, err := supervisor.RunInput([]byte(script), sf, "--quiet", img); err != nil {
 				t.Fatalf("%v\n%s", err, out)
 			}
 		}
 		layout := DiskLayout{SectorSize: 512}
-		if out, err := run(sf, "--json", img); err == nil {
-			if layout, err = parseSfdiskJSON([]byte(out)); err != nil {
+		if out, err := supervisor.Run(sf, "--json", img); err == nil {
+			if layout, err = ParseSfdiskJSON([]byte(out)); err != nil {
 				t.Fatal(err)
 			}
 		} else if withImage {
@@ -159,14 +161,14 @@ func TestPlanAppliedWithSfdisk(t *testing.T) {
 		if layout.HasTable {
 			args = append(args, "--append")
 		}
-		if out, err := runInput([]byte(sfdiskScript(layout, plan)), sf, append(args, img)...); err != nil {
+		if out, err := supervisor.RunInput([]byte(sfdiskScript(layout, plan)), sf, append(args, img)...); err != nil {
 			t.Fatalf("apply: %v\n%s", err, out)
 		}
-		out, err := run(sf, "--json", img)
+		out, err := supervisor.Run(sf, "--json", img)
 		if err != nil {
 			t.Fatal(err)
 		}
-		after, _ := parseSfdiskJSON([]byte(out))
+		after, _ := ParseSfdiskJSON([]byte(out))
 		var names []string
 		for _, p := range after.Partitions {
 			names = append(names, p.Name)

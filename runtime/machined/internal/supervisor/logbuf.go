@@ -1,13 +1,13 @@
-package main
+package supervisor
 
 import (
 	"bytes"
 	"sync"
 )
 
-// ringLog keeps the last lines a service wrote, bounded by both line count and bytes, so
+// RingLog keeps the last lines a service wrote, bounded by both line count and bytes, so
 // a chatty service cannot eat the memory of a machine whose /var may be a tmpfs.
-type ringLog struct {
+type RingLog struct {
 	mu       sync.Mutex
 	lines    []string
 	start    int // index of the oldest line in lines once it has wrapped
@@ -17,12 +17,13 @@ type ringLog struct {
 	partial  []byte // a line still waiting for its newline
 }
 
-func newRingLog(maxLines, maxBytes int) *ringLog {
-	return &ringLog{maxLines: maxLines, maxBytes: maxBytes}
+// NewRingLog returns an empty log bounded by maxLines lines and maxBytes bytes.
+func NewRingLog(maxLines, maxBytes int) *RingLog {
+	return &RingLog{maxLines: maxLines, maxBytes: maxBytes}
 }
 
 // Write splits p into lines; it never fails, so it can sit behind an io.MultiWriter.
-func (r *ringLog) Write(p []byte) (int, error) {
+func (r *RingLog) Write(p []byte) (int, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	data := p
@@ -44,7 +45,7 @@ func (r *ringLog) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-func (r *ringLog) add(line string) {
+func (r *RingLog) add(line string) {
 	if len(r.lines) < r.maxLines {
 		r.lines = append(r.lines, line)
 	} else {
@@ -58,23 +59,23 @@ func (r *ringLog) add(line string) {
 	}
 }
 
-func (r *ringLog) count() int { return len(r.lines) }
+func (r *RingLog) count() int { return len(r.lines) }
 
-func (r *ringLog) dropOldest() {
+func (r *RingLog) dropOldest() {
 	ordered := r.ordered()
 	r.bytes -= len(ordered[0])
 	r.lines = ordered[1:]
 	r.start = 0
 }
 
-func (r *ringLog) ordered() []string {
+func (r *RingLog) ordered() []string {
 	out := make([]string, 0, len(r.lines))
 	out = append(out, r.lines[r.start:]...)
 	return append(out, r.lines[:r.start]...)
 }
 
 // Lines returns the kept lines, oldest first.
-func (r *ringLog) Lines() []string {
+func (r *RingLog) Lines() []string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	out := r.ordered()

@@ -1,4 +1,4 @@
-package main
+package safego
 
 import (
 	"fmt"
@@ -33,7 +33,7 @@ func TestGoSafeRecoversAndReports(t *testing.T) {
 	got := capturePanics(t)
 	var wg sync.WaitGroup
 	wg.Add(1)
-	goSafe("test worker", func() {
+	Go("test worker", func() {
 		defer wg.Done()
 		var m map[string]int
 		m["boom"] = 1 // a nil map write: a runtime panic, as a parser bug would be
@@ -63,7 +63,7 @@ func TestGoForeverRestartsThenGivesUp(t *testing.T) {
 
 	var mu sync.Mutex
 	runs := 0
-	goForever("flaky loop", func() {
+	Forever("flaky loop", func() {
 		mu.Lock()
 		runs++
 		n := runs
@@ -77,9 +77,20 @@ func TestGoForeverRestartsThenGivesUp(t *testing.T) {
 		t.Fatalf("%d reports, want 2: %v", n, got())
 	}
 
-	goForever("broken loop", func() { panic("always") })
+	Forever("broken loop", func() { panic("always") })
 	eventually(t, "the component marked failed", 2*time.Second, func() bool {
 		l := got()
 		return len(l) > 0 && strings.Contains(l[len(l)-1], "broken loop panicked 11 times; it is marked failed")
 	})
+}
+
+func eventually(t *testing.T, what string, max time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(max)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }

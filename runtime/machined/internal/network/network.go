@@ -1,4 +1,7 @@
-package main
+// Package network brings machined's network up: loopback, then each configured interface
+// statically or by DHCP (internal/dhcp), with the addresses and routes set over rtnetlink and
+// the nameservers written to /run/resolv.conf.
+package network
 
 import (
 	"fmt"
@@ -7,12 +10,15 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
 
 	"kiln/machined/internal/dhcp"
+	"kiln/machined/internal/persist"
+	"kiln/machined/internal/safego"
 )
 
 const (
@@ -21,10 +27,10 @@ const (
 	resolvConf   = "/run/resolv.conf" // /etc/resolv.conf links here (pkgs/fhs)
 )
 
-// network brings interfaces up: loopback always, then each configured interface (or,
+// Network brings interfaces up: loopback always, then each configured interface (or,
 // with no network config, every Ethernet interface) statically or by DHCP. DHCP leases
 // are renewed in the background for as long as machined runs.
-type network struct {
+type Network struct {
 	say       func(string, ...interface{})
 	mu        sync.Mutex
 	addrs     map[string][]string // interface -> CIDRs, for /v1/status
@@ -33,8 +39,9 @@ type network struct {
 	dhcp      map[string]bool // interfaces with a DHCP loop running
 }
 
-func newNetwork(say func(string, ...interface{})) *network {
-	return &network{say: say, addrs: map[string][]string{}, dhcp: map[string]bool{}}
+// New returns a Network that reports on say; Configure brings the interfaces up.
+func New(say func(string, ...interface{})) *Network {
+	return &Network{say: say, addrs: map[string][]string{}, dhcp: map[string]bool{}}
 }
 
 // ethernetInterfaces lists /sys/class/net entries of type Ethernet (ARPHRD_ETHER).
@@ -52,7 +59,7 @@ func ethernetInterfaces(sysRoot string) []string {
 
 // Configure applies the config and waits up to wait for the first DHCP leases, so the
 // ready line usually comes with an address; slow servers finish in the background.
-func (n *network) Configure(cfg NetworkConfig, wait time.Duration) {
+func (n *Network) Configure(cfg NetworkConfig, wait time.Duration) {
 	nl, err := openNetlink()
 	if err != nil {
 		n.say("network: %v", err)
@@ -103,11 +110,11 @@ func (n *network) Configure(cfg NetworkConfig, wait time.Duration) {
 			wg.Add(1)
 			first := make(chan struct{})
 			n.startDHCP(*iface, first)
-			goSafe("dhcp wait "+ic.Name, func() { <-first; wg.Done() })
+			safego.Go("dhcp wait "+ic.Name, func() { <-first; wg.Done() })
 		}
 	}
 	done := make(chan struct{})
-	goSafe("network wait", func() { wg.Wait(); close(done) })
+	safego.Go("network wait", func() { wg.Wait(); close(done) })
 	select {
 	case <-done:
 	case <-time.After(wait):
@@ -115,7 +122,7 @@ func (n *network) Configure(cfg NetworkConfig, wait time.Duration) {
 	}
 }
 
-func (n *network) record(ifname, cidr string) {
+func (n *Network) record(ifname, cidr string) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	for _, a := range n.addrs[ifname] {
@@ -127,7 +134,7 @@ func (n *network) record(ifname, cidr string) {
 }
 
 // setDNS writes /run/resolv.conf; nameservers from the config win over DHCP's.
-func (n *network) setDNS(servers []string, fromConfig bool) {
+func (n *Network) setDNS(servers []string, fromConfig bool) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if len(servers) == 0 || (!fromConfig && n.staticDNS) || strings.Join(servers, " ") == strings.Join(n.dns, " ") {
@@ -140,7 +147,7 @@ func (n *network) setDNS(servers []string, fromConfig bool) {
 		fmt.Fprintf(&b, "nameserver %s\n", s)
 	}
 	// atomically: a resolver reading it mid-write would see no or half the servers
-	if err := writeFileAtomic(resolvConf, []byte(b.String()), 0o644); err != nil {
+	if err := persist.WriteFileAtomic(resolvConf, []byte(b.String()), 0o644); err != nil {
 		n.say("network: %s: %v", resolvConf, err)
 	}
 }
@@ -148,9 +155,9 @@ func (n *network) setDNS(servers []string, fromConfig bool) {
 // startDHCP runs dhcpLoop and runs it again should it panic (a hostile DHCP answer must not
 // leave the interface without renewals); a restart gets a fresh first channel, since the
 // panicking run has closed the old one.
-func (n *network) startDHCP(iface net.Interface, first chan struct{}) {
+func (n *Network) startDHCP(iface net.Interface, first chan struct{}) {
 	next := first
-	goForever("dhcp "+iface.Name, func() {
+	safego.Forever("dhcp "+iface.Name, func() {
 		ch := next
 		next = make(chan struct{})
 		n.dhcpLoop(iface, ch)
@@ -159,7 +166,7 @@ func (n *network) startDHCP(iface net.Interface, first chan struct{}) {
 
 // dhcpLoop gets a lease, applies it, and renews it at T1; first is closed after the first
 // attempt (lease or not) so Configure can stop waiting.
-func (n *network) dhcpLoop(iface net.Interface, first chan struct{}) {
+func (n *Network) dhcpLoop(iface net.Interface, first chan struct{}) {
 	once := sync.Once{}
 	signalFirst := func() { once.Do(func() { close(first) }) }
 	defer signalFirst()
@@ -181,7 +188,7 @@ func (n *network) dhcpLoop(iface net.Interface, first chan struct{}) {
 	}
 }
 
-func (n *network) dhcpOnce(iface net.Interface, timeout time.Duration) (dhcp.Lease, error) {
+func (n *Network) dhcpOnce(iface net.Interface, timeout time.Duration) (dhcp.Lease, error) {
 	t, err := dhcp.NewUDPTransport(iface.Name)
 	if err != nil {
 		return dhcp.Lease{}, err
@@ -237,7 +244,7 @@ func waitCarrier(ifname string, max time.Duration) {
 }
 
 // Addresses returns interface -> CIDRs.
-func (n *network) Addresses() map[string][]string {
+func (n *Network) Addresses() map[string][]string {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	out := map[string][]string{}
@@ -245,4 +252,11 @@ func (n *network) Addresses() map[string][]string {
 		out[k] = append([]string(nil), v...)
 	}
 	return out
+}
+
+// readUint reads a number from sysfs, 0 when there is none (internal/disk has the same).
+func readUint(path string) uint64 {
+	data, _ := os.ReadFile(path)
+	n, _ := strconv.ParseUint(strings.TrimSpace(string(data)), 10, 64)
+	return n
 }

@@ -1,12 +1,14 @@
-package main
+package disk
 
-// The install target probe on image files: each signature written where the real tool
-// writes it (stubs, named so below) and, where the tool is installed, made by the real
-// tool; machined's probe alone must find each, and `machined install` must refuse each
-// without --wipe and overwrite it with --wipe. The in-use checks read fake /sys and /proc
-// trees (this project's VMs have neither device-mapper nor md in their kernel).
+// machined's probe on image files: each signature written where the real tool writes it
+// (stubs, named so below) and, where the tool is installed, made by the real tool; machined's
+// probe alone must find each. The in-use checks read fake /sys and /proc trees (this
+// project's VMs have neither device-mapper nor md in their kernel). That `machined install`
+// refuses each without --wipe and overwrites it with --wipe is tested in main's
+// install_probe_test.go.
 
 import (
+	"bytes"
 	"encoding/binary"
 	"os"
 	"os/exec"
@@ -14,6 +16,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"kiln/machined/internal/supervisor"
 )
 
 const probeDiskSize = 16 << 20
@@ -74,16 +78,7 @@ var signatureStubs = map[string]struct {
 	"MBR signature only":   {map[int64][]byte{510: {0x55, 0xAA}}, "an MBR boot signature (0x55AA at byte 510)"},
 }
 
-// installWant: what install's message names. libblkid (wipefs) calls a bare 0x55AA an
-// MBR partition table ("dos"), which then stands for machined's "MBR boot signature".
-func installWant(name, want string) string {
-	if name == "MBR signature only" && lookTool("wipefs") != "" {
-		return "an MBR partition table (dos)"
-	}
-	return want
-}
-
-func probeFile(t *testing.T, path string) []finding {
+func probeFile(t *testing.T, path string) []Finding {
 	t.Helper()
 	f, err := os.Open(path)
 	if err != nil {
@@ -91,14 +86,14 @@ func probeFile(t *testing.T, path string) []finding {
 	}
 	defer f.Close()
 	st, _ := f.Stat()
-	w, err := readWindows(f, st.Size())
+	w, err := ReadWindows(f, st.Size())
 	if err != nil {
 		t.Fatal(err)
 	}
-	return probeSignatures(w)
+	return ProbeSignatures(w)
 }
 
-func hasFinding(found []finding, want string) bool {
+func hasFinding(found []Finding, want string) bool {
 	for _, f := range found {
 		if f.String() == want {
 			return true
@@ -119,122 +114,14 @@ func TestProbeFindsEachStubbedSignature(t *testing.T) {
 	}
 }
 
-// Stubbed signatures through `machined install`: refused naming the finding, then --wipe.
-func TestInstallRefusesEachStubbedSignatureUnlessWipe(t *testing.T) {
-	dir := t.TempDir()
-	image := gptImage(t, dir, 4<<20)
-	for name, c := range signatureStubs {
-		disk := filepath.Join(dir, "used.img")
-		stubDisk(t, disk, c.patches)
-		code, _, errs := runInstall(t, "--disk", disk, "--image", image)
-		if code != 2 || strings.Count(errs, "\n") != 1 || !strings.Contains(errs, "refusing to install onto "+disk+": it holds ") ||
-			!strings.Contains(errs, installWant(name, c.want)) || !strings.HasSuffix(errs, "; pass --wipe to overwrite it\n") {
-			t.Errorf("%s: exit %d, stderr %q (want %q named)", name, code, errs, c.want)
-			continue
-		}
-		code, out, errs := runInstall(t, "--disk", disk, "--image", image, "--wipe")
-		if code != 0 || !strings.Contains(out, "--wipe: overwriting ") || !strings.Contains(out, installWant(name, c.want)) {
-			t.Errorf("%s with --wipe: exit %d: %s%s", name, code, out, errs)
-			continue
-		}
-		sameStart(t, image, disk)
-	}
-}
-
-func TestInstallRefusesNonZeroEndsWithoutSignature(t *testing.T) {
-	dir := t.TempDir()
-	image := gptImage(t, dir, 4<<20)
-	for name, off := range map[string]int64{"first MiB": 300 << 10, "last MiB": probeDiskSize - 200<<10} {
-		disk := filepath.Join(dir, "data.img")
-		stubDisk(t, disk, map[int64][]byte{off: []byte("some data nobody recognises")})
-		if found := probeFile(t, disk); len(found) != 0 {
-			t.Fatalf("%s: machined's probe found %v in plain data", name, found)
-		}
-		refusedOneLine(t, "it holds data in its "+name+"; pass --wipe", "--disk", disk, "--image", image)
-		if code, _, errs := runInstall(t, "--disk", disk, "--image", image, "--wipe"); code != 0 {
-			t.Fatalf("%s with --wipe: exit %d: %s", name, code, errs)
-		}
-		sameStart(t, image, disk)
-	}
-}
-
-func TestInstallAcceptsEmptyDiskAndSaysHowItChecked(t *testing.T) {
-	dir := t.TempDir()
-	image := gptImage(t, dir, 4<<20)
-	disk := emptyDisk(t, dir, probeDiskSize)
-	code, out, errs := runInstall(t, "--disk", disk, "--image", image)
-	if code != 0 || !strings.Contains(out, disk+" is empty (checked by machined's probe") {
-		t.Fatalf("exit %d: %s%s", code, out, errs)
-	}
-	if lookTool("wipefs") != "" && !strings.Contains(out, "and wipefs;") {
-		t.Fatalf("wipefs is installed but did not check: %s", out)
-	}
-}
-
-// Real tools where installed: machined's probe alone finds what each wrote, and so does
-// util-linux (wipefs) where installed; install refuses without --wipe.
-func TestProbeFindsWhatRealToolsWrite(t *testing.T) {
-	tools := []struct {
-		tool string
-		args []string
-		id   string
-	}{
-		{"mkfs.ntfs", []string{"--fast", "--force", "--quiet"}, "ntfs"},
-		{"mkfs.exfat", nil, "exfat"},
-		{"mkfs.f2fs", []string{"-f", "-q"}, "f2fs"},
-		{"mkfs.ext4", []string{"-q", "-F"}, "ext4"},
-		{"mkfs.xfs", []string{"-q", "-f"}, "xfs"},
-		{"mkfs.btrfs", []string{"-q", "-f"}, "btrfs"},
-		{"mkfs.vfat", nil, "vfat"},
-		{"mkswap", nil, "swap"},
-	}
-	dir := t.TempDir()
-	image := gptImage(t, dir, 4<<20)
-	ran := 0
-	for _, c := range tools {
-		path, err := exec.LookPath(c.tool)
-		if err != nil {
-			t.Logf("%s not installed: not tested with the real tool", c.tool)
-			continue
-		}
-		ran++
-		disk := filepath.Join(dir, c.id+".img")
-		size := int64(probeDiskSize)
-		if c.id == "xfs" || c.id == "btrfs" || c.id == "f2fs" {
-			size = 320 << 20 // their smallest filesystems
-		}
-		_ = os.WriteFile(disk, nil, 0o644)
-		_ = os.Truncate(disk, size)
-		if out, err := run(path, append(c.args, disk)...); err != nil {
-			t.Fatalf("%s: %v\n%s", c.tool, err, out)
-		}
-		found := probeFile(t, disk)
-		ok := false
-		for _, f := range found {
-			ok = ok || f.id == c.id
-		}
-		if !ok {
-			t.Errorf("%s: machined's probe found %v, want %s", c.tool, found, c.id)
-		}
-		code, _, errs := runInstall(t, "--disk", disk, "--image", image)
-		if code != 2 || !strings.Contains(errs, "("+c.id+")") {
-			t.Errorf("%s: exit %d: %s", c.tool, code, errs)
-		}
-		os.Remove(disk)
-	}
-	if ran == 0 {
-		t.Skip("none of the mkfs tools is installed")
-	}
-}
-
 func TestProbeDoesNotMistakeAnImageForForeignData(t *testing.T) {
 	dir := t.TempDir()
 	image := gptImage(t, dir, 4<<20)
 	found := probeFile(t, image)
-	if joinFindings(found) != "a protective MBR (PMBR), a GPT partition table (gpt) and a backup GPT header (gpt)" {
+	if JoinFindings(found) != "a protective MBR (PMBR), a GPT partition table (gpt) and a backup GPT header (gpt)" {
 		t.Fatalf("found %v", found)
 	}
-	if got := joinFindings(mergeFindings(found)); got != "a GPT partition table (gpt)" {
+	if got := JoinFindings(mergeFindings(found)); got != "a GPT partition table (gpt)" {
 		t.Fatalf("merged: %q", got)
 	}
 }
@@ -249,15 +136,15 @@ func TestParseUtilLinuxOutput(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := joinFindings(mergeFindings(found))
+	got := JoinFindings(mergeFindings(found))
 	want := "an LVM2 physical volume (LVM2_member), a backup GPT header (gpt), a protective MBR (PMBR) and a zonefs signature (zonefs)"
 	if got != want {
 		t.Fatalf("got %q\nwant %q", got, want)
 	}
 	// the same signature from both probes is named once, in machined's words
-	own := []finding{{"an mdraid array member (metadata 1.x)", "linux_raid_member", 4096}}
+	own := []Finding{{"an mdraid array member (metadata 1.x)", "linux_raid_member", 4096}}
 	ul, _ := parseWipefsJSON([]byte(`{"signatures": [{"offset":"0x1000","type":"linux_raid_member"}]}`))
-	if got := joinFindings(mergeFindings(own, ul)); got != "an mdraid array member (metadata 1.x) (linux_raid_member)" {
+	if got := JoinFindings(mergeFindings(own, ul)); got != "an mdraid array member (metadata 1.x) (linux_raid_member)" {
 		t.Fatalf("merged: %q", got)
 	}
 	if found, err := parseWipefsJSON([]byte(`{"signatures": []}`)); err != nil || len(found) != 0 {
@@ -267,11 +154,11 @@ func TestParseUtilLinuxOutput(t *testing.T) {
 		t.Fatal("truncated JSON accepted")
 	}
 	found = parseBlkidExport([]byte("DEVNAME=/dev/loop0\nPTUUID=9a\nPTTYPE=gpt\n"))
-	if joinFindings(found) != "a GPT partition table (gpt)" {
+	if JoinFindings(found) != "a GPT partition table (gpt)" {
 		t.Fatalf("blkid: %v", found)
 	}
 	found = parseBlkidExport([]byte("DEVNAME=/dev/loop0\nUUID=x\nTYPE=linux_raid_member\n"))
-	if joinFindings(found) != "an mdraid array member (linux_raid_member)" {
+	if JoinFindings(found) != "an mdraid array member (linux_raid_member)" {
 		t.Fatalf("blkid: %v", found)
 	}
 }
@@ -301,13 +188,13 @@ func fakeSysForUsers(t *testing.T) (sysRoot, procRoot string) {
 func TestDiskUsersFromFakeSysAndProc(t *testing.T) {
 	rdev := uint64(7<<8 | 3)
 	sysRoot, procRoot := fakeSysForUsers(t)
-	if users := diskUsers(sysRoot, procRoot, "/dev/loop3", rdev); len(users) != 0 {
+	if users := Users(sysRoot, procRoot, "/dev/loop3", rdev); len(users) != 0 {
 		t.Fatalf("idle disk: %v", users)
 	}
 	mountinfo := filepath.Join(procRoot, "self", "mountinfo")
 	_ = os.WriteFile(mountinfo, []byte("22 1 0:21 / /proc rw - proc proc rw\n"+
 		`40 1 259:0 / /mnt/my\040data rw,relatime - ext4 /dev/loop3p1 rw`+"\n"), 0o644)
-	users := diskUsers(sysRoot, procRoot, "/dev/loop3", rdev)
+	users := Users(sysRoot, procRoot, "/dev/loop3", rdev)
 	if strings.Join(users, ", ") != "/dev/loop3p1 is mounted at /mnt/my data" {
 		t.Fatalf("mounted partition: %v", users)
 	}
@@ -318,7 +205,7 @@ func TestDiskUsersFromFakeSysAndProc(t *testing.T) {
 	_ = os.MkdirAll(filepath.Join(sysRoot, "class/block/dm-0/dm"), 0o755)
 	_ = os.WriteFile(filepath.Join(sysRoot, "class/block/dm-0/dm/name"), []byte("vg-root\n"), 0o644)
 	_ = os.MkdirAll(filepath.Join(sysRoot, "dev/block/7:3/loop3p1/holders/md127"), 0o755)
-	users = diskUsers(sysRoot, procRoot, "/dev/loop3", rdev)
+	users = Users(sysRoot, procRoot, "/dev/loop3", rdev)
 	want := "/dev/loop3 is held by dm-0 (device-mapper vg-root), /dev/loop3p1 is held by md127 (md array)"
 	if strings.Join(users, ", ") != want {
 		t.Fatalf("held:\n got %v\nwant %s", users, want)
@@ -341,7 +228,7 @@ func TestDiskUsersSwapByDeviceNumber(t *testing.T) {
 	rdev := statRdev(fi)
 	sysRoot, procRoot := fakeSysForUsers(t)
 	_ = os.WriteFile(filepath.Join(procRoot, "swaps"), []byte("Filename\tType\tSize\tUsed\tPriority\n"+dev+"\tpartition\t1024\t0\t-2\n"), 0o644)
-	if users := diskUsers(sysRoot, procRoot, "/dev/disk-x", rdev); strings.Join(users, ", ") != "/dev/disk-x is in use as swap" {
+	if users := Users(sysRoot, procRoot, "/dev/disk-x", rdev); strings.Join(users, ", ") != "/dev/disk-x is in use as swap" {
 		t.Fatalf("swap: %v", users)
 	}
 }
@@ -356,27 +243,10 @@ func TestDevKey(t *testing.T) {
 
 func statRdev(fi os.FileInfo) uint64 { return uint64(fi.Sys().(*syscall.Stat_t).Rdev) }
 
-// The installer container holds no util-linux: machined's probe alone decides there.
-func TestInstallWithoutUtilLinuxUsesMachinedProbeAlone(t *testing.T) {
-	dir := t.TempDir()
-	image := gptImage(t, dir, 4<<20) // with sfdisk, before util-linux goes out of sight
-	t.Setenv("PATH", t.TempDir())
-	saved := toolDirs
-	toolDirs = nil
-	defer func() { toolDirs = saved }()
-	disk := emptyDisk(t, dir, probeDiskSize)
-	code, out, errs := runInstall(t, "--disk", disk, "--image", image)
-	if code != 0 || !strings.Contains(out, disk+" is empty (checked by machined's probe;") {
-		t.Fatalf("exit %d: %s%s", code, out, errs)
-	}
-	stubDisk(t, disk, signatureStubs["mdraid 1.2"].patches)
-	refusedOneLine(t, "it holds an mdraid array member (metadata 1.x) (linux_raid_member); pass --wipe", "--disk", disk, "--image", image)
-}
-
 // Where blkid is the only util-linux tool (a Kiln rootfs): its answers, including
 // "ambivalent" for several signatures, are read.
 func TestProbeWithBlkidAlone(t *testing.T) {
-	blkid := lookTool("blkid")
+	blkid := LookTool("blkid")
 	mkfs, err := exec.LookPath("mkfs.ext4")
 	if blkid == "" || err != nil {
 		t.Skip("needs blkid and mkfs.ext4")
@@ -388,19 +258,19 @@ func TestProbeWithBlkidAlone(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Setenv("PATH", bin)
-	saved := toolDirs
-	toolDirs = nil
-	defer func() { toolDirs = saved }()
+	saved := ToolDirs
+	ToolDirs = nil
+	defer func() { ToolDirs = saved }()
 
 	disk := filepath.Join(dir, "d.img")
 	stubDisk(t, disk, nil)
 	if found, tool, err := probeWithUtilLinux(disk); tool != "blkid" || err != nil || len(found) != 0 {
 		t.Fatalf("empty: %v %q %v", found, tool, err)
 	}
-	if out, err := run(mkfs, "-q", "-F", disk); err != nil {
+	if out, err := supervisor.Run(mkfs, "-q", "-F", disk); err != nil {
 		t.Fatalf("mkfs.ext4: %v %s", err, out)
 	}
-	if found, _, err := probeWithUtilLinux(disk); err != nil || joinFindings(found) != "an ext4 filesystem (ext4)" {
+	if found, _, err := probeWithUtilLinux(disk); err != nil || JoinFindings(found) != "an ext4 filesystem (ext4)" {
 		t.Fatalf("ext4: %v %v", found, err)
 	}
 	// real swap plus btrfs magic: blkid will not choose between them
@@ -409,14 +279,14 @@ func TestProbeWithBlkidAlone(t *testing.T) {
 		return
 	}
 	stubDisk(t, disk, nil)
-	if out, err := run(mkswap, disk); err != nil {
+	if out, err := supervisor.Run(mkswap, disk); err != nil {
 		t.Fatalf("mkswap: %v %s", err, out)
 	}
 	f, _ := os.OpenFile(disk, os.O_RDWR, 0)
 	_, _ = f.WriteAt([]byte("_BHRfS_M"), 65600)
 	f.Close()
 	found, _, err := probeWithUtilLinux(disk)
-	if err != nil || joinFindings(found) != "several signatures (blkid: ambivalent result)" {
+	if err != nil || JoinFindings(found) != "several signatures (blkid: ambivalent result)" {
 		t.Fatalf("swap + btrfs: %v %v", found, err)
 	}
 }
@@ -427,15 +297,46 @@ func TestIsBlankLooksAtBothEnds(t *testing.T) {
 	dir := t.TempDir()
 	disk := filepath.Join(dir, "d.img")
 	stubDisk(t, disk, nil)
-	if !isBlank(disk) {
+	if !IsBlank(disk) {
 		t.Fatal("zeros are blank")
 	}
 	stubDisk(t, disk, signatureStubs["mdraid 1.0"].patches)
-	if isBlank(disk) {
+	if IsBlank(disk) {
 		t.Fatal("an md 1.0 member is not blank")
 	}
 	stubDisk(t, disk, map[int64][]byte{-100: {1}})
-	if isBlank(disk) {
+	if IsBlank(disk) {
 		t.Fatal("data in the last MiB is not blank")
 	}
+}
+
+// gptImage makes a sized file with a GPT from the real sfdisk and recognisable bytes in
+// its first partition (as main's install tests make it).
+func gptImage(t *testing.T, dir string, size int64) string {
+	t.Helper()
+	sf, err := exec.LookPath("sfdisk")
+	if err != nil {
+		t.Skip("sfdisk not installed (Debian: fdisk)")
+	}
+	path := filepath.Join(dir, "disk.raw")
+	if err := os.WriteFile(path, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(path, size); err != nil {
+		t.Fatal(err)
+	}
+	script := "label: gpt\nstart=2048, size=2048, name=EFI\nsize=2048, name=BOOT\n"
+	// through machined's reaper: once a test has started it, it reaps every child
+	if out, err := supervisor.RunInput([]byte(script), sf, "--quiet", path); err != nil {
+		t.Fatalf("sfdisk: %v\n%s", err, out)
+	}
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.WriteAt(bytes.Repeat([]byte("kiln"), 1024), 2048*512); err != nil {
+		t.Fatal(err)
+	}
+	return path
 }

@@ -1,4 +1,4 @@
-package main
+package disk
 
 import (
 	"bytes"
@@ -11,10 +11,10 @@ import (
 	"strings"
 )
 
-// blockDev is one entry of /sys/class/block. There is no udev on a Kiln machine, so
+// BlockDev is one entry of /sys/class/block. There is no udev on a Kiln machine, so
 // partition names come from the kernel's uevent (PARTNAME, from the GPT) and filesystem
-// labels from probeFS.
-type blockDev struct {
+// labels from ProbeFS.
+type BlockDev struct {
 	Name      string // vda, vda2, sr0
 	Path      string // /dev/vda2
 	Disk      string // the parent disk's name, for partitions
@@ -25,20 +25,21 @@ type blockDev struct {
 	ReadOnly  bool
 }
 
-func (b blockDev) IsPartition() bool { return b.Disk != "" }
+// IsPartition says whether the device is a partition of a disk.
+func (b BlockDev) IsPartition() bool { return b.Disk != "" }
 
-// listBlockDevices reads <sysRoot>/class/block; sysRoot is /sys (a fake tree in tests).
-func listBlockDevices(sysRoot string) []blockDev {
+// ListBlockDevices reads <sysRoot>/class/block; sysRoot is /sys (a fake tree in tests).
+func ListBlockDevices(sysRoot string) []BlockDev {
 	dir := filepath.Join(sysRoot, "class", "block")
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		return nil
 	}
-	var out []blockDev
+	var out []BlockDev
 	for _, e := range entries {
 		path := filepath.Join(dir, e.Name())
 		uevent := readUevent(filepath.Join(path, "uevent"))
-		b := blockDev{Name: e.Name(), Path: "/dev/" + e.Name(), PartName: uevent["PARTNAME"]}
+		b := BlockDev{Name: e.Name(), Path: "/dev/" + e.Name(), PartName: uevent["PARTNAME"]}
 		if n := uevent["DEVNAME"]; n != "" {
 			b.Path = "/dev/" + n
 		}
@@ -80,8 +81,9 @@ func exists(path string) bool {
 	return err == nil
 }
 
-// isVirtualDisk: loop, ram, zram and device-mapper devices are never install targets.
-func isVirtualDisk(name string) bool {
+// IsVirtualDisk says whether a device is virtual: loop, ram, zram and device-mapper devices
+// are never install targets.
+func IsVirtualDisk(name string) bool {
 	for _, p := range []string{"loop", "ram", "zram", "dm-", "md", "nbd"} {
 		if strings.HasPrefix(name, p) {
 			return true
@@ -90,10 +92,10 @@ func isVirtualDisk(name string) bool {
 	return false
 }
 
-// probeFS reads a device's first blocks and recognises the filesystems machined meets:
+// ProbeFS reads a device's first blocks and recognises the filesystems machined meets:
 // ext2/3/4 and xfs (STATE, EPHEMERAL), vfat and iso9660 (config drives). It returns the
 // mount type and label, or "" for none.
-func probeFS(path string) (fstype, label string, err error) {
+func ProbeFS(path string) (fstype, label string, err error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return "", "", err
@@ -123,11 +125,12 @@ func probeFSBytes(b []byte) (string, string, error) {
 	return "", "", nil
 }
 
-// isBlank: nothing but zeros in the first and last MiB, where partition tables and
-// filesystems keep their magic (an mdraid 0.90 or 1.0 superblock and a backup GPT sit at the
-// end), and no signature machined's probe knows (probe.go; LUKS2's secondary headers reach
-// past the first MiB). That is how a freshly provisioned virtual or wiped disk reads.
-func isBlank(path string) bool {
+// IsBlank says whether a disk is blank: nothing but zeros in the first and last MiB, where
+// partition tables and filesystems keep their magic (an mdraid 0.90 or 1.0 superblock and a
+// backup GPT sit at the end), and no signature machined's probe knows (probe.go; LUKS2's
+// secondary headers reach past the first MiB). That is how a freshly provisioned virtual or
+// wiped disk reads.
+func IsBlank(path string) bool {
 	f, err := os.Open(path)
 	if err != nil {
 		return false
@@ -137,9 +140,9 @@ func isBlank(path string) bool {
 	if err != nil || size <= 0 {
 		return false
 	}
-	w, err := readWindows(f, size)
+	w, err := ReadWindows(f, size)
 	if err != nil {
 		return false
 	}
-	return len(nonZero(w)) == 0 && len(probeSignatures(w)) == 0
+	return len(nonZero(w)) == 0 && len(ProbeSignatures(w)) == 0
 }

@@ -1,4 +1,5 @@
-package main
+// Package persist writes files so that a crash or power cut never leaves them half written.
+package persist
 
 import (
 	"fmt"
@@ -6,12 +7,12 @@ import (
 	"path/filepath"
 )
 
-// writeFileAtomic replaces path with data so that after a crash or power cut the file is
+// WriteFileAtomic replaces path with data so that after a crash or power cut the file is
 // either the old one or the new one, whole: the data goes to a temporary file in the same
 // directory (same filesystem, so the rename is atomic), which is fsynced before the rename,
 // and the directory is fsynced after it so the rename itself is on disk. mode is applied
 // to the temporary file before any data is written (0600 for files holding secrets).
-func writeFileAtomic(path string, data []byte, mode os.FileMode) error {
+func WriteFileAtomic(path string, data []byte, mode os.FileMode) error {
 	dir := filepath.Dir(path)
 	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp*")
 	if err != nil {

@@ -1,0 +1,230 @@
+package main
+
+// `machined install` against the signatures machined's probe knows, on image files: each
+// signature written where the real tool writes it (stubs, named so below, as in
+// internal/disk's probe_test.go) and, where the tool is installed, made by the real tool;
+// machined's probe alone must find each, and `machined install` must refuse each without
+// --wipe and overwrite it with --wipe.
+
+import (
+	"encoding/binary"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	// disk is these tests' name for the target, so the package goes by another here
+	diskpkg "kiln/machined/internal/disk"
+	"kiln/machined/internal/supervisor"
+)
+
+// mdMagic is an md superblock's magic (internal/disk's probe looks for it).
+const mdMagic = 0xa92b4efc
+
+const probeDiskSize = 16 << 20
+
+// stubDisk writes a probeDiskSize image of zeros with each patch's bytes at its offset
+// (negative offsets count from the end).
+func stubDisk(t *testing.T, path string, patches map[int64][]byte) {
+	t.Helper()
+	b := make([]byte, probeDiskSize)
+	for off, data := range patches {
+		if off < 0 {
+			off += probeDiskSize
+		}
+		copy(b[off:], data)
+	}
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func putLE32(v uint32) []byte {
+	b := make([]byte, 4)
+	binary.LittleEndian.PutUint32(b, v)
+	return b
+}
+
+// mdSuper: the magic and major_version 1 of an md 1.x superblock.
+func mdSuper() []byte { return append(putLE32(mdMagic), putLE32(1)...) }
+
+// signatureStubs are the bytes each signature's tool writes, at the offsets it writes them
+// (the magic only: enough for machined's probe; blkid also checks checksums and may not
+// recognise a stub, which is why the real tools are tested as well below).
+var signatureStubs = map[string]struct {
+	patches map[int64][]byte
+	want    string
+}{
+	"LVM2 PV (sector 1)":   {map[int64][]byte{512: []byte("LABELONE"), 512 + 24: []byte("LVM2 001")}, "an LVM2 physical volume (LVM2_member)"},
+	"LVM2 PV (sector 3)":   {map[int64][]byte{1536: []byte("LABELONE"), 1536 + 24: []byte("LVM2 001")}, "an LVM2 physical volume (LVM2_member)"},
+	"mdraid 1.1":           {map[int64][]byte{0: mdSuper()}, "an mdraid array member (metadata 1.x) (linux_raid_member)"},
+	"mdraid 1.2":           {map[int64][]byte{4096: mdSuper()}, "an mdraid array member (metadata 1.x) (linux_raid_member)"},
+	"mdraid 1.0":           {map[int64][]byte{-8192: mdSuper()}, "an mdraid array member (metadata 1.x) (linux_raid_member)"},
+	"mdraid 0.90":          {map[int64][]byte{-65536: putLE32(mdMagic)}, "an mdraid array member (metadata 0.90) (linux_raid_member)"},
+	"NTFS":                 {map[int64][]byte{3: []byte("NTFS    "), 510: {0x55, 0xAA}}, "an NTFS filesystem (ntfs)"},
+	"exFAT":                {map[int64][]byte{3: []byte("EXFAT   "), 510: {0x55, 0xAA}}, "an exFAT filesystem (exfat)"},
+	"BitLocker":            {map[int64][]byte{3: []byte("-FVE-FS-"), 510: {0x55, 0xAA}}, "a BitLocker volume (BitLocker)"},
+	"F2FS":                 {map[int64][]byte{1024: putLE32(0xF2F52010)}, "an F2FS filesystem (f2fs)"},
+	"Ceph bluestore":       {map[int64][]byte{0: []byte("bluestore block device\n")}, "a Ceph BlueStore device (ceph_bluestore)"},
+	"ext2":                 {map[int64][]byte{1080: {0x53, 0xEF}}, "an ext2 filesystem (ext2)"},
+	"xfs":                  {map[int64][]byte{0: []byte("XFSB")}, "an XFS filesystem (xfs)"},
+	"btrfs":                {map[int64][]byte{65600: []byte("_BHRfS_M")}, "a btrfs filesystem (btrfs)"},
+	"swap":                 {map[int64][]byte{4086: []byte("SWAPSPACE2")}, "swap space (swap)"},
+	"iso9660":              {map[int64][]byte{32769: []byte("CD001")}, "an ISO 9660 filesystem (iso9660)"},
+	"LUKS":                 {map[int64][]byte{0: []byte("LUKS\xba\xbe")}, "a LUKS volume (crypto_LUKS)"},
+	"vfat":                 {map[int64][]byte{82: []byte("FAT32"), 510: {0x55, 0xAA}}, "a FAT filesystem (vfat)"},
+	"GPT primary":          {map[int64][]byte{512: []byte("EFI PART")}, "a GPT partition table (gpt)"},
+	"GPT backup only":      {map[int64][]byte{-512: []byte("EFI PART")}, "a backup GPT header (gpt)"},
+	"MBR with a partition": {map[int64][]byte{446 + 4: {0x83}, 510: {0x55, 0xAA}}, "an MBR partition table (dos)"},
+	"MBR signature only":   {map[int64][]byte{510: {0x55, 0xAA}}, "an MBR boot signature (0x55AA at byte 510)"},
+}
+
+// installWant: what install's message names. libblkid (wipefs) calls a bare 0x55AA an
+// MBR partition table ("dos"), which then stands for machined's "MBR boot signature".
+func installWant(name, want string) string {
+	if name == "MBR signature only" && diskpkg.LookTool("wipefs") != "" {
+		return "an MBR partition table (dos)"
+	}
+	return want
+}
+
+func probeFile(t *testing.T, path string) []diskpkg.Finding {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	st, _ := f.Stat()
+	w, err := diskpkg.ReadWindows(f, st.Size())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return diskpkg.ProbeSignatures(w)
+}
+
+// Stubbed signatures through `machined install`: refused naming the finding, then --wipe.
+func TestInstallRefusesEachStubbedSignatureUnlessWipe(t *testing.T) {
+	dir := t.TempDir()
+	image := gptImage(t, dir, 4<<20)
+	for name, c := range signatureStubs {
+		disk := filepath.Join(dir, "used.img")
+		stubDisk(t, disk, c.patches)
+		code, _, errs := runInstall(t, "--disk", disk, "--image", image)
+		if code != 2 || strings.Count(errs, "\n") != 1 || !strings.Contains(errs, "refusing to install onto "+disk+": it holds ") ||
+			!strings.Contains(errs, installWant(name, c.want)) || !strings.HasSuffix(errs, "; pass --wipe to overwrite it\n") {
+			t.Errorf("%s: exit %d, stderr %q (want %q named)", name, code, errs, c.want)
+			continue
+		}
+		code, out, errs := runInstall(t, "--disk", disk, "--image", image, "--wipe")
+		if code != 0 || !strings.Contains(out, "--wipe: overwriting ") || !strings.Contains(out, installWant(name, c.want)) {
+			t.Errorf("%s with --wipe: exit %d: %s%s", name, code, out, errs)
+			continue
+		}
+		sameStart(t, image, disk)
+	}
+}
+
+func TestInstallRefusesNonZeroEndsWithoutSignature(t *testing.T) {
+	dir := t.TempDir()
+	image := gptImage(t, dir, 4<<20)
+	for name, off := range map[string]int64{"first MiB": 300 << 10, "last MiB": probeDiskSize - 200<<10} {
+		disk := filepath.Join(dir, "data.img")
+		stubDisk(t, disk, map[int64][]byte{off: []byte("some data nobody recognises")})
+		if found := probeFile(t, disk); len(found) != 0 {
+			t.Fatalf("%s: machined's probe found %v in plain data", name, found)
+		}
+		refusedOneLine(t, "it holds data in its "+name+"; pass --wipe", "--disk", disk, "--image", image)
+		if code, _, errs := runInstall(t, "--disk", disk, "--image", image, "--wipe"); code != 0 {
+			t.Fatalf("%s with --wipe: exit %d: %s", name, code, errs)
+		}
+		sameStart(t, image, disk)
+	}
+}
+
+func TestInstallAcceptsEmptyDiskAndSaysHowItChecked(t *testing.T) {
+	dir := t.TempDir()
+	image := gptImage(t, dir, 4<<20)
+	disk := emptyDisk(t, dir, probeDiskSize)
+	code, out, errs := runInstall(t, "--disk", disk, "--image", image)
+	if code != 0 || !strings.Contains(out, disk+" is empty (checked by machined's probe") {
+		t.Fatalf("exit %d: %s%s", code, out, errs)
+	}
+	if diskpkg.LookTool("wipefs") != "" && !strings.Contains(out, "and wipefs;") {
+		t.Fatalf("wipefs is installed but did not check: %s", out)
+	}
+}
+
+// Real tools where installed: machined's probe alone finds what each wrote, and so does
+// util-linux (wipefs) where installed; install refuses without --wipe.
+func TestProbeFindsWhatRealToolsWrite(t *testing.T) {
+	tools := []struct {
+		tool string
+		args []string
+		id   string
+	}{
+		{"mkfs.ntfs", []string{"--fast", "--force", "--quiet"}, "ntfs"},
+		{"mkfs.exfat", nil, "exfat"},
+		{"mkfs.f2fs", []string{"-f", "-q"}, "f2fs"},
+		{"mkfs.ext4", []string{"-q", "-F"}, "ext4"},
+		{"mkfs.xfs", []string{"-q", "-f"}, "xfs"},
+		{"mkfs.btrfs", []string{"-q", "-f"}, "btrfs"},
+		{"mkfs.vfat", nil, "vfat"},
+		{"mkswap", nil, "swap"},
+	}
+	dir := t.TempDir()
+	image := gptImage(t, dir, 4<<20)
+	ran := 0
+	for _, c := range tools {
+		path, err := exec.LookPath(c.tool)
+		if err != nil {
+			t.Logf("%s not installed: not tested with the real tool", c.tool)
+			continue
+		}
+		ran++
+		disk := filepath.Join(dir, c.id+".img")
+		size := int64(probeDiskSize)
+		if c.id == "xfs" || c.id == "btrfs" || c.id == "f2fs" {
+			size = 320 << 20 // their smallest filesystems
+		}
+		_ = os.WriteFile(disk, nil, 0o644)
+		_ = os.Truncate(disk, size)
+		if out, err := supervisor.Run(path, append(c.args, disk)...); err != nil {
+			t.Fatalf("%s: %v\n%s", c.tool, err, out)
+		}
+		found := probeFile(t, disk)
+		ok := false
+		for _, f := range found {
+			ok = ok || f.ID == c.id
+		}
+		if !ok {
+			t.Errorf("%s: machined's probe found %v, want %s", c.tool, found, c.id)
+		}
+		code, _, errs := runInstall(t, "--disk", disk, "--image", image)
+		if code != 2 || !strings.Contains(errs, "("+c.id+")") {
+			t.Errorf("%s: exit %d: %s", c.tool, code, errs)
+		}
+		os.Remove(disk)
+	}
+	if ran == 0 {
+		t.Skip("none of the mkfs tools is installed")
+	}
+}
+
+// The installer container holds no util-linux: machined's probe alone decides there.
+func TestInstallWithoutUtilLinuxUsesMachinedProbeAlone(t *testing.T) {
+	dir := t.TempDir()
+	image := gptImage(t, dir, 4<<20) // with sfdisk, before util-linux goes out of sight
+	t.Setenv("PATH", t.TempDir())
+	saved := diskpkg.ToolDirs
+	diskpkg.ToolDirs = nil
+	defer func() { diskpkg.ToolDirs = saved }()
+	disk := emptyDisk(t, dir, probeDiskSize)
+	code, out, errs := runInstall(t, "--disk", disk, "--image", image)
+	if code != 0 || !strings.Contains(out, disk+" is empty (checked by machined's probe;") {
+		t.Fatalf("exit %d: %s%s", code, out, errs)
+	}
+	stubDisk(t, disk, signatureStubs["mdraid 1.2"].patches)
+	refusedOneLine(t, "it holds an mdraid array member (metadata 1.x) (linux_raid_member); pass --wipe", "--disk", disk, "--image", image)
+}

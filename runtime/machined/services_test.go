@@ -1,0 +1,80 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"kiln/machined/internal/supervisor"
+)
+
+func TestServiceEnvironmentAndFiles(t *testing.T) {
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "env.yaml"), []byte("command: /bin/sh\nargs: [-c, 'echo \"$GREETING from $0\"']\nenv: {GREETING: hi}\nrestart: never\n"), 0o644)
+	os.WriteFile(filepath.Join(dir, "bad.json"), []byte(`{"command": "relative"}`), 0o644)
+	os.WriteFile(filepath.Join(dir, "README"), []byte("not a service"), 0o644)
+	specs, errs := loadServiceDir(dir)
+	if len(specs) != 1 || specs[0].Name != "env" || len(errs) != 1 || !strings.Contains(errs[0].Error(), "bad.json") {
+		t.Fatalf("specs %+v errs %v", specs, errs)
+	}
+	s, _ := testSupervisor(t, specs...)
+	eventually(t, "env to exit", 3*time.Second, func() bool { return status(s, "env").State == supervisor.StateExited })
+	logs, _ := s.Logs("env")
+	if !strings.Contains(strings.Join(logs, "\n"), "hi from /bin/sh") {
+		t.Fatalf("logs: %v", logs)
+	}
+}
+
+// The helpers below are internal/supervisor's test helpers, for the one test here that
+// loads service files (main's) and runs them.
+
+type eventLog struct {
+	mu    sync.Mutex
+	lines []string
+}
+
+func (e *eventLog) add(line string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.lines = append(e.lines, line)
+}
+
+func testSupervisor(t *testing.T, specs ...supervisor.ServiceSpec) (*supervisor.Supervisor, *eventLog) {
+	t.Helper()
+	events := &eventLog{}
+	s := supervisor.New(supervisor.Options{LogDir: t.TempDir(), BackoffBase: 50 * time.Millisecond,
+		BackoffMax: 200 * time.Millisecond, ResetAfter: 5 * time.Second, StopTimeout: 500 * time.Millisecond, Events: events.add})
+	for i := range specs {
+		if err := specs[i].Validate(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.Start(specs); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Stop)
+	return s, events
+}
+
+func status(s *supervisor.Supervisor, name string) supervisor.ServiceStatus {
+	for _, st := range s.Status() {
+		if st.Name == name {
+			return st
+		}
+	}
+	return supervisor.ServiceStatus{}
+}
+
+func eventually(t *testing.T, what string, max time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(max)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

@@ -19,7 +19,8 @@ type apiBackend interface {
 	Status() interface{}
 	Services() []supervisor.ServiceStatus
 	Logs(service string) ([]string, bool)
-	Power(action string) // "reboot" or "poweroff"; called after the response is sent
+	Power(action string)       // "reboot" or "poweroff"; called after the response is sent
+	Rollback() (string, error) // make the other A/B slot the default; the handler then reboots
 }
 
 // apiHandler routes the v1 API. Every route sits behind mutual TLS (see serveAPI), so
@@ -61,6 +62,18 @@ func apiHandler(b apiBackend) http.Handler {
 			safego.Go("api "+action, func() { time.Sleep(200 * time.Millisecond); b.Power(action) })
 		}))
 	}
+	mux.HandleFunc("/v1/rollback", method(http.MethodPost, func(w http.ResponseWriter, r *http.Request) {
+		slot, err := b.Rollback()
+		if err != nil {
+			writeJSON(w, http.StatusConflict, map[string]string{"error": "rollback: " + err.Error()})
+			return
+		}
+		writeJSON(w, http.StatusAccepted, map[string]string{"action": "rollback", "slot": slot})
+		if f, ok := w.(http.Flusher); ok {
+			f.Flush()
+		}
+		safego.Go("api rollback", func() { time.Sleep(200 * time.Millisecond); b.Power(actionReboot) })
+	}))
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusNotFound, map[string]string{"error": "no such endpoint: " + r.URL.Path})
 	})

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/tls"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"strings"
@@ -15,8 +16,16 @@ import (
 )
 
 type fakeBackend struct {
-	mu      sync.Mutex
-	actions []string
+	mu          sync.Mutex
+	actions     []string
+	rollbackErr error
+}
+
+func (f *fakeBackend) Rollback() (string, error) {
+	if f.rollbackErr != nil {
+		return "", f.rollbackErr
+	}
+	return "A", nil
 }
 
 func (f *fakeBackend) Status() interface{} { return map[string]string{"version": "test"} }
@@ -105,6 +114,52 @@ func TestAPIAcceptsTheRightClientCertificate(t *testing.T) {
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("power actions: %v", backend.actions)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func TestAPIRollbackRebootsOnlyWhenTheStateChanged(t *testing.T) {
+	url, serverCA, clientCA, backend := startTestAPI(t)
+	c := client(clientCA.clientTLS(t, serverCA, true))
+	post := func(want int) map[string]interface{} {
+		t.Helper()
+		resp, err := c.Post(url+"/v1/rollback", "application/json", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var out map[string]interface{}
+		_ = json.NewDecoder(resp.Body).Decode(&out)
+		if resp.StatusCode != want {
+			t.Fatalf("POST /v1/rollback: %d %v, want %d", resp.StatusCode, out, want)
+		}
+		return out
+	}
+	backend.rollbackErr = errors.New("slot B holds no system to roll back to")
+	if got := post(http.StatusConflict); got["error"] != "rollback: slot B holds no system to roll back to" {
+		t.Fatalf("refused rollback: %v", got)
+	}
+	time.Sleep(300 * time.Millisecond)
+	backend.mu.Lock()
+	if len(backend.actions) != 0 {
+		t.Fatalf("a refused rollback rebooted: %v", backend.actions)
+	}
+	backend.mu.Unlock()
+	backend.rollbackErr = nil
+	if got := post(http.StatusAccepted); got["slot"] != "A" {
+		t.Fatalf("rollback: %v", got)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		backend.mu.Lock()
+		actions := append([]string(nil), backend.actions...)
+		backend.mu.Unlock()
+		if len(actions) == 1 && actions[0] == "reboot" {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after a rollback: %v", actions)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}

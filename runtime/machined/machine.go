@@ -35,6 +35,8 @@ type machine struct {
 	started      time.Time
 	power        chan string
 	shutdownOnce sync.Once
+	slots        *slots        // the A/B boot state; empty when the boot came from no A/B disk
+	isReady      chan struct{} // closed once the machine is ready
 }
 
 // boot brings the machine up as PID 1, in order: kernel filesystems and the read-only root
@@ -69,6 +71,7 @@ func (m *machine) boot() {
 	m.setupVar()
 	wg.Wait()
 
+	m.watchTrial()
 	m.extensions = listExtensions(extensionsDir)
 	m.startServices("/var/log")
 	m.startAPI()
@@ -160,6 +163,7 @@ func (m *machine) setupVar() {
 		} else {
 			m.con.printf("disk: %v; /var is a tmpfs", err)
 		}
+		m.slots = findSlots(m.params[paramSlot], owned, disk.ListBlockDevices("/sys"))
 	} else {
 		m.con.printf("disk: none (%s); /var is a tmpfs", why)
 	}
@@ -243,7 +247,42 @@ func (m *machine) readyLine() string {
 		m.version, m.kernel, strings.Join(names, ","), m.varSource)
 }
 
+// watchTrial reboots a trial boot that does not reach ready in time, so that GRUB counts the
+// next try (and, with none left, falls back) without anyone acting: a slot that hangs must
+// not strand the machine any more than one that panics.
+func (m *machine) watchTrial() {
+	if m.slots == nil {
+		m.slots = &slots{}
+	}
+	if line := m.slots.describe(); line != "" {
+		m.con.printf("%s", line)
+	}
+	if m.slots.booted != "trial" || !m.pid1 {
+		return
+	}
+	limit := trialTimeout(m.params)
+	safego.Go("trial deadline", func() {
+		select {
+		case <-m.isReady:
+		case <-time.After(limit):
+			m.con.printf("boot: slot %s did not reach ready within %s; rebooting for the next try", m.slots.slot, limit)
+			syscall.Sync()
+			_ = syscall.Reboot(syscall.LINUX_REBOOT_CMD_RESTART)
+		}
+	})
+}
+
 func (m *machine) ready() {
+	// ready means config applied and services started: a trial slot is good from here on,
+	// and it is the default before the ready line says so
+	if err := m.slots.markGood(m.version); err != nil {
+		m.con.printf("boot: slot %s reached ready but could not be made the default: %v", m.slots.slot, err)
+	} else if m.slots != nil && m.slots.marked {
+		m.con.printf("boot: slot %s reached ready and is the default now", m.slots.slot)
+	}
+	if m.isReady != nil {
+		close(m.isReady)
+	}
 	if m.apiAddr != "" {
 		m.con.printf("api: listening on %s (mutual TLS)", m.apiAddr)
 	} else {
@@ -270,7 +309,19 @@ func (m *machine) Status() interface{} {
 		"config":         m.configSource,
 		"addresses":      addrs,
 		"services":       m.Services(),
+		"boot":           m.slots.status(),
 	}
+}
+
+// Rollback makes the other slot the default; the API reboots once the reply is sent.
+func (m *machine) Rollback() (string, error) {
+	slot, err := m.slots.rollback()
+	if err != nil {
+		m.con.printf("rollback: %v", err)
+		return "", err
+	}
+	m.con.printf("rollback: slot %s is the default now; rebooting", slot)
+	return slot, nil
 }
 
 func (m *machine) Services() []supervisor.ServiceStatus {

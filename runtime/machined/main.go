@@ -32,7 +32,7 @@ func main() {
 		fmt.Printf("machined ready: version=%s\n", version)
 		return
 	}
-	m := &machine{pid1: os.Getpid() == 1, version: version, started: time.Now(), power: make(chan string, 4)}
+	m := &machine{pid1: os.Getpid() == 1, version: version, started: time.Now(), power: make(chan string, 4), isReady: make(chan struct{})}
 	if m.pid1 {
 		claimStdio()
 		handleSignals(m.power, func(f string, a ...interface{}) {

@@ -106,3 +106,25 @@ def test_a_trial_slot_that_panics_falls_back_after_its_tries(disk: Disk, tmp_pat
     assert booted_slot(log) == "A"
     state = disk.state()
     assert state["kiln_default"] == "A" and state["kiln_next"] == "" and state["kiln_rollback"] == "B"
+
+
+def test_a_trial_slot_that_reaches_ready_becomes_the_default(disk: Disk, tmp_path: Path) -> None:
+    slot_b(disk, tmp_path, initramfs=disk.read("A/initramfs.zst"), cmdline="console=ttyS0 panic=1")
+    disk.write(
+        "grub/grubenv",
+        environment_block({"kiln_default": "A", "kiln_next": "B", "kiln_tries": "3", "kiln_version_A": "0.0.1"}),
+        tmp_path / "env",
+    )
+    log = tmp_path / "trial.log"
+    boot_disk(disk, "bios", READY, log)
+    assert booted_slot(log) == "B"
+    text = log.read_text(errors="replace")
+    assert "boot: slot B on trial (2 tries left after this one)" in text
+    assert text.index("boot: slot B reached ready and is the default now") < text.index(READY)
+    state = disk.state()
+    assert state["kiln_default"] == "B" and "kiln_next" not in state and "kiln_tries" not in state
+    assert state["kiln_version_B"] == __version__ and state["kiln_version_A"] == "0.0.1"
+    log = tmp_path / "after.log"
+    boot_disk(disk, "bios", READY, log)
+    assert booted_slot(log) == "B"
+    assert "boot: slot B (default)" in log.read_text(errors="replace")

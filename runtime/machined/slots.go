@@ -1,0 +1,194 @@
+package main
+
+// A/B boot slots on the owned disk's BOOT partition: what this boot is (the default slot,
+// a slot on trial, or the other slot chosen by hand), marking a trial slot good once machined
+// is ready, and a rollback to the other slot. The state itself is GRUB's environment block
+// (internal/bootstate); docs/upgrades.md draws its states.
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"time"
+
+	"kiln/machined/internal/bootstate"
+	"kiln/machined/internal/disk"
+)
+
+const (
+	bootMount           = "/run/kiln/boot"
+	defaultTrialTimeout = 10 * time.Minute
+)
+
+// slots is the boot state as this boot found it; slot is "" when the boot came from no
+// A/B disk (ISO, PXE, a kernel and initramfs), and then nothing here acts.
+type slots struct {
+	slot   string
+	device string // the BOOT partition
+	state  bootstate.State
+	booted string // "trial", "default" or "other"
+	marked bool   // this boot made its trial slot the default
+	err    string // why the state could not be read or written
+}
+
+// findSlots reads the boot state from the BOOT partition of the owned disk.
+func findSlots(slot, owned string, devs []disk.BlockDev) *slots {
+	s := &slots{}
+	if !bootstate.Valid(slot) || owned == "" {
+		return s
+	}
+	s.slot = slot
+	for _, d := range devs {
+		if d.IsPartition() && "/dev/"+d.Disk == owned && d.PartName == "BOOT" {
+			s.device = d.Path
+		}
+	}
+	if s.device == "" {
+		s.err = "no BOOT partition on " + owned
+		return s
+	}
+	err := s.withBoot(syscall.MS_RDONLY, func(dir string) error {
+		st, err := bootstate.Read(filepath.Join(dir, "grub", "grubenv"))
+		s.state = st
+		return err
+	})
+	if err != nil {
+		s.err = err.Error()
+		return s
+	}
+	s.booted = s.state.Booted(slot)
+	return s
+}
+
+// withBoot mounts BOOT for the length of fn; it is never left mounted, so nothing holds it
+// when the machine reboots or an upgrade rewrites it.
+func (s *slots) withBoot(flags uintptr, fn func(dir string) error) error {
+	if err := os.MkdirAll(bootMount, 0o700); err != nil {
+		return err
+	}
+	flags |= syscall.MS_NOSUID | syscall.MS_NODEV | syscall.MS_NOEXEC
+	if err := syscall.Mount(s.device, bootMount, "vfat", flags, "umask=077"); err != nil {
+		return fmt.Errorf("mount BOOT %s: %v", s.device, err)
+	}
+	err := fn(bootMount)
+	if uerr := syscall.Unmount(bootMount, 0); uerr != nil && err == nil {
+		err = fmt.Errorf("unmount BOOT: %v", uerr)
+	}
+	return err
+}
+
+func (s *slots) write() error {
+	return s.withBoot(0, func(dir string) error {
+		return bootstate.Write(filepath.Join(dir, "grub", "grubenv"), s.state)
+	})
+}
+
+// describe is the console line saying what this boot is.
+func (s *slots) describe() string {
+	switch {
+	case s == nil || s.slot == "":
+		return ""
+	case s.err != "":
+		return fmt.Sprintf("boot: slot %s; boot state: %s", s.slot, s.err)
+	case s.booted == "trial":
+		return fmt.Sprintf("boot: slot %s on trial (%d tries left after this one)", s.slot, s.state.Tries)
+	case s.state.Rollback != "":
+		return fmt.Sprintf("boot: slot %s; slot %s did not reach ready and was rolled back", s.slot, s.state.Rollback)
+	default:
+		return fmt.Sprintf("boot: slot %s (%s)", s.slot, s.booted)
+	}
+}
+
+// markGood makes a trial slot the default once machined is ready, recording its version.
+func (s *slots) markGood(version string) error {
+	if s == nil || s.slot == "" || s.err != "" || s.booted != "trial" {
+		return nil
+	}
+	st := s.state
+	st.MarkGood(s.slot)
+	st.Versions = copyVersions(st.Versions)
+	st.Versions[s.slot] = version
+	old := s.state
+	s.state = st
+	if err := s.write(); err != nil {
+		s.state = old
+		return err
+	}
+	s.marked = true
+	return nil
+}
+
+// rollback makes the other slot the default (it must hold a kernel); the caller reboots.
+func (s *slots) rollback() (string, error) {
+	if s == nil || s.slot == "" {
+		return "", errors.New("this machine did not boot from an A/B disk")
+	}
+	if s.err != "" {
+		return "", errors.New("the boot state cannot be read: " + s.err)
+	}
+	other := bootstate.Other(s.slot)
+	st := s.state
+	err := s.withBoot(syscall.MS_RDONLY, func(dir string) error {
+		_, err := os.Stat(filepath.Join(dir, other, "boot.cfg"))
+		return err
+	})
+	if err != nil {
+		return "", fmt.Errorf("slot %s holds no system to roll back to", other)
+	}
+	if err := st.SwitchTo(other); err != nil {
+		return "", err
+	}
+	old := s.state
+	s.state = st
+	if err := s.write(); err != nil {
+		s.state = old
+		return "", err
+	}
+	return other, nil
+}
+
+// status is the boot section of /v1/status.
+func (s *slots) status() map[string]interface{} {
+	if s == nil || s.slot == "" {
+		return nil
+	}
+	other := bootstate.Other(s.slot)
+	out := map[string]interface{}{
+		"slot":             s.slot,
+		"booted_as":        s.booted,
+		"default":          s.state.Default,
+		"previous_slot":    other,
+		"previous_version": s.state.Versions[other],
+		"rolled_back":      s.state.Rollback != "",
+	}
+	if s.state.Rollback != "" {
+		out["rolled_back_slot"] = s.state.Rollback
+		out["rolled_back_version"] = s.state.Versions[s.state.Rollback]
+	}
+	if s.state.Next != "" {
+		out["trial"] = map[string]interface{}{"slot": s.state.Next, "tries_left": s.state.Tries}
+	}
+	if s.err != "" {
+		out["error"] = s.err
+	}
+	return out
+}
+
+// trialTimeout is how long a trial boot may take to reach ready (kiln.trial_timeout=, seconds).
+func trialTimeout(params map[string]string) time.Duration {
+	if n, err := strconv.Atoi(params[paramTrial]); err == nil && n > 0 {
+		return time.Duration(n) * time.Second
+	}
+	return defaultTrialTimeout
+}
+
+func copyVersions(v map[string]string) map[string]string {
+	out := map[string]string{}
+	for k, x := range v {
+		out[k] = x
+	}
+	return out
+}

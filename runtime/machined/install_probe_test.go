@@ -7,7 +7,6 @@ package main
 // --wipe and overwrite it with --wipe.
 
 import (
-	"encoding/binary"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,71 +16,18 @@ import (
 	// disk is these tests' name for the target, so the package goes by another here
 	diskpkg "kiln/machined/internal/disk"
 	"kiln/machined/internal/supervisor"
+	"kiln/machined/internal/testkit"
 )
 
-// mdMagic is an md superblock's magic (internal/disk's probe looks for it).
-const mdMagic = 0xa92b4efc
+const probeDiskSize = testkit.ProbeDiskSize
 
-const probeDiskSize = 16 << 20
+var (
+	stubDisk       = testkit.StubDisk
+	putLE32        = testkit.PutLE32
+	mdSuper        = testkit.MDSuper
+	signatureStubs = testkit.SignatureStubs
+)
 
-// stubDisk writes a probeDiskSize image of zeros with each patch's bytes at its offset
-// (negative offsets count from the end).
-func stubDisk(t *testing.T, path string, patches map[int64][]byte) {
-	t.Helper()
-	b := make([]byte, probeDiskSize)
-	for off, data := range patches {
-		if off < 0 {
-			off += probeDiskSize
-		}
-		copy(b[off:], data)
-	}
-	if err := os.WriteFile(path, b, 0o644); err != nil {
-		t.Fatal(err)
-	}
-}
-
-func putLE32(v uint32) []byte {
-	b := make([]byte, 4)
-	binary.LittleEndian.PutUint32(b, v)
-	return b
-}
-
-// mdSuper: the magic and major_version 1 of an md 1.x superblock.
-func mdSuper() []byte { return append(putLE32(mdMagic), putLE32(1)...) }
-
-// signatureStubs are the bytes each signature's tool writes, at the offsets it writes them
-// (the magic only: enough for machined's probe; blkid also checks checksums and may not
-// recognise a stub, which is why the real tools are tested as well below).
-var signatureStubs = map[string]struct {
-	patches map[int64][]byte
-	want    string
-}{
-	"LVM2 PV (sector 1)":   {map[int64][]byte{512: []byte("LABELONE"), 512 + 24: []byte("LVM2 001")}, "an LVM2 physical volume (LVM2_member)"},
-	"LVM2 PV (sector 3)":   {map[int64][]byte{1536: []byte("LABELONE"), 1536 + 24: []byte("LVM2 001")}, "an LVM2 physical volume (LVM2_member)"},
-	"mdraid 1.1":           {map[int64][]byte{0: mdSuper()}, "an mdraid array member (metadata 1.x) (linux_raid_member)"},
-	"mdraid 1.2":           {map[int64][]byte{4096: mdSuper()}, "an mdraid array member (metadata 1.x) (linux_raid_member)"},
-	"mdraid 1.0":           {map[int64][]byte{-8192: mdSuper()}, "an mdraid array member (metadata 1.x) (linux_raid_member)"},
-	"mdraid 0.90":          {map[int64][]byte{-65536: putLE32(mdMagic)}, "an mdraid array member (metadata 0.90) (linux_raid_member)"},
-	"NTFS":                 {map[int64][]byte{3: []byte("NTFS    "), 510: {0x55, 0xAA}}, "an NTFS filesystem (ntfs)"},
-	"exFAT":                {map[int64][]byte{3: []byte("EXFAT   "), 510: {0x55, 0xAA}}, "an exFAT filesystem (exfat)"},
-	"BitLocker":            {map[int64][]byte{3: []byte("-FVE-FS-"), 510: {0x55, 0xAA}}, "a BitLocker volume (BitLocker)"},
-	"F2FS":                 {map[int64][]byte{1024: putLE32(0xF2F52010)}, "an F2FS filesystem (f2fs)"},
-	"Ceph bluestore":       {map[int64][]byte{0: []byte("bluestore block device\n")}, "a Ceph BlueStore device (ceph_bluestore)"},
-	"ext2":                 {map[int64][]byte{1080: {0x53, 0xEF}}, "an ext2 filesystem (ext2)"},
-	"xfs":                  {map[int64][]byte{0: []byte("XFSB")}, "an XFS filesystem (xfs)"},
-	"btrfs":                {map[int64][]byte{65600: []byte("_BHRfS_M")}, "a btrfs filesystem (btrfs)"},
-	"swap":                 {map[int64][]byte{4086: []byte("SWAPSPACE2")}, "swap space (swap)"},
-	"iso9660":              {map[int64][]byte{32769: []byte("CD001")}, "an ISO 9660 filesystem (iso9660)"},
-	"LUKS":                 {map[int64][]byte{0: []byte("LUKS\xba\xbe")}, "a LUKS volume (crypto_LUKS)"},
-	"vfat":                 {map[int64][]byte{82: []byte("FAT32"), 510: {0x55, 0xAA}}, "a FAT filesystem (vfat)"},
-	"GPT primary":          {map[int64][]byte{512: []byte("EFI PART")}, "a GPT partition table (gpt)"},
-	"GPT backup only":      {map[int64][]byte{-512: []byte("EFI PART")}, "a backup GPT header (gpt)"},
-	"MBR with a partition": {map[int64][]byte{446 + 4: {0x83}, 510: {0x55, 0xAA}}, "an MBR partition table (dos)"},
-	"MBR signature only":   {map[int64][]byte{510: {0x55, 0xAA}}, "an MBR boot signature (0x55AA at byte 510)"},
-}
-
-// installWant: what install's message names. libblkid (wipefs) calls a bare 0x55AA an
-// MBR partition table ("dos"), which then stands for machined's "MBR boot signature".
 func installWant(name, want string) string {
 	if name == "MBR signature only" && diskpkg.LookTool("wipefs") != "" {
 		return "an MBR partition table (dos)"
@@ -110,15 +56,15 @@ func TestInstallRefusesEachStubbedSignatureUnlessWipe(t *testing.T) {
 	image := gptImage(t, dir, 4<<20)
 	for name, c := range signatureStubs {
 		disk := filepath.Join(dir, "used.img")
-		stubDisk(t, disk, c.patches)
+		stubDisk(t, disk, c.Patches)
 		code, _, errs := runInstall(t, "--disk", disk, "--image", image)
 		if code != 2 || strings.Count(errs, "\n") != 1 || !strings.Contains(errs, "refusing to install onto "+disk+": it holds ") ||
-			!strings.Contains(errs, installWant(name, c.want)) || !strings.HasSuffix(errs, "; pass --wipe to overwrite it\n") {
-			t.Errorf("%s: exit %d, stderr %q (want %q named)", name, code, errs, c.want)
+			!strings.Contains(errs, installWant(name, c.Want)) || !strings.HasSuffix(errs, "; pass --wipe to overwrite it\n") {
+			t.Errorf("%s: exit %d, stderr %q (want %q named)", name, code, errs, c.Want)
 			continue
 		}
 		code, out, errs := runInstall(t, "--disk", disk, "--image", image, "--wipe")
-		if code != 0 || !strings.Contains(out, "--wipe: overwriting ") || !strings.Contains(out, installWant(name, c.want)) {
+		if code != 0 || !strings.Contains(out, "--wipe: overwriting ") || !strings.Contains(out, installWant(name, c.Want)) {
 			t.Errorf("%s with --wipe: exit %d: %s%s", name, code, out, errs)
 			continue
 		}
@@ -225,6 +171,6 @@ func TestInstallWithoutUtilLinuxUsesMachinedProbeAlone(t *testing.T) {
 	if code != 0 || !strings.Contains(out, disk+" is empty (checked by machined's probe;") {
 		t.Fatalf("exit %d: %s%s", code, out, errs)
 	}
-	stubDisk(t, disk, signatureStubs["mdraid 1.2"].patches)
+	stubDisk(t, disk, signatureStubs["mdraid 1.2"].Patches)
 	refusedOneLine(t, "it holds an mdraid array member (metadata 1.x) (linux_raid_member); pass --wipe", "--disk", disk, "--image", image)
 }

@@ -18,38 +18,10 @@ import (
 	// disk is these tests' name for the target, so the package goes by another here
 	diskpkg "kiln/machined/internal/disk"
 	"kiln/machined/internal/supervisor"
+	"kiln/machined/internal/testkit"
 )
 
-// gptImage makes a sized file with a GPT from the real sfdisk and recognisable bytes in
-// its first partition (the image's "content": the tests check they arrive intact).
-func gptImage(t *testing.T, dir string, size int64) string {
-	t.Helper()
-	sf, err := exec.LookPath("sfdisk")
-	if err != nil {
-		t.Skip("sfdisk not installed (Debian: fdisk)")
-	}
-	path := filepath.Join(dir, "disk.raw")
-	if err := os.WriteFile(path, nil, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Truncate(path, size); err != nil {
-		t.Fatal(err)
-	}
-	script := "label: gpt\nstart=2048, size=2048, name=EFI\nsize=2048, name=BOOT\n"
-	// through machined's reaper: once a test has started it, it reaps every child
-	if out, err := supervisor.RunInput([]byte(script), sf, "--quiet", path); err != nil {
-		t.Fatalf("sfdisk: %v\n%s", err, out)
-	}
-	f, err := os.OpenFile(path, os.O_RDWR, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	if _, err := f.WriteAt(bytes.Repeat([]byte("kiln"), 1024), 2048*512); err != nil {
-		t.Fatal(err)
-	}
-	return path
-}
+var gptImage = testkit.GPTImage
 
 // emptyDisk makes a sparse all-zero file of the given size.
 func emptyDisk(t *testing.T, dir string, size int64) string {

@@ -3,9 +3,10 @@ package main
 import (
 	"fmt"
 	"os"
-	"strconv"
 	"strings"
 	"syscall"
+
+	"kiln/machined/internal/disk"
 )
 
 type mountEntry struct {
@@ -32,32 +33,13 @@ func parseMountinfo(text string) []mountEntry {
 		if sep < 0 || len(fields) < sep+3 {
 			continue
 		}
-		e := mountEntry{Target: unescapeMount(fields[4]), Options: fields[5], FSType: fields[sep+1], Source: unescapeMount(fields[sep+2])}
+		e := mountEntry{Target: disk.UnescapeProcField(fields[4]), Options: fields[5], FSType: fields[sep+1], Source: disk.UnescapeProcField(fields[sep+2])}
 		if len(fields) > sep+3 {
 			e.Super = fields[sep+3]
 		}
 		out = append(out, e)
 	}
 	return out
-}
-
-// unescapeMount undoes the kernel's octal escapes (\040 for a space).
-func unescapeMount(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(n))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }
 
 // mountedAt returns the topmost mount at target (later lines stack over earlier ones).

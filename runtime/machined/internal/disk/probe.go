@@ -582,10 +582,10 @@ func mountUsers(mountinfo string, devs map[string]string) []string {
 		}
 		name, ok := devs[fields[2]]
 		if !ok {
-			name, ok = devByPath(unescapeProcField(tail[1]), devs)
+			name, ok = devByPath(UnescapeProcField(tail[1]), devs)
 		}
 		if ok {
-			users = append(users, name+" is mounted at "+unescapeProcField(fields[4]))
+			users = append(users, name+" is mounted at "+UnescapeProcField(fields[4]))
 		}
 	}
 	return users
@@ -598,7 +598,7 @@ func swapUsers(swaps string, devs map[string]string) []string {
 		if i == 0 || len(fields) == 0 {
 			continue // the header
 		}
-		if name, ok := devByPath(unescapeProcField(fields[0]), devs); ok {
+		if name, ok := devByPath(UnescapeProcField(fields[0]), devs); ok {
 			users = append(users, name+" is in use as swap")
 		}
 	}
@@ -618,8 +618,8 @@ func devByPath(path string, devs map[string]string) (string, bool) {
 	return name, ok
 }
 
-// unescapeProcField undoes the kernel's octal escapes (\040 for a space) in mountinfo and swaps.
-func unescapeProcField(s string) string {
+// UnescapeProcField undoes the kernel's octal escapes (\040 for a space) in mountinfo and swaps.
+func UnescapeProcField(s string) string {
 	if !strings.Contains(s, `\`) {
 		return s
 	}

@@ -8,8 +8,6 @@ package disk
 // install_probe_test.go.
 
 import (
-	"bytes"
-	"encoding/binary"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,65 +16,18 @@ import (
 	"testing"
 
 	"kiln/machined/internal/supervisor"
+	"kiln/machined/internal/testkit"
 )
 
-const probeDiskSize = 16 << 20
+const probeDiskSize = testkit.ProbeDiskSize
 
-// stubDisk writes a probeDiskSize image of zeros with each patch's bytes at its offset
-// (negative offsets count from the end).
-func stubDisk(t *testing.T, path string, patches map[int64][]byte) {
-	t.Helper()
-	b := make([]byte, probeDiskSize)
-	for off, data := range patches {
-		if off < 0 {
-			off += probeDiskSize
-		}
-		copy(b[off:], data)
-	}
-	if err := os.WriteFile(path, b, 0o644); err != nil {
-		t.Fatal(err)
-	}
-}
-
-func putLE32(v uint32) []byte {
-	b := make([]byte, 4)
-	binary.LittleEndian.PutUint32(b, v)
-	return b
-}
-
-// mdSuper: the magic and major_version 1 of an md 1.x superblock.
-func mdSuper() []byte { return append(putLE32(mdMagic), putLE32(1)...) }
-
-// signatureStubs are the bytes each signature's tool writes, at the offsets it writes them
-// (the magic only: enough for machined's probe; blkid also checks checksums and may not
-// recognise a stub, which is why the real tools are tested as well below).
-var signatureStubs = map[string]struct {
-	patches map[int64][]byte
-	want    string
-}{
-	"LVM2 PV (sector 1)":   {map[int64][]byte{512: []byte("LABELONE"), 512 + 24: []byte("LVM2 001")}, "an LVM2 physical volume (LVM2_member)"},
-	"LVM2 PV (sector 3)":   {map[int64][]byte{1536: []byte("LABELONE"), 1536 + 24: []byte("LVM2 001")}, "an LVM2 physical volume (LVM2_member)"},
-	"mdraid 1.1":           {map[int64][]byte{0: mdSuper()}, "an mdraid array member (metadata 1.x) (linux_raid_member)"},
-	"mdraid 1.2":           {map[int64][]byte{4096: mdSuper()}, "an mdraid array member (metadata 1.x) (linux_raid_member)"},
-	"mdraid 1.0":           {map[int64][]byte{-8192: mdSuper()}, "an mdraid array member (metadata 1.x) (linux_raid_member)"},
-	"mdraid 0.90":          {map[int64][]byte{-65536: putLE32(mdMagic)}, "an mdraid array member (metadata 0.90) (linux_raid_member)"},
-	"NTFS":                 {map[int64][]byte{3: []byte("NTFS    "), 510: {0x55, 0xAA}}, "an NTFS filesystem (ntfs)"},
-	"exFAT":                {map[int64][]byte{3: []byte("EXFAT   "), 510: {0x55, 0xAA}}, "an exFAT filesystem (exfat)"},
-	"BitLocker":            {map[int64][]byte{3: []byte("-FVE-FS-"), 510: {0x55, 0xAA}}, "a BitLocker volume (BitLocker)"},
-	"F2FS":                 {map[int64][]byte{1024: putLE32(0xF2F52010)}, "an F2FS filesystem (f2fs)"},
-	"Ceph bluestore":       {map[int64][]byte{0: []byte("bluestore block device\n")}, "a Ceph BlueStore device (ceph_bluestore)"},
-	"ext2":                 {map[int64][]byte{1080: {0x53, 0xEF}}, "an ext2 filesystem (ext2)"},
-	"xfs":                  {map[int64][]byte{0: []byte("XFSB")}, "an XFS filesystem (xfs)"},
-	"btrfs":                {map[int64][]byte{65600: []byte("_BHRfS_M")}, "a btrfs filesystem (btrfs)"},
-	"swap":                 {map[int64][]byte{4086: []byte("SWAPSPACE2")}, "swap space (swap)"},
-	"iso9660":              {map[int64][]byte{32769: []byte("CD001")}, "an ISO 9660 filesystem (iso9660)"},
-	"LUKS":                 {map[int64][]byte{0: []byte("LUKS\xba\xbe")}, "a LUKS volume (crypto_LUKS)"},
-	"vfat":                 {map[int64][]byte{82: []byte("FAT32"), 510: {0x55, 0xAA}}, "a FAT filesystem (vfat)"},
-	"GPT primary":          {map[int64][]byte{512: []byte("EFI PART")}, "a GPT partition table (gpt)"},
-	"GPT backup only":      {map[int64][]byte{-512: []byte("EFI PART")}, "a backup GPT header (gpt)"},
-	"MBR with a partition": {map[int64][]byte{446 + 4: {0x83}, 510: {0x55, 0xAA}}, "an MBR partition table (dos)"},
-	"MBR signature only":   {map[int64][]byte{510: {0x55, 0xAA}}, "an MBR boot signature (0x55AA at byte 510)"},
-}
+var (
+	stubDisk       = testkit.StubDisk
+	putLE32        = testkit.PutLE32
+	mdSuper        = testkit.MDSuper
+	signatureStubs = testkit.SignatureStubs
+	gptImage       = testkit.GPTImage
+)
 
 func probeFile(t *testing.T, path string) []Finding {
 	t.Helper()
@@ -107,9 +58,9 @@ func TestProbeFindsEachStubbedSignature(t *testing.T) {
 	dir := t.TempDir()
 	for name, c := range signatureStubs {
 		path := filepath.Join(dir, "disk.img")
-		stubDisk(t, path, c.patches)
-		if found := probeFile(t, path); !hasFinding(found, c.want) {
-			t.Errorf("%s: machined's probe found %v, want %q", name, found, c.want)
+		stubDisk(t, path, c.Patches)
+		if found := probeFile(t, path); !hasFinding(found, c.Want) {
+			t.Errorf("%s: machined's probe found %v, want %q", name, found, c.Want)
 		}
 	}
 }
@@ -300,7 +251,7 @@ func TestIsBlankLooksAtBothEnds(t *testing.T) {
 	if !IsBlank(disk) {
 		t.Fatal("zeros are blank")
 	}
-	stubDisk(t, disk, signatureStubs["mdraid 1.0"].patches)
+	stubDisk(t, disk, signatureStubs["mdraid 1.0"].Patches)
 	if IsBlank(disk) {
 		t.Fatal("an md 1.0 member is not blank")
 	}
@@ -308,35 +259,4 @@ func TestIsBlankLooksAtBothEnds(t *testing.T) {
 	if IsBlank(disk) {
 		t.Fatal("data in the last MiB is not blank")
 	}
-}
-
-// gptImage makes a sized file with a GPT from the real sfdisk and recognisable bytes in
-// its first partition (as main's install tests make it).
-func gptImage(t *testing.T, dir string, size int64) string {
-	t.Helper()
-	sf, err := exec.LookPath("sfdisk")
-	if err != nil {
-		t.Skip("sfdisk not installed (Debian: fdisk)")
-	}
-	path := filepath.Join(dir, "disk.raw")
-	if err := os.WriteFile(path, nil, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Truncate(path, size); err != nil {
-		t.Fatal(err)
-	}
-	script := "label: gpt\nstart=2048, size=2048, name=EFI\nsize=2048, name=BOOT\n"
-	// through machined's reaper: once a test has started it, it reaps every child
-	if out, err := supervisor.RunInput([]byte(script), sf, "--quiet", path); err != nil {
-		t.Fatalf("sfdisk: %v\n%s", err, out)
-	}
-	f, err := os.OpenFile(path, os.O_RDWR, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	if _, err := f.WriteAt(bytes.Repeat([]byte("kiln"), 1024), 2048*512); err != nil {
-		t.Fatal(err)
-	}
-	return path
 }

@@ -9,25 +9,15 @@ import (
 	"crypto/x509/pkix"
 	"encoding/json"
 	"encoding/pem"
+	"kiln/machined/internal/disk"
 	"math/big"
 	"net"
 	"testing"
 	"time"
 )
 
-// waitFor polls cond every 100 ms until it holds or max has passed (as internal/disk's).
-func waitFor(cond func() bool, max time.Duration) bool {
-	deadline := time.Now().Add(max)
-	for {
-		if cond() {
-			return true
-		}
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
+// waitFor is internal/disk's, for the tests here.
+var waitFor = disk.WaitFor
 
 func fmtJSON(t *testing.T, v interface{}) string {
 	t.Helper()

@@ -58,7 +58,7 @@ func ChooseDisk(devs []BlockDev, configured, param string, blank func(path strin
 func Prepare(disk, filesystem string, say func(string, ...interface{})) (state, ephemeral string, err error) {
 	name := filepath.Base(disk)
 	if !exists(filepath.Join("/sys/class/block", name)) {
-		if !waitFor(func() bool { return exists(filepath.Join("/sys/class/block", name)) }, 10*time.Second) {
+		if !WaitFor(func() bool { return exists(filepath.Join("/sys/class/block", name)) }, 10*time.Second) {
 			return "", "", fmt.Errorf("%s does not exist", disk)
 		}
 	}
@@ -94,9 +94,9 @@ func Prepare(disk, filesystem string, say func(string, ...interface{})) (state, 
 		}
 		return parts[partState] != "" && parts[partEphemeral] != "" && exists(parts[partState]) && exists(parts[partEphemeral])
 	}
-	if !waitFor(found, 10*time.Second) {
+	if !WaitFor(found, 10*time.Second) {
 		rereadPartitions(disk)
-		if !waitFor(found, 5*time.Second) {
+		if !WaitFor(found, 5*time.Second) {
 			return "", "", fmt.Errorf("%s: the kernel does not show STATE and EPHEMERAL", disk)
 		}
 	}
@@ -190,7 +190,8 @@ func ensureFilesystem(dev, fstype, label string, say func(string, ...interface{}
 	return nil
 }
 
-func waitFor(cond func() bool, max time.Duration) bool {
+// WaitFor polls cond every 100 ms until it holds (true) or max has passed (false).
+func WaitFor(cond func() bool, max time.Duration) bool {
 	deadline := time.Now().Add(max)
 	for {
 		if cond() {

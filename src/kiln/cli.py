@@ -20,6 +20,8 @@ from kiln.core import console
 from kiln.core.errors import InputError, InputErrors, KilnError
 from kiln.image import command as image_command
 from kiln.installer import command as install_command
+from kiln.installer import release as release_command
+from kiln.node import command as node_command
 from kiln.pkg.graph import Graph
 from kiln.pkg.loader import Tree, load_tree
 from kiln.pkg.show import GRAPH_FORMATS, dump_yaml, render_graph
@@ -218,6 +220,14 @@ def cmd_install(args: argparse.Namespace) -> int:
     return install_command.run(args, load)
 
 
+def cmd_release(args: argparse.Namespace) -> int:
+    def load(platform: str) -> Graph:
+        args.platform = platform
+        return _load(args)
+
+    return release_command.run(args, load)
+
+
 def _common() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--pkgs", default="pkgs", metavar="DIR", help="package tree (default: ./pkgs)")
@@ -370,6 +380,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     install_command.add_arguments(install)
 
+    release = verbs.add_parser(
+        "release", help="publish releases to an OCI registry", description="publish releases to an OCI registry"
+    )
+    release_verbs = release.add_subparsers(dest="release_verb", metavar="ACTION", required=True)
+    release_push = release_verbs.add_parser(
+        "push",
+        parents=[common],
+        help="push an installer image to HOST/REPO:<version> with release annotations (channel, architecture)",
+        description="push an installer OCI layout (or its .tar, or an installer profile, built first) to a "
+        "registry under the tag of its version, annotated with its channel, architecture and --upgrade-from",
+    )
+    release_command.add_arguments(release_push)
+    release_push.set_defaults(handler=cmd_release)
+
     boot = verbs.add_parser(
         "boot",
         help="boot an artifact in QEMU and wait for machined's ready line",
@@ -377,6 +401,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     boot_command.add_arguments(boot)
     boot.set_defaults(handler=boot_command.run)
+
+    node = verbs.add_parser(
+        "node",
+        help="talk to running machines over machined's mutual-TLS API: status, logs, rollback, rolling upgrades",
+        description="talk to running machines over machined's mutual-TLS API (docs/node-client.md)",
+    )
+    node_command.add_arguments(node)
+    node.set_defaults(handler=node_command.run)
     return parser
 
 

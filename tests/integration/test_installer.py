@@ -134,6 +134,13 @@ def test_oci_layout_is_valid(built: tuple[Path, Path], inputs: tuple[BootAssets,
                     assert extracted is not None
                     files[m.name] = extracted.read()
     assert config["rootfs"] == {"type": "layers", "diff_ids": diff_ids}
+    roles = [layer["annotations"]["dev.kiln.layer"] for layer in manifest["layers"]]
+    assert roles == ["kernel", "boot", "disk", "installer"]  # an upgrade pulls all but "disk"
+    assert json.loads(files["usr/share/kiln/release.json"]) == {
+        "architecture": "amd64",
+        "cmdline": assets.cmdline,
+        "version": VERSION,
+    }
     assert files["usr/bin/installer"] == machined.read_bytes()
     assert files["usr/share/kiln/vmlinuz"] == assets.vmlinuz.read_bytes()
     assert files["usr/share/kiln/initramfs.zst"] == assets.initramfs.read_bytes()

@@ -2,8 +2,11 @@
 
 `docker run --rm --privileged -v /dev:/dev kiln-installer:<version> install --disk /dev/sdX` runs
 `machined install` (runtime/machined/install.go), the same code `kiln install` runs on the host.
-The image holds three layers: the boot assets (/usr/share/kiln/vmlinuz, initramfs.zst), the disk
-image (/usr/share/kiln/disk.raw.gz) and the static machined as /usr/bin/installer.
+The image holds four layers, each annotated with its role (dev.kiln.layer): the kernel
+(/usr/share/kiln/vmlinuz), the boot layer (initramfs.zst and release.json: version, architecture,
+kernel command line), the disk image (/usr/share/kiln/disk.raw.gz) and the static machined as
+/usr/bin/installer. A fresh install uses the disk image; an upgrade pulls every layer but that one
+and runs `installer install --upgrade`, which writes the kernel and initramfs into the other slot.
 
 The disk image goes in gzip-compressed with its raw size in a FEXTRA subfield ("KS", 8 bytes
 little-endian; RFC 1952 2.3.1.1) so machined knows the size without inflating it first: a raw
@@ -44,6 +47,10 @@ REPOSITORY = "kiln-installer"
 ENTRYPOINT = "usr/bin/installer"
 SHARE = "usr/share/kiln"
 DISK_MEMBER = f"{SHARE}/disk.raw.gz"  # runtime/machined/install.go's first default image
+RELEASE_MEMBER = f"{SHARE}/release.json"  # what `machined install --upgrade` writes a slot from
+# Each layer says what it holds, so an upgrade pulls every layer but the disk image
+# (runtime/machined/internal/oci reads the same key).
+LAYER_ANNOTATION = "dev.kiln.layer"
 
 INDEX_TYPE = "application/vnd.oci.image.index.v1+json"
 MANIFEST_TYPE = "application/vnd.oci.image.manifest.v1+json"
@@ -62,9 +69,13 @@ class Blob:
     media_type: str
     digest: str  # "sha256:<hex>"
     size: int
+    annotations: dict[str, str] | None = None
 
     def descriptor(self) -> dict[str, Any]:
-        return {"mediaType": self.media_type, "digest": self.digest, "size": self.size}
+        described: dict[str, Any] = {"mediaType": self.media_type, "digest": self.digest, "size": self.size}
+        if self.annotations:
+            described["annotations"] = self.annotations
+        return described
 
     @property
     def path(self) -> str:
@@ -98,19 +109,23 @@ def build_installer(assets: BootAssets, disk_raw: Path, machined: Path, out_dir:
         (layout / "blobs/sha256").mkdir(parents=True)
         disk_gz = work / "disk.raw.gz"
         gzip_with_size(disk_raw, disk_gz)
+        release = work / "release.json"
+        release.write_bytes(release_info(assets, arch))
         layer_files = [
+            ("kernel", "kernel", {f"{SHARE}/vmlinuz": (assets.vmlinuz, 0o644)}),
             (
-                "boot assets",
-                {f"{SHARE}/vmlinuz": (assets.vmlinuz, 0o644), f"{SHARE}/initramfs.zst": (assets.initramfs, 0o644)},
+                "boot",
+                "initramfs and release",
+                {f"{SHARE}/initramfs.zst": (assets.initramfs, 0o644), RELEASE_MEMBER: (release, 0o644)},
             ),
-            ("disk image", {DISK_MEMBER: (disk_gz, 0o644)}),
-            ("installer (machined install)", {ENTRYPOINT: (machined, 0o755)}),
+            ("disk", "disk image", {DISK_MEMBER: (disk_gz, 0o644)}),
+            ("installer", "installer (machined install)", {ENTRYPOINT: (machined, 0o755)}),
         ]
         layers: list[Blob] = []
         diff_ids: list[str] = []
-        for _, files in layer_files:
+        for role, _, files in layer_files:
             blob, diff_id = _layer(files, assets.epoch, layout, work)
-            layers.append(blob)
+            layers.append(Blob(blob.media_type, blob.digest, blob.size, {LAYER_ANNOTATION: role}))
             diff_ids.append(diff_id)
         created = datetime.fromtimestamp(assets.epoch, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         config = {
@@ -127,7 +142,7 @@ def build_installer(assets: BootAssets, disk_raw: Path, machined: Path, out_dir:
                 },
             },
             "rootfs": {"type": "layers", "diff_ids": diff_ids},
-            "history": [{"created": created, "created_by": f"kiln: {what}"} for what, _ in layer_files],
+            "history": [{"created": created, "created_by": f"kiln: {what}"} for _, what, _ in layer_files],
         }
         config_blob = _json_blob(config, CONFIG_TYPE, layout)
         manifest = {
@@ -170,6 +185,11 @@ def build_installer(assets: BootAssets, disk_raw: Path, machined: Path, out_dir:
         layout.rename(layout_out)
         tar_tmp.replace(tar_out)
     return layout_out, tar_out
+
+
+def release_info(assets: BootAssets, arch: str) -> bytes:
+    """release.json: the version, architecture and kernel command line a slot is written with."""
+    return _canonical({"architecture": arch, "cmdline": assets.cmdline, "version": assets.version}) + b"\n"
 
 
 def static_elf_arch(binary: Path) -> str:

@@ -1,0 +1,298 @@
+"""`kiln release push`: publish an installer image to an OCI registry as a release of a channel.
+
+The input is the OCI image layout `kiln image` writes for an installer profile (a directory, or
+the `.tar` beside it, read in place), or the profile itself, built first as `kiln image` would.
+Nothing is sent before the layout checks out (kiln.installer.image_layout: one linux image, every
+blob matching its descriptor). The release's version is the manifest's
+`org.opencontainers.image.version` (or the config's label of that name) and must be a semantic
+version.
+
+What is pushed: the layers and the config unchanged (only those the registry lacks, HEAD first),
+then a new manifest, the layout's with release annotations added: the version, `dev.kiln.channel`,
+`dev.kiln.architecture` and, when given, `dev.kiln.upgrade-from`. It is serialized canonically
+(sorted keys, no whitespace), so the same layout, channel and upgrade-from give the same digest.
+It goes under one tag, `image_tag(version)`; no other tag is touched. A machine following a
+channel picks the newest semver tag whose annotations admit it (docs/upgrades.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from kiln.core.console import say_line
+from kiln.core.errors import InputError
+from kiln.image.outputs.installer import image_tag
+from kiln.installer.image_layout import VERSION_KEY, Blob, Layout, open_layout, read_image
+
+if TYPE_CHECKING:  # kiln.core.registry imports requests: not at every CLI start
+    from kiln.core.registry import Ref
+    from kiln.pkg.graph import Graph
+
+CHANNELS = ("alpha", "beta", "stable")
+CHANNEL_KEY = "dev.kiln.channel"
+ARCH_KEY = "dev.kiln.architecture"
+UPGRADE_FROM_KEY = "dev.kiln.upgrade-from"
+RELEASE_KEYS = (CHANNEL_KEY, ARCH_KEY, UPGRADE_FROM_KEY)  # replaced, never kept from the layout
+MIB = 1 << 20
+
+_ID = r"(?:0|[1-9][0-9]*|[0-9]*[A-Za-z-][0-9A-Za-z-]*)"
+_SEMVER = re.compile(
+    rf"(?P<major>0|[1-9][0-9]*)\.(?P<minor>0|[1-9][0-9]*)\.(?P<patch>0|[1-9][0-9]*)"
+    rf"(?:-(?P<pre>{_ID}(?:\.{_ID})*))?(?:\+(?P<build>[0-9A-Za-z-]+(?:\.[0-9A-Za-z-]+)*))?"
+)
+
+
+# --- semantic versions -----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SemVer:
+    """A semantic version (semver.org 2.0.0): X.Y.Z, an optional -prerelease and +build."""
+
+    text: str
+    major: int
+    minor: int
+    patch: int
+    prerelease: tuple[str, ...] = ()
+
+    @classmethod
+    def parse(cls, text: str, what: str = "version") -> SemVer:
+        match = _SEMVER.fullmatch(text)
+        if not match:
+            raise InputError(
+                f"{what} {text!r} is not a semantic version: expected MAJOR.MINOR.PATCH with an optional "
+                "-prerelease and +build (such as 1.4.0, 1.5.0-rc.1 or 1.5.0+g1234abc)"
+            )
+        pre = match.group("pre")
+        return cls(
+            text, int(match["major"]), int(match["minor"]), int(match["patch"]), tuple(pre.split(".")) if pre else ()
+        )
+
+    def key(self) -> tuple[Any, ...]:
+        """Precedence: numbers, then a release above its prereleases, whose identifiers compare one by one
+        (numeric ones as numbers and below alphanumeric ones); build metadata does not count."""
+        pre = tuple((0, int(i), "") if i.isdigit() else (1, 0, i) for i in self.prerelease)
+        return (self.major, self.minor, self.patch, 0 if pre else 1, pre)
+
+    def __lt__(self, other: SemVer) -> bool:
+        return self.key() < other.key()
+
+    def __le__(self, other: SemVer) -> bool:
+        return self.key() <= other.key()
+
+    def __str__(self) -> str:
+        return self.text
+
+
+# --- the release ---------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Release:
+    """A checked installer image with a semantic version."""
+
+    layout: Layout
+    manifest: dict[str, Any]
+    blobs: list[Blob]
+    version: SemVer
+    architecture: str
+
+
+def read_release(layout: Layout) -> Release:
+    """The layout's one image, checked (image_layout.read_image), whose version must be a semantic version."""
+    image = read_image(layout)
+    version = SemVer.parse(image.version, f"{layout}: the image's version")
+    return Release(layout, image.manifest, image.blobs, version, image.architecture)
+
+
+def annotated_manifest(
+    manifest: dict[str, Any], version: SemVer, channel: str, architecture: str, upgrade_from: SemVer | None
+) -> bytes:
+    """The manifest with the release annotations set (others kept), serialized canonically."""
+    if channel not in CHANNELS:
+        raise InputError(f"channel {channel!r} is not one of {', '.join(CHANNELS)}")
+    annotations = {k: v for k, v in dict(manifest.get("annotations") or {}).items() if k not in RELEASE_KEYS}
+    annotations[VERSION_KEY] = version.text
+    annotations[CHANNEL_KEY] = channel
+    annotations[ARCH_KEY] = architecture
+    if upgrade_from is not None:
+        annotations[UPGRADE_FROM_KEY] = upgrade_from.text
+    return json.dumps({**manifest, "annotations": annotations}, sort_keys=True, separators=(",", ":")).encode()
+
+
+def check_upgrade_from(text: str | None) -> SemVer | None:
+    """--upgrade-from, checked before anything is built or read."""
+    return None if text is None else SemVer.parse(text, "--upgrade-from")
+
+
+# --- pushing ---------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Pushed:
+    ref: Ref
+    tag: str
+    digest: str
+    version: str
+    channel: str
+    architecture: str
+    upgrade_from: str | None
+    uploaded: list[Blob]
+    skipped: list[Blob]
+    replaced: str | None  # the digest the tag named before, when it was another
+
+    @property
+    def uploaded_bytes(self) -> int:
+        return sum(b.size for b in self.uploaded)
+
+    @property
+    def skipped_bytes(self) -> int:
+        return sum(b.size for b in self.skipped)
+
+    def line(self) -> str:
+        return (
+            f"pushed {self.ref}:{self.tag}@{self.digest} (channel {self.channel}, version {self.version}, "
+            f"{_mib(self.uploaded_bytes)} MiB uploaded, {_mib(self.skipped_bytes)} MiB already there)"
+        )
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "reference": f"{self.ref}:{self.tag}@{self.digest}",
+            "registry": self.ref.host,
+            "repository": self.ref.repo,
+            "tag": self.tag,
+            "digest": self.digest,
+            "version": self.version,
+            "channel": self.channel,
+            "architecture": self.architecture,
+            "upgrade_from": self.upgrade_from,
+            "uploaded": {"blobs": len(self.uploaded), "bytes": self.uploaded_bytes},
+            "skipped": {"blobs": len(self.skipped), "bytes": self.skipped_bytes},
+            "replaced": self.replaced,
+        }
+
+
+def _mib(size: int) -> str:
+    return "0" if size == 0 else f"{size / MIB:.1f}"
+
+
+def push_release(
+    release: Release,
+    ref: Ref,
+    channel: str,
+    upgrade_from: SemVer | None,
+    say: Callable[[str], None] = say_line,
+) -> Pushed:
+    """Upload the blobs the registry lacks, then PUT the annotated manifest under the version's tag."""
+    if upgrade_from is not None and release.version < upgrade_from:
+        raise InputError(f"--upgrade-from {upgrade_from} is newer than the release's version {release.version}")
+    from kiln.core.registry import Client, RegistryError
+
+    body = annotated_manifest(release.manifest, release.version, channel, release.architecture, upgrade_from)
+    tag = image_tag(release.version.text)
+    client = Client(ref)
+    uploaded: list[Blob] = []
+    skipped: list[Blob] = []
+    for blob in release.blobs:
+        if client.has_blob(blob.digest):
+            skipped.append(blob)
+            continue
+        say(f"release: uploading the {blob.what} {blob.digest[:19]} ({blob.size / MIB:.1f} MiB) to {ref}")
+        with release.layout.open(blob.name) as stream:
+            client.upload_blob(stream, blob.digest, blob.size, f"the {blob.what} {blob.digest}")
+        uploaded.append(blob)
+    try:
+        before = client.manifest_digest(tag)  # only to report a replaced manifest: no reason to stop
+    except RegistryError:
+        before = None
+    digest = client.put_manifest(tag, body)
+    return Pushed(
+        ref,
+        tag,
+        digest,
+        release.version.text,
+        channel,
+        release.architecture,
+        upgrade_from.text if upgrade_from else None,
+        uploaded,
+        skipped,
+        before if before and before != digest else None,
+    )
+
+
+# --- the verb --------------------------------------------------------------------------------------------------------
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "source",
+        metavar="LAYOUT_OR_PROFILE",
+        help="an installer OCI layout directory or its .tar (as `kiln image installer` writes them); "
+        "a name that is not an existing path is an installer profile, built first",
+    )
+    parser.add_argument("--to", required=True, metavar="HOST[:PORT]/REPO", help="the repository to push to")
+    parser.add_argument("--channel", required=True, choices=CHANNELS, help="the release channel")
+    parser.add_argument(
+        "--upgrade-from",
+        metavar="VERSION",
+        help="the oldest version that may upgrade to this release (a semantic version)",
+    )
+    parser.add_argument("--out", metavar="DIR", help="where a profile's output is written (default _out)")
+    parser.add_argument("--profiles-dir", default="profiles", metavar="DIR", help="where profile names are looked up")
+    parser.add_argument("--jobs", "-j", type=int, default=2, metavar="N", help="packages built at once")
+    parser.add_argument("--json", action="store_true", help="print a JSON summary")
+
+
+def run(args: argparse.Namespace, load: Callable[[str], Graph]) -> int:
+    from kiln.core.registry import Ref
+
+    ref = Ref.parse(args.to)
+    upgrade_from = check_upgrade_from(args.upgrade_from)
+    source = Path(args.source)
+    if source.exists():
+        if args.out:
+            raise InputError("--out applies when a profile is built, not to an existing layout")
+        path = source
+    elif "/" in args.source or args.source.endswith(".tar"):
+        raise InputError(f"{args.source}: no such installer layout or tarball")
+    else:
+        path = build_profile(args, load)
+    with open_layout(path) as layout:
+        pushed = push_release(read_release(layout), ref, args.channel, upgrade_from)
+    if args.json:
+        print(json.dumps(pushed.summary(), indent=2))
+    else:
+        print(pushed.line())
+        if pushed.replaced:
+            print(f"  the tag {pushed.tag} named {pushed.replaced} before")
+    return 0
+
+
+def build_profile(args: argparse.Namespace, load: Callable[[str], Graph]) -> Path:
+    """Build an installer profile as `kiln image PROFILE --out DIR` does; returns its OCI layout."""
+    from kiln.image.imager import build_packages, check_packages, make_images
+    from kiln.image.profile import load_profiles
+
+    try:
+        profile = load_profiles([args.source], Path(args.profiles_dir))[0]
+    except InputError as exc:
+        if exc.location is not None:
+            raise
+        raise InputError(f"{args.source} is not an existing layout or tar, nor a profile: {exc.message}") from None
+    if profile.kind != "installer":
+        raise InputError(
+            f"profile {profile.name} writes {profile.kind}: kiln release push needs an installer profile "
+            "(output kind installer, such as profiles/installer.yaml)",
+            profile.location("output", "kind"),
+        )
+    graph = load(profile.platform_spec)
+    check_packages([profile], graph)
+    built = build_packages([profile], graph, args.jobs, json_output=args.json)
+    result = make_images([profile], built, Path(args.out or "_out"), args.jobs, say_line)[0]
+    return result.directory / profile.name

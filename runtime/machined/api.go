@@ -3,6 +3,7 @@ package main
 import (
 	"crypto/tls"
 	"encoding/json"
+	"errors"
 	"io"
 	"log"
 	"net"
@@ -19,8 +20,9 @@ type apiBackend interface {
 	Status() interface{}
 	Services() []supervisor.ServiceStatus
 	Logs(service string) ([]string, bool)
-	Power(action string)       // "reboot" or "poweroff"; called after the response is sent
-	Rollback() (string, error) // make the other A/B slot the default; the handler then reboots
+	Power(action string)                                // "reboot" or "poweroff"; called after the response is sent
+	Rollback() (string, error)                          // make the other A/B slot the default; the handler then reboots
+	Upgrade(req upgradeRequest) (*upgradeStatus, error) // start one; an *apiError says how to refuse
 }
 
 // apiHandler routes the v1 API. Every route sits behind mutual TLS (see serveAPI), so
@@ -73,6 +75,23 @@ func apiHandler(b apiBackend) http.Handler {
 			f.Flush()
 		}
 		safego.Go("api rollback", func() { time.Sleep(200 * time.Millisecond); b.Power(actionReboot) })
+	}))
+	mux.HandleFunc("/v1/upgrade", method(http.MethodPost, func(w http.ResponseWriter, r *http.Request) {
+		req, err := upgradeJSON(r.Body)
+		var status *upgradeStatus
+		if err == nil {
+			status, err = b.Upgrade(req)
+		}
+		if err != nil {
+			code := http.StatusBadRequest
+			var ae *apiError
+			if errors.As(err, &ae) {
+				code = ae.code
+			}
+			writeJSON(w, code, map[string]string{"error": err.Error()})
+			return
+		}
+		writeJSON(w, http.StatusAccepted, map[string]interface{}{"upgrade": status})
 	}))
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusNotFound, map[string]string{"error": "no such endpoint: " + r.URL.Path})

@@ -19,6 +19,21 @@ type fakeBackend struct {
 	mu          sync.Mutex
 	actions     []string
 	rollbackErr error
+	upgrades    []upgradeRequest
+}
+
+// Upgrade answers like the machine: the request's own checks, then a conflict when asked.
+func (f *fakeBackend) Upgrade(req upgradeRequest) (*upgradeStatus, error) {
+	if err := req.check(); err != nil {
+		return nil, &apiError{400, err.Error()}
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.upgrades = append(f.upgrades, req)
+	if len(f.upgrades) > 1 {
+		return nil, &apiError{409, "an upgrade is already pulling"}
+	}
+	return &upgradeStatus{State: upgradePulling, Image: req.describe(), Slot: "B", Preserve: req.preserve()}, nil
 }
 
 func (f *fakeBackend) Rollback() (string, error) {
@@ -191,5 +206,46 @@ func TestAPIOffWithoutCertificates(t *testing.T) {
 	m := &machine{version: "v1", kernel: "6.1", varSource: "tmpfs", extensions: []Extension{{Name: "a"}, {Name: "b"}}}
 	if got := m.readyLine(); got != "machined ready: version=v1 kernel=6.1 extensions=[a,b] var=tmpfs" {
 		t.Fatalf("ready line: %q", got)
+	}
+}
+
+func TestAPIUpgradeStartsOneAndRefusesWhatIsWrong(t *testing.T) {
+	url, serverCA, clientCA, backend := startTestAPI(t)
+	c := client(clientCA.clientTLS(t, serverCA, true))
+	post := func(body string, want int) map[string]interface{} {
+		t.Helper()
+		resp, err := c.Post(url+"/v1/upgrade", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var out map[string]interface{}
+		_ = json.NewDecoder(resp.Body).Decode(&out)
+		if resp.StatusCode != want {
+			t.Fatalf("POST /v1/upgrade %s: %d %v, want %d", body, resp.StatusCode, out, want)
+		}
+		return out
+	}
+	for body, why := range map[string]string{
+		`{"image": "10.0.2.2:5000/kiln/installer:0.2.0", "tag": "x"}`:   "unknown field",
+		`{"image": "a/b", "url": "https://x/i.tar"}`:                    "exactly one",
+		`{"channel": "nightly", "repository": "10.0.2.2:5000/kiln"}`:    "want alpha, beta or stable",
+		`{"url": "ftp://host/installer.tar"}`:                           "http(s) URL",
+		`{"url": "https://host/installer.tar", "digest": "sha256:abc"}`: "64 hex",
+		`not json`: "upgrade request",
+	} {
+		got := post(body, http.StatusBadRequest)
+		if msg, _ := got["error"].(string); !strings.Contains(msg, why) {
+			t.Errorf("%s: error %q does not say %q", body, msg, why)
+		}
+	}
+	got := post(`{"image": "10.0.2.2:5000/kiln/installer:0.2.0", "preserve": false}`, http.StatusAccepted)
+	up, _ := got["upgrade"].(map[string]interface{})
+	if up["state"] != "pulling" || up["slot"] != "B" || up["preserve"] != false {
+		t.Fatalf("started upgrade: %v", got)
+	}
+	post(`{"channel": "stable", "repository": "10.0.2.2:5000/kiln/installer"}`, http.StatusConflict)
+	if len(backend.upgrades) != 2 || backend.upgrades[0].Image != "10.0.2.2:5000/kiln/installer:0.2.0" {
+		t.Fatalf("requests reaching the machine: %+v", backend.upgrades)
 	}
 }

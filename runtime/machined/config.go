@@ -23,7 +23,18 @@ type Config struct {
 	Network  network.NetworkConfig    `json:"network,omitempty"`
 	Services []supervisor.ServiceSpec `json:"services,omitempty"`
 	API      APIConfig                `json:"api,omitempty"`
+	// Registries says how to reach the registries (and tarball hosts) upgrades pull from.
+	Registries []RegistryConfig `json:"registries,omitempty"`
 }
+
+// RegistryConfig is one host's trust: its CA (PEM) for https, or plain http when insecure.
+type RegistryConfig struct {
+	Host     string `json:"host"`               // HOST[:PORT], as in image references
+	CA       string `json:"ca,omitempty"`       // PEM; without it the system's roots are used
+	Insecure bool   `json:"insecure,omitempty"` // plain http: for a registry on a trusted network only
+}
+
+var registryHostRE = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9.-]{0,252})(:[0-9]{1,5})?$|^\[[0-9A-Fa-f:.]+\](:[0-9]{1,5})?$`)
 
 // InstallConfig names the disk machined owns (STATE and EPHEMERAL go there).
 type InstallConfig struct {
@@ -121,6 +132,18 @@ func (c *Config) validate() error {
 			return fmt.Errorf("services: %q is defined twice", s.Name)
 		}
 		seen[s.Name] = true
+	}
+	hosts := map[string]bool{}
+	for i, r := range c.Registries {
+		switch {
+		case !registryHostRE.MatchString(r.Host):
+			return fmt.Errorf("registries[%d]: host %q: want HOST[:PORT]", i, r.Host)
+		case hosts[r.Host]:
+			return fmt.Errorf("registries: %q is listed twice", r.Host)
+		case r.CA != "" && !x509.NewCertPool().AppendCertsFromPEM([]byte(r.CA)):
+			return fmt.Errorf("registries[%d]: ca holds no PEM certificate", i)
+		}
+		hosts[r.Host] = true
 	}
 	if c.API.Enabled() {
 		if _, err := c.API.tlsConfig(); err != nil {

@@ -56,6 +56,9 @@ func failed(format string, a ...interface{}) error {
 
 // installMain is `machined install ...`; it returns the process's exit code.
 func installMain(args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 && (args[0] == "--upgrade" || args[0] == "-upgrade") {
+		return upgradeMain(args[1:], stdout, stderr) // upgrade_install.go
+	}
 	fs := flag.NewFlagSet("machined install", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	disk := fs.String("disk", "", "target disk: a block device or a disk image file (required)")

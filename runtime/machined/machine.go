@@ -36,6 +36,9 @@ type machine struct {
 	power        chan string
 	shutdownOnce sync.Once
 	slots        *slots        // the A/B boot state; empty when the boot came from no A/B disk
+	ownedDisk    string        // the disk machined owns ("" when none)
+	stateDev     string        // STATE, mounted at stateMount ("" when not)
+	upgrades     upgrader      // the upgrade under way or the last one that failed
 	isReady      chan struct{} // closed once the machine is ready
 }
 
@@ -158,11 +161,13 @@ func (m *machine) setupVar() {
 			if err := mountFS(state, stateMount, syscall.MS_NOSUID|syscall.MS_NODEV|syscall.MS_NOEXEC); err != nil {
 				m.con.printf("disk: STATE: %v", err)
 			} else {
+				m.stateDev = state
 				m.persistConfig()
 			}
 		} else {
 			m.con.printf("disk: %v; /var is a tmpfs", err)
 		}
+		m.ownedDisk = owned
 		m.slots = findSlots(m.params[paramSlot], owned, disk.ListBlockDevices("/sys"))
 	} else {
 		m.con.printf("disk: none (%s); /var is a tmpfs", why)
@@ -310,6 +315,7 @@ func (m *machine) Status() interface{} {
 		"addresses":      addrs,
 		"services":       m.Services(),
 		"boot":           m.slots.status(),
+		"upgrade":        m.upgrades.snapshot(),
 	}
 }
 

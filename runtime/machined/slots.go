@@ -118,6 +118,7 @@ func (s *slots) markGood(version string) error {
 		return err
 	}
 	s.marked = true
+	s.booted = "default" // from now on this boot runs the default slot
 	return nil
 }
 
@@ -130,6 +131,9 @@ func (s *slots) rollback() (string, error) {
 		return "", errors.New("the boot state cannot be read: " + s.err)
 	}
 	other := bootstate.Other(s.slot)
+	if s.state.Rollback == other {
+		return "", fmt.Errorf("slot %s did not reach ready when it was tried and was rolled back; it is no system to return to", other)
+	}
 	st := s.state
 	err := s.withBoot(syscall.MS_RDONLY, func(dir string) error {
 		_, err := os.Stat(filepath.Join(dir, other, "boot.cfg"))

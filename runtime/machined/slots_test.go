@@ -39,6 +39,10 @@ func TestSlotsStatusAfterARolledBackUpgrade(t *testing.T) {
 	if !strings.Contains(s.describe(), "slot B did not reach ready and was rolled back") {
 		t.Fatalf("describe: %q", s.describe())
 	}
+	// slot B holds what failed: a rollback to it is refused before BOOT is touched
+	if _, err := s.rollback(); err == nil || !strings.Contains(err.Error(), "slot B did not reach ready") {
+		t.Fatalf("rollback to the rolled-back slot: %v", err)
+	}
 }
 
 func TestSlotsStatusOnTrial(t *testing.T) {

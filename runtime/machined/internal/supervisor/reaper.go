@@ -81,8 +81,9 @@ func (r *Reaper) Start(cmd *exec.Cmd) (<-chan syscall.WaitStatus, error) {
 	return ch, nil
 }
 
-// startPiped starts cmd with stdout and stderr on one pipe, returned for reading.
-func (r *Reaper) startPiped(cmd *exec.Cmd) (io.ReadCloser, <-chan syscall.WaitStatus, error) {
+// StartPiped starts cmd with stdout and stderr on one pipe, returned for reading; the
+// caller reads it to its end and must not call cmd.Wait.
+func (r *Reaper) StartPiped(cmd *exec.Cmd) (io.ReadCloser, <-chan syscall.WaitStatus, error) {
 	rd, wr, err := os.Pipe()
 	if err != nil {
 		return nil, nil, err
@@ -115,7 +116,7 @@ func RunInput(input []byte, name string, args ...string) (string, error) {
 		defer f.Close()
 		cmd.Stdin = f
 	}
-	out, done, err := Children().startPiped(cmd)
+	out, done, err := Children().StartPiped(cmd)
 	if err != nil {
 		return "", err
 	}

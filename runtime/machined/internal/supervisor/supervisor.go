@@ -248,7 +248,7 @@ func (s *Supervisor) runOnce(svc *service) (syscall.WaitStatus, error) {
 		s.mu.Unlock()
 		return 0, fmt.Errorf("stopping")
 	}
-	out, done, err := Children().startPiped(cmd)
+	out, done, err := Children().StartPiped(cmd)
 	if err != nil {
 		s.mu.Unlock()
 		return 0, err

@@ -1,0 +1,134 @@
+package oci
+
+import (
+	"bytes"
+	"math/rand"
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+// FuzzParseReference: never panics, and what parses prints back to itself.
+func FuzzParseReference(f *testing.F) {
+	for _, s := range []string{
+		"ghcr.io/kiln/installer:1.2.0", "localhost:5000/a/b@sha256:" + hexA, "[::1]:5/x:y",
+		"http://x/y", "a/b", "reg.example/A", "reg.example/x:", "",
+	} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		r, err := ParseReference(s)
+		if err != nil {
+			return
+		}
+		if r.Host == "" || r.Repo == "" || (r.Tag == "" && r.Digest == "") {
+			t.Fatalf("%q parsed to %+v", s, r)
+		}
+		again, err := ParseReference(r.String())
+		if err != nil || again != r {
+			t.Fatalf("%q -> %q -> %+v, %v", s, r.String(), again, err)
+		}
+	})
+}
+
+// FuzzUnpack: arbitrary bytes (a tar, or a gzip'd one when they start like gzip) never panic
+// Unpack and never change anything outside the root. Symlinks are laid first so fuzzed names
+// have something to try to escape through.
+func FuzzUnpack(f *testing.F) {
+	seeds := [][]byte{
+		makeTar(f, file("a/b", "c"), symlink("s", "../.."), hardlink("h", "a/b")),
+		makeTar(f, file("../x", "c")),
+		makeTar(f, file("up/x", "pwned")),
+		makeTar(f, file("out/x", "pwned"), whiteoutOf("out/.wh.secret")),
+		makeTar(f, hardlink("h", "out/secret"), whiteoutOf(".wh..wh..opq")),
+		makeTar(f, dir("d/"), symlink("d", "../.."), withMode(dir("e/"), 0o7777)),
+		gzipped(f, makeTar(f, file("z", "z"))),
+		{},
+	}
+	for _, s := range seeds {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		base := scratch(t)
+		root, outside := filepath.Join(base, "root"), filepath.Join(base, "outside")
+		os.Mkdir(root, 0o755)
+		os.Mkdir(outside, 0o755)
+		os.WriteFile(filepath.Join(outside, "secret"), []byte("secret"), 0o644)
+		mt := MediaTypeLayer
+		if bytes.HasPrefix(data, []byte{0x1f, 0x8b}) {
+			mt = MediaTypeLayerGzip
+		}
+		_, _ = Unpack(root, bytes.NewReader(makeTar(t, symlink("out", outside), symlink("up", ".."))), MediaTypeLayer, testLimits)
+		_, _ = Unpack(root, bytes.NewReader(data), mt, Limits{MaxBytes: 1 << 16, MaxEntries: 64})
+
+		if got := tree(t, base); got != "outside/\noutside/secret\nroot/"+rootTree(t, root) {
+			t.Fatalf("something changed outside the root:\n%s", got)
+		}
+		if readFile(t, filepath.Join(outside, "secret")) != "secret" {
+			t.Fatal("secret changed")
+		}
+		filepath.Walk(root, func(p string, fi os.FileInfo, err error) error {
+			if err == nil && fi.Mode()&(os.ModeSetuid|os.ModeSetgid|os.ModeSticky|os.ModeDevice|os.ModeNamedPipe|os.ModeSocket) != 0 {
+				t.Fatalf("%s has mode %v", p, fi.Mode())
+			}
+			return nil
+		})
+	})
+}
+
+// rootTree is tree(root) prefixed for comparison within its parent's tree.
+func rootTree(t *testing.T, root string) string {
+	s := tree(t, root)
+	if s == "" {
+		return ""
+	}
+	var out bytes.Buffer
+	for _, line := range bytes.Split([]byte(s), []byte("\n")) {
+		out.WriteString("\nroot/")
+		out.Write(line)
+	}
+	return out.String()
+}
+
+// TestUnpackRandomHostileLayers stacks random layers built from names and link targets chosen
+// to try every escape (symlinked parents, "..", absolute names, whiteouts and hard links
+// through symlinks), with a fixed seed so a failure reproduces. Nothing may change outside the
+// root, and nothing may panic.
+func TestUnpackRandomHostileLayers(t *testing.T) {
+	names := []string{"a", "a/b", "a/b/c", "out", "out/secret", "out/new", "up", "up/outside/secret", "up/x",
+		"../x", "/abs/x", "a/../../outside/secret", ".wh.a", "a/.wh.b", "a/.wh..wh..opq", ".wh..wh..opq",
+		"out/.wh.secret", "up/.wh.outside", "l", "l/x", "l/y/z", "./a/./b"}
+	targets := []string{"/", "..", "../..", "../outside", "../outside/secret", "a", "a/b", "out/secret", "/etc/passwd", "l"}
+	rng := rand.New(rand.NewSource(1))
+	for iter := 0; iter < 200; iter++ {
+		base := scratch(t)
+		root, outside := filepath.Join(base, "root"), filepath.Join(base, "outside")
+		os.Mkdir(root, 0o755)
+		os.Mkdir(outside, 0o755)
+		os.WriteFile(filepath.Join(outside, "secret"), []byte("secret"), 0o644)
+		targets[len(targets)-1] = outside
+		for layer := 0; layer < 3; layer++ {
+			var es []entry
+			for i := rng.Intn(8); i >= 0; i-- {
+				name := names[rng.Intn(len(names))]
+				switch rng.Intn(5) {
+				case 0:
+					es = append(es, dir(name+"/"))
+				case 1:
+					es = append(es, symlink(name, targets[rng.Intn(len(targets))]))
+				case 2:
+					es = append(es, hardlink(name, names[rng.Intn(len(names))]))
+				default:
+					es = append(es, file(name, "pwned"))
+				}
+			}
+			Unpack(root, bytes.NewReader(makeTar(t, es...)), MediaTypeLayer, testLimits)
+		}
+		if got := tree(t, base); got != "outside/\noutside/secret\nroot/"+rootTree(t, root) {
+			t.Fatalf("iteration %d: something changed outside the root:\n%s", iter, got)
+		}
+		if readFile(t, filepath.Join(outside, "secret")) != "secret" {
+			t.Fatalf("iteration %d: secret changed", iter)
+		}
+	}
+}

@@ -1,0 +1,577 @@
+package main
+
+// POST /v1/upgrade: pull an installer image (a registry reference, a release channel of a
+// repository, or an OCI layout tarball at a URL), check it, stop the services, unmount what
+// lives on the owned disk, and run the image's own machined (`install --upgrade`) in an
+// isolated root that holds only the image and the owned disk's device nodes. It writes the
+// other slot and puts it on trial; machined reboots into it. Every step before the reboot
+// that fails leaves the machine on its current version with its services running again,
+// and says why in the status and the log. docs/upgrades.md tells the whole story.
+
+import (
+	"bufio"
+	"context"
+	"crypto/x509"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"sort"
+	"sync"
+	"syscall"
+	"time"
+
+	"kiln/machined/internal/bootstate"
+	"kiln/machined/internal/disk"
+	"kiln/machined/internal/oci"
+	"kiln/machined/internal/safego"
+	"kiln/machined/internal/supervisor"
+)
+
+const (
+	upgradeWork      = "/run/kiln/upgrade" // a tmpfs: what is pulled never touches the owned disk
+	upgradeMaxBytes  = 1 << 30             // what an image may unpack to
+	upgradeMaxTar    = 2 << 30             // an OCI layout tarball fetched from a URL
+	installerTimeout = 10 * time.Minute
+	pullTimeout      = 30 * time.Minute
+	channelLookups   = 32 // manifests read to choose a release from a channel
+)
+
+// The states of an upgrade, as /v1/status shows them.
+const (
+	upgradePulling    = "pulling"
+	upgradeInstalling = "installing"
+	upgradeRebooting  = "rebooting"
+	upgradeFailed     = "failed"
+)
+
+// upgradeRequest is the body of POST /v1/upgrade: exactly one of image, url or channel.
+type upgradeRequest struct {
+	Image          string `json:"image,omitempty"`      // HOST[:PORT]/REPO[:TAG][@sha256:...]
+	URL            string `json:"url,omitempty"`        // an OCI layout tarball (kiln's installer .tar)
+	Digest         string `json:"digest,omitempty"`     // with url: the manifest it must hold
+	Channel        string `json:"channel,omitempty"`    // alpha, beta or stable
+	Repository     string `json:"repository,omitempty"` // with channel: HOST[:PORT]/REPO
+	Preserve       *bool  `json:"preserve,omitempty"`   // keep EPHEMERAL (/var); default true
+	AllowDowngrade bool   `json:"allow_downgrade,omitempty"`
+}
+
+var digestRE = regexp.MustCompile(`^sha256:[0-9a-f]{64}$`)
+
+// check validates a request before anything is fetched.
+func (r upgradeRequest) check() error {
+	given := 0
+	for _, s := range []string{r.Image, r.URL, r.Channel} {
+		if s != "" {
+			given++
+		}
+	}
+	if given != 1 {
+		return errors.New("give exactly one of image, url or channel (with repository)")
+	}
+	switch {
+	case r.Image != "":
+		if _, err := oci.ParseReference(r.Image); err != nil {
+			return fmt.Errorf("image: %v", err)
+		}
+	case r.URL != "":
+		u, err := url.Parse(r.URL)
+		if err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
+			return fmt.Errorf("url %q: want an http(s) URL of an OCI layout tarball", r.URL)
+		}
+	default:
+		if r.Channel != "alpha" && r.Channel != "beta" && r.Channel != "stable" {
+			return fmt.Errorf("channel %q: want alpha, beta or stable", r.Channel)
+		}
+		if _, err := oci.ParseReference(r.Repository); err != nil || r.Repository == "" {
+			return fmt.Errorf("repository %q: want HOST[:PORT]/REPO with the channel", r.Repository)
+		}
+	}
+	if r.Digest != "" && (r.URL == "" || !digestRE.MatchString(r.Digest)) {
+		return errors.New("digest goes with url and must be sha256:<64 hex digits>")
+	}
+	if r.Repository != "" && r.Channel == "" {
+		return errors.New("repository goes with channel")
+	}
+	return nil
+}
+
+func (r upgradeRequest) preserve() bool { return r.Preserve == nil || *r.Preserve }
+
+func (r upgradeRequest) describe() string {
+	switch {
+	case r.Image != "":
+		return r.Image
+	case r.URL != "":
+		return r.URL
+	}
+	return r.Repository + " (channel " + r.Channel + ")"
+}
+
+// upgradeStatus is the upgrade section of /v1/status.
+type upgradeStatus struct {
+	State          string  `json:"state"`
+	Image          string  `json:"image,omitempty"`
+	Digest         string  `json:"digest,omitempty"`
+	Version        string  `json:"version,omitempty"`
+	Slot           string  `json:"slot,omitempty"`
+	Preserve       bool    `json:"preserve"`
+	PulledBytes    int64   `json:"pulled_bytes"`
+	TotalBytes     int64   `json:"total_bytes"`
+	PullSeconds    float64 `json:"pull_seconds,omitempty"`
+	InstallSeconds float64 `json:"install_seconds,omitempty"`
+	Error          string  `json:"error,omitempty"`
+}
+
+// apiError is a refusal the API answers with its own status code.
+type apiError struct {
+	code int
+	msg  string
+}
+
+func (e *apiError) Error() string { return e.msg }
+
+// upgrader holds the one upgrade a machine may run at a time.
+type upgrader struct {
+	mu     sync.Mutex
+	status *upgradeStatus
+}
+
+func (u *upgrader) snapshot() *upgradeStatus {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if u.status == nil {
+		return nil
+	}
+	s := *u.status
+	return &s
+}
+
+func (u *upgrader) update(f func(s *upgradeStatus)) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	f(u.status)
+}
+
+// Upgrade starts an upgrade in the background and returns its first status.
+func (m *machine) Upgrade(req upgradeRequest) (*upgradeStatus, error) {
+	if err := req.check(); err != nil {
+		return nil, &apiError{400, err.Error()}
+	}
+	if m.slots == nil || m.slots.slot == "" {
+		return nil, &apiError{409, "this machine did not boot from an A/B disk; install it to a disk first"}
+	}
+	if m.slots.err != "" {
+		return nil, &apiError{409, "the boot state cannot be read: " + m.slots.err}
+	}
+	other := bootstate.Other(m.slots.slot)
+	if m.slots.state.Default == other {
+		return nil, &apiError{409, fmt.Sprintf("slot %s runs but slot %s is the default; roll back or reboot before upgrading", m.slots.slot, other)}
+	}
+	m.upgrades.mu.Lock()
+	defer m.upgrades.mu.Unlock()
+	if s := m.upgrades.status; s != nil && s.State != upgradeFailed {
+		return nil, &apiError{409, "an upgrade is already " + s.State}
+	}
+	m.upgrades.status = &upgradeStatus{State: upgradePulling, Image: req.describe(), Slot: other, Preserve: req.preserve()}
+	first := *m.upgrades.status
+	m.con.printf("upgrade: %s into slot %s", req.describe(), other)
+	safego.Go("upgrade", func() { m.runUpgrade(req, other) })
+	return &first, nil
+}
+
+// runUpgrade does the work; any error ends in the failed state with the machine as it was.
+func (m *machine) runUpgrade(req upgradeRequest, slot string) {
+	stopped, err := m.pullAndInstall(req, slot)
+	if err == nil {
+		m.upgrades.update(func(s *upgradeStatus) { s.State = upgradeRebooting })
+		m.con.printf("upgrade: slot %s holds %s and is on trial; rebooting", slot, m.upgrades.snapshot().Version)
+		m.Power(actionReboot)
+		return
+	}
+	m.con.printf("upgrade: failed: %v", err)
+	if stopped {
+		m.resume()
+	}
+	_ = syscall.Unmount(upgradeWork, syscall.MNT_DETACH)
+	m.upgrades.update(func(s *upgradeStatus) { s.State, s.Error = upgradeFailed, err.Error() })
+	m.con.printf("upgrade: the machine keeps running %s", m.version)
+}
+
+// pullAndInstall returns whether it stopped the services (and so whether resume is due).
+func (m *machine) pullAndInstall(req upgradeRequest, slot string) (bool, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), pullTimeout)
+	defer cancel()
+	start := time.Now()
+	if err := os.MkdirAll(upgradeWork, 0o700); err != nil {
+		return false, err
+	}
+	_ = syscall.Unmount(upgradeWork, syscall.MNT_DETACH) // a failed earlier try's
+	// not nodev: the isolated root gets the owned disk's device nodes
+	if err := syscall.Mount("tmpfs", upgradeWork, "tmpfs", syscall.MS_NOSUID, "mode=0700"); err != nil {
+		return false, fmt.Errorf("tmpfs for the image: %v", err)
+	}
+	// private: the installer's mounts in its own namespace never show up here
+	_ = syscall.Mount("", upgradeWork, "", syscall.MS_PRIVATE, "")
+	src, ref, err := m.upgradeSource(ctx, req)
+	if err != nil {
+		return false, err
+	}
+	if closer, ok := src.(io.Closer); ok {
+		defer closer.Close()
+	}
+	img, err := src.Resolve(ctx, ref, oci.Platform{OS: "linux", Architecture: runtime.GOARCH})
+	if err != nil {
+		return false, err
+	}
+	rel := oci.ReleaseOf(ref, img)
+	if err := m.acceptable(rel, req.AllowDowngrade); err != nil {
+		return false, err
+	}
+	m.upgrades.update(func(s *upgradeStatus) { s.Digest, s.Version = img.Digest, rel.Version })
+	root := filepath.Join(upgradeWork, "root")
+	if err := m.unpackImage(ctx, src, img, root); err != nil {
+		return false, err
+	}
+	pulled := time.Since(start)
+	m.upgrades.update(func(s *upgradeStatus) { s.PullSeconds = pulled.Seconds() })
+	m.con.printf("upgrade: pulled %s (%s, Kiln %s) in %.1f s", req.describe(), img.Digest, rel.Version, pulled.Seconds())
+
+	installStart := time.Now()
+	m.upgrades.update(func(s *upgradeStatus) { s.State = upgradeInstalling })
+	if err := m.stopForInstall(); err != nil {
+		return true, err
+	}
+	if err := m.runInstaller(root, slot); err != nil {
+		return true, err
+	}
+	if !req.preserve() {
+		if err := wipeSignatures(m.varSource); err != nil {
+			return true, fmt.Errorf("preserve false: wiping EPHEMERAL %s: %v", m.varSource, err)
+		}
+		m.con.printf("upgrade: preserve false: EPHEMERAL %s will be formatted on the next boot", m.varSource)
+	}
+	m.upgrades.update(func(s *upgradeStatus) { s.InstallSeconds = time.Since(installStart).Seconds() })
+	return true, nil
+}
+
+// upgradeSource returns where the image comes from and the reference to resolve there.
+func (m *machine) upgradeSource(ctx context.Context, req upgradeRequest) (oci.Source, string, error) {
+	switch {
+	case req.Image != "":
+		ref, _ := oci.ParseReference(req.Image)
+		reg, err := m.registry(ref.Host, ref.Repo)
+		if err != nil {
+			return nil, "", err
+		}
+		if ref.Digest != "" {
+			return reg, ref.Digest, nil
+		}
+		return reg, ref.Tag, nil
+	case req.URL != "":
+		u, _ := url.Parse(req.URL)
+		insecure, roots, err := m.trust(u.Host)
+		if err != nil {
+			return nil, "", err
+		}
+		tarball := filepath.Join(upgradeWork, "installer.tar")
+		n, err := oci.Download(ctx, req.URL, tarball, upgradeMaxTar, insecure, roots)
+		if err != nil {
+			return nil, "", err
+		}
+		m.upgrades.update(func(s *upgradeStatus) { s.PulledBytes, s.TotalBytes = n, n })
+		layout, err := oci.OpenLayoutTar(tarball)
+		if err != nil {
+			return nil, "", err
+		}
+		return layout, req.Digest, nil
+	default:
+		ref, _ := oci.ParseReference(req.Repository)
+		reg, err := m.registry(ref.Host, ref.Repo)
+		if err != nil {
+			return nil, "", err
+		}
+		tag, err := m.chooseFromChannel(ctx, reg, req)
+		return reg, tag, err
+	}
+}
+
+// chooseFromChannel reads the newest semver tags' manifests and picks the release to install.
+func (m *machine) chooseFromChannel(ctx context.Context, reg *oci.Registry, req upgradeRequest) (string, error) {
+	tags, err := reg.Tags(ctx)
+	if err != nil {
+		return "", err
+	}
+	var candidates []string
+	for _, t := range tags {
+		if oci.ValidVersion(t) && (req.AllowDowngrade || oci.CompareVersions(t, m.version) > 0) {
+			candidates = append(candidates, t)
+		}
+	}
+	sort.Slice(candidates, func(i, j int) bool { return oci.CompareVersions(candidates[i], candidates[j]) > 0 })
+	if len(candidates) > channelLookups {
+		candidates = candidates[:channelLookups]
+	}
+	var releases []oci.Release
+	for _, t := range candidates {
+		img, err := reg.Resolve(ctx, t, oci.Platform{OS: "linux", Architecture: runtime.GOARCH})
+		if err != nil {
+			m.con.printf("upgrade: channel %s: skipping tag %s: %v", req.Channel, t, err)
+			continue
+		}
+		releases = append(releases, oci.ReleaseOf(t, img))
+	}
+	rel, err := oci.ChooseRelease(releases, m.version, req.Channel, runtime.GOARCH, req.AllowDowngrade)
+	if err != nil {
+		return "", err
+	}
+	m.con.printf("upgrade: channel %s of %s/%s: %s", req.Channel, reg.Host, reg.Repo, rel.Version)
+	return rel.Tag, nil
+}
+
+// acceptable refuses a release for another architecture, one that cannot upgrade from this
+// version, and (unless allowed) one that is not newer.
+func (m *machine) acceptable(rel oci.Release, allowDowngrade bool) error {
+	switch {
+	case rel.Architecture != "" && rel.Architecture != runtime.GOARCH:
+		return fmt.Errorf("the image is for %s, this machine is %s", rel.Architecture, runtime.GOARCH)
+	case !oci.ValidVersion(rel.Version):
+		return fmt.Errorf("the image's version %q is not a semantic version", rel.Version)
+	case rel.UpgradeFrom != "" && oci.CompareVersions(m.version, rel.UpgradeFrom) < 0:
+		return fmt.Errorf("Kiln %s upgrades from %s or newer; this machine runs %s", rel.Version, rel.UpgradeFrom, m.version)
+	case !allowDowngrade && oci.ValidVersion(m.version) && oci.CompareVersions(rel.Version, m.version) <= 0:
+		return fmt.Errorf("Kiln %s is not newer than the running %s; ask with allow_downgrade to install it anyway", rel.Version, m.version)
+	}
+	return nil
+}
+
+// registry is a client for host/repo with the config's trust for that host.
+func (m *machine) registry(host, repo string) (*oci.Registry, error) {
+	insecure, roots, err := m.trust(host)
+	if err != nil {
+		return nil, err
+	}
+	return &oci.Registry{Host: host, Repo: repo, Insecure: insecure, RootCAs: roots, Timeout: 30 * time.Second}, nil
+}
+
+// trust is what the config says about a host: plain http only when it is marked insecure,
+// and its own CA when it has one (otherwise the system's, which Kiln's rootfs may not hold).
+func (m *machine) trust(host string) (bool, *x509.CertPool, error) {
+	for _, r := range m.cfg.Registries {
+		if r.Host != host {
+			continue
+		}
+		if r.CA == "" {
+			return r.Insecure, nil, nil
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM([]byte(r.CA)) {
+			return false, nil, fmt.Errorf("registries: %s: ca holds no PEM certificate", host)
+		}
+		return r.Insecure, pool, nil
+	}
+	return false, nil, nil
+}
+
+// unpackImage applies every layer but the disk image's (only a fresh install needs it),
+// verified as it streams, then checks that the root holds an installer and a release.
+func (m *machine) unpackImage(ctx context.Context, src oci.Source, img oci.Image, root string) error {
+	var total int64
+	var layers []oci.Descriptor
+	for _, l := range img.Manifest.Layers {
+		if l.Annotations[oci.AnnotationLayer] == "disk" {
+			continue
+		}
+		layers = append(layers, l)
+		total += l.Size
+	}
+	m.upgrades.update(func(s *upgradeStatus) { s.TotalBytes += total })
+	if err := os.MkdirAll(root, 0o755); err != nil {
+		return err
+	}
+	limits := oci.Limits{MaxBytes: upgradeMaxBytes, MaxEntries: 100000}
+	for _, l := range layers {
+		rc, err := src.Blob(ctx, l)
+		if err != nil {
+			return err
+		}
+		counted := &countingReader{r: rc, add: func(n int) {
+			m.upgrades.update(func(s *upgradeStatus) { s.PulledBytes += int64(n) })
+		}}
+		_, err = oci.Unpack(root, counted, l.MediaType, limits)
+		rc.Close()
+		if err != nil {
+			return fmt.Errorf("layer %s: %v", l.Digest, err)
+		}
+	}
+	installer := filepath.Join(root, "usr/bin/installer")
+	if st, err := os.Lstat(installer); err != nil || !st.Mode().IsRegular() || st.Mode()&0o111 == 0 {
+		return errors.New("the image has no executable /usr/bin/installer: is it a Kiln installer image?")
+	}
+	rel, err := readRelease(filepath.Join(root, releaseDir))
+	if err != nil {
+		return err
+	}
+	if v := m.upgrades.snapshot().Version; v != "" && rel.Version != v {
+		return fmt.Errorf("the image says version %s but its release.json says %s", v, rel.Version)
+	}
+	return nil
+}
+
+type countingReader struct {
+	r   io.Reader
+	add func(int)
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	if n > 0 {
+		c.add(n)
+	}
+	return n, err
+}
+
+// stopForInstall stops the services and unmounts /var and STATE, so nothing on the owned
+// disk is in use while the installer writes it.
+func (m *machine) stopForInstall() error {
+	m.con.printf("upgrade: stopping services")
+	if m.sup != nil {
+		m.sup.Stop()
+	}
+	syscall.Sync()
+	for _, target := range []string{"/var", stateMount} {
+		if _, ok := mountedAt(readMounts(), target); !ok {
+			continue
+		}
+		if err := syscall.Unmount(target, 0); err != nil {
+			return fmt.Errorf("unmount %s: %v (something still uses it)", target, err)
+		}
+	}
+	return nil
+}
+
+// resume undoes stopForInstall after a failed install: /var and STATE back, services started.
+func (m *machine) resume() {
+	if m.varSource != "tmpfs" {
+		if _, ok := mountedAt(readMounts(), "/var"); !ok {
+			if err := mountFS(m.varSource, "/var", syscall.MS_NOSUID|syscall.MS_NODEV); err != nil {
+				m.con.printf("upgrade: remounting /var: %v", err)
+			}
+		}
+	}
+	if m.stateDev != "" {
+		if _, ok := mountedAt(readMounts(), stateMount); !ok {
+			if err := mountFS(m.stateDev, stateMount, syscall.MS_NOSUID|syscall.MS_NODEV|syscall.MS_NOEXEC); err != nil {
+				m.con.printf("upgrade: remounting STATE: %v", err)
+			}
+		}
+	}
+	populateVar()
+	m.startServices("/var/log")
+	m.con.printf("upgrade: services started again")
+}
+
+// runInstaller runs the image's machined in the unpacked root with its own mount, PID,
+// network, IPC and UTS namespaces: it sees the image's files and the owned disk's device
+// nodes, nothing else of this machine.
+func (m *machine) runInstaller(root, slot string) error {
+	if err := makeDiskNodes(root, m.ownedDisk); err != nil {
+		return fmt.Errorf("device nodes for the installer: %v", err)
+	}
+	cmd := exec.Command("/usr/bin/installer", "install", "--upgrade", "--boot", m.slots.device, "--slot", slot,
+		"--tries", fmt.Sprint(defaultTries))
+	cmd.Dir = "/"
+	cmd.Env = []string{"PATH=/usr/bin"}
+	cmd.SysProcAttr = &syscall.SysProcAttr{
+		Chroot:     root,
+		Setsid:     true,
+		Cloneflags: syscall.CLONE_NEWNS | syscall.CLONE_NEWPID | syscall.CLONE_NEWNET | syscall.CLONE_NEWIPC | syscall.CLONE_NEWUTS,
+		Pdeathsig:  syscall.SIGKILL,
+	}
+	out, done, err := supervisor.Children().StartPiped(cmd)
+	if err != nil {
+		return fmt.Errorf("starting the installer: %v", err)
+	}
+	var last string
+	lines := make(chan struct{})
+	safego.Go("installer output", func() {
+		defer close(lines)
+		scan := bufio.NewScanner(io.LimitReader(out, 1<<20))
+		for scan.Scan() {
+			last = scan.Text()
+			m.con.printf("upgrade: %s", last)
+		}
+		_, _ = io.Copy(io.Discard, out)
+	})
+	var status syscall.WaitStatus
+	select {
+	case status = <-done:
+	case <-time.After(installerTimeout):
+		_ = cmd.Process.Kill()
+		status = <-done
+	}
+	out.Close()
+	<-lines
+	if !status.Exited() || status.ExitStatus() != 0 {
+		return fmt.Errorf("the installer failed (%s): %s", supervisor.DescribeExit(status), last)
+	}
+	return nil
+}
+
+// makeDiskNodes creates root/dev with block nodes for the disk and its partitions only.
+func makeDiskNodes(root, owned string) error {
+	dev := filepath.Join(root, "dev")
+	if err := os.MkdirAll(dev, 0o755); err != nil {
+		return err
+	}
+	name := filepath.Base(owned)
+	for _, b := range disk.ListBlockDevices("/sys") {
+		if b.Name != name && b.Disk != name {
+			continue
+		}
+		var st syscall.Stat_t
+		if err := syscall.Stat(b.Path, &st); err != nil {
+			return err
+		}
+		node := filepath.Join(dev, b.Name)
+		_ = os.Remove(node)
+		if err := syscall.Mknod(node, syscall.S_IFBLK|0o600, int(st.Rdev)); err != nil {
+			return fmt.Errorf("mknod %s: %v", node, err)
+		}
+	}
+	return nil
+}
+
+// wipeSignatures zeroes the first MiB of a partition, so the next boot finds no filesystem
+// there and formats it (preserve: false).
+func wipeSignatures(dev string) error {
+	if dev == "" || dev == "tmpfs" {
+		return nil
+	}
+	f, err := os.OpenFile(dev, os.O_WRONLY|syscall.O_EXCL, 0)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if _, err := f.WriteAt(make([]byte, 1<<20), 0); err != nil {
+		return err
+	}
+	return f.Sync()
+}
+
+// upgradeJSON decodes a request body strictly: an unknown field is a mistake worth a 400.
+func upgradeJSON(body io.Reader) (upgradeRequest, error) {
+	var req upgradeRequest
+	dec := json.NewDecoder(io.LimitReader(body, 64<<10))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err != nil {
+		return req, fmt.Errorf("upgrade request: %v", err)
+	}
+	return req, nil
+}

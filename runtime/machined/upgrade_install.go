@@ -1,0 +1,197 @@
+package main
+
+// `machined install --upgrade` is the new version's half of an upgrade. The running
+// machined pulls the installer image, unpacks it and runs this in an isolated root that
+// holds only the image's files and the owned disk's device nodes. It writes the image's
+// kernel and initramfs into the slot that is not running, with the command line from the
+// image's release.json, and puts that slot on trial in the boot state. Nothing it writes
+// is booted unless the boot state says so, and that is written last.
+
+import (
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"strings"
+	"syscall"
+
+	"kiln/machined/internal/bootstate"
+	"kiln/machined/internal/persist"
+)
+
+const (
+	releaseDir       = "/usr/share/kiln"
+	defaultTries     = 3
+	releaseMax       = 64 << 10
+	upgradeBootMount = "/boot"
+)
+
+// release is release.json in the installer image (written by kiln.image.outputs.installer).
+type release struct {
+	Version      string `json:"version"`
+	Architecture string `json:"architecture"`
+	Cmdline      string `json:"cmdline"`
+}
+
+var (
+	versionRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9.+_-]{0,63}$`)
+	cmdlineRE = regexp.MustCompile(`^[\x20-\x7e]*$`)
+)
+
+// readRelease reads and checks release.json: it ends up in GRUB's boot.cfg, so it must be
+// one printable line with no slot of its own.
+func readRelease(dir string) (release, error) {
+	var r release
+	f, err := os.Open(filepath.Join(dir, "release.json"))
+	if err != nil {
+		return r, refuse("release: %v", unwrapPath(err))
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, releaseMax+1))
+	if err != nil || len(data) > releaseMax {
+		return r, refuse("release.json: unreadable or larger than %d bytes", releaseMax)
+	}
+	if err := json.Unmarshal(data, &r); err != nil {
+		return r, refuse("release.json: %v", err)
+	}
+	switch {
+	case !versionRE.MatchString(r.Version):
+		return r, refuse("release.json: version %q is not a version", r.Version)
+	case r.Architecture != runtime.GOARCH:
+		return r, refuse("release.json: the image is for %q, this machine is %s", r.Architecture, runtime.GOARCH)
+	case len(r.Cmdline) > 2048 || !cmdlineRE.MatchString(r.Cmdline) || strings.Contains(r.Cmdline, "kiln.slot="):
+		return r, refuse("release.json: the kernel command line must be one printable line without kiln.slot=")
+	}
+	return r, nil
+}
+
+// upgradeMain is `machined install --upgrade --boot DEV --slot A|B [--tries N]`.
+func upgradeMain(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("machined install --upgrade", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	boot := fs.String("boot", "", "the BOOT partition holding the slots (required)")
+	slot := fs.String("slot", "", "the slot to write: the one that is not running (required)")
+	tries := fs.Int("tries", defaultTries, "boots the new slot gets to reach ready before GRUB falls back")
+	dir := fs.String("release", releaseDir, "where the image's vmlinuz, initramfs.zst and release.json are")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if *boot == "" || !bootstate.Valid(*slot) || fs.NArg() > 0 {
+		fmt.Fprintln(stderr, "install: --upgrade needs --boot DEVICE and --slot A or B, and nothing else")
+		return 2
+	}
+	say := func(f string, a ...interface{}) { fmt.Fprintf(stdout, "install: "+f+"\n", a...) }
+	if err := writeSlot(*dir, *boot, *slot, *tries, say); err != nil {
+		code := 1
+		var ie *installError
+		if errors.As(err, &ie) {
+			code = ie.code
+		}
+		fmt.Fprintf(stderr, "install: %v\n", err)
+		return code
+	}
+	return 0
+}
+
+// writeSlot mounts BOOT (in the installer's own mount namespace) and writes the slot.
+func writeSlot(dir, boot, slot string, tries int, say func(string, ...interface{})) error {
+	if err := os.MkdirAll(upgradeBootMount, 0o700); err != nil {
+		return failed("%v", err)
+	}
+	if err := syscall.Mount(boot, upgradeBootMount, "vfat", syscall.MS_NOSUID|syscall.MS_NODEV|syscall.MS_NOEXEC, "umask=077"); err != nil {
+		return refuse("mount BOOT %s: %v", boot, err)
+	}
+	defer syscall.Unmount(upgradeBootMount, 0)
+	return writeSlotInto(dir, upgradeBootMount, slot, tries, say)
+}
+
+// writeSlotInto writes the slot into a mounted BOOT, then the boot state that puts it on trial.
+func writeSlotInto(dir, bootDir, slot string, tries int, say func(string, ...interface{})) error {
+	rel, err := readRelease(dir)
+	if err != nil {
+		return err
+	}
+	files := map[string]string{"vmlinuz": filepath.Join(dir, "vmlinuz"), "initramfs.zst": filepath.Join(dir, "initramfs.zst")}
+	for _, path := range files {
+		if st, err := os.Stat(path); err != nil || !st.Mode().IsRegular() || st.Size() == 0 {
+			return refuse("the image has no %s", path)
+		}
+	}
+	env := filepath.Join(bootDir, "grub", "grubenv")
+	st, err := bootstate.Read(env)
+	if err != nil {
+		return refuse("%s holds no boot state Kiln can read: %v", bootDir, err)
+	}
+	if st.Default == slot {
+		// the default slot is what GRUB falls back to: overwriting it could strand the machine
+		return refuse("slot %s is the default; boot the default slot (the other one) before upgrading", slot)
+	}
+	say("writing slot %s: Kiln %s", slot, rel.Version)
+	target := filepath.Join(bootDir, slot)
+	// what the slot held goes first: BOOT has room for two slots, not three
+	for _, name := range []string{"boot.cfg", "vmlinuz", "initramfs.zst"} {
+		if err := os.Remove(filepath.Join(target, name)); err != nil && !os.IsNotExist(err) {
+			return failed("clearing slot %s: %v", slot, err)
+		}
+	}
+	if err := os.MkdirAll(target, 0o755); err != nil {
+		return failed("slot %s: %v", slot, err)
+	}
+	for _, name := range []string{"vmlinuz", "initramfs.zst"} {
+		n, err := copyFileSynced(files[name], filepath.Join(target, name))
+		if err != nil {
+			return failed("writing slot %s: %v", slot, err)
+		}
+		say("%s: %d MiB", name, n>>20)
+	}
+	cfg := fmt.Sprintf("linux /%s/vmlinuz %s kiln.slot=%s\ninitrd /%s/initramfs.zst\n", slot, rel.Cmdline, slot, slot)
+	if err := persist.WriteFileAtomic(filepath.Join(target, "boot.cfg"), []byte(cfg), 0o644); err != nil {
+		return failed("writing slot %s: %v", slot, err)
+	}
+	if err := st.Try(slot, rel.Version, tries); err != nil {
+		return refuse("%v", err)
+	}
+	if err := bootstate.Write(env, st); err != nil {
+		return failed("%v", err)
+	}
+	syscall.Sync()
+	say("slot %s is on trial for %d boots; slot %s stays the default until it reaches ready", slot, tries, st.Default)
+	return nil
+}
+
+// copyFileSynced copies src to dst through a temporary name, synced before the rename.
+func copyFileSynced(src, dst string) (int64, error) {
+	in, err := os.Open(src)
+	if err != nil {
+		return 0, err
+	}
+	defer in.Close()
+	tmp := dst + ".new"
+	out, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		return 0, err
+	}
+	n, err := io.Copy(out, in)
+	if err == nil {
+		err = out.Sync()
+	}
+	if cerr := out.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, dst)
+	}
+	if err != nil {
+		os.Remove(tmp)
+		return n, err
+	}
+	return n, nil
+}

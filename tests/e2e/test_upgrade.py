@@ -1,0 +1,436 @@
+"""End-to-end: upgrades through the installer image, from a real registry, under real GRUB.
+
+Nothing is stubbed. Version 1 is the installer profile built through the graph (`kiln image`),
+its disk image written onto a disk file by the same `machined install` that `kiln install`
+runs; version 2 is the same profile built with `--set kiln_version=0.2.0`, so its machined,
+init and rootfs are rebuilt; both are pushed with `kiln release push` to Debian's
+docker-registry on the host, which the guest reaches through QEMU's user network. Version 3 is
+deliberately broken: version 2's kernel with an initramfs the kernel cannot unpack, so every
+boot of it panics (and `panic=1` reboots). The machine takes its config (API certificates,
+the registries it may reach over plain http) from a URL pinned by its sha256.
+
+Each QEMU run is one boot (`-no-reboot`: a reboot ends QEMU), on a disk that keeps what GRUB
+and machined write; between runs the test reads the disk (the boot state with mtools, the
+/var marker with debugfs).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import hashlib
+import http.client
+import http.server
+import json
+import shutil
+import ssl
+import subprocess
+import tarfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import requests
+
+from kiln import __version__
+from kiln.boot.qemu import READY, BootResult, Machine, boot
+from kiln.image.assets import BootAssets
+from kiln.image.outputs.installer import build_installer
+from tests.e2e.conftest import kiln
+from tests.e2e.test_slots import Disk
+from tests.e2e.test_system import GUEST_HOST, console, free_port, make_ca, make_cert
+from tests.integration import services
+
+pytestmark = pytest.mark.e2e
+
+BOOT_TIMEOUT = 300.0
+V1, V2, V3 = __version__, "0.2.0", "0.3.0"
+REPO = "kiln/installer"
+DISK_SIZE = 2 << 30
+MARKER = b"kept across upgrades\n"
+
+
+@dataclass
+class Release:
+    layout: Path  # the installer's OCI layout
+    disk_gz: Path  # /usr/share/kiln/disk.raw.gz in it
+
+
+@dataclass
+class World:
+    work: Path
+    pki: Path
+    registry: str  # host:port of the real registry, as the host reaches it
+    guest_registry: str  # the same, as the guest reaches it
+    corrupt_registry: str  # a proxy that flips a byte of the boot layer, as the guest reaches it
+    v1: Release
+    v2: Release
+
+
+def installer_profile(directory: Path, config_url: str) -> None:
+    """The shipped installer profile with the test's kernel arguments (the config URL, panic=1)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "upgrade.yaml").write_text(
+        "platform: metal\n"
+        "customization:\n"
+        f'  kernel_args: ["console=ttyS0", "panic=1", "kiln.trial_timeout=120", "kiln.config={config_url}"]\n'
+        "output:\n"
+        "  kind: installer\n"
+        "  image:\n"
+        "    disk_size: 1GiB\n"
+    )
+
+
+def build_release(profiles: Path, out: Path, *extra: str) -> Release:
+    kiln("image", "upgrade", "--profiles-dir", str(profiles), "--out", str(out), *extra, timeout=5400)
+    layout = out / "upgrade" / "upgrade"
+    assert (layout / "index.json").is_file(), f"no installer layout in {out / 'upgrade'}"
+    return Release(layout, extract_disk(layout, out / "disk.raw.gz"))
+
+
+def extract_disk(layout: Path, dest: Path) -> Path:
+    """The disk image member of the layout's disk layer."""
+    index = json.loads((layout / "index.json").read_text())
+    manifest = json.loads(blob_path(layout, index["manifests"][0]["digest"]).read_bytes())
+    [disk_layer] = [x for x in manifest["layers"] if x["annotations"]["dev.kiln.layer"] == "disk"]
+    with gzip.open(blob_path(layout, disk_layer["digest"])) as stream, tarfile.open(fileobj=stream) as tar:
+        member = tar.extractfile("usr/share/kiln/disk.raw.gz")
+        assert member is not None
+        with dest.open("wb") as out:
+            shutil.copyfileobj(member, out)
+    return dest
+
+
+def blob_path(layout: Path, digest: str) -> Path:
+    return layout / "blobs" / "sha256" / digest.removeprefix("sha256:")
+
+
+def broken_release(v2: Release, work: Path) -> Path:
+    """Version 3: version 2's kernel with an initramfs no kernel can unpack (it panics, panic=1 reboots)."""
+    index = json.loads((v2.layout / "index.json").read_text())
+    manifest = json.loads(blob_path(v2.layout, index["manifests"][0]["digest"]).read_bytes())
+    files: dict[str, bytes] = {}
+    for layer in manifest["layers"]:
+        if layer["annotations"]["dev.kiln.layer"] in ("kernel", "boot", "installer"):
+            with gzip.open(blob_path(v2.layout, layer["digest"])) as stream, tarfile.open(fileobj=stream) as tar:
+                for member in tar.getmembers():
+                    extracted = tar.extractfile(member) if member.isfile() else None
+                    if extracted is not None:
+                        files[member.name] = extracted.read()
+    release = json.loads(files["usr/share/kiln/release.json"])
+    work.mkdir(parents=True, exist_ok=True)
+    for name, data in (("vmlinuz", files["usr/share/kiln/vmlinuz"]), ("initramfs.zst", b"not an initramfs\n" * 64)):
+        (work / name).write_bytes(data)
+    (work / "installer").write_bytes(files["usr/bin/installer"])
+    (work / "disk.raw").write_bytes(b"\0" * 4096)  # a fresh install is not what this release is for
+    assets = BootAssets.make(work / "vmlinuz", work / "initramfs.zst", release["cmdline"], V3, 1704067200)
+    layout, _ = build_installer(assets, work / "disk.raw", work / "installer", work / "out", "broken")
+    return layout
+
+
+def push(layout: Path, registry: str, channel: str) -> None:
+    kiln("release", "push", str(layout), "--to", f"{registry}/{REPO}", "--channel", channel)
+
+
+class CorruptingProxy(http.server.BaseHTTPRequestHandler):
+    """Forwards to the real registry but flips one byte of every blob bigger than 1 MiB."""
+
+    upstream = ""
+
+    def do_GET(self) -> None:
+        answer = requests.get(
+            f"http://{self.upstream}{self.path}",
+            headers={"Accept": ", ".join(self.headers.get_all("Accept") or [])},
+            timeout=60,
+        )
+        body = answer.content
+        if "/blobs/" in self.path and len(body) > 1 << 20:
+            body = body[:1000] + bytes([body[1000] ^ 0xFF]) + body[1001:]
+        self.send_response(answer.status_code)
+        for key in ("Content-Type", "Docker-Content-Digest"):
+            if key in answer.headers:
+                self.send_header(key, answer.headers[key])
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def serve(handler: type[http.server.BaseHTTPRequestHandler]) -> tuple[http.server.ThreadingHTTPServer, int]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, int(server.server_address[1])
+
+
+@contextlib.contextmanager
+def upgrade_world(work: Path) -> Iterator[World]:
+    """Versions 1 and 2 built, a registry, a corrupting proxy and the config server (bench/upgrade.py too)."""
+    if shutil.which("debugfs") is None or shutil.which("mcopy") is None:
+        services.unavailable("debugfs and mtools", "apt-get install e2fsprogs mtools")
+    pki = work / "pki"
+    pki.mkdir()
+    make_ca(pki, "ca")
+    make_cert(pki, "ca", "machine", "subjectAltName=IP:127.0.0.1,IP:10.0.2.15")
+    make_cert(pki, "ca", "admin", "extendedKeyUsage=clientAuth")
+    stack = contextlib.ExitStack()
+    registry, _ = stack.enter_context(contextlib.contextmanager(services.registry)())
+    port = registry.rsplit(":", 1)[1]
+    CorruptingProxy.upstream = registry
+    proxy, proxy_port = serve(CorruptingProxy)
+    guest_registry, corrupt = f"{GUEST_HOST}:{port}", f"{GUEST_HOST}:{proxy_port}"
+    config = json.dumps(
+        {
+            "hostname": "e2e-upgrade",
+            "api": {
+                k: (pki / f).read_text() for k, f in (("ca", "ca.crt"), ("cert", "machine.crt"), ("key", "machine.key"))
+            },
+            "registries": [{"host": guest_registry, "insecure": True}, {"host": corrupt, "insecure": True}],
+        }
+    ).encode()
+
+    class Config(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200 if self.path == "/kiln.json" else 404)
+            self.send_header("Content-Length", str(len(config)))
+            self.end_headers()
+            self.wfile.write(config)
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    config_server, config_port = serve(Config)
+    url = f"http://{GUEST_HOST}:{config_port}/kiln.json#sha256={hashlib.sha256(config).hexdigest()}"
+    try:
+        profiles = work / "profiles"
+        installer_profile(profiles, url)
+        v1 = build_release(profiles, work / "v1")
+        v2 = build_release(profiles, work / "v2", "--set", f"kiln_version={V2}")
+        yield World(work, pki, registry, guest_registry, corrupt, v1, v2)
+    finally:
+        for server in (proxy, config_server):
+            server.shutdown()
+            server.server_close()
+        stack.close()
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+    with upgrade_world(tmp_path_factory.mktemp("upgrade")) as built:
+        yield built
+
+
+def api(port: int, pki: Path, method: str, path: str, body: object = None) -> tuple[int, dict[str, object]]:
+    context = ssl.create_default_context(cafile=str(pki / "ca.crt"))
+    context.load_cert_chain(str(pki / "admin.crt"), str(pki / "admin.key"))
+    connection = http.client.HTTPSConnection("127.0.0.1", port, context=context, timeout=30)
+    try:
+        data = json.dumps(body).encode() if body is not None else None
+        connection.request(method, path, body=data, headers={"Content-Type": "application/json"})
+        response = connection.getresponse()
+        return response.status, json.loads(response.read() or b"{}")
+    finally:
+        connection.close()
+
+
+class Session:
+    """One boot of the disk in QEMU, in a thread, until the guest powers off or reboots."""
+
+    def __init__(self, disk: Path, firmware: str, log: Path, expect: str = READY) -> None:
+        self.port = free_port()
+        self.log = log
+        machine = Machine(firmware=firmware, extra=["-drive", f"file={disk},format=raw,if=virtio"])
+        machine.api_port = self.port
+        self.results: list[BootResult] = []
+        self.thread = threading.Thread(
+            target=lambda: self.results.append(boot(machine, expect, BOOT_TIMEOUT, log, until_exit=True)),
+            daemon=True,
+        )
+        self.thread.start()
+
+    def wait_for(self, text: str, timeout: float = BOOT_TIMEOUT) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.log.exists() and text in self.log.read_text(errors="replace"):
+                return
+            if not self.thread.is_alive():
+                break
+            time.sleep(0.5)
+        shown = "\n".join(console(self.log)[-60:]) if self.log.exists() else "(no console log)"
+        raise AssertionError(f"no {text!r} on the console:\n{shown}")
+
+    def status(self, pki: Path) -> dict[str, object]:
+        code, answer = api(self.port, pki, "GET", "/v1/status")
+        assert code == 200, answer
+        return answer
+
+    def upgrade(self, pki: Path, request: dict[str, object]) -> dict[str, object]:
+        """POST /v1/upgrade, then poll the status until the upgrade failed or the machine went away."""
+        code, answer = api(self.port, pki, "POST", "/v1/upgrade", request)
+        assert code == 202, answer
+        last: dict[str, object] = {}
+        deadline = time.monotonic() + BOOT_TIMEOUT
+        while time.monotonic() < deadline and self.thread.is_alive():
+            try:
+                last = self.status(pki)
+            except (OSError, http.client.HTTPException):
+                break  # rebooting: the API went away with the network
+            upgrade = last.get("upgrade") or {}
+            assert isinstance(upgrade, dict)
+            if upgrade.get("state") in ("failed", "rebooting"):
+                break
+            time.sleep(0.5)
+        return last
+
+    def end(self) -> BootResult:
+        self.thread.join(BOOT_TIMEOUT)
+        assert self.results, "QEMU did not stop"
+        return self.results[0]
+
+
+def ready_version(log: Path) -> str:
+    lines = [line for line in console(log) if line.startswith(READY)]
+    assert lines, "no ready line"
+    return lines[-1].split("version=", 1)[1].split()[0]
+
+
+def fresh_disk(world: World, name: str) -> Path:
+    """A disk file holding version 1, written by `machined install` as `kiln install --image` does."""
+    from kiln.installer.install import install_disk
+    from tests.integration.test_installer import build_machined
+
+    disk = world.work / name
+    with disk.open("wb") as out:
+        out.truncate(DISK_SIZE)
+    install_disk(build_machined(world.work), world.v1.disk_gz, disk, wipe=False)
+    return disk
+
+
+def ephemeral(disk: Path) -> tuple[int, int]:
+    table = json.loads(subprocess.run(["sfdisk", "-J", str(disk)], check=True, capture_output=True).stdout)
+    part = next(p for p in table["partitiontable"]["partitions"] if p.get("name") == "EPHEMERAL")
+    return part["start"] * 512, part["size"] * 512
+
+
+def debugfs(disk: Path, command: str, *, write: bool = False) -> str:
+    """Run one debugfs command on EPHEMERAL through a loop device over its extent."""
+    offset, size = ephemeral(disk)
+    device = subprocess.run(
+        ["losetup", "--find", "--show", "--offset", str(offset), "--sizelimit", str(size), str(disk)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    try:
+        args = ["debugfs", *(["-w"] if write else []), "-R", command, device]
+        return subprocess.run(args, capture_output=True, text=True, check=True).stdout
+    finally:
+        subprocess.run(["losetup", "--detach", device], check=False)
+
+
+def first_boot(world: World, disk: Path, firmware: str) -> None:
+    """Version 1's first boot makes STATE and EPHEMERAL; it powers off cleanly, then a marker goes on /var."""
+    session = Session(disk, firmware, world.work / f"{disk.name}-first.log")
+    session.wait_for(READY)
+    assert api(session.port, world.pki, "POST", "/v1/poweroff")[0] == 202
+    assert session.end().exit_code == 0
+    marker = world.work / "marker"
+    marker.write_bytes(MARKER)
+    debugfs(disk, f"write {marker} marker", write=True)
+
+
+def boot_and(world: World, disk: Path, firmware: str, name: str) -> Session:
+    session = Session(disk, firmware, world.work / f"{disk.name}-{name}.log")
+    session.wait_for(READY)
+    return session
+
+
+def boot_state(status: dict[str, object]) -> dict[str, object]:
+    state = status["boot"]
+    assert isinstance(state, dict), status
+    return state
+
+
+def test_upgrade_rollback_and_refusals_under_bios(world: World) -> None:
+    """1 -> 2 (a wrong digest refused first), rollback 2 -> 1, 1 -> 2 by channel, then a broken 3 that
+    falls back to 2 by itself; /var's marker survives all of it."""
+    push(world.v2.layout, world.registry, "stable")
+    push(broken_release(world.v2, world.work / "v3"), world.registry, "alpha")
+    disk = fresh_disk(world, "bios.raw")
+    first_boot(world, disk, "bios")
+
+    # on version 1: a registry that serves a corrupted blob is refused, and the machine runs on
+    session = boot_and(world, disk, "bios", "v1")
+    status = session.upgrade(world.pki, {"image": f"{world.corrupt_registry}/{REPO}:{V2}"})
+    upgrade = status["upgrade"]
+    assert isinstance(upgrade, dict) and upgrade["state"] == "failed", status
+    assert "sha256:" in str(upgrade["error"]), upgrade
+    assert status["version"] == V1 and session.thread.is_alive()
+    services_now = status["services"]
+    assert isinstance(services_now, list) and all(x["state"] != "stopped" for x in services_now), services_now
+    session.upgrade(world.pki, {"image": f"{world.guest_registry}/{REPO}:{V2}"})
+    assert session.end().exit_code == 0, "the upgrade did not end in a reboot"
+    assert "upgrade: slot B holds 0.2.0 and is on trial; rebooting" in session.log.read_text(errors="replace")
+    state = Disk(disk).state()
+    assert state["kiln_next"] == "B" and state["kiln_tries"] == "3" and state["kiln_version_B"] == V2
+
+    session = boot_and(world, disk, "bios", "v2")
+    assert ready_version(session.log) == V2
+    status = session.status(world.pki)
+    slots = boot_state(status)
+    assert status["version"] == V2 and slots["slot"] == "B" and slots["booted_as"] == "default", slots
+    assert slots["previous_slot"] == "A" and slots["previous_version"] == V1
+    assert Disk(disk).state()["kiln_default"] == "B"
+    # a rollback request from 2 returns to 1
+    code, answer = api(session.port, world.pki, "POST", "/v1/rollback")
+    assert code == 202 and answer["slot"] == "A", answer
+    assert session.end().exit_code == 0
+    session = boot_and(world, disk, "bios", "rolled-back")
+    assert ready_version(session.log) == V1
+
+    # the stable channel: 0.3.0 is alpha, so 0.2.0 is the one
+    session.upgrade(world.pki, {"channel": "stable", "repository": f"{world.guest_registry}/{REPO}"})
+    assert session.end().exit_code == 0
+    assert f"upgrade: channel stable of {world.guest_registry}/{REPO}: {V2}" in session.log.read_text(errors="replace")
+    session = boot_and(world, disk, "bios", "v2-again")
+    assert ready_version(session.log) == V2
+
+    # version 3 never reaches ready: GRUB gives it three tries, then boots slot B again
+    session.upgrade(world.pki, {"image": f"{world.guest_registry}/{REPO}:{V3}"})
+    assert session.end().exit_code == 0
+    for attempt in range(3):
+        log = world.work / f"bios-v3-{attempt}.log"
+        machine = Machine(firmware="bios", extra=["-drive", f"file={disk},format=raw,if=virtio"])
+        result = boot(machine, "Kernel panic", BOOT_TIMEOUT, log)
+        assert result.ok, f"try {attempt}: {result.reason}\n" + "\n".join(result.tail)
+    session = boot_and(world, disk, "bios", "fallback")
+    assert ready_version(session.log) == V2
+    slots = boot_state(session.status(world.pki))
+    assert slots["slot"] == "B" and slots["rolled_back"] is True and slots["rolled_back_version"] == V3, slots
+    # slot A now holds the release that failed: rolling back to it is refused
+    code, answer = api(session.port, world.pki, "POST", "/v1/rollback")
+    assert code == 409 and "did not reach ready" in str(answer["error"]), answer
+    assert api(session.port, world.pki, "POST", "/v1/poweroff")[0] == 202
+    session.end()
+    assert MARKER.decode() in debugfs(disk, "cat marker"), "/var lost its marker"
+
+
+def test_upgrade_under_uefi_keeps_var(world: World) -> None:
+    """1 -> 2 by image reference under OVMF; /var's marker is still there on version 2."""
+    push(world.v2.layout, world.registry, "stable")
+    disk = fresh_disk(world, "uefi.raw")
+    first_boot(world, disk, "uefi")
+    session = boot_and(world, disk, "uefi", "v1")
+    status = session.upgrade(world.pki, {"image": f"{world.guest_registry}/{REPO}:{V2}"})
+    assert session.end().exit_code == 0, status
+    session = boot_and(world, disk, "uefi", "v2")
+    assert ready_version(session.log) == V2
+    status = session.status(world.pki)
+    assert status["version"] == V2
+    assert api(session.port, world.pki, "POST", "/v1/poweroff")[0] == 202
+    session.end()
+    assert MARKER.decode() in debugfs(disk, "cat marker"), "/var lost its marker"

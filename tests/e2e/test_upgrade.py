@@ -70,10 +70,14 @@ class World:
     v2: Release
 
 
-def installer_profile(directory: Path, config_url: str) -> None:
-    """The shipped installer profile with the test's kernel arguments (the config URL, panic=1)."""
+def installer_profile(directory: Path, config_url: str, version: str) -> None:
+    """The shipped installer profile with the test's kernel arguments (the config URL, panic=1).
+
+    The profile names its version (what release.json, the annotations and the menu say); the
+    packages' kiln_version (what machined's ready line says) is set apart, with --set."""
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "upgrade.yaml").write_text(
+        f"version: {version}\n"
         "platform: metal\n"
         "customization:\n"
         f'  kernel_args: ["console=ttyS0", "panic=1", "kiln.trial_timeout=120", "kiln.config={config_url}"]\n'
@@ -206,10 +210,10 @@ def upgrade_world(work: Path) -> Iterator[World]:
     config_server, config_port = serve(Config)
     url = f"http://{GUEST_HOST}:{config_port}/kiln.json#sha256={hashlib.sha256(config).hexdigest()}"
     try:
-        profiles = work / "profiles"
-        installer_profile(profiles, url)
-        v1 = build_release(profiles, work / "v1")
-        v2 = build_release(profiles, work / "v2", "--set", f"kiln_version={V2}")
+        installer_profile(work / "profiles-v1", url, V1)
+        installer_profile(work / "profiles-v2", url, V2)
+        v1 = build_release(work / "profiles-v1", work / "v1")
+        v2 = build_release(work / "profiles-v2", work / "v2", "--set", f"kiln_version={V2}")
         yield World(work, pki, registry, guest_registry, corrupt, v1, v2)
     finally:
         for server in (proxy, config_server):

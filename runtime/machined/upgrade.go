@@ -23,6 +23,7 @@ import (
 	"regexp"
 	"runtime"
 	"sort"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -405,6 +406,13 @@ func (m *machine) unpackImage(ctx context.Context, src oci.Source, img oci.Image
 			m.upgrades.update(func(s *upgradeStatus) { s.PulledBytes += int64(n) })
 		}}
 		_, err = oci.Unpack(root, counted, l.MediaType, limits)
+		if err != nil {
+			// bytes that are not the blob break the gzip or tar stream before its end; the
+			// digest says why better (the verifying reader stops at the descriptor's size)
+			if _, verr := io.Copy(io.Discard, rc); verr != nil && strings.Contains(verr.Error(), "digest mismatch") {
+				err = verr
+			}
+		}
 		rc.Close()
 		if err != nil {
 			return fmt.Errorf("layer %s: %v", l.Digest, err)

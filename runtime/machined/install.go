@@ -87,17 +87,27 @@ func installMain(args []string, stdout, stderr io.Writer) int {
 			}
 		}
 	}
-	err := install(*image, *disk, *wipe, func(f string, a ...interface{}) { fmt.Fprintf(stdout, "install: "+f+"\n", a...) })
-	if err != nil {
-		code := 1
-		var ie *installError
-		if errors.As(err, &ie) {
-			code = ie.code
-		}
-		fmt.Fprintf(stderr, "install: %v\n", err)
-		return code
+	return exitCode(install(*image, *disk, *wipe, installSay(stdout)), stderr)
+}
+
+// installSay prints one "install: ..." progress line.
+func installSay(stdout io.Writer) func(string, ...interface{}) {
+	return func(f string, a ...interface{}) { fmt.Fprintf(stdout, "install: "+f+"\n", a...) }
+}
+
+// exitCode reports err on stderr as one "install: ..." line and returns the exit code: the
+// installError's own (2 for a refusal), 1 for anything else, 0 without an error.
+func exitCode(err error, stderr io.Writer) int {
+	if err == nil {
+		return 0
 	}
-	return 0
+	code := 1
+	var ie *installError
+	if errors.As(err, &ie) {
+		code = ie.code
+	}
+	fmt.Fprintf(stderr, "install: %v\n", err)
+	return code
 }
 
 // sourceImage is the image to write: its raw size and a reader of its raw bytes.

@@ -88,17 +88,7 @@ func upgradeMain(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "install: --upgrade needs --boot DEVICE and --slot A or B, and nothing else")
 		return 2
 	}
-	say := func(f string, a ...interface{}) { fmt.Fprintf(stdout, "install: "+f+"\n", a...) }
-	if err := writeSlot(*dir, *boot, *slot, *tries, say); err != nil {
-		code := 1
-		var ie *installError
-		if errors.As(err, &ie) {
-			code = ie.code
-		}
-		fmt.Fprintf(stderr, "install: %v\n", err)
-		return code
-	}
-	return 0
+	return exitCode(writeSlot(*dir, *boot, *slot, *tries, installSay(stdout)), stderr)
 }
 
 // writeSlot mounts BOOT (in the installer's own mount namespace) and writes the slot.

@@ -6,10 +6,10 @@ KILN := $(BIN)/kiln
 
 .PHONY: setup image test unit lint bench bench-runners release clean
 
-$(BIN)/kiln: pyproject.toml
+$(BIN)/kiln: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q -c constraints.txt -e '.[test]'
 	touch $@
 
 setup: $(BIN)/kiln

@@ -63,7 +63,12 @@ class FakeMachine:
     def status(self) -> dict[str, Any]:
         with self.lock:
             other = "B" if self.slot == "A" else "A"
-            boot = {"slot": self.slot, "booted_as": "default", "default": self.slot, "previous_slot": other}
+            boot: dict[str, Any] = {
+                "slot": self.slot,
+                "booted_as": "default",
+                "default": self.slot,
+                "previous_slot": other,
+            }
             boot |= {"previous_version": self.versions[other], "rolled_back": False} | self.boot
             return {
                 "version": self.version,

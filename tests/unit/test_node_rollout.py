@@ -9,7 +9,7 @@ tests/unit/test_node_client.py checks against real HTTPS servers.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pytest
@@ -35,7 +35,7 @@ class FakeClock:
 class StubNode:
     """Answers status from `statuses` in turn (the last one again once they run out); errors are raised."""
 
-    def __init__(self, name: str, statuses: list[Answer], calls: list[str], upgrade: Answer | None = None) -> None:
+    def __init__(self, name: str, statuses: Sequence[Answer], calls: list[str], upgrade: Answer | None = None) -> None:
         self.name = name
         self.statuses = list(statuses)
         self.calls = calls

@@ -235,6 +235,13 @@ def parse(text: str) -> Positioned:
     loader = _Loader(text)
     try:
         value = _walk(loader.get_event, builder)
+    except yaml.MarkedYAMLError as error:
+        # libyaml 0.2.6 (PyYAML 6.0.4 wheels) caps flow nesting itself, while scanning
+        # ahead of the events that would reach the cap above: the same refusal either way.
+        if error.problem != "exceeded maximum nesting depth":
+            raise
+        line = error.problem_mark.line + 1 if error.problem_mark else 1
+        raise YamlProblem(f"nested more than {MAX_DEPTH} levels deep", line) from None
     finally:
         loader.dispose()
     if value is None:

@@ -22,7 +22,9 @@ import hashlib
 import http.client
 import http.server
 import json
+import os
 import shutil
+import signal
 import ssl
 import subprocess
 import tarfile
@@ -48,6 +50,7 @@ pytestmark = pytest.mark.e2e
 
 BOOT_TIMEOUT = 300.0
 V1, V2, V3 = __version__, "0.2.0", "0.3.0"
+LIVE: list[Session] = []  # the sessions started by the running test
 REPO = "kiln/installer"
 DISK_SIZE = 2 << 30
 MARKER = b"kept across upgrades\n"
@@ -70,14 +73,13 @@ class World:
     v2: Release
 
 
-def installer_profile(directory: Path, config_url: str, version: str) -> None:
+def installer_profile(directory: Path, config_url: str) -> None:
     """The shipped installer profile with the test's kernel arguments (the config URL, panic=1).
 
-    The profile names its version (what release.json, the annotations and the menu say); the
-    packages' kiln_version (what machined's ready line says) is set apart, with --set."""
+    It names no version: each release's version (release.json, the annotations, the menu) is its
+    machined package's, which `--set kiln_version=` moves together with machined's ready line."""
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "upgrade.yaml").write_text(
-        f"version: {version}\n"
         "platform: metal\n"
         "customization:\n"
         f'  kernel_args: ["console=ttyS0", "panic=1", "kiln.trial_timeout=120", "kiln.config={config_url}"]\n'
@@ -210,10 +212,9 @@ def upgrade_world(work: Path) -> Iterator[World]:
     config_server, config_port = serve(Config)
     url = f"http://{GUEST_HOST}:{config_port}/kiln.json#sha256={hashlib.sha256(config).hexdigest()}"
     try:
-        installer_profile(work / "profiles-v1", url, V1)
-        installer_profile(work / "profiles-v2", url, V2)
-        v1 = build_release(work / "profiles-v1", work / "v1")
-        v2 = build_release(work / "profiles-v2", work / "v2", "--set", f"kiln_version={V2}")
+        installer_profile(work / "profiles", url)
+        v1 = build_release(work / "profiles", work / "v1")
+        v2 = build_release(work / "profiles", work / "v2", "--set", f"kiln_version={V2}")
         yield World(work, pki, registry, guest_registry, corrupt, v1, v2)
     finally:
         for server in (proxy, config_server):
@@ -241,13 +242,24 @@ def api(port: int, pki: Path, method: str, path: str, body: object = None) -> tu
         connection.close()
 
 
+@pytest.fixture(autouse=True)
+def no_qemu_left() -> Iterator[None]:
+    """A failed test leaves no guest running (and holding its disk) behind it."""
+    yield
+    while LIVE:
+        LIVE.pop().kill()
+
+
 class Session:
     """One boot of the disk in QEMU, in a thread, until the guest powers off or reboots."""
 
     def __init__(self, disk: Path, firmware: str, log: Path, expect: str = READY) -> None:
         self.port = free_port()
         self.log = log
-        machine = Machine(firmware=firmware, extra=["-drive", f"file={disk},format=raw,if=virtio"])
+        self.pidfile = log.with_suffix(".pid")
+        self.pidfile.unlink(missing_ok=True)
+        drive = ["-drive", f"file={disk},format=raw,if=virtio"]
+        machine = Machine(firmware=firmware, extra=[*drive, "-pidfile", str(self.pidfile)])
         machine.api_port = self.port
         self.results: list[BootResult] = []
         self.thread = threading.Thread(
@@ -255,6 +267,14 @@ class Session:
             daemon=True,
         )
         self.thread.start()
+        LIVE.append(self)
+
+    def kill(self) -> None:
+        """Stop a QEMU the test gave up on (an assertion failed mid-boot), through QEMU's own pidfile."""
+        if self.thread.is_alive() and self.pidfile.exists():
+            with contextlib.suppress(ProcessLookupError, ValueError):
+                os.kill(int(self.pidfile.read_text()), signal.SIGTERM)
+        self.thread.join(10)
 
     def wait_for(self, text: str, timeout: float = BOOT_TIMEOUT) -> None:
         deadline = time.monotonic() + timeout

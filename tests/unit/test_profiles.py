@@ -13,7 +13,7 @@ import yaml
 from kiln.core import schema
 from kiln.core.errors import InputError, InputErrors
 from kiln.core.sizes import parse_size
-from kiln.image.imager import check_packages
+from kiln.image.imager import check_packages, with_release_version
 from kiln.image.profile import CONFIG_PATH, find_profile, load_profile, load_profiles
 from kiln.pkg.graph import Graph
 from kiln.pkg.loader import load_tree
@@ -238,3 +238,13 @@ def test_install_refuses_a_profile_that_is_not_a_raw_disk(kiln: Callable[..., Re
     )
     assert result.code == 2
     assert "openstack.yaml:5: profile openstack writes image (qcow2, raw): kiln install needs a raw" in result.err
+
+
+def test_a_profile_without_a_version_takes_the_machined_package_version(tmp_path: Path) -> None:
+    """Release metadata must agree with what machined reports (`--set kiln_version=` included),
+    or upgrades compare the wrong numbers."""
+    graph = Graph(load_tree(ROOT / "pkgs", Platform.parse("linux/amd64"), {"kiln_version": "7.1.0"}))
+    bare = load_profile(write(tmp_path, "platform: metal\noutput: {kind: iso}\n", "bare.yaml"))
+    pinned = load_profile(write(tmp_path, "platform: metal\nversion: 9.9.9\noutput: {kind: iso}\n", "pinned.yaml"))
+    assert bare.version == ""
+    assert [p.version for p in with_release_version([bare, pinned], graph)] == ["7.1.0", "9.9.9"]

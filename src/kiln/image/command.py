@@ -34,7 +34,7 @@ def run(args: argparse.Namespace, load: Callable[[str], Graph]) -> int:
     """Profiles given: build them all; none: the kernel + initramfs output of the booting-system issue."""
     if not args.profiles:
         return kernel_initramfs.run(load(args.platform), args)
-    from kiln.image.imager import build_packages, check_packages, make_images
+    from kiln.image.imager import build_packages, check_packages, make_images, with_release_version
     from kiln.image.profile import load_profiles
 
     if args.extension or args.package or args.output != "kernel,initramfs":
@@ -48,6 +48,7 @@ def run(args: argparse.Namespace, load: Callable[[str], Graph]) -> int:
         raise InputError(f"profiles for several platforms ({', '.join(platforms)}): make them one platform per run")
     graph = load(platforms[0])
     check_packages(profiles, graph)
+    profiles = with_release_version(profiles, graph)
     built = build_packages(profiles, graph, args.jobs, json_output=args.json)
     results = make_images(profiles, built, Path(args.out or "_out"), args.jobs, say_line)
     if args.json:

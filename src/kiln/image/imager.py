@@ -20,10 +20,11 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from kiln import __version__
 from kiln.core.errors import BuildError, InputError, InputErrors, KilnError
 from kiln.core.hashing import file_sha256
 from kiln.core.schema import suggest
@@ -76,6 +77,17 @@ def check_packages(profiles: list[Profile], graph: Graph) -> None:
                 )
     if errors:
         raise errors[0] if len(errors) == 1 else InputErrors(errors)
+
+
+def with_release_version(profiles: list[Profile], graph: Graph) -> list[Profile]:
+    """Profiles without `version:` take their machined package's version.
+
+    That is the version the running machine reports and compares upgrades against, so
+    release.json, the registry tag and machined agree unless a profile says otherwise.
+    """
+    package = graph.tree.packages.get(MACHINED)
+    default = package.version if package is not None and package.version else __version__
+    return [profile if profile.version else replace(profile, version=default) for profile in profiles]
 
 
 def build_packages(

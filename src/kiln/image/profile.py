@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kiln import __version__
 from kiln.core import schema
 from kiln.core.errors import InputError, InputErrors, Location
 from kiln.core.sizes import parse_size
@@ -37,7 +36,7 @@ class Profile:
     file: Path
     arch: str
     platform: str
-    version: str
+    version: str  # empty until with_release_version fills it from the graph
     kernel: Asset
     initramfs: Path | None
     init: str
@@ -181,7 +180,7 @@ def _build(data: dict[str, Any], file: Path, positioned: Positioned) -> Profile:
         file=file,
         arch=data.get("arch", "amd64"),
         platform=data["platform"],
-        version=data.get("version", __version__),
+        version=str(data.get("version", "")),
         kernel=kernel,
         initramfs=initramfs,
         init=inputs.get("init", "init"),

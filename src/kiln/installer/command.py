@@ -33,7 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, load: Callable[[str], Graph]) -> int:
     """Write a profile's raw disk onto --disk with the same `machined install` the installer image runs."""
-    from kiln.image.imager import MACHINED, build_packages, check_packages, make_images
+    from kiln.image.imager import MACHINED, build_packages, check_packages, make_images, with_release_version
     from kiln.image.profile import load_profiles
     from kiln.installer.install import install_disk
 
@@ -46,6 +46,7 @@ def run(args: argparse.Namespace, load: Callable[[str], Graph]) -> int:
         )
     graph = load(profile.platform_spec)
     check_packages([profile], graph)
+    profile = with_release_version([profile], graph)[0]
     built = build_packages([] if args.image else [profile], graph, args.jobs, json_output=False, extra=(MACHINED,))
     if args.image:
         image = Path(args.image)

@@ -276,7 +276,7 @@ def run(args: argparse.Namespace, load: Callable[[str], Graph]) -> int:
 
 def build_profile(args: argparse.Namespace, load: Callable[[str], Graph]) -> Path:
     """Build an installer profile as `kiln image PROFILE --out DIR` does; returns its OCI layout."""
-    from kiln.image.imager import build_packages, check_packages, make_images
+    from kiln.image.imager import build_packages, check_packages, make_images, with_release_version
     from kiln.image.profile import load_profiles
 
     try:
@@ -293,6 +293,7 @@ def build_profile(args: argparse.Namespace, load: Callable[[str], Graph]) -> Pat
         )
     graph = load(profile.platform_spec)
     check_packages([profile], graph)
+    profile = with_release_version([profile], graph)[0]
     built = build_packages([profile], graph, args.jobs, json_output=args.json)
     result = make_images([profile], built, Path(args.out or "_out"), args.jobs, say_line)[0]
     return result.directory / profile.name

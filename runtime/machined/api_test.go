@@ -204,7 +204,7 @@ func TestAPIOffWithoutCertificates(t *testing.T) {
 		t.Fatal("an empty API config must leave the API off")
 	}
 	m := &machine{version: "v1", kernel: "6.1", varSource: "tmpfs", extensions: []Extension{{Name: "a"}, {Name: "b"}}}
-	if got := m.readyLine(); got != "machined ready: version=v1 kernel=6.1 extensions=[a,b] var=tmpfs" {
+	if got := m.readyLine(); got != "machined ready: version=v1 kernel=6.1 extensions=[a,b] var=tmpfs platform=metal" {
 		t.Fatalf("ready line: %q", got)
 	}
 }

@@ -7,11 +7,12 @@ import (
 
 // Kernel command line parameters machined reads.
 const (
-	paramConfig = "kiln.config"        // path or http(s) URL of the machine config
-	paramDisk   = "kiln.disk"          // the disk machined owns (/dev/vda), or "none" to stay diskless
-	paramTest   = "kiln.test"          // "poweroff": power off once ready (end-to-end tests)
-	paramSlot   = "kiln.slot"          // the A/B slot GRUB booted (disk images only)
-	paramTrial  = "kiln.trial_timeout" // seconds a trial slot may take to reach ready before machined reboots
+	paramConfig   = "kiln.config"        // path or http(s) URL of the machine config
+	paramDisk     = "kiln.disk"          // the disk machined owns (/dev/vda), or "none" to stay diskless
+	paramTest     = "kiln.test"          // "poweroff": power off once ready (end-to-end tests)
+	paramSlot     = "kiln.slot"          // the A/B slot GRUB booted (disk images only)
+	paramTrial    = "kiln.trial_timeout" // seconds a trial slot may take to reach ready before machined reboots
+	paramPlatform = "kiln.platform"      // where the machine runs: metal, aws, gcp, azure, ... (its metadata source)
 )
 
 // parseCmdline splits /proc/cmdline into key=value pairs the way the kernel does:

@@ -25,6 +25,14 @@ type Config struct {
 	API      APIConfig                `json:"api,omitempty"`
 	// Registries says how to reach the registries (and tarball hosts) upgrades pull from.
 	Registries []RegistryConfig `json:"registries,omitempty"`
+	Time       TimeConfig       `json:"time,omitempty"`
+}
+
+// TimeConfig names the NTP servers; without them the platform's (a cloud's own time service)
+// or DHCP's (option 42) are used.
+type TimeConfig struct {
+	Servers  []string `json:"servers,omitempty"`  // HOST or HOST:PORT
+	Disabled bool     `json:"disabled,omitempty"` // keep the clock as the firmware set it
 }
 
 // RegistryConfig is one host's trust: its CA (PEM) for https, or plain http when insecure.
@@ -134,6 +142,11 @@ func (c *Config) validate() error {
 		seen[s.Name] = true
 	}
 	hosts := map[string]bool{}
+	for i, server := range c.Time.Servers {
+		if !registryHostRE.MatchString(server) {
+			return fmt.Errorf("time.servers[%d]: %q: want HOST or HOST:PORT", i, server)
+		}
+	}
 	for i, r := range c.Registries {
 		switch {
 		case !registryHostRE.MatchString(r.Host):

@@ -110,6 +110,7 @@ func TestConfigValidation(t *testing.T) {
 		"api: {cert: x}\n":                "all required",
 		"api: {ca: x, cert: y, key: z}\n": "cert/key",
 		"services: {name: a}\n":           "cannot unmarshal object",
+		"time: {servers: [\"a b\"]}\n":    "time.servers[0]",
 	} {
 		_, err := parseConfig("c.yaml", []byte(doc), true)
 		if err == nil || !strings.Contains(err.Error(), want) || !strings.HasPrefix(err.Error(), "c.yaml") {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -12,6 +13,7 @@ import (
 
 	"kiln/machined/internal/disk"
 	"kiln/machined/internal/network"
+	"kiln/machined/internal/ntp"
 	"kiln/machined/internal/persist"
 	"kiln/machined/internal/safego"
 	"kiln/machined/internal/supervisor"
@@ -35,11 +37,13 @@ type machine struct {
 	started      time.Time
 	power        chan string
 	shutdownOnce sync.Once
-	slots        *slots        // the A/B boot state; empty when the boot came from no A/B disk
-	ownedDisk    string        // the disk machined owns ("" when none)
-	stateDev     string        // STATE, mounted at stateMount ("" when not)
-	upgrades     upgrader      // the upgrade under way or the last one that failed
-	isReady      chan struct{} // closed once the machine is ready
+	slots        *slots         // the A/B boot state; empty when the boot came from no A/B disk
+	ownedDisk    string         // the disk machined owns ("" when none)
+	stateDev     string         // STATE, mounted at stateMount ("" when not)
+	upgrades     upgrader       // the upgrade under way or the last one that failed
+	isReady      chan struct{}  // closed once the machine is ready
+	platform     *platformState // what kiln.platform='s metadata said
+	clock        *ntp.Syncer    // nil when time sync is off
 }
 
 // boot brings the machine up as PID 1, in order: kernel filesystems and the read-only root
@@ -63,6 +67,8 @@ func (m *machine) boot() {
 	m.net = network.New(m.con.printf)
 
 	m.loadConfig()
+	m.fetchPlatform()
+	m.applyPlatform()
 	if m.cfg.Hostname != "" {
 		if err := syscall.Sethostname([]byte(m.cfg.Hostname)); err != nil {
 			m.con.printf("hostname %s: %v", m.cfg.Hostname, err)
@@ -73,6 +79,7 @@ func (m *machine) boot() {
 	safego.Go("network setup", func() { defer wg.Done(); m.net.Configure(m.cfg.Network, 5*time.Second) })
 	m.setupVar()
 	wg.Wait()
+	m.startClock()
 
 	m.watchTrial()
 	m.extensions = listExtensions(extensionsDir)
@@ -248,8 +255,8 @@ func (m *machine) readyLine() string {
 	for i, e := range m.extensions {
 		names[i] = e.Name
 	}
-	return fmt.Sprintf("machined ready: version=%s kernel=%s extensions=[%s] var=%s",
-		m.version, m.kernel, strings.Join(names, ","), m.varSource)
+	return fmt.Sprintf("machined ready: version=%s kernel=%s extensions=[%s] var=%s platform=%s",
+		m.version, m.kernel, strings.Join(names, ","), m.varSource, m.platform.name())
 }
 
 // watchTrial reboots a trial boot that does not reach ready in time, so that GRUB counts the
@@ -294,6 +301,33 @@ func (m *machine) ready() {
 		m.con.printf("api: off (no api certificates in the machine config)")
 	}
 	m.con.line(m.readyLine())
+	m.reportPlatformReady()
+}
+
+// startClock keeps the clock in sync, from the config's servers, else the platform's time
+// service, else DHCP's (which may arrive after the first lease: they are looked for again).
+func (m *machine) startClock() {
+	if m.cfg.Time.Disabled {
+		m.con.printf("time: sync is off (time.disabled)")
+		return
+	}
+	chosen := func() []string {
+		if len(m.cfg.Time.Servers) > 0 {
+			return m.cfg.Time.Servers
+		}
+		if servers := platformTimeNTP[m.platform.name()]; len(servers) > 0 {
+			return servers
+		}
+		return m.net.NTPServers()
+	}
+	m.clock = ntp.New(chosen(), m.con.printf)
+	clock := m.clock
+	safego.Go("time sync", func() { clock.Run(context.Background()) })
+	safego.Go("time servers", func() {
+		for range time.Tick(30 * time.Second) {
+			clock.SetServers(chosen())
+		}
+	})
 }
 
 // The API's view of the machine (apiBackend).
@@ -301,8 +335,9 @@ func (m *machine) ready() {
 func (m *machine) Status() interface{} {
 	hostname, _ := os.Hostname()
 	var addrs map[string][]string
+	var leases map[string]network.LeaseInfo
 	if m.net != nil {
-		addrs = m.net.Addresses()
+		addrs, leases = m.net.Addresses(), m.net.Leases()
 	}
 	return map[string]interface{}{
 		"version":        m.version,
@@ -313,10 +348,20 @@ func (m *machine) Status() interface{} {
 		"var":            m.varSource,
 		"config":         m.configSource,
 		"addresses":      addrs,
+		"leases":         leases,
 		"services":       m.Services(),
 		"boot":           m.slots.status(),
 		"upgrade":        m.upgrades.snapshot(),
+		"platform":       m.platform.status(),
+		"time":           m.timeStatus(),
 	}
+}
+
+func (m *machine) timeStatus() interface{} {
+	if m.clock == nil {
+		return map[string]interface{}{"synced": false, "error": "time sync is off"}
+	}
+	return m.clock.Status()
 }
 
 // Rollback makes the other slot the default; the API reboots once the reply is sent.

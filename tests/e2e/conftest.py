@@ -41,6 +41,17 @@ def image_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+PROFILES = sorted(p.stem for p in (ROOT / "profiles").glob("*.yaml"))
+
+
+@pytest.fixture(scope="session")
+def every_profile(tmp_path_factory: pytest.TempPathFactory, image_dir: Path) -> Path:
+    """Every shipped profile's outputs, one directory each (image_dir: the packages are built)."""
+    out = tmp_path_factory.mktemp("profiles")
+    kiln("image", *PROFILES, "--out", str(out), timeout=3600)
+    return out
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Give end-to-end tests room for the cold image build (whichever test first needs it pays for it).
 

@@ -15,21 +15,17 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import ROOT, kiln
+from tests.e2e.conftest import PROFILES, kiln
 
 pytestmark = pytest.mark.e2e
 
-PROFILES = sorted(p.stem for p in (ROOT / "profiles").glob("*.yaml"))
-
 
 @pytest.fixture(scope="module")
-def two_runs(tmp_path_factory: pytest.TempPathFactory, image_dir: Path) -> tuple[Path, Path]:
-    """All profiles written twice into two directories (image_dir: the packages are built)."""
-    first = tmp_path_factory.mktemp("first")
+def two_runs(tmp_path_factory: pytest.TempPathFactory, every_profile: Path) -> tuple[Path, Path]:
+    """All profiles written twice: the session's run, and one more with one job."""
     second = tmp_path_factory.mktemp("second")
-    kiln("image", *PROFILES, "--out", str(first), timeout=3600)
     kiln("image", *PROFILES, "--out", str(second), "--jobs", "1", timeout=3600)
-    return first, second
+    return every_profile, second
 
 
 def manifest(directory: Path) -> dict[str, object]:

@@ -39,7 +39,7 @@ BOOT_TIMEOUT = 120.0
 FIXTURES = ROOT / "tests" / "fixtures"
 READY_RE = re.compile(
     r"machined ready: version=(?P<version>\S+) kernel=(?P<kernel>\S+) "
-    r"extensions=\[(?P<extensions>[^\]]*)\] var=(?P<var>\S+)$"
+    r"extensions=\[(?P<extensions>[^\]]*)\] var=(?P<var>\S+) platform=(?P<platform>\S+)$"
 )
 GUEST_HOST = "10.0.2.2"  # the host as QEMU's user network shows it to the guest
 
@@ -139,6 +139,7 @@ def test_diskless_boot_reaches_ready_and_powers_off(image_dir: Path, tmp_path: P
     assert line["kernel"] == kernel_version()
     assert line["extensions"] == ""
     assert line["var"] == "tmpfs"
+    assert line["platform"] == "metal"
     assert index_of(lines, r"kiln-init: rootfs mounted read-only with 0 extension") < index_of(lines, READY)
     assert index_of(lines, r"machined: disk: none .*/var is a tmpfs") < index_of(lines, READY)
     assert index_of(lines, READY) < index_of(lines, r"machined: poweroff now")

@@ -57,3 +57,17 @@ def test_until_exit_waits_for_power_off_and_reports_it(tmp_path: Path) -> None:
     assert ok.ok and ok.reason == "powered off" and ok.exit_code == 0 and ok.tail[-1] == "bye"
     stuck = watch(guest("print('ready'); time.sleep(60)"), "ready", 2, tmp_path / "b", until_exit=True)
     assert not stuck.ok and stuck.reason == "the guest did not power off"
+
+
+def test_network_options_join_the_user_network_after_the_api_forward() -> None:
+    """The platform tests put a fake metadata service into the guest's network this way."""
+    from kiln.boot.qemu import Machine
+
+    machine = Machine(
+        kernel=Path("k"), api_port=5555, net_options="net=168.0.0.0/7,guestfwd=tcp:169.254.169.254:80-cmd:x"
+    )
+    command = machine.command()
+    netdev = command[command.index("-netdev") + 1]
+    assert (
+        netdev == "user,id=net0,hostfwd=tcp:127.0.0.1:5555-:50000,net=168.0.0.0/7,guestfwd=tcp:169.254.169.254:80-cmd:x"
+    )

@@ -47,6 +47,7 @@ class Machine:
     accel: str = "tcg"
     blank_disk: Path | None = None
     api_port: int | None = None
+    net_options: str = ""  # appended to QEMU's user network, e.g. net=, guestfwd= for a fake metadata service
     extra: list[str] = field(default_factory=list)
 
     def command(self, vars_copy: Path | None = None) -> list[str]:
@@ -94,6 +95,8 @@ class Machine:
         net = "user,id=net0"
         if self.api_port:
             net += f",hostfwd=tcp:127.0.0.1:{self.api_port}-:50000"
+        if self.net_options:
+            net += f",{self.net_options}"
         nic = "virtio-net-pci,netdev=net0"
         if self.pxe:
             # QEMU's DHCP offers boot.ipxe; the virtio ROM's iPXE fetches it by TFTP and runs it.

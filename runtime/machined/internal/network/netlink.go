@@ -7,9 +7,9 @@ import (
 	"syscall"
 )
 
-// A few rtnetlink requests (rtnetlink(7)): link up, add an address, add a default route.
-// That is all machined's network setup needs, and the standard library has the socket
-// but no messages. Netlink is host-endian; Kiln's architectures (amd64, arm64) are little.
+// A few rtnetlink requests (rtnetlink(7)): link up and MTU, add and remove addresses and
+// routes. That is all machined's network setup needs, and the standard library has the
+// socket but no messages. Netlink is host-endian; Kiln's architectures (amd64, arm64) are little.
 
 var hostEndian = binary.LittleEndian
 
@@ -129,19 +129,84 @@ func (c *netlinkConn) addAddress(index int, ipnet *net.IPNet) error {
 
 // addDefaultRoute routes 0.0.0.0/0 via gw on the interface (replacing an older default).
 func (c *netlinkConn) addDefaultRoute(index int, gw net.IP, protocol byte) error {
-	gw4 := gw.To4()
-	if gw4 == nil {
+	if gw.To4() == nil {
 		return fmt.Errorf("gateway %s is not IPv4", gw)
+	}
+	return c.addRoute(index, route{dst: net.IPNet{IP: net.IPv4zero.To4(), Mask: net.CIDRMask(0, 32)}, gw: gw.To4(), proto: protocol})
+}
+
+// addRoute adds r on the interface, replacing a route to the same destination (a renewed
+// lease moving its default route to another gateway replaces rather than adds).
+func (c *netlinkConn) addRoute(index int, r route) error {
+	body, err := routeMessage(index, r)
+	if err != nil {
+		return err
+	}
+	return c.request(syscall.RTM_NEWROUTE, syscall.NLM_F_CREATE|syscall.NLM_F_REPLACE, body)
+}
+
+// delRoute removes r. The message names its gateway, scope and protocol, so the kernel
+// removes only that route, never another to the same destination.
+func (c *netlinkConn) delRoute(index int, r route) error {
+	body, err := routeMessage(index, r)
+	if err != nil {
+		return err
+	}
+	return c.request(syscall.RTM_DELROUTE, 0, body)
+}
+
+// routeMessage is an rtmsg with the destination, the gateway (none: on-link, scope link)
+// and the output interface.
+func routeMessage(index int, r route) ([]byte, error) {
+	dst := r.dst.IP.To4()
+	ones, bits := r.dst.Mask.Size()
+	if dst == nil || bits != 32 {
+		return nil, fmt.Errorf("route to %s: not an IPv4 prefix", r.dst.String())
 	}
 	body := make([]byte, syscall.SizeofRtMsg)
 	body[0] = syscall.AF_INET
+	body[1] = byte(ones)
 	body[4] = syscall.RT_TABLE_MAIN
-	body[5] = protocol
-	body[6] = syscall.RT_SCOPE_UNIVERSE
+	body[5] = r.proto
+	body[6] = r.scope()
 	body[7] = syscall.RTN_UNICAST
-	body = attr(body, syscall.RTA_GATEWAY, gw4)
+	if ones > 0 {
+		body = attr(body, syscall.RTA_DST, dst)
+	}
+	if r.gw != nil {
+		gw := r.gw.To4()
+		if gw == nil {
+			return nil, fmt.Errorf("gateway %s is not IPv4", r.gw)
+		}
+		body = attr(body, syscall.RTA_GATEWAY, gw)
+	}
 	oif := make([]byte, 4)
 	hostEndian.PutUint32(oif, uint32(index))
-	body = attr(body, syscall.RTA_OIF, oif)
-	return c.request(syscall.RTM_NEWROUTE, syscall.NLM_F_CREATE|syscall.NLM_F_REPLACE, body)
+	return attr(body, syscall.RTA_OIF, oif), nil
+}
+
+// delAddress removes an address (a lease that expired or moved).
+func (c *netlinkConn) delAddress(index int, ipnet *net.IPNet) error {
+	ip4 := ipnet.IP.To4()
+	if ip4 == nil {
+		return fmt.Errorf("%s is not IPv4", ipnet)
+	}
+	ones, _ := ipnet.Mask.Size()
+	body := make([]byte, syscall.SizeofIfAddrmsg)
+	body[0] = syscall.AF_INET
+	body[1] = byte(ones)
+	hostEndian.PutUint32(body[4:], uint32(index))
+	body = attr(body, syscall.IFA_LOCAL, ip4)
+	return c.request(syscall.RTM_DELADDR, 0, body)
+}
+
+// setMTU sets the interface's MTU (IFLA_MTU), as DHCP option 26 or the config asks.
+func (c *netlinkConn) setMTU(index int, mtu int) error {
+	body := make([]byte, syscall.SizeofIfInfomsg)
+	body[0] = syscall.AF_UNSPEC
+	hostEndian.PutUint32(body[4:], uint32(index))
+	v := make([]byte, 4)
+	hostEndian.PutUint32(v, uint32(mtu))
+	body = attr(body, syscall.IFLA_MTU, v)
+	return c.request(syscall.RTM_NEWLINK, 0, body)
 }

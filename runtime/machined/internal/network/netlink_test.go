@@ -1,17 +1,26 @@
 package network
 
 import (
+	"fmt"
 	"net"
 	"os"
+	"path/filepath"
 	"runtime"
+	"sort"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
+
+	"kiln/machined/internal/dhcp"
 )
 
-// The netlink requests against a real kernel, in a fresh network namespace so the host's
-// network is untouched. Needs root (CAP_SYS_ADMIN); skipped otherwise.
-func TestNetlinkInANetworkNamespace(t *testing.T) {
+// inNetns runs fn on a thread in a fresh network namespace, so the host's network is
+// untouched. It needs root (CAP_SYS_ADMIN) and skips otherwise. fn must not start
+// goroutines that touch the network: they would run in the host's namespace.
+func inNetns(t *testing.T, fn func(nl *netlinkConn)) {
+	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root for a network namespace")
 	}
@@ -31,6 +40,17 @@ func TestNetlinkInANetworkNamespace(t *testing.T) {
 			return
 		}
 		defer nl.Close()
+		fn(nl)
+	}()
+	<-done
+	if skip != "" {
+		t.Skip(skip)
+	}
+}
+
+// The netlink requests against a real kernel.
+func TestNetlinkInANetworkNamespace(t *testing.T) {
+	inNetns(t, func(nl *netlinkConn) {
 		lo, err := net.InterfaceByName("lo")
 		if err != nil {
 			t.Error(err)
@@ -61,19 +81,185 @@ func TestNetlinkInANetworkNamespace(t *testing.T) {
 		if lo.Flags&net.FlagUp == 0 || !strings.Contains(addrsString(addrs), "10.77.0.5/24") {
 			t.Errorf("lo: %v %v", lo.Flags, addrs)
 		}
-		routes, _ := os.ReadFile("/proc/thread-self/net/route")
-		// default route (destination 00000000) via 10.77.0.1 (0100 4D0A in little-endian hex)
-		if !strings.Contains(string(routes), "00000000\t01004D0A") {
-			t.Errorf("no default route via 10.77.0.1:\n%s", routes)
+		if got := kernelRoutes(t, "lo"); !contains(got, "0.0.0.0/0 via 10.77.0.1") {
+			t.Errorf("no default route via 10.77.0.1: %q", got)
 		}
 		if err := nl.addAddress(999, ipnet); err == nil {
 			t.Error("an address on a missing interface must fail")
 		}
-	}()
-	<-done
-	if skip != "" {
-		t.Skip(skip)
+	})
+}
+
+// The route, address and MTU requests, and the errors applyLease and dropLease ignore.
+func TestNetlinkRoutesAndMTU(t *testing.T) {
+	inNetns(t, func(nl *netlinkConn) {
+		ifc := addVeth(t, nl, "kd0", "kd0p")
+		if ifc == nil {
+			return
+		}
+		if err := nl.linkUp(ifc.Index); err != nil { // gateway routes need the device up
+			t.Error(err)
+		}
+		addr := &net.IPNet{IP: net.IPv4(10, 20, 0, 5).To4(), Mask: net.CIDRMask(32, 32)}
+		gw := via("0.0.0.0/0", "10.20.0.1")
+		host := hostRoute(net.IPv4(10, 20, 0, 1), rtprotDHCP)
+		steps := []struct {
+			name string
+			err  error
+			want syscall.Errno
+		}{
+			{"mtu", nl.setMTU(ifc.Index, 1400), 0},
+			{"address", nl.addAddress(ifc.Index, addr), 0},
+			{"gateway before its host route", nl.addRoute(ifc.Index, gw), syscall.ENETUNREACH},
+			{"host route", nl.addRoute(ifc.Index, host), 0},
+			{"default route", nl.addRoute(ifc.Index, gw), 0},
+			{"default route again", nl.addRoute(ifc.Index, gw), 0},
+			{"delete with another protocol", nl.delRoute(ifc.Index, route{dst: gw.dst, gw: gw.gw, proto: rtprotStatic}), syscall.ESRCH},
+			{"delete with another gateway", nl.delRoute(ifc.Index, via("0.0.0.0/0", "10.20.0.9")), syscall.ESRCH},
+		}
+		for _, s := range steps {
+			if errno, _ := s.err.(syscall.Errno); s.err != nil && errno != s.want || s.err == nil && s.want != 0 {
+				t.Errorf("%s: %v, want %v", s.name, s.err, s.want)
+			}
+		}
+		if got := kernelRoutes(t, "kd0"); strings.Join(got, ", ") != "0.0.0.0/0 via 10.20.0.1, 10.20.0.1/32 on-link" {
+			t.Errorf("routes %q", got)
+		}
+		if ifc, _ := net.InterfaceByName("kd0"); ifc.MTU != 1400 {
+			t.Errorf("MTU %d", ifc.MTU)
+		}
+		if err := nl.delRoute(ifc.Index, gw); err != nil {
+			t.Errorf("delete: %v", err)
+		}
+		if err := nl.delRoute(ifc.Index, gw); err != syscall.ESRCH {
+			t.Errorf("delete again: %v, want ESRCH", err)
+		}
+		if err := nl.delAddress(ifc.Index, addr); err != nil {
+			t.Errorf("delete address: %v", err)
+		}
+		if err := nl.delAddress(ifc.Index, addr); err != syscall.EADDRNOTAVAIL {
+			t.Errorf("delete address again: %v, want EADDRNOTAVAIL", err)
+		}
+		if err := nl.setMTU(999, 1500); err == nil {
+			t.Error("an MTU on a missing interface must fail")
+		}
+	})
+}
+
+// Configure with a static /32 and a gateway outside it (a cloud's metadata), then a DHCP
+// lease applied, moved and lost on another interface.
+func TestConfigureStaticAndLeasesInANetworkNamespace(t *testing.T) {
+	inNetns(t, func(nl *netlinkConn) {
+		if addVeth(t, nl, "kd0", "kd0p") == nil || addVeth(t, nl, "kd1", "kd1p") == nil {
+			return
+		}
+		n := New(t.Logf)
+		n.resolvConf = filepath.Join(t.TempDir(), "resolv.conf")
+		n.Configure(NetworkConfig{Interfaces: []InterfaceConfig{{Name: "kd0", Addresses: []string{"10.20.0.5/32"}, Gateway: "10.20.0.1",
+			MTU: 1460, Routes: []RouteConfig{{To: "192.0.2.0/24", Via: "10.20.0.1"}, {To: "198.51.100.0/24"}}}}}, time.Second)
+		want := "0.0.0.0/0 via 10.20.0.1, 10.20.0.1/32 on-link, 192.0.2.0/24 via 10.20.0.1, 198.51.100.0/24 on-link"
+		if got := strings.Join(kernelRoutes(t, "kd0"), ", "); got != want {
+			t.Errorf("static routes:\n%s\nwant\n%s", got, want)
+		}
+		kd0, _ := net.InterfaceByName("kd0")
+		addrs, _ := kd0.Addrs()
+		if kd0.MTU != 1460 || kd0.Flags&net.FlagUp == 0 || addrsString(addrs) != "10.20.0.5/32" {
+			t.Errorf("kd0: mtu %d, %v, %v", kd0.MTU, kd0.Flags, addrs)
+		}
+
+		kd1, _ := net.InterfaceByName("kd1")
+		_ = nl.linkUp(kd1.Index)
+		l := gcpLease("10.30.0.5")
+		l.Routes = []dhcp.Route{{Dst: cidr("203.0.113.0/24"), Gateway: net.IPv4(10, 30, 0, 1).To4()}}
+		n.applyLease(*kd1, l, false)
+		if got := strings.Join(kernelRoutes(t, "kd1"), ", "); got != "10.30.0.1/32 on-link, 203.0.113.0/24 via 10.30.0.1" {
+			t.Errorf("lease routes: %s", got)
+		}
+		moved := gcpLease("10.30.0.9")
+		moved.Routes = []dhcp.Route{{Dst: cidr("10.30.0.1/32")}, {Dst: cidr("198.18.0.0/15")}, {Dst: cidr("203.0.113.0/24"), Gateway: net.IPv4(10, 30, 0, 1).To4()}}
+		n.applyLease(*kd1, moved, true)
+		if got := strings.Join(kernelRoutes(t, "kd1"), ", "); got != "10.30.0.1/32 on-link, 198.18.0.0/15 on-link, 203.0.113.0/24 via 10.30.0.1" {
+			t.Errorf("after the move: %s", got)
+		}
+		kd1, _ = net.InterfaceByName("kd1")
+		if addrs, _ := kd1.Addrs(); addrsString(addrs) != "10.30.0.9/32" || kd1.MTU != 1460 {
+			t.Errorf("kd1 after the move: %v, mtu %d", addrs, kd1.MTU)
+		}
+		n.dropLease(*kd1, moved, "expired")
+		if got := kernelRoutes(t, "kd1"); len(got) != 0 {
+			t.Errorf("routes left after the lease was lost: %q", got)
+		}
+		if addrs, _ := kd1.Addrs(); len(addrs) != 0 {
+			t.Errorf("addresses left after the lease was lost: %v", addrs)
+		}
+		if got := strings.Join(kernelRoutes(t, "kd0"), ", "); !strings.Contains(got, "10.20.0.1/32 on-link, 192.0.2.0/24 via 10.20.0.1") {
+			t.Errorf("kd0's routes must not be touched: %s", got)
+		}
+	})
+}
+
+// addVeth creates a veth pair and returns the name end (RTM_NEWLINK with IFLA_LINKINFO's
+// kind "veth" and the peer's name in VETH_INFO_PEER). Dummy links would do, but kernels
+// built without them are common in CI.
+func addVeth(t *testing.T, nl *netlinkConn, name, peer string) *net.Interface {
+	const iflaInfoKind, iflaInfoData, vethInfoPeer = 1, 2, 1
+	peerMsg := attr(make([]byte, syscall.SizeofIfInfomsg), syscall.IFLA_IFNAME, append([]byte(peer), 0))
+	info := attr(nil, iflaInfoKind, []byte("veth"))
+	info = attr(info, iflaInfoData, attr(nil, vethInfoPeer, peerMsg))
+	body := make([]byte, syscall.SizeofIfInfomsg)
+	body = attr(body, syscall.IFLA_IFNAME, append([]byte(name), 0))
+	body = attr(body, syscall.IFLA_LINKINFO, info)
+	if err := nl.request(syscall.RTM_NEWLINK, syscall.NLM_F_CREATE|syscall.NLM_F_EXCL, body); err != nil {
+		t.Errorf("veth %s: %v", name, err)
+		return nil
 	}
+	ifc, err := net.InterfaceByName(name)
+	if err != nil {
+		t.Error(err)
+		return nil
+	}
+	return ifc
+}
+
+// kernelRoutes reads the calling thread's main routing table for one interface, sorted,
+// as "dst/len via gw" or "dst/len on-link".
+func kernelRoutes(t *testing.T, ifname string) []string {
+	data, err := os.ReadFile("/proc/thread-self/net/route")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, line := range strings.Split(string(data), "\n")[1:] {
+		f := strings.Fields(line)
+		if len(f) < 8 || f[0] != ifname {
+			continue
+		}
+		ones, _ := net.IPMask(hexIP(f[7])).Size()
+		s := fmt.Sprintf("%s/%d on-link", hexIP(f[1]), ones)
+		if gw := hexIP(f[2]); !gw.IsUnspecified() {
+			s = fmt.Sprintf("%s/%d via %s", hexIP(f[1]), ones, gw)
+		}
+		out = append(out, s)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// hexIP reads /proc/net/route's addresses: network order printed as a host-endian number.
+func hexIP(h string) net.IP {
+	v, _ := strconv.ParseUint(h, 16, 32)
+	ip := make(net.IP, 4)
+	hostEndian.PutUint32(ip, uint32(v))
+	return ip
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
 }
 
 func addrsString(addrs []net.Addr) string {

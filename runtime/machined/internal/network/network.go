@@ -1,11 +1,12 @@
 // Package network brings machined's network up: loopback, then each configured interface
-// statically or by DHCP (internal/dhcp), with the addresses and routes set over rtnetlink and
-// the nameservers written to /run/resolv.conf.
+// statically or by DHCP (internal/dhcp), with the MTU, addresses and routes set over
+// rtnetlink and the nameservers written to /run/resolv.conf. DHCP leases are kept for as
+// long as machined runs: renewed, replaced when they change, removed when they are lost.
 package network
 
 import (
+	"context"
 	"fmt"
-	"math/rand"
 	"net"
 	"os"
 	"path/filepath"
@@ -13,7 +14,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"kiln/machined/internal/dhcp"
@@ -31,17 +31,22 @@ const (
 // with no network config, every Ethernet interface) statically or by DHCP. DHCP leases
 // are renewed in the background for as long as machined runs.
 type Network struct {
-	say       func(string, ...interface{})
-	mu        sync.Mutex
-	addrs     map[string][]string // interface -> CIDRs, for /v1/status
-	dns       []string
-	staticDNS bool
-	dhcp      map[string]bool // interfaces with a DHCP loop running
+	say        func(string, ...interface{})
+	mu         sync.Mutex
+	addrs      map[string][]string // interface -> CIDRs, for /v1/status
+	dns        []string
+	staticDNS  bool
+	dhcp       map[string]bool      // interfaces with a DHCP loop running
+	links      map[string]*dhcpLink // interface -> its DHCP state
+	resolvConf string
+	openLinks  func() (linkOps, error) // rtnetlink; a recorder in tests
+	now        func() time.Time
 }
 
 // New returns a Network that reports on say; Configure brings the interfaces up.
 func New(say func(string, ...interface{})) *Network {
-	return &Network{say: say, addrs: map[string][]string{}, dhcp: map[string]bool{}}
+	return &Network{say: say, addrs: map[string][]string{}, dhcp: map[string]bool{}, links: map[string]*dhcpLink{},
+		resolvConf: resolvConf, openLinks: openLinkOps, now: time.Now}
 }
 
 // ethernetInterfaces lists /sys/class/net entries of type Ethernet (ARPHRD_ETHER).
@@ -88,19 +93,9 @@ func (n *Network) Configure(cfg NetworkConfig, wait time.Duration) {
 			n.say("network: %s up: %v", ic.Name, err)
 			continue
 		}
-		for _, a := range ic.Addresses {
-			ip, ipnet, _ := net.ParseCIDR(a) // validated with the config
-			ipnet.IP = ip
-			if err := nl.addAddress(iface.Index, ipnet); err != nil {
-				n.say("network: %s address %s: %v", ic.Name, a, err)
-				continue
-			}
-			n.record(ic.Name, a)
-		}
-		if ic.Gateway != "" {
-			if err := nl.addDefaultRoute(iface.Index, net.ParseIP(ic.Gateway), rtprotStatic); err != nil {
-				n.say("network: %s gateway %s: %v", ic.Name, ic.Gateway, err)
-			}
+		n.applyStatic(nl, *iface, ic)
+		if ic.UsesDHCP() {
+			n.setConfig(ic)
 		}
 		n.mu.Lock()
 		running := n.dhcp[ic.Name]
@@ -122,6 +117,26 @@ func (n *Network) Configure(cfg NetworkConfig, wait time.Duration) {
 	}
 }
 
+// applyStatic applies the config's MTU, addresses and routes.
+func (n *Network) applyStatic(ops linkOps, ifc net.Interface, ic InterfaceConfig) {
+	if ic.MTU > 0 {
+		if err := ops.setMTU(ifc.Index, ic.MTU); err != nil {
+			n.say("network: %s: MTU %d: %v", ic.Name, ic.MTU, err)
+		}
+	}
+	for _, p := range ic.staticPrefixes() {
+		p := p
+		if err := ops.addAddress(ifc.Index, &p); err != nil {
+			n.say("network: %s address %s: %v", ic.Name, p.String(), err)
+			continue
+		}
+		n.record(ic.Name, p.String())
+	}
+	if len(ic.Addresses) > 0 { // with DHCP alone, the gateways are likely in the lease's subnet: applyLease adds them
+		n.addRoutes(ops, ifc, ic.staticPrefixes(), ic.staticRoutes())
+	}
+}
+
 func (n *Network) record(ifname, cidr string) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -131,6 +146,19 @@ func (n *Network) record(ifname, cidr string) {
 		}
 	}
 	n.addrs[ifname] = append(n.addrs[ifname], cidr)
+}
+
+// forget drops an address from status once a lease no longer has it.
+func (n *Network) forget(ifname, cidr string) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	kept := n.addrs[ifname][:0]
+	for _, a := range n.addrs[ifname] {
+		if a != cidr {
+			kept = append(kept, a)
+		}
+	}
+	n.addrs[ifname] = kept
 }
 
 // setDNS writes /run/resolv.conf; nameservers from the config win over DHCP's.
@@ -147,8 +175,8 @@ func (n *Network) setDNS(servers []string, fromConfig bool) {
 		fmt.Fprintf(&b, "nameserver %s\n", s)
 	}
 	// atomically: a resolver reading it mid-write would see no or half the servers
-	if err := persist.WriteFileAtomic(resolvConf, []byte(b.String()), 0o644); err != nil {
-		n.say("network: %s: %v", resolvConf, err)
+	if err := persist.WriteFileAtomic(n.resolvConf, []byte(b.String()), 0o644); err != nil {
+		n.say("network: %s: %v", n.resolvConf, err)
 	}
 }
 
@@ -164,71 +192,23 @@ func (n *Network) startDHCP(iface net.Interface, first chan struct{}) {
 	})
 }
 
-// dhcpLoop gets a lease, applies it, and renews it at T1; first is closed after the first
-// attempt (lease or not) so Configure can stop waiting.
+// dhcpLoop runs the interface's DHCP client for good, applying each lease it gets and
+// removing each it loses; first is closed at the first lease so Configure can stop waiting.
 func (n *Network) dhcpLoop(iface net.Interface, first chan struct{}) {
 	once := sync.Once{}
 	signalFirst := func() { once.Do(func() { close(first) }) }
 	defer signalFirst()
 	waitCarrier(iface.Name, 3*time.Second)
-	retry := 5 * time.Second
-	for {
-		lease, err := n.dhcpOnce(iface, 10*time.Second)
-		if err != nil {
-			signalFirst()
-			time.Sleep(retry)
-			if retry < time.Minute {
-				retry *= 2
-			}
-			continue
-		}
-		retry = 5 * time.Second
-		signalFirst()
-		time.Sleep(lease.Renew)
+	c := &dhcp.Client{
+		MAC:  iface.HardwareAddr,
+		Open: func() (dhcp.Transport, error) { return dhcp.NewUDPTransport(iface.Name) },
+		Hooks: dhcp.Hooks{
+			State: func(s dhcp.State) { n.setState(iface.Name, s) },
+			Bound: func(l dhcp.Lease, renewed bool) { n.applyLease(iface, l, renewed); signalFirst() },
+			Lost:  func(l dhcp.Lease, reason string) { n.dropLease(iface, l, reason) },
+		},
 	}
-}
-
-func (n *Network) dhcpOnce(iface net.Interface, timeout time.Duration) (dhcp.Lease, error) {
-	t, err := dhcp.NewUDPTransport(iface.Name)
-	if err != nil {
-		return dhcp.Lease{}, err
-	}
-	defer t.Close()
-	lease, err := dhcp.Exchange(t, iface.HardwareAddr, rand.Uint32(), time.Now().Add(timeout))
-	if err != nil {
-		return lease, err
-	}
-	nl, err := openNetlink()
-	if err != nil {
-		return lease, err
-	}
-	defer nl.Close()
-	if err := nl.addAddress(iface.Index, lease.IPNet()); err != nil {
-		n.say("network: %s: DHCP address %s: %v", iface.Name, lease.IPNet(), err)
-		return lease, err
-	}
-	if lease.Router != nil {
-		if err := nl.addDefaultRoute(iface.Index, lease.Router, rtprotDHCP); err != nil && err != syscall.EEXIST {
-			n.say("network: %s: route via %s: %v", iface.Name, lease.Router, err)
-		}
-	}
-	cidr := lease.IPNet().String()
-	n.mu.Lock()
-	known := false
-	for _, a := range n.addrs[iface.Name] {
-		known = known || a == cidr
-	}
-	n.mu.Unlock()
-	if !known {
-		n.record(iface.Name, cidr)
-		n.say("network: %s: %s via DHCP (router %v, lease %s)", iface.Name, cidr, lease.Router, lease.Lease)
-	}
-	var dns []string
-	for _, ip := range lease.DNS {
-		dns = append(dns, ip.String())
-	}
-	n.setDNS(dns, false)
-	return lease, nil
+	c.Run(context.Background())
 }
 
 // waitCarrier waits briefly for the link to come up after IFF_UP (virtio is instant,

@@ -1,0 +1,243 @@
+package network
+
+import (
+	"net"
+	"sort"
+	"syscall"
+	"time"
+
+	"kiln/machined/internal/dhcp"
+)
+
+// dhcpLink is one interface's DHCP state. It remembers what applying the lease put on the
+// interface, so a renewal that moves the address or routes replaces them and an expiry
+// removes them; it outlives a restarted dhcpLoop for the same reason.
+type dhcpLink struct {
+	cfg      InterfaceConfig // its MTU and routes win over and outlive the lease's
+	state    dhcp.State
+	lease    *dhcp.Lease
+	renewals int // since the lease was acquired
+	addr     *net.IPNet
+	routes   []route
+}
+
+// LeaseInfo is one interface's DHCP lease as status shows it.
+type LeaseInfo struct {
+	State            string        `json:"state"` // init, requesting, bound, renewing, rebinding
+	Address          string        `json:"address,omitempty"`
+	Router           string        `json:"router,omitempty"`
+	Routes           []RouteConfig `json:"routes,omitempty"` // option 121 or 249
+	MTU              int           `json:"mtu,omitempty"`
+	DNS              []string      `json:"dns,omitempty"`
+	NTP              []string      `json:"ntp,omitempty"`
+	Hostname         string        `json:"hostname,omitempty"`
+	Domain           string        `json:"domain,omitempty"`
+	Server           string        `json:"server,omitempty"`
+	LeaseSeconds     int           `json:"lease_seconds,omitempty"`
+	ExpiresInSeconds int           `json:"expires_in_seconds,omitempty"`
+	Renewals         int           `json:"renewals"`
+}
+
+// Leases returns interface -> DHCP lease, for every interface that runs DHCP.
+func (n *Network) Leases() map[string]LeaseInfo {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	out := map[string]LeaseInfo{}
+	for name, link := range n.links {
+		out[name] = link.info(n.now())
+	}
+	return out
+}
+
+func (d *dhcpLink) info(now time.Time) LeaseInfo {
+	li := LeaseInfo{State: d.state.String(), Renewals: d.renewals}
+	l := d.lease
+	if l == nil {
+		return li
+	}
+	li.Address = l.IPNet().String()
+	if l.Router != nil {
+		li.Router = l.Router.String()
+	}
+	if len(l.Routes) > 0 {
+		for _, r := range leaseRoutes(*l) {
+			li.Routes = append(li.Routes, r.config())
+		}
+	}
+	li.MTU, li.Hostname, li.Domain = l.MTU, l.Hostname, l.Domain
+	li.DNS, li.NTP = ipStrings(l.DNS), ipStrings(l.NTP)
+	if l.ServerID != nil {
+		li.Server = l.ServerID.String()
+	}
+	li.LeaseSeconds = int(l.Lease / time.Second)
+	if left := l.Expiry().Sub(now); left > 0 {
+		li.ExpiresInSeconds = int(left / time.Second)
+	}
+	return li
+}
+
+// NTPServers are the NTP servers of all DHCP leases (option 42): interfaces in name order,
+// each server once.
+func (n *Network) NTPServers() []string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	names := make([]string, 0, len(n.links))
+	for name := range n.links {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	seen := map[string]bool{}
+	var out []string
+	for _, name := range names {
+		if l := n.links[name].lease; l != nil {
+			for _, s := range ipStrings(l.NTP) {
+				if !seen[s] {
+					seen[s] = true
+					out = append(out, s)
+				}
+			}
+		}
+	}
+	return out
+}
+
+func ipStrings(ips []net.IP) []string {
+	var out []string
+	for _, ip := range ips {
+		out = append(out, ip.String())
+	}
+	return out
+}
+
+// link returns the interface's DHCP state, creating it.
+func (n *Network) link(name string) *dhcpLink {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	d := n.links[name]
+	if d == nil {
+		d = &dhcpLink{}
+		n.links[name] = d
+	}
+	return d
+}
+
+// setConfig keeps the config of a DHCP interface for applyLease.
+func (n *Network) setConfig(ic InterfaceConfig) {
+	d := n.link(ic.Name)
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	d.cfg = ic
+}
+
+func (n *Network) setState(name string, s dhcp.State) {
+	d := n.link(name)
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	d.state = s
+}
+
+// applyLease puts a new or renewed lease on the interface: MTU, address, routes (replacing
+// what the previous lease put there), then the config's own routes again.
+func (n *Network) applyLease(ifc net.Interface, l dhcp.Lease, renewed bool) {
+	ops, err := n.openLinks()
+	if err != nil {
+		n.say("network: %s: %v", ifc.Name, err)
+		return
+	}
+	defer ops.Close()
+	d := n.link(ifc.Name)
+	n.mu.Lock()
+	cfg, oldAddr, oldRoutes := d.cfg, d.addr, d.routes
+	n.mu.Unlock()
+	if l.MTU > 0 && cfg.MTU == 0 {
+		if err := ops.setMTU(ifc.Index, l.MTU); err != nil {
+			n.say("network: %s: MTU %d: %v", ifc.Name, l.MTU, err)
+		}
+	}
+	addr := l.IPNet()
+	if err := ops.addAddress(ifc.Index, addr); err != nil {
+		n.say("network: %s: DHCP address %s: %v", ifc.Name, addr, err)
+		return
+	}
+	prefixes := append(cfg.staticPrefixes(), *addr)
+	routes := n.addRoutes(ops, ifc, prefixes, leaseRoutes(l))
+	n.removeStale(ops, ifc, oldAddr, oldRoutes, addr, routes)
+	n.addRoutes(ops, ifc, append(prefixes, onLinkPrefixes(routes)...), cfg.staticRoutes())
+	changed := oldAddr == nil || oldAddr.String() != addr.String() || !sameRoutes(oldRoutes, routes)
+	n.mu.Lock()
+	d.lease, d.addr, d.routes = &l, addr, routes
+	if renewed {
+		d.renewals++
+	} else {
+		d.renewals = 0
+	}
+	n.mu.Unlock()
+	if oldAddr != nil && oldAddr.String() != addr.String() {
+		n.forget(ifc.Name, oldAddr.String())
+	}
+	n.record(ifc.Name, addr.String())
+	if changed {
+		n.say("network: %s: %s via DHCP (routes %s, mtu %d, lease %s)", ifc.Name, addr, routesText(routes), l.MTU, l.Lease)
+	}
+	n.setDNS(ipStrings(l.DNS), false)
+}
+
+// removeStale removes what the previous lease added and the new one does not have. A
+// route to a destination the new lease also routes was replaced already, so it stays.
+func (n *Network) removeStale(ops linkOps, ifc net.Interface, oldAddr *net.IPNet, oldRoutes []route, addr *net.IPNet, routes []route) {
+	var stale []route
+	for _, r := range oldRoutes {
+		if !sameDestination(r, routes) {
+			stale = append(stale, r)
+		}
+	}
+	n.delRoutes(ops, ifc, stale)
+	if oldAddr != nil && oldAddr.String() != addr.String() {
+		n.delAddress(ops, ifc, oldAddr)
+	}
+}
+
+// dropLease removes what a lost lease put on the interface; the client starts over.
+func (n *Network) dropLease(ifc net.Interface, l dhcp.Lease, reason string) {
+	d := n.link(ifc.Name)
+	n.mu.Lock()
+	addr, routes := d.addr, d.routes
+	d.lease, d.addr, d.routes, d.renewals = nil, nil, nil, 0
+	n.mu.Unlock()
+	n.say("network: %s: DHCP lease %s %s; removing it", ifc.Name, l.IPNet(), reason)
+	ops, err := n.openLinks()
+	if err != nil {
+		n.say("network: %s: %v", ifc.Name, err)
+		return
+	}
+	defer ops.Close()
+	n.delRoutes(ops, ifc, routes)
+	if addr != nil {
+		n.delAddress(ops, ifc, addr)
+		n.forget(ifc.Name, addr.String())
+	}
+}
+
+func (n *Network) delAddress(ops linkOps, ifc net.Interface, addr *net.IPNet) {
+	if err := ops.delAddress(ifc.Index, addr); err != nil && err != syscall.EADDRNOTAVAIL {
+		n.say("network: %s: removing address %s: %v", ifc.Name, addr, err)
+	}
+}
+
+func sameRoutes(a, b []route) bool {
+	return routesText(a) == routesText(b)
+}
+
+func routesText(routes []route) string {
+	s := ""
+	for i, r := range routes {
+		if i > 0 {
+			s += ", "
+		}
+		s += r.String()
+	}
+	if s == "" {
+		return "none"
+	}
+	return s
+}

@@ -1,0 +1,318 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"kiln/machined/internal/disk"
+	"kiln/machined/internal/network"
+	"kiln/machined/internal/platform"
+	"kiln/machined/internal/safego"
+)
+
+const platformDriveMount = "/run/kiln/platform-drive"
+
+// platformTimeNTP are the time services clouds run for their own machines, on addresses only
+// they answer; elsewhere the config's or DHCP's servers are used.
+var platformTimeNTP = map[string][]string{
+	"aws": {"169.254.169.123"},
+	"gcp": {"169.254.169.254"},
+}
+
+// platformState is what the platform said, kept for the ready line, the status and the
+// ready report Azure waits for.
+type platformState struct {
+	impl   platform.Platform
+	env    platform.Env
+	facts  platform.Facts
+	err    string
+	report string // Azure's health report: "", "sent" or the error
+}
+
+func (p *platformState) name() string {
+	if p == nil || p.impl == nil {
+		return "metal"
+	}
+	return p.impl.Name()
+}
+
+func (p *platformState) status() map[string]interface{} {
+	if p == nil || p.impl == nil {
+		return map[string]interface{}{"name": "metal"}
+	}
+	return map[string]interface{}{
+		"name":         p.impl.Name(),
+		"source":       p.facts.Source,
+		"instance_id":  p.facts.InstanceID,
+		"hostname":     p.facts.Hostname,
+		"warnings":     p.facts.Warnings,
+		"error":        p.err,
+		"ready_report": p.report,
+	}
+}
+
+// needsNetwork says whether the platform's facts come over the network (a metadata service)
+// rather than only from a drive; DHCP must be up before they are fetched.
+func needsNetwork(name string) bool {
+	switch name {
+	case "metal", "nocloud", "vmware":
+		return false
+	}
+	return true
+}
+
+// fetchPlatform reads kiln.platform='s facts. An unknown platform or a failed fetch is said on
+// the console and leaves the machine on what the config gives: it must still come up.
+func (m *machine) fetchPlatform() {
+	m.platform = &platformState{}
+	impl, err := platform.Lookup(m.params[paramPlatform])
+	if err != nil {
+		m.con.printf("platform: %v; running as metal", err)
+		return
+	}
+	m.platform.impl = impl
+	if impl.Name() == "metal" {
+		return
+	}
+	if needsNetwork(impl.Name()) {
+		m.net.Configure(network.NetworkConfig{}, 10*time.Second) // DHCP everywhere, to reach the metadata service
+	}
+	m.platform.env = platform.Env{ReadDrive: readPlatformDrive}
+	start := time.Now()
+	facts, err := impl.Fetch(context.Background(), m.platform.env)
+	m.platform.facts = facts
+	for _, warning := range facts.Warnings {
+		m.con.printf("platform: %s: %s", impl.Name(), warning)
+	}
+	if err != nil {
+		m.platform.err = err.Error()
+		m.con.printf("platform: %v", err)
+		return
+	}
+	m.con.printf("platform: %s: %s (%d ms)", impl.Name(), facts.Source, time.Since(start).Milliseconds())
+}
+
+// applyPlatform fills what the config left open from the platform's facts: the config itself
+// (user data, when no kiln.config= or config drive gave one), the hostname and static network.
+func (m *machine) applyPlatform() {
+	facts := m.platform.facts
+	if m.configSource == "" && len(facts.UserData) > 0 {
+		source := m.platform.name() + ":user-data"
+		cfg, err := parseConfig(source, facts.UserData, false)
+		if err != nil {
+			m.con.printf("config: %v; using defaults", err)
+		} else {
+			m.cfg, m.configSource = cfg, source
+			m.con.printf("config: %s", source)
+		}
+	}
+	if m.cfg.Hostname == "" && facts.Hostname != "" {
+		m.cfg.Hostname = shortHostname(facts.Hostname)
+	}
+	if len(m.cfg.Network.Interfaces) == 0 && facts.Network != nil {
+		m.cfg.Network.Interfaces = platformInterfaces(facts.Network, m.con.printf)
+		if len(m.cfg.Network.Nameservers) == 0 {
+			m.cfg.Network.Nameservers = ipv4Only(facts.Network.Nameservers)
+		}
+		if err := m.cfg.Network.Validate(); err != nil {
+			m.con.printf("platform: %s: its network facts are not usable (%v); DHCP everywhere", m.platform.name(), err)
+			m.cfg.Network = network.NetworkConfig{}
+		}
+	}
+}
+
+// shortHostname fits a platform's (often fully qualified) name into the kernel's 64 bytes.
+func shortHostname(name string) string {
+	if len(name) <= 64 {
+		return name
+	}
+	return strings.SplitN(name, ".", 2)[0]
+}
+
+// platformInterfaces maps the platform's NICs (by MAC, or by name) onto this machine's
+// interfaces. IPv6 addresses are left to the kernel's SLAAC: machined configures IPv4.
+func platformInterfaces(facts *platform.Network, say func(string, ...interface{})) []network.InterfaceConfig {
+	byMAC := map[string]string{}
+	if ifaces, err := net.Interfaces(); err == nil {
+		for _, iface := range ifaces {
+			byMAC[strings.ToLower(iface.HardwareAddr.String())] = iface.Name
+		}
+	}
+	var out []network.InterfaceConfig
+	for _, nic := range facts.Interfaces {
+		name := nic.Name
+		if name == "" {
+			name = byMAC[strings.ToLower(nic.MAC)]
+		}
+		if name == "" {
+			say("platform: no interface has MAC %s; skipped", nic.MAC)
+			continue
+		}
+		ic := network.InterfaceConfig{Name: name, Addresses: ipv4Only(nic.Addresses), MTU: nic.MTU}
+		dhcp := nic.DHCP || len(ic.Addresses) == 0
+		ic.DHCP = &dhcp
+		if len(ic.Addresses) > 0 {
+			ic.Gateway = nic.Gateway
+		}
+		for _, route := range nic.Routes {
+			if strings.Contains(route.To, ":") || strings.Contains(route.Via, ":") {
+				continue
+			}
+			ic.Routes = append(ic.Routes, network.RouteConfig{To: route.To, Via: route.Via})
+		}
+		out = append(out, ic)
+	}
+	return out
+}
+
+func ipv4Only(values []string) []string {
+	var out []string
+	for _, v := range values {
+		if !strings.Contains(v, ":") {
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
+// reportPlatformReady tells the platform the machine is up (Azure's WireServer marks a VM
+// failed without it), in the background and bounded by the platform package's deadline.
+func (m *machine) reportPlatformReady() {
+	if m.platform == nil || m.platform.impl == nil || m.platform.err != "" {
+		return
+	}
+	p := m.platform
+	safego.Go("platform ready report", func() {
+		if err := p.impl.ReportReady(context.Background(), p.env, p.facts); err != nil {
+			p.report = err.Error()
+			m.con.printf("platform: %s: ready report: %v", p.impl.Name(), err)
+			return
+		}
+		if p.impl.Name() == "azure" {
+			p.report = "sent"
+			m.con.printf("platform: azure: reported Ready to the WireServer")
+		}
+	})
+}
+
+// readPlatformDrive finds the drive a platform provisions (by label, or by filesystem type
+// holding one of the files), mounts it read-only and reads the files. The drive is hostile
+// input like the rest of the metadata: only regular files under the mount, never through a
+// symlink, each at most q.MaxSize bytes.
+func readPlatformDrive(q platform.DriveQuery) (map[string][]byte, string, error) {
+	for _, b := range waitForMedia() {
+		fstype, label, err := disk.ProbeFS(b.Path)
+		if err != nil || fstype == "" {
+			continue
+		}
+		byLabel := false
+		for _, want := range q.Labels {
+			byLabel = byLabel || strings.EqualFold(label, want)
+		}
+		byType := false
+		for _, want := range q.FSTypes {
+			byType = byType || fstype == want
+		}
+		if !byLabel && !byType {
+			continue
+		}
+		files, err := readDriveFiles(b.Path, fstype, q)
+		if err != nil {
+			return nil, b.Path, err
+		}
+		if byLabel || len(files) > 0 {
+			return files, b.Path, nil
+		}
+	}
+	return nil, "", platform.ErrNoDrive
+}
+
+// waitForMedia lists block devices, waiting up to 3 s for CD drives to report their media.
+func waitForMedia() []disk.BlockDev {
+	deadline := time.Now().Add(3 * time.Second)
+	for {
+		var out []disk.BlockDev
+		waiting := false
+		for _, b := range disk.ListBlockDevices("/sys") {
+			if b.Sectors == 0 {
+				waiting = waiting || strings.HasPrefix(b.Name, "sr")
+				continue
+			}
+			out = append(out, b)
+		}
+		if !waiting || time.Now().After(deadline) {
+			return out
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+func readDriveFiles(dev, fstype string, q platform.DriveQuery) (map[string][]byte, error) {
+	if err := os.MkdirAll(platformDriveMount, 0o700); err != nil {
+		return nil, err
+	}
+	flags := uintptr(syscall.MS_RDONLY | syscall.MS_NOSUID | syscall.MS_NODEV | syscall.MS_NOEXEC)
+	if err := syscall.Mount(dev, platformDriveMount, fstype, flags, ""); err != nil {
+		return nil, fmt.Errorf("mount %s (%s): %v", dev, fstype, err)
+	}
+	defer syscall.Unmount(platformDriveMount, 0)
+	return readFilesUnder(platformDriveMount, q.Files, q.MaxSize)
+}
+
+// readFilesUnder reads the named files (relative, slash-separated) under root; missing ones
+// are left out, a symlink anywhere on the way or a non-regular file is an error.
+func readFilesUnder(root string, names []string, maxSize int64) (map[string][]byte, error) {
+	files := map[string][]byte{}
+	for _, name := range names {
+		data, err := readRegularUnder(root, name, maxSize)
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		files[name] = data
+	}
+	return files, nil
+}
+
+func readRegularUnder(root, name string, maxSize int64) ([]byte, error) {
+	clean := filepath.Clean("/" + name)[1:]
+	if clean == "" || clean != name {
+		return nil, fmt.Errorf("%s: not a plain relative path", name)
+	}
+	path := root
+	parts := strings.Split(clean, "/")
+	for i, part := range parts {
+		path = filepath.Join(path, part)
+		info, err := os.Lstat(path)
+		if err != nil {
+			return nil, err
+		}
+		last := i == len(parts)-1
+		if info.Mode()&os.ModeSymlink != 0 || (!last && !info.IsDir()) || (last && !info.Mode().IsRegular()) {
+			return nil, fmt.Errorf("%s: not a regular file on the drive", name)
+		}
+	}
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, maxSize+1))
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(data)) > maxSize {
+		return nil, fmt.Errorf("%s: more than %d bytes", name, maxSize)
+	}
+	return data, nil
+}

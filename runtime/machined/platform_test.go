@@ -1,0 +1,128 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"kiln/machined/internal/network"
+	"kiln/machined/internal/platform"
+	"kiln/machined/internal/supervisor"
+)
+
+func TestDriveFilesAreRegularFilesUnderTheMountOnly(t *testing.T) {
+	root := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(root, "openstack", "latest"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	write := func(name, text string) {
+		if err := os.WriteFile(filepath.Join(root, name), []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("openstack/latest/meta_data.json", `{"uuid": "x"}`)
+	write("user-data", "hostname: a\n")
+	files, err := readFilesUnder(root, []string{"openstack/latest/meta_data.json", "user-data", "absent"}, 1024)
+	if err != nil || string(files["openstack/latest/meta_data.json"]) != `{"uuid": "x"}` || len(files) != 2 {
+		t.Fatalf("files %v, err %v", files, err)
+	}
+	if _, err := readFilesUnder(root, []string{"user-data"}, 5); err == nil || !strings.Contains(err.Error(), "more than 5 bytes") {
+		t.Fatalf("an oversized file: %v", err)
+	}
+	// a hostile drive links a file (or a directory on the way) out of the mount
+	if err := os.Symlink("/etc/shadow", filepath.Join(root, "meta-data")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("/etc", filepath.Join(root, "openstack", "link")); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"meta-data", "openstack/link/passwd", "../x", "/etc/passwd"} {
+		if _, err := readFilesUnder(root, []string{name}, 1024); err == nil {
+			t.Errorf("%s: read through a link or out of the mount", name)
+		}
+	}
+	if err := os.Mkdir(filepath.Join(root, "dir"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := readFilesUnder(root, []string{"dir"}, 1024); err == nil {
+		t.Error("a directory read as a file")
+	}
+}
+
+func TestPlatformNetworkMapsIPv4ByNameAndSkipsUnknownMACs(t *testing.T) {
+	var said []string
+	say := func(format string, args ...interface{}) { said = append(said, format) }
+	got := platformInterfaces(&platform.Network{Interfaces: []platform.Interface{
+		{Name: "eth0", Addresses: []string{"192.0.2.10/24", "2001:db8::10/64"}, Gateway: "192.0.2.1", MTU: 1460,
+			Routes: []platform.Route{{To: "10.1.0.0/16", Via: "192.0.2.254"}, {To: "::/0", Via: "fe80::1"}}},
+		{Name: "eth1", DHCP: true},
+		{MAC: "02:00:00:00:00:99"},
+	}}, say)
+	if len(got) != 2 || len(said) != 1 {
+		t.Fatalf("interfaces %+v, console %v", got, said)
+	}
+	eth0 := got[0]
+	if eth0.Name != "eth0" || strings.Join(eth0.Addresses, ",") != "192.0.2.10/24" || eth0.Gateway != "192.0.2.1" ||
+		eth0.MTU != 1460 || eth0.UsesDHCP() || len(eth0.Routes) != 1 || eth0.Routes[0].Via != "192.0.2.254" {
+		t.Errorf("eth0: %+v", eth0)
+	}
+	if !got[1].UsesDHCP() {
+		t.Errorf("eth1 must use DHCP: %+v", got[1])
+	}
+	cfg := network.NetworkConfig{Interfaces: got}
+	if err := cfg.Validate(); err != nil {
+		t.Errorf("the mapped network does not validate: %v", err)
+	}
+}
+
+func TestPlatformUserDataIsTheConfigOnlyWhenNoneWasGiven(t *testing.T) {
+	m := &machine{con: quietConsole(), cfg: &Config{}}
+	m.platform = &platformState{impl: mustLookup(t, "aws"), facts: platform.Facts{
+		UserData: []byte("#cloud-config\nhostname: from-user-data\nruncmd: [x]\n"),
+		Hostname: "ip-10-0-0-1." + strings.Repeat("long.", 14) + "internal",
+	}}
+	m.applyPlatform()
+	if m.configSource != "aws:user-data" || m.cfg.Hostname != "from-user-data" {
+		t.Fatalf("source %q hostname %q", m.configSource, m.cfg.Hostname)
+	}
+	// a config from kiln.config= wins; the platform's long hostname is cut to its first label
+	m = &machine{con: quietConsole(), cfg: &Config{}, configSource: "kiln.config"}
+	m.platform = &platformState{impl: mustLookup(t, "gcp"), facts: platform.Facts{
+		UserData: []byte("hostname: ignored\n"),
+		Hostname: "ip-10-0-0-1." + strings.Repeat("long.", 14) + "internal",
+	}}
+	m.applyPlatform()
+	if m.configSource != "kiln.config" || m.cfg.Hostname != "ip-10-0-0-1" {
+		t.Fatalf("source %q hostname %q", m.configSource, m.cfg.Hostname)
+	}
+	// user data that is not a valid config leaves the defaults, said on the console
+	m = &machine{con: quietConsole(), cfg: &Config{}}
+	m.platform = &platformState{impl: mustLookup(t, "aws"), facts: platform.Facts{UserData: []byte("hostname: -bad-\n")}}
+	m.applyPlatform()
+	if m.configSource != "" || !strings.Contains(strings.Join(m.con.log.Lines(), ""), "using defaults") {
+		t.Fatalf("source %q console %q", m.configSource, m.con.log.Lines())
+	}
+}
+
+func TestReadyLineAndStatusNameThePlatform(t *testing.T) {
+	m := &machine{version: "v1", kernel: "6.1", varSource: "tmpfs", platform: &platformState{impl: mustLookup(t, "gcp")}}
+	if got := m.readyLine(); !strings.HasSuffix(got, " platform=gcp") {
+		t.Fatalf("ready line: %q", got)
+	}
+	if (*platformState)(nil).name() != "metal" || m.platform.status()["name"] != "gcp" {
+		t.Fatal("platform status")
+	}
+}
+
+// quietConsole keeps machined's lines in its log only (newConsole would write to the host's /dev/console).
+func quietConsole() *console { return &console{log: supervisor.NewRingLog(100, 1<<16)} }
+
+func mustLookup(t *testing.T, name string) platform.Platform {
+	t.Helper()
+	p, err := platform.Lookup(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}

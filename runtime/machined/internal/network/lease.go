@@ -1,6 +1,7 @@
 package network
 
 import (
+	"fmt"
 	"net"
 	"sort"
 	"syscall"
@@ -177,7 +178,11 @@ func (n *Network) applyLease(ifc net.Interface, l dhcp.Lease, renewed bool) {
 	}
 	n.record(ifc.Name, addr.String())
 	if changed {
-		n.say("network: %s: %s via DHCP (routes %s, mtu %d, lease %s)", ifc.Name, addr, routesText(routes), l.MTU, l.Lease)
+		mtu := ""
+		if l.MTU > 0 {
+			mtu = fmt.Sprintf(", mtu %d", l.MTU)
+		}
+		n.say("network: %s: %s via DHCP (routes %s%s, lease %s)", ifc.Name, addr, routesText(routes), mtu, l.Lease)
 	}
 	n.setDNS(ipStrings(l.DNS), false)
 }

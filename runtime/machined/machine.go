@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -337,7 +338,7 @@ func (m *machine) Status() interface{} {
 	var addrs map[string][]string
 	var leases map[string]network.LeaseInfo
 	if m.net != nil {
-		addrs, leases = m.net.Addresses(), m.net.Leases()
+		addrs, leases = kernelAddresses(), m.net.Leases()
 	}
 	return map[string]interface{}{
 		"version":        m.version,
@@ -355,6 +356,26 @@ func (m *machine) Status() interface{} {
 		"platform":       m.platform.status(),
 		"time":           m.timeStatus(),
 	}
+}
+
+// kernelAddresses is every address the kernel has on each interface but lo: what machined set,
+// what DHCP gave, and what the kernel made itself (IPv6 SLAAC and link-local addresses).
+func kernelAddresses() map[string][]string {
+	out := map[string][]string{}
+	ifaces, err := net.Interfaces()
+	if err != nil {
+		return out
+	}
+	for _, iface := range ifaces {
+		addrs, err := iface.Addrs()
+		if err != nil || iface.Flags&net.FlagLoopback != 0 {
+			continue
+		}
+		for _, addr := range addrs {
+			out[iface.Name] = append(out[iface.Name], addr.String())
+		}
+	}
+	return out
 }
 
 func (m *machine) timeStatus() interface{} {

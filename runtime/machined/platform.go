@@ -84,6 +84,7 @@ func (m *machine) fetchPlatform() {
 	}
 	if needsNetwork(impl.Name()) {
 		m.net.Configure(network.NetworkConfig{}, 10*time.Second) // DHCP everywhere, to reach the metadata service
+		m.linkLocalWithoutDHCP()
 	}
 	m.platform.env = platform.Env{ReadDrive: readPlatformDrive}
 	start := time.Now()
@@ -98,6 +99,47 @@ func (m *machine) fetchPlatform() {
 		return
 	}
 	m.con.printf("platform: %s: %s (%d ms)", impl.Name(), facts.Source, time.Since(start).Milliseconds())
+}
+
+// linkLocalWithoutDHCP gives the first Ethernet interface a link-local IPv4 address when DHCP
+// gave none, since the metadata service at 169.254.169.254 is on-link: on platforms that
+// describe a static network (DigitalOcean) that is how the description is read at all.
+func (m *machine) linkLocalWithoutDHCP() {
+	addrs := kernelAddresses()
+	for _, found := range addrs {
+		for _, a := range found {
+			if ip, _, err := net.ParseCIDR(a); err == nil && ip.To4() != nil {
+				return
+			}
+		}
+	}
+	ifaces, err := net.Interfaces()
+	if err != nil {
+		return
+	}
+	for _, iface := range ifaces {
+		if iface.Flags&net.FlagLoopback != 0 || len(iface.HardwareAddr) != 6 {
+			continue
+		}
+		address := linkLocalFor(iface.HardwareAddr)
+		m.con.printf("platform: no DHCP lease; %s takes %s to reach the metadata service", iface.Name, address)
+		dhcp := true
+		m.net.Configure(network.NetworkConfig{Interfaces: []network.InterfaceConfig{
+			{Name: iface.Name, Addresses: []string{address}, DHCP: &dhcp},
+		}}, time.Second)
+		return
+	}
+}
+
+// linkLocalFor derives a stable 169.254.0.0/16 address from a MAC, away from the reserved first
+// and last /24 (RFC 3927) and from the metadata address itself.
+func linkLocalFor(mac net.HardwareAddr) string {
+	third := 1 + int(mac[4])%253 // 1..253
+	if third == 169 {
+		third = 170
+	}
+	fourth := 1 + int(mac[5])%254 // 1..254
+	return fmt.Sprintf("169.254.%d.%d/16", third, fourth)
 }
 
 // applyPlatform fills what the config left open from the platform's facts: the config itself

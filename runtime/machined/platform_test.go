@@ -1,6 +1,7 @@
 package main
 
 import (
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -125,4 +126,28 @@ func mustLookup(t *testing.T, name string) platform.Platform {
 		t.Fatal(err)
 	}
 	return p
+}
+
+func TestLinkLocalAddressesStayOutOfReservedRanges(t *testing.T) {
+	seen := map[string]bool{}
+	for _, mac := range []string{"52:54:00:12:34:56", "00:00:00:00:00:00", "ff:ff:ff:ff:ff:ff", "02:00:00:00:a8:fe", "02:00:00:00:fe:fe"} {
+		hw, _ := net.ParseMAC(mac)
+		address := linkLocalFor(hw)
+		ip, ipnet, err := net.ParseCIDR(address)
+		if err != nil || ipnet.String() != "169.254.0.0/16" {
+			t.Fatalf("%s: %s (%v)", mac, address, err)
+		}
+		v4 := ip.To4()
+		if v4[2] == 0 || v4[2] == 255 || v4[2] == 169 || v4[3] == 0 || v4[3] == 255 {
+			t.Errorf("%s: %s is reserved or the metadata /24", mac, address)
+		}
+		seen[address] = true
+	}
+	if len(seen) < 4 {
+		t.Errorf("addresses do not follow the MAC: %v", seen)
+	}
+	cfg := network.NetworkConfig{Interfaces: []network.InterfaceConfig{{Name: "eth0", Addresses: []string{linkLocalFor(net.HardwareAddr{2, 0, 0, 0, 1, 2})}}}}
+	if err := cfg.Validate(); err != nil {
+		t.Errorf("the address does not validate: %v", err)
+	}
 }

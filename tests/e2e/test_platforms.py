@@ -318,6 +318,10 @@ def test_the_cloud_image_takes_its_config_and_name_from_its_cloud(
             assert ready.endswith(f" platform={platform}"), ready
             context = client_context(pki, "admin")
             status = eventually(lambda: json.loads(request(port, context, "GET", "/v1/status")[1]), ready_service)
+            addresses = [a for found in status["addresses"].values() for a in found]
+            assert "168.0.0.15/7" in addresses, addresses
+            # IPv6 is the kernel's SLAAC, from the router advertisements of QEMU's user network (fec0::/64)
+            status = eventually(lambda: json.loads(request(port, context, "GET", "/v1/status")[1]), has_slaac)
             assert status["hostname"].split(".")[0] == f"kiln-{platform}", status  # aws and gcp give FQDNs
             assert status["platform"]["name"] == platform and not status["platform"]["error"], status["platform"]
             assert status["config"] == f"{platform}:user-data" or platform == "nocloud", status["config"]
@@ -331,6 +335,10 @@ def test_the_cloud_image_takes_its_config_and_name_from_its_cloud(
         finally:
             thread.join(BOOT_TIMEOUT)
     assert results and results[0].exit_code == 0, "the guest did not power off"
+
+
+def has_slaac(status: dict[str, Any]) -> bool:
+    return any(a.startswith("fec0::") for found in status["addresses"].values() for a in found)
 
 
 def ready_service(status: dict[str, Any]) -> bool:

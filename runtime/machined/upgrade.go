@@ -192,7 +192,9 @@ func (m *machine) runUpgrade(req upgradeRequest, slot string) {
 	stopped, err := m.pullAndInstall(req, slot)
 	if err == nil {
 		m.upgrades.update(func(s *upgradeStatus) { s.State = upgradeRebooting })
-		m.con.printf("upgrade: slot %s holds %s and is on trial; rebooting", slot, m.upgrades.snapshot().Version)
+		done := m.upgrades.snapshot()
+		m.con.printf("upgrade: slot %s holds %s and is on trial; rebooting (pull %.1f s, install %.1f s)",
+			slot, done.Version, done.PullSeconds, done.InstallSeconds)
 		m.Power(actionReboot)
 		return
 	}

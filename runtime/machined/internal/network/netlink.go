@@ -98,20 +98,14 @@ func (c *netlinkConn) linkUp(index int) error {
 
 // addAddress adds (or refreshes) an IPv4 address with its broadcast address.
 func (c *netlinkConn) addAddress(index int, ipnet *net.IPNet) error {
-	ip4 := ipnet.IP.To4()
-	if ip4 == nil {
-		return fmt.Errorf("%s is not IPv4", ipnet)
+	body, ip4, ones, err := addressMessage(index, ipnet)
+	if err != nil {
+		return err
 	}
-	ones, _ := ipnet.Mask.Size()
-	body := make([]byte, syscall.SizeofIfAddrmsg)
-	body[0] = syscall.AF_INET
-	body[1] = byte(ones)
 	body[3] = syscall.RT_SCOPE_UNIVERSE
 	if ip4[0] == 127 {
 		body[3] = syscall.RT_SCOPE_HOST
 	}
-	hostEndian.PutUint32(body[4:], uint32(index))
-	body = attr(body, syscall.IFA_LOCAL, ip4)
 	body = attr(body, syscall.IFA_ADDRESS, ip4)
 	bcast := make(net.IP, 4)
 	mask := net.IP(ipnet.Mask).To4()
@@ -187,17 +181,26 @@ func routeMessage(index int, r route) ([]byte, error) {
 
 // delAddress removes an address (a lease that expired or moved).
 func (c *netlinkConn) delAddress(index int, ipnet *net.IPNet) error {
-	ip4 := ipnet.IP.To4()
-	if ip4 == nil {
-		return fmt.Errorf("%s is not IPv4", ipnet)
+	body, _, _, err := addressMessage(index, ipnet)
+	if err != nil {
+		return err
 	}
-	ones, _ := ipnet.Mask.Size()
-	body := make([]byte, syscall.SizeofIfAddrmsg)
+	return c.request(syscall.RTM_DELADDR, 0, body)
+}
+
+// addressMessage is the ifaddrmsg (family, prefix length, interface) and IFA_LOCAL that
+// adding and removing an IPv4 address share.
+func addressMessage(index int, ipnet *net.IPNet) (body []byte, ip4 net.IP, ones int, err error) {
+	ip4 = ipnet.IP.To4()
+	if ip4 == nil {
+		return nil, nil, 0, fmt.Errorf("%s is not IPv4", ipnet)
+	}
+	ones, _ = ipnet.Mask.Size()
+	body = make([]byte, syscall.SizeofIfAddrmsg)
 	body[0] = syscall.AF_INET
 	body[1] = byte(ones)
 	hostEndian.PutUint32(body[4:], uint32(index))
-	body = attr(body, syscall.IFA_LOCAL, ip4)
-	return c.request(syscall.RTM_DELADDR, 0, body)
+	return attr(body, syscall.IFA_LOCAL, ip4), ip4, ones, nil
 }
 
 // setMTU sets the interface's MTU (IFLA_MTU), as DHCP option 26 or the config asks.

@@ -100,7 +100,7 @@ func TestConfigValidation(t *testing.T) {
 		"version: 2\n":                   "version 2",
 		"install: {disk: vda}\n":         "want a device path",
 		"install: {filesystem: btrfs}\n": "want ext4 or xfs",
-		"network: {interfaces: [{name: eth0, addresses: [10.0.0.1]}]}\n": "want IPv4 CIDR",
+		"network: {interfaces: [{name: eth0, addresses: [10.0.0.1]}]}\n": "want a CIDR",
 		"network: {interfaces: [{name: eth0, gateway: 10.0.0.1}]}\n":     "needs a static address",
 		"network: {nameservers: [dns.example]}\n":                        "not an IP address",
 		"services: [{name: a, command: rel/path}]\n":                     "absolute path",

@@ -162,7 +162,7 @@ func (m *machine) applyPlatform() {
 	if len(m.cfg.Network.Interfaces) == 0 && facts.Network != nil {
 		m.cfg.Network.Interfaces = platformInterfaces(facts.Network, m.con.printf)
 		if len(m.cfg.Network.Nameservers) == 0 {
-			m.cfg.Network.Nameservers = ipv4Only(facts.Network.Nameservers)
+			m.cfg.Network.Nameservers = facts.Network.Nameservers
 		}
 		if err := m.cfg.Network.Validate(); err != nil {
 			m.con.printf("platform: %s: its network facts are not usable (%v); DHCP everywhere", m.platform.name(), err)
@@ -180,7 +180,8 @@ func shortHostname(name string) string {
 }
 
 // platformInterfaces maps the platform's NICs (by MAC, or by name) onto this machine's
-// interfaces. IPv6 addresses are left to the kernel's SLAAC: machined configures IPv4.
+// interfaces, IPv4 and IPv6 alike: an IPv6 default route comes as a route to ::/0, often via
+// a link-local gateway such as fe80::1.
 func platformInterfaces(facts *platform.Network, say func(string, ...interface{})) []network.InterfaceConfig {
 	byMAC := map[string]string{}
 	if ifaces, err := net.Interfaces(); err == nil {
@@ -198,29 +199,16 @@ func platformInterfaces(facts *platform.Network, say func(string, ...interface{}
 			say("platform: no interface has MAC %s; skipped", nic.MAC)
 			continue
 		}
-		ic := network.InterfaceConfig{Name: name, Addresses: ipv4Only(nic.Addresses), MTU: nic.MTU}
+		ic := network.InterfaceConfig{Name: name, Addresses: nic.Addresses, MTU: nic.MTU}
 		dhcp := nic.DHCP || len(ic.Addresses) == 0
 		ic.DHCP = &dhcp
 		if len(ic.Addresses) > 0 {
 			ic.Gateway = nic.Gateway
 		}
 		for _, route := range nic.Routes {
-			if strings.Contains(route.To, ":") || strings.Contains(route.Via, ":") {
-				continue
-			}
 			ic.Routes = append(ic.Routes, network.RouteConfig{To: route.To, Via: route.Via})
 		}
 		out = append(out, ic)
-	}
-	return out
-}
-
-func ipv4Only(values []string) []string {
-	var out []string
-	for _, v := range values {
-		if !strings.Contains(v, ":") {
-			out = append(out, v)
-		}
 	}
 	return out
 }

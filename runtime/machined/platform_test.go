@@ -51,7 +51,7 @@ func TestDriveFilesAreRegularFilesUnderTheMountOnly(t *testing.T) {
 	}
 }
 
-func TestPlatformNetworkMapsIPv4ByNameAndSkipsUnknownMACs(t *testing.T) {
+func TestPlatformNetworkMapsIPv4AndIPv6ByNameAndSkipsUnknownMACs(t *testing.T) {
 	var said []string
 	say := func(format string, args ...interface{}) { said = append(said, format) }
 	got := platformInterfaces(&platform.Network{Interfaces: []platform.Interface{
@@ -64,8 +64,9 @@ func TestPlatformNetworkMapsIPv4ByNameAndSkipsUnknownMACs(t *testing.T) {
 		t.Fatalf("interfaces %+v, console %v", got, said)
 	}
 	eth0 := got[0]
-	if eth0.Name != "eth0" || strings.Join(eth0.Addresses, ",") != "192.0.2.10/24" || eth0.Gateway != "192.0.2.1" ||
-		eth0.MTU != 1460 || eth0.UsesDHCP() || len(eth0.Routes) != 1 || eth0.Routes[0].Via != "192.0.2.254" {
+	if eth0.Name != "eth0" || strings.Join(eth0.Addresses, ",") != "192.0.2.10/24,2001:db8::10/64" || eth0.Gateway != "192.0.2.1" ||
+		eth0.MTU != 1460 || eth0.UsesDHCP() || eth0.UsesDHCP6() || len(eth0.Routes) != 2 || eth0.Routes[0].Via != "192.0.2.254" ||
+		eth0.Routes[1] != (network.RouteConfig{To: "::/0", Via: "fe80::1"}) {
 		t.Errorf("eth0: %+v", eth0)
 	}
 	if !got[1].UsesDHCP() {

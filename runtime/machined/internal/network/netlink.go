@@ -7,8 +7,8 @@ import (
 	"syscall"
 )
 
-// A few rtnetlink requests (rtnetlink(7)): link up and MTU, add and remove addresses and
-// routes. That is all machined's network setup needs, and the standard library has the
+// A few rtnetlink requests (rtnetlink(7)): link up and MTU, add and remove IPv4 and IPv6
+// addresses and routes. That is all machined's network setup needs, and the standard library has the
 // socket but no messages. Netlink is host-endian; Kiln's architectures (amd64, arm64) are little.
 
 var hostEndian = binary.LittleEndian
@@ -96,8 +96,16 @@ func (c *netlinkConn) linkUp(index int) error {
 	return c.request(syscall.RTM_NEWLINK, 0, body)
 }
 
-// addAddress adds (or refreshes) an IPv4 address with its broadcast address.
+// addAddress adds (or refreshes) an IPv4 address with its broadcast address, or an IPv6
+// address (with duplicate address detection, as the kernel does it by default).
 func (c *netlinkConn) addAddress(index int, ipnet *net.IPNet) error {
+	if ipnet.IP.To4() == nil {
+		body, err := addressMessage6(index, ipnet)
+		if err != nil {
+			return err
+		}
+		return c.request(syscall.RTM_NEWADDR, syscall.NLM_F_CREATE|syscall.NLM_F_REPLACE, body)
+	}
 	body, ip4, ones, err := addressMessage(index, ipnet)
 	if err != nil {
 		return err
@@ -152,6 +160,9 @@ func (c *netlinkConn) delRoute(index int, r route) error {
 // routeMessage is an rtmsg with the destination, the gateway (none: on-link, scope link)
 // and the output interface.
 func routeMessage(index int, r route) ([]byte, error) {
+	if r.v6() {
+		return routeMessage6(index, r)
+	}
 	dst := r.dst.IP.To4()
 	ones, bits := r.dst.Mask.Size()
 	if dst == nil || bits != 32 {
@@ -181,6 +192,13 @@ func routeMessage(index int, r route) ([]byte, error) {
 
 // delAddress removes an address (a lease that expired or moved).
 func (c *netlinkConn) delAddress(index int, ipnet *net.IPNet) error {
+	if ipnet.IP.To4() == nil {
+		body, err := addressMessage6(index, ipnet)
+		if err != nil {
+			return err
+		}
+		return c.request(syscall.RTM_DELADDR, 0, body)
+	}
 	body, _, _, err := addressMessage(index, ipnet)
 	if err != nil {
 		return err
@@ -201,6 +219,51 @@ func addressMessage(index int, ipnet *net.IPNet) (body []byte, ip4 net.IP, ones 
 	body[1] = byte(ones)
 	hostEndian.PutUint32(body[4:], uint32(index))
 	return attr(body, syscall.IFA_LOCAL, ip4), ip4, ones, nil
+}
+
+// addressMessage6 is the ifaddrmsg and the address for IPv6. The kernel reads an IPv6
+// address from IFA_ADDRESS (IFA_LOCAL would name a point-to-point peer as well); the scope
+// follows from the address.
+func addressMessage6(index int, ipnet *net.IPNet) ([]byte, error) {
+	ip6 := ipnet.IP.To16()
+	ones, bits := ipnet.Mask.Size()
+	if ip6 == nil || ipnet.IP.To4() != nil || bits != 128 {
+		return nil, fmt.Errorf("%s is not an IPv6 prefix", ipnet)
+	}
+	body := make([]byte, syscall.SizeofIfAddrmsg)
+	body[0] = syscall.AF_INET6
+	body[1] = byte(ones)
+	body[3] = syscall.RT_SCOPE_UNIVERSE
+	hostEndian.PutUint32(body[4:], uint32(index))
+	return attr(body, syscall.IFA_ADDRESS, ip6), nil
+}
+
+// routeMessage6 is routeMessage for IPv6: 16-byte destination and gateway (which may be
+// link-local: RTA_OIF says on which link).
+func routeMessage6(index int, r route) ([]byte, error) {
+	ones, bits := r.dst.Mask.Size()
+	if r.dst.IP.To16() == nil || bits != 128 {
+		return nil, fmt.Errorf("route to %s: not an IPv6 prefix", r.dst.String())
+	}
+	body := make([]byte, syscall.SizeofRtMsg)
+	body[0] = syscall.AF_INET6
+	body[1] = byte(ones)
+	body[4] = syscall.RT_TABLE_MAIN
+	body[5] = r.proto
+	body[6] = syscall.RT_SCOPE_UNIVERSE
+	body[7] = syscall.RTN_UNICAST
+	if ones > 0 {
+		body = attr(body, syscall.RTA_DST, r.dst.IP.To16())
+	}
+	if r.gw != nil {
+		if r.gw.To4() != nil || r.gw.To16() == nil {
+			return nil, fmt.Errorf("gateway %s is not IPv6", r.gw)
+		}
+		body = attr(body, syscall.RTA_GATEWAY, r.gw.To16())
+	}
+	oif := make([]byte, 4)
+	hostEndian.PutUint32(oif, uint32(index))
+	return attr(body, syscall.RTA_OIF, oif), nil
 }
 
 // setMTU sets the interface's MTU (IFLA_MTU), as DHCP option 26 or the config asks.

@@ -269,3 +269,144 @@ func addrsString(addrs []net.Addr) string {
 	}
 	return strings.Join(s, " ")
 }
+
+// IPv6 addresses and routes against a real kernel: a static address, a default route via a
+// link-local gateway, a route via a global gateway behind its host route, replacing and
+// deleting them. Both veth ends are up, so the address leaves DAD's tentative state.
+func TestNetlinkIPv6InANetworkNamespace(t *testing.T) {
+	inNetns(t, func(nl *netlinkConn) {
+		ifc := addVeth(t, nl, "kd0", "kd0p")
+		peer, err := net.InterfaceByName("kd0p")
+		if ifc == nil || err != nil {
+			t.Error(err)
+			return
+		}
+		for _, i := range []int{ifc.Index, peer.Index} {
+			if err := nl.linkUp(i); err != nil {
+				t.Error(err)
+			}
+		}
+		_, p, _ := net.ParseCIDR("2001:db8:5::10/64")
+		addr := &net.IPNet{IP: net.ParseIP("2001:db8:5::10"), Mask: p.Mask}
+		host := &net.IPNet{IP: net.ParseIP("2001:db8:6::7"), Mask: net.CIDRMask(128, 128)}
+		def := RouteConfig{To: "::/0", Via: "fe80::1"}
+		far := RouteConfig{To: "2001:db8:7::/48", Via: "2001:db8:9::1"}
+		steps := []struct {
+			name string
+			err  error
+			want syscall.Errno
+		}{
+			{"address", nl.addAddress(ifc.Index, addr), 0},
+			{"address again", nl.addAddress(ifc.Index, addr), 0},
+			{"a /128", nl.addAddress(ifc.Index, host), 0},
+			{"default via link-local", nl.addRoute(ifc.Index, mustRoute(t, def)), 0},
+			{"default again", nl.addRoute(ifc.Index, mustRoute(t, def)), 0},
+			{"gateway before its host route", nl.addRoute(ifc.Index, mustRoute(t, far)), syscall.EHOSTUNREACH},
+			{"host route", nl.addRoute(ifc.Index, hostRoute(net.ParseIP("2001:db8:9::1"), rtprotStatic)), 0},
+			{"via the global gateway", nl.addRoute(ifc.Index, mustRoute(t, far)), 0},
+			{"delete with another protocol", nl.delRoute(ifc.Index, route{dst: mustRoute(t, def).dst, gw: net.ParseIP("fe80::1"), proto: rtprotDHCP}), syscall.ESRCH},
+			{"delete with another gateway", nl.delRoute(ifc.Index, mustRoute(t, RouteConfig{To: "::/0", Via: "fe80::2"})), syscall.ESRCH},
+		}
+		for _, s := range steps {
+			if errno, _ := s.err.(syscall.Errno); s.err != nil && errno != s.want || s.err == nil && s.want != 0 {
+				t.Errorf("%s: %v, want %v", s.name, s.err, s.want)
+			}
+		}
+		got := kernelRoutes6(t, "kd0")
+		for _, want := range []string{"::/0 via fe80::1", "2001:db8:5::/64 on-link", "2001:db8:9::1/128 on-link", "2001:db8:7::/48 via 2001:db8:9::1"} {
+			if !contains(got, want) {
+				t.Errorf("no route %q in %q", want, got)
+			}
+		}
+		addrs, _ := ifc.Addrs()
+		if s := addrsString(addrs); !strings.Contains(s, "2001:db8:5::10/64") || !strings.Contains(s, "2001:db8:6::7/128") {
+			t.Errorf("addresses %s", s)
+		}
+		if err := nl.delRoute(ifc.Index, mustRoute(t, def)); err != nil {
+			t.Errorf("delete: %v", err)
+		}
+		if got := kernelRoutes6(t, "kd0"); contains(got, "::/0 via fe80::1") {
+			t.Errorf("default route left: %q", got)
+		}
+		if err := nl.delAddress(ifc.Index, host); err != nil {
+			t.Errorf("delete address: %v", err)
+		}
+		if err := nl.delAddress(ifc.Index, host); err != syscall.EADDRNOTAVAIL {
+			t.Errorf("delete address again: %v, want EADDRNOTAVAIL", err)
+		}
+		if addrs, _ := ifc.Addrs(); strings.Contains(addrsString(addrs), "2001:db8:6::7") {
+			t.Errorf("address left: %v", addrs)
+		}
+	})
+}
+
+// Configure with static IPv4 and IPv6 addresses and an IPv6 default route via a link-local
+// gateway, as DigitalOcean, Hetzner and Vultr describe their machines.
+func TestConfigureStaticIPv6InANetworkNamespace(t *testing.T) {
+	inNetns(t, func(nl *netlinkConn) {
+		if addVeth(t, nl, "kd0", "kd0p") == nil {
+			return
+		}
+		peer, _ := net.InterfaceByName("kd0p")
+		_ = nl.linkUp(peer.Index)
+		n := New(t.Logf)
+		n.resolvConf = filepath.Join(t.TempDir(), "resolv.conf")
+		n.Configure(NetworkConfig{Interfaces: []InterfaceConfig{{Name: "kd0", Addresses: []string{"192.0.2.10/24", "2001:db8:5::10/64"},
+			Gateway: "192.0.2.1", Routes: []RouteConfig{{To: "::/0", Via: "fe80::1"}}}}, Nameservers: []string{"2001:db8::53", "192.0.2.53"}}, time.Second)
+		if got := kernelRoutes6(t, "kd0"); !contains(got, "::/0 via fe80::1") || !contains(got, "2001:db8:5::/64 on-link") {
+			t.Errorf("IPv6 routes %q", got)
+		}
+		if got := kernelRoutes(t, "kd0"); !contains(got, "0.0.0.0/0 via 192.0.2.1") {
+			t.Errorf("IPv4 routes %q", got)
+		}
+		if got := n.Addresses()["kd0"]; strings.Join(got, " ") != "192.0.2.10/24 2001:db8:5::10/64" {
+			t.Errorf("addresses %v", got)
+		}
+		if data, _ := os.ReadFile(n.resolvConf); string(data) != "nameserver 2001:db8::53\nnameserver 192.0.2.53\n" {
+			t.Errorf("resolv.conf %q", data)
+		}
+	})
+}
+
+func mustRoute(t *testing.T, rc RouteConfig) route {
+	r, err := rc.parse(rtprotStatic)
+	if err != nil {
+		t.Error(err)
+	}
+	return r
+}
+
+// kernelRoutes6 reads the calling thread's IPv6 routes for one interface (every table, so
+// the local table's entries are there too), as "dst/len via gw" or "dst/len on-link".
+func kernelRoutes6(t *testing.T, ifname string) []string {
+	data, err := os.ReadFile("/proc/thread-self/net/ipv6_route")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, line := range strings.Split(string(data), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 10 || f[9] != ifname {
+			continue
+		}
+		ones, _ := strconv.ParseUint(f[1], 16, 8)
+		s := fmt.Sprintf("%s/%d on-link", hexIP6(f[0]), ones)
+		if gw := hexIP6(f[4]); !gw.IsUnspecified() {
+			s = fmt.Sprintf("%s/%d via %s", hexIP6(f[0]), ones, gw)
+		}
+		out = append(out, s)
+	}
+	sort.Strings(out)
+	return out
+}
+
+func hexIP6(h string) net.IP {
+	ip := make(net.IP, 16)
+	for i := range ip {
+		if 2*i+2 <= len(h) {
+			v, _ := strconv.ParseUint(h[2*i:2*i+2], 16, 8)
+			ip[i] = byte(v)
+		}
+	}
+	return ip
+}

@@ -7,21 +7,23 @@ import (
 	"kiln/machined/internal/dhcp"
 )
 
-// route is one IPv4 route through an interface.
+// route is one IPv4 or IPv6 route through an interface (dst.IP and gw: 4 bytes for IPv4, 16 for IPv6).
 type route struct {
 	dst   net.IPNet
 	gw    net.IP // nil: on-link
 	proto byte   // rtprotStatic or rtprotDHCP: whose route it is
 }
 
-// scope is link for an on-link route and universe for one through a gateway, as the
-// kernel expects.
+// scope is link for an on-link IPv4 route and universe for one through a gateway, as the
+// kernel expects; IPv6 routes are all universe.
 func (r route) scope() byte {
-	if r.gw == nil {
+	if r.gw == nil && !r.v6() {
 		return syscall.RT_SCOPE_LINK
 	}
 	return syscall.RT_SCOPE_UNIVERSE
 }
+
+func (r route) v6() bool { return r.dst.IP.To4() == nil }
 
 func (r route) String() string {
 	if r.gw == nil {
@@ -39,9 +41,12 @@ func (r route) config() RouteConfig {
 	return rc
 }
 
-// hostRoute is an on-link /32 to ip.
+// hostRoute is an on-link /32 (IPv6: /128) to ip.
 func hostRoute(ip net.IP, proto byte) route {
-	return route{dst: net.IPNet{IP: ip.To4(), Mask: net.CIDRMask(32, 32)}, proto: proto}
+	if ip4 := ip.To4(); ip4 != nil {
+		return route{dst: net.IPNet{IP: ip4, Mask: net.CIDRMask(32, 32)}, proto: proto}
+	}
+	return route{dst: net.IPNet{IP: ip.To16(), Mask: net.CIDRMask(128, 128)}, proto: proto}
 }
 
 // defaultRoute is 0.0.0.0/0 via gw.
@@ -87,8 +92,12 @@ func planRoutes(prefixes []net.IPNet, routes []route) []route {
 	return append(plan, viaGateway...)
 }
 
-// onLink says whether ip is inside one of the prefixes or the on-link routes.
+// onLink says whether ip is inside one of the prefixes or the on-link routes, or is an IPv6
+// link-local address (every IPv6 interface has fe80::/64 on the link).
 func onLink(ip net.IP, prefixes []net.IPNet, routes []route) bool {
+	if ip.To4() == nil && ip.IsLinkLocalUnicast() {
+		return true
+	}
 	for _, p := range prefixes {
 		if p.Contains(ip) {
 			return true

@@ -87,7 +87,18 @@ func TestValidateRoutesAndMTU(t *testing.T) {
 		{InterfaceConfig{Name: "eth0", MTU: 65536}, "mtu 65536"},
 		{InterfaceConfig{Name: "eth0", Routes: []RouteConfig{{To: "10.0.0.0"}}}, "routes[0]: to \"10.0.0.0\""},
 		{InterfaceConfig{Name: "eth0", Routes: []RouteConfig{{To: "10.0.0.1/8"}}}, "want the network address, 10.0.0.0/8"},
-		{InterfaceConfig{Name: "eth0", Routes: []RouteConfig{{To: "2001:db8::/32"}}}, "IPv4 CIDR"},
+		{InterfaceConfig{Name: "eth0", Routes: []RouteConfig{{To: "::ffff:10.0.0.0/104"}}}, "IPv4-mapped"},
+		{InterfaceConfig{Name: "eth0", Routes: []RouteConfig{{To: "ff02::/16"}}}, "multicast"},
+		{InterfaceConfig{Name: "eth0", Routes: []RouteConfig{{To: "2001:db8::1/32"}}}, "want the network address, 2001:db8::/32"},
+		{InterfaceConfig{Name: "eth0", Routes: []RouteConfig{{To: "::/0", Via: "10.0.0.1"}}}, "want an IPv6 address"},
+		{InterfaceConfig{Name: "eth0", Routes: []RouteConfig{{To: "::/0", Via: "ff02::2"}}}, "want an IPv6 address"},
+		{InterfaceConfig{Name: "eth0", Routes: []RouteConfig{{To: "::/0", Via: "::"}}}, "want an IPv6 address"},
+		{InterfaceConfig{Name: "eth0", Addresses: []string{"::ffff:192.0.2.1/128"}}, "IPv4-mapped"},
+		{InterfaceConfig{Name: "eth0", Addresses: []string{"ff02::1/64"}}, "multicast"},
+		{InterfaceConfig{Name: "eth0", Addresses: []string{"224.0.0.1/4"}}, "multicast"},
+		{InterfaceConfig{Name: "eth0", Addresses: []string{"::/64"}}, "unspecified"},
+		{InterfaceConfig{Name: "eth0", Addresses: []string{"2001:db8::10"}}, "no prefix length"},
+		{InterfaceConfig{Name: "eth0", Addresses: []string{"2001:db8::10/64"}, Gateway: "fe80::1"}, "not an IPv4 address"},
 		{InterfaceConfig{Name: "eth0", Routes: []RouteConfig{{To: "0.0.0.0/0", Via: "gateway"}}}, "via \"gateway\""},
 		{InterfaceConfig{Name: "eth0", Routes: []RouteConfig{{To: "0.0.0.0/0", Via: "0.0.0.0"}}}, "via \"0.0.0.0\""},
 		{InterfaceConfig{Name: "eth0", Routes: []RouteConfig{{To: "0.0.0.0/0", Via: "fe80::1"}}}, "want an IPv4 address"},
@@ -95,6 +106,38 @@ func TestValidateRoutesAndMTU(t *testing.T) {
 		cfg := NetworkConfig{Interfaces: []InterfaceConfig{c.ic}}
 		if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%+v: %v, want %q", c.ic, err, c.want)
+		}
+	}
+}
+
+func TestValidateIPv6(t *testing.T) {
+	ok := NetworkConfig{Interfaces: []InterfaceConfig{{Name: "eth0", Addresses: []string{"192.0.2.10/24", "2001:db8::10/64"},
+		Gateway: "192.0.2.1", Routes: []RouteConfig{{To: "::/0", Via: "fe80::1"}, {To: "2001:db8:1::/48", Via: "2001:db8::1"}, {To: "2001:db8:2::/48"}}}},
+		Nameservers: []string{"2001:4860:4860::8888", "8.8.8.8"}}
+	if err := ok.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	ic := ok.Interfaces[0]
+	if got := routesText(planRoutes(ic.staticPrefixes(), ic.staticRoutes())); got !=
+		"2001:db8:2::/48 on-link, 0.0.0.0/0 via 192.0.2.1, ::/0 via fe80::1, 2001:db8:1::/48 via 2001:db8::1" {
+		t.Fatal(got)
+	}
+	// a global gateway outside the prefixes gets its host route; a link-local one needs none
+	ic = InterfaceConfig{Name: "eth0", Addresses: []string{"2001:db8::10/128"}, Routes: []RouteConfig{{To: "::/0", Via: "2001:db8::1"}}}
+	if got := routesText(planRoutes(ic.staticPrefixes(), ic.staticRoutes())); got != "2001:db8::1/128 on-link, ::/0 via 2001:db8::1" {
+		t.Fatal(got)
+	}
+	if p := ic.staticPrefixes(); len(p) != 1 || len(p[0].IP) != 16 || p[0].String() != "2001:db8::10/128" {
+		t.Fatal(p)
+	}
+	yes, no := true, false
+	for _, c := range []struct {
+		ic   InterfaceConfig
+		want bool
+	}{{InterfaceConfig{}, true}, {InterfaceConfig{Addresses: []string{"2001:db8::10/64"}}, false},
+		{InterfaceConfig{DHCP6: &yes, Addresses: []string{"192.0.2.1/24"}}, true}, {InterfaceConfig{DHCP6: &no}, false}} {
+		if c.ic.UsesDHCP6() != c.want {
+			t.Errorf("%+v: UsesDHCP6 %v", c.ic, !c.want)
 		}
 	}
 }

@@ -1,0 +1,311 @@
+package dhcp6
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"hash/fnv"
+	"math/rand"
+	"net"
+	"time"
+
+	"kiln/machined/internal/dhcp"
+)
+
+// Retransmission parameters (RFC 8415 §7.6). SOL_MAX_RT is 3600 s there; machined asks every
+// two minutes at most, so that a server set up after the boot is found soon.
+const (
+	solTimeout = time.Second
+	solMaxRT   = 2 * time.Minute
+	reqTimeout = time.Second
+	reqMaxRT   = 30 * time.Second
+	renTimeout = 10 * time.Second
+	renMaxRT   = 600 * time.Second
+	// solicitFor bounds one SOLICIT conversation; the next gets a fresh socket.
+	solicitFor = 5 * time.Minute
+	// requestFor is about REQ_MAX_RC's ten REQUESTs before going back to SOLICIT.
+	requestFor = 90 * time.Second
+)
+
+var errNoAnswer = errors.New("no answer from a DHCPv6 server")
+
+// State is where the client is.
+type State int
+
+const (
+	Init       State = iota // no lease: soliciting servers
+	Requesting              // requesting an advertised address
+	Bound                   // holding a lease until T1
+	Renewing                // T1 to T2: RENEW to the lease's server
+	Rebinding               // T2 to the end of the valid lifetime: REBIND to any server
+)
+
+var stateNames = [...]string{Init: "init", Requesting: "requesting", Bound: "bound", Renewing: "renewing", Rebinding: "rebinding"}
+
+func (s State) String() string {
+	if s < 0 || int(s) >= len(stateNames) {
+		return "unknown"
+	}
+	return stateNames[s]
+}
+
+// Clock is internal/dhcp's: real time on the machine, a fake one in tests.
+type Clock = dhcp.Clock
+
+// Hooks tell the client's owner what changed; they run on Run's goroutine.
+type Hooks struct {
+	State func(State)
+	// Bound gets each lease acquired (renewed false) or extended (renewed true); an
+	// extended lease may carry another address, which then replaces the old one.
+	Bound func(l Lease, renewed bool)
+	// Lost says the lease expired or a server ended it: its address must go.
+	Lost func(l Lease, reason string)
+}
+
+// Client gets and keeps one IA_NA address for one interface.
+type Client struct {
+	MAC net.HardwareAddr
+	// Open (required) gives a transport for one exchange; no socket is held while bound.
+	Open  func() (Transport, error)
+	Clock Clock      // nil: real time
+	Rand  *rand.Rand // transaction ids and jitter; nil: seeded from the time and MAC
+	Hooks Hooks
+
+	clk  Clock
+	rng  *rand.Rand
+	duid []byte
+	iaid uint32
+}
+
+// Run gets a lease and keeps it until ctx ends.
+func (c *Client) Run(ctx context.Context) {
+	c.clk, c.rng = c.Clock, c.Rand
+	if c.clk == nil {
+		c.clk = dhcp.SystemClock()
+	}
+	if c.rng == nil {
+		h := fnv.New64a()
+		h.Write(c.MAC)
+		c.rng = rand.New(rand.NewSource(time.Now().UnixNano() ^ int64(h.Sum64())))
+	}
+	c.duid, c.iaid = duidLL(c.MAC), iaid(c.MAC)
+	for {
+		l, ok := c.acquire(ctx)
+		if !ok {
+			return
+		}
+		c.bound(l, false)
+		l, reason := c.hold(ctx, l)
+		if reason == "" {
+			return
+		}
+		c.lost(l, reason)
+	}
+}
+
+// acquire runs SOLICIT conversations until one gives a lease; false when ctx ended.
+func (c *Client) acquire(ctx context.Context) (Lease, bool) {
+	retry := c.backoff(solTimeout, solMaxRT)
+	for {
+		c.setState(Init)
+		l, err := c.solicit(ctx)
+		if ctx.Err() != nil {
+			return Lease{}, false
+		}
+		if err == nil {
+			return l, true
+		}
+		if err != errNoAnswer { // a refusal or no socket: not in a tight loop
+			c.clk.Sleep(ctx, retry.wait())
+		}
+	}
+}
+
+// solicit runs SOLICIT, ADVERTISE, REQUEST, REPLY. The first ADVERTISE with an address is
+// taken rather than collecting them for a second: clouds run one server.
+func (c *Client) solicit(ctx context.Context) (Lease, error) {
+	t, err := c.Open()
+	if err != nil {
+		return Lease{}, err
+	}
+	defer t.Close()
+	adv, _, err := c.ask(ctx, t, msgSolicit, []option{iaNA(c.iaid, nil)}, c.clk.Now().Add(solicitFor),
+		c.backoff(solTimeout, solMaxRT), c.answer(msgAdvertise, nil, false))
+	if err != nil {
+		return Lease{}, err
+	}
+	offered, err := leaseFrom(adv, c.iaid, c.clk.Now())
+	if err != nil {
+		return Lease{}, err
+	}
+	c.setState(Requesting)
+	server := offered.ServerID
+	opts := []option{{optServerID, server}, iaNA(c.iaid, offered.IP)}
+	reply, sent, err := c.ask(ctx, t, msgRequest, opts, c.clk.Now().Add(requestFor), c.backoff(reqTimeout, reqMaxRT),
+		c.answer(msgReply, server, true))
+	if err != nil {
+		return Lease{}, err
+	}
+	return leaseFrom(reply, c.iaid, sent)
+}
+
+// hold keeps a lease: BOUND until T1, then extend. It returns the last lease and why it
+// was lost, or no reason when ctx ended.
+func (c *Client) hold(ctx context.Context, l Lease) (Lease, string) {
+	for {
+		c.setState(Bound)
+		c.clk.Sleep(ctx, l.Start.Add(l.T1).Sub(c.clk.Now()))
+		if ctx.Err() != nil {
+			return l, ""
+		}
+		next, err := c.extend(ctx, l)
+		var refused statusError
+		switch {
+		case ctx.Err() != nil:
+			return l, ""
+		case err == nil:
+			c.bound(next, true)
+			l = next
+		case errors.As(err, &refused):
+			return l, "ended by the server: " + refused.Error()
+		default:
+			return l, "expired"
+		}
+	}
+}
+
+// extend sends RENEW to the lease's server until T2, then REBIND to any server until the
+// address's valid lifetime ends.
+func (c *Client) extend(ctx context.Context, l Lease) (Lease, error) {
+	c.setState(Renewing)
+	next, err := c.renew(ctx, l, msgRenew, l.Start.Add(l.T2))
+	if err != errNoAnswer || ctx.Err() != nil {
+		return next, err
+	}
+	c.setState(Rebinding)
+	return c.renew(ctx, l, msgRebind, l.Expiry())
+}
+
+// renew sends RENEW (naming the server) or REBIND (naming none) for the lease's address
+// until an answer or until.
+func (c *Client) renew(ctx context.Context, l Lease, msgType byte, until time.Time) (Lease, error) {
+	if !c.clk.Now().Before(until) {
+		return Lease{}, errNoAnswer
+	}
+	t, err := c.Open()
+	if err != nil {
+		c.clk.Sleep(ctx, until.Sub(c.clk.Now()))
+		return Lease{}, errNoAnswer
+	}
+	defer t.Close()
+	opts := []option{iaNA(c.iaid, l.IP)}
+	var server []byte
+	if msgType == msgRenew {
+		server = l.ServerID
+		opts = append([]option{{optServerID, server}}, opts...)
+	}
+	reply, sent, err := c.ask(ctx, t, msgType, opts, until, c.backoff(renTimeout, renMaxRT), c.answer(msgReply, server, true))
+	if err != nil {
+		return Lease{}, err
+	}
+	return leaseFrom(reply, c.iaid, sent)
+}
+
+// answer accepts a message of msgType for us (our client id), from server when one is
+// given, that gives an address or, when refusals count, ends the binding. Other answers
+// (UnspecFail, UseMulticast) are ignored and the client asks again.
+func (c *Client) answer(msgType byte, server []byte, refusals bool) func(message) bool {
+	return func(m message) bool {
+		if m.msgType != msgType || !bytes.Equal(m.get(optClientID), c.duid) {
+			return false
+		}
+		if server != nil && !bytes.Equal(m.get(optServerID), server) {
+			return false
+		}
+		_, err := leaseFrom(m, c.iaid, time.Time{})
+		var se statusError
+		return err == nil || refusals && errors.As(err, &se) && se.refusal()
+	}
+}
+
+// ask sends a message of msgType with opts (plus the client id, the option request and
+// the elapsed time), and again after each wait, until accept takes a reply with the
+// transaction id or the deadline passes. It returns the reply and when it first sent.
+func (c *Client) ask(ctx context.Context, t Transport, msgType byte, opts []option, deadline time.Time, b *backoff,
+	accept func(message) bool) (message, time.Time, error) {
+	xid := c.rng.Uint32() & 0xffffff
+	first := c.clk.Now()
+	for ctx.Err() == nil && c.clk.Now().Before(deadline) {
+		m := message{msgType: msgType, xid: xid, options: append([]option{{optClientID, c.duid}}, opts...)}
+		m.options = append(m.options, oro(), elapsed(int64(c.clk.Now().Sub(first))))
+		_ = t.Send(m.marshal()) // a failed send is a lost packet: wait, then send again
+		next := c.clk.Now().Add(b.wait())
+		if next.After(deadline) {
+			next = deadline
+		}
+		if reply, ok := c.await(ctx, t, xid, next, accept); ok {
+			return reply, first, nil
+		}
+	}
+	return message{}, first, errNoAnswer
+}
+
+// await reads replies until accept takes one with xid or until comes.
+func (c *Client) await(ctx context.Context, t Transport, xid uint32, until time.Time, accept func(message) bool) (message, bool) {
+	for ctx.Err() == nil && c.clk.Now().Before(until) {
+		data, err := t.Receive(until)
+		if err != nil {
+			c.clk.Sleep(ctx, until.Sub(c.clk.Now())) // a broken socket fails at once: do not spin
+			return message{}, false
+		}
+		if m, err := parseMessage(data); err == nil && m.xid == xid && accept(m) {
+			return m, true
+		}
+	}
+	return message{}, false
+}
+
+func (c *Client) setState(s State) {
+	if c.Hooks.State != nil {
+		c.Hooks.State(s)
+	}
+}
+
+func (c *Client) bound(l Lease, renewed bool) {
+	if c.Hooks.Bound != nil {
+		c.Hooks.Bound(l, renewed)
+	}
+}
+
+func (c *Client) lost(l Lease, reason string) {
+	if c.Hooks.Lost != nil {
+		c.Hooks.Lost(l, reason)
+	}
+}
+
+// backoff is RFC 8415 §15's schedule: RT starts at IRT and doubles up to MRT, each time
+// moved by up to a tenth either way.
+type backoff struct {
+	rt, mrt time.Duration
+	first   bool
+	rng     *rand.Rand
+}
+
+func (c *Client) backoff(irt, mrt time.Duration) *backoff {
+	return &backoff{rt: irt, mrt: mrt, first: true, rng: c.rng}
+}
+
+func (b *backoff) wait() time.Duration {
+	if !b.first {
+		b.rt *= 2
+	}
+	b.first = false
+	if b.rt > b.mrt {
+		b.rt = b.mrt
+	}
+	tenth := int64(b.rt / 10)
+	if tenth <= 0 {
+		return b.rt
+	}
+	return b.rt - time.Duration(tenth) + time.Duration(b.rng.Int63n(2*tenth+1))
+}

@@ -109,6 +109,79 @@ func TestDnsmasqClientHelper(t *testing.T) {
 	}
 }
 
+// helperIface6 names the interface TestDnsmasqDHCP6ClientHelper runs DHCPv6 on.
+const helperIface6 = "KILN_DNSMASQ6_HELPER_IFACE"
+
+// TestDHCP6AgainstDnsmasq runs machined's DHCPv6 client against dnsmasq over a veth pair
+// between two namespaces: SOLICIT, ADVERTISE, REQUEST, REPLY for a one-address range, the
+// address put on the interface as a /128, and the DNS server the reply names. dnsmasq's
+// T1 is half its shortest (two-minute) lease, so renewals are tested with a fake clock in
+// internal/dhcp6 instead.
+func TestDHCP6AgainstDnsmasq(t *testing.T) {
+	ip, dnsmasq := needNetnsTools(t)
+	tag := fmt.Sprintf("kiln6%d", os.Getpid()%100000)
+	srv, cli := tag+"s", tag+"c"
+	for _, ns := range []string{srv, cli} {
+		if out, err := exec.Command(ip, "netns", "add", ns).CombinedOutput(); err != nil {
+			t.Skipf("no named network namespaces here (%v): %s", err, out)
+		}
+		ns := ns
+		t.Cleanup(func() { _ = exec.Command(ip, "netns", "del", ns).Run() })
+	}
+	mustRun(t, ip, "-n", srv, "link", "add", "vs0", "type", "veth", "peer", "name", "vc0", "netns", cli)
+	mustRun(t, ip, "-n", srv, "addr", "add", "2001:db8:1::1/64", "dev", "vs0", "nodad")
+	mustRun(t, ip, "-n", srv, "link", "set", "vs0", "up")
+	logs := startDnsmasq(t, ip, dnsmasq, srv,
+		"--dhcp-range=2001:db8:1::100,2001:db8:1::100,64,2m",
+		"--dhcp-option=option6:dns-server,[2001:db8::53]")
+
+	began := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	helper := exec.CommandContext(ctx, ip, "netns", "exec", cli, os.Args[0], "-test.run=^TestDnsmasqDHCP6ClientHelper$", "-test.v", "-test.timeout=25s")
+	helper.Env = append(os.Environ(), helperIface6+"=vc0")
+	out, err := helper.CombinedOutput()
+	t.Logf("client (%s):\n%s", time.Since(began).Round(time.Millisecond), out)
+	if err != nil || !bytes.Contains(out, []byte("--- PASS: TestDnsmasqDHCP6ClientHelper")) {
+		t.Fatalf("the client in the namespace failed: %v\ndnsmasq:\n%s", err, logs())
+	}
+	if addr := mustRun(t, ip, "-n", cli, "-6", "addr", "show", "dev", "vc0"); !strings.Contains(addr, "inet6 2001:db8:1::100/128") {
+		t.Errorf("no 2001:db8:1::100/128:\n%s", addr)
+	}
+	if log := logs(); !strings.Contains(log, "DHCPADVERTISE(vs0) 2001:db8:1::100") || !strings.Contains(log, "DHCPREPLY(vs0) 2001:db8:1::100") {
+		t.Errorf("dnsmasq did not advertise and reply:\n%s", log)
+	}
+}
+
+// TestDnsmasqDHCP6ClientHelper is the client half of TestDHCP6AgainstDnsmasq, run inside
+// the client's namespace: DHCPv6 only, as configured with dhcp: false, dhcp6: true.
+func TestDnsmasqDHCP6ClientHelper(t *testing.T) {
+	ifname := os.Getenv(helperIface6)
+	if ifname == "" {
+		t.Skip("run by TestDHCP6AgainstDnsmasq inside its network namespace")
+	}
+	no, yes := false, true
+	n := New(t.Logf)
+	n.resolvConf = filepath.Join(t.TempDir(), "resolv.conf")
+	began := time.Now()
+	n.Configure(NetworkConfig{Interfaces: []InterfaceConfig{{Name: ifname, DHCP: &no, DHCP6: &yes}}}, 10*time.Second)
+	if d := time.Since(began); d > time.Second {
+		t.Errorf("Configure waited %s for DHCPv6", d)
+	}
+	waitFor(t, 15*time.Second, "a DHCPv6 lease", func() bool { return n.Leases()[ifname+"/dhcp6"].Address != "" })
+	t.Logf("DHCPv6 lease %s after Configure", time.Since(began).Round(time.Millisecond))
+	li := n.Leases()[ifname+"/dhcp6"]
+	if li.Address != "2001:db8:1::100/128" || li.State != "bound" || li.LeaseSeconds != 120 || !reflect.DeepEqual(li.DNS, []string{"2001:db8::53"}) {
+		t.Errorf("lease %+v", li)
+	}
+	if got := n.Addresses()[ifname]; !reflect.DeepEqual(got, []string{"2001:db8:1::100/128"}) {
+		t.Errorf("addresses %v", got)
+	}
+	if data, _ := os.ReadFile(n.resolvConf); string(data) != "nameserver 2001:db8::53\n" {
+		t.Errorf("resolv.conf %q", data)
+	}
+}
+
 // needNetnsTools skips unless the test runs as root with iproute2 and dnsmasq installed.
 func needNetnsTools(t *testing.T) (ip, dnsmasq string) {
 	t.Helper()
@@ -162,7 +235,7 @@ func startDnsmasq(t *testing.T, ip, dnsmasq, ns string, options ...string) func(
 			t.Fatalf("dnsmasq exited: %s\n%s", out, logs())
 		default:
 		}
-		return strings.Contains(logs(), "DHCP, IP range")
+		return strings.Contains(logs(), "IP range") // "DHCP, IP range" or "DHCPv6, IP range"
 	})
 	return logs
 }

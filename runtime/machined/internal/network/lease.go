@@ -39,13 +39,18 @@ type LeaseInfo struct {
 	Renewals         int           `json:"renewals"`
 }
 
-// Leases returns interface -> DHCP lease, for every interface that runs DHCP.
+// Leases returns interface -> DHCP lease, for every interface that runs DHCP, and
+// "interface/dhcp6" -> DHCPv6 lease (address, DNS, NTP, server DUID, valid lifetime) for
+// every interface that runs DHCPv6.
 func (n *Network) Leases() map[string]LeaseInfo {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	out := map[string]LeaseInfo{}
 	for name, link := range n.links {
 		out[name] = link.info(n.now())
+	}
+	for name, link := range n.links6 {
+		out[leaseKey6(name)] = link.info(n.now())
 	}
 	return out
 }
@@ -77,8 +82,8 @@ func (d *dhcpLink) info(now time.Time) LeaseInfo {
 	return li
 }
 
-// NTPServers are the NTP servers of all DHCP leases (option 42): interfaces in name order,
-// each server once.
+// NTPServers are the NTP servers of all DHCP leases (option 42), then those of the DHCPv6
+// leases (options 56 and 31): interfaces in name order, each server once.
 func (n *Network) NTPServers() []string {
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -91,6 +96,21 @@ func (n *Network) NTPServers() []string {
 	var out []string
 	for _, name := range names {
 		if l := n.links[name].lease; l != nil {
+			for _, s := range ipStrings(l.NTP) {
+				if !seen[s] {
+					seen[s] = true
+					out = append(out, s)
+				}
+			}
+		}
+	}
+	names = names[:0]
+	for name := range n.links6 {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		if l := n.links6[name].lease; l != nil {
 			for _, s := range ipStrings(l.NTP) {
 				if !seen[s] {
 					seen[s] = true

@@ -1,5 +1,5 @@
 // Package network brings machined's network up: loopback, then each configured interface
-// statically or by DHCP (internal/dhcp), with the MTU, addresses and routes set over
+// statically or by DHCP (internal/dhcp) and DHCPv6 (internal/dhcp6), with the MTU, addresses and routes set over
 // rtnetlink and the nameservers written to /run/resolv.conf. DHCP leases are kept for as
 // long as machined runs: renewed, replaced when they change, removed when they are lost.
 package network
@@ -38,6 +38,8 @@ type Network struct {
 	staticDNS  bool
 	dhcp       map[string]bool      // interfaces with a DHCP loop running
 	links      map[string]*dhcpLink // interface -> its DHCP state
+	dhcp6      map[string]bool      // interfaces with a DHCPv6 loop running
+	links6     map[string]*dhcp6Link
 	resolvConf string
 	openLinks  func() (linkOps, error) // rtnetlink; a recorder in tests
 	now        func() time.Time
@@ -46,7 +48,7 @@ type Network struct {
 // New returns a Network that reports on say; Configure brings the interfaces up.
 func New(say func(string, ...interface{})) *Network {
 	return &Network{say: say, addrs: map[string][]string{}, dhcp: map[string]bool{}, links: map[string]*dhcpLink{},
-		resolvConf: resolvConf, openLinks: openLinkOps, now: time.Now}
+		dhcp6: map[string]bool{}, links6: map[string]*dhcp6Link{}, resolvConf: resolvConf, openLinks: openLinkOps, now: time.Now}
 }
 
 // ethernetInterfaces lists /sys/class/net entries of type Ethernet (ARPHRD_ETHER).
@@ -100,7 +102,12 @@ func (n *Network) Configure(cfg NetworkConfig, wait time.Duration) {
 		n.mu.Lock()
 		running := n.dhcp[ic.Name]
 		n.dhcp[ic.Name] = n.dhcp[ic.Name] || ic.UsesDHCP()
+		running6 := n.dhcp6[ic.Name]
+		n.dhcp6[ic.Name] = n.dhcp6[ic.Name] || ic.UsesDHCP6()
 		n.mu.Unlock()
+		if ic.UsesDHCP6() && !running6 {
+			n.startDHCP6(*iface) // not waited for
+		}
 		if ic.UsesDHCP() && !running {
 			wg.Add(1)
 			first := make(chan struct{})

@@ -336,7 +336,8 @@ def test_md_holder_refused_even_with_wipe(machined: Path, image: Path, disk: Dis
 def test_kiln_install_exits_2_on_a_refused_disk(
     machined: Path, image: Path, disk: Disk, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
 ) -> None:
-    """`kiln install --image` with its package build replaced by the machined built here."""
+    """`kiln install --image` with its package build replaced by the machined built here (no graph is
+    loaded, so the steps that read it are replaced too)."""
     from types import SimpleNamespace
 
     from kiln import cli
@@ -344,6 +345,7 @@ def test_kiln_install_exits_2_on_a_refused_disk(
 
     monkeypatch.setattr(cli, "_load", lambda args: None)
     monkeypatch.setattr(imager, "check_packages", lambda profiles, graph: None)
+    monkeypatch.setattr(imager, "with_release_version", lambda profiles, graph: profiles)
     tree = machined.parent / "tree"
     (tree / "usr/sbin").mkdir(parents=True, exist_ok=True)
     if not (tree / "usr/sbin/machined").exists():

@@ -13,6 +13,23 @@ import (
 	"time"
 )
 
+// vethPair makes two network namespaces named after prefix and the test's PID (parallel runs
+// never collide), removed when the test ends, joined by a veth pair: vs0 in the server's, vc0
+// in the client's.
+func vethPair(t *testing.T, ip, prefix string) (srv, cli string) {
+	tag := fmt.Sprintf("%s%d", prefix, os.Getpid()%100000)
+	srv, cli = tag+"s", tag+"c"
+	for _, ns := range []string{srv, cli} {
+		if out, err := exec.Command(ip, "netns", "add", ns).CombinedOutput(); err != nil {
+			t.Skipf("no named network namespaces here (%v): %s", err, out)
+		}
+		ns := ns
+		t.Cleanup(func() { _ = exec.Command(ip, "netns", "del", ns).Run() })
+	}
+	mustRun(t, ip, "-n", srv, "link", "add", "vs0", "type", "veth", "peer", "name", "vc0", "netns", cli)
+	return srv, cli
+}
+
 // helperIface names the interface TestDnsmasqClientHelper runs DHCP on; it is set only when
 // TestDHCPAgainstDnsmasq runs this test binary again inside the client's namespace.
 const helperIface = "KILN_DNSMASQ_HELPER_IFACE"
@@ -25,16 +42,7 @@ const helperIface = "KILN_DNSMASQ_HELPER_IFACE"
 // goroutines run on any thread of the process.
 func TestDHCPAgainstDnsmasq(t *testing.T) {
 	ip, dnsmasq := needNetnsTools(t)
-	tag := fmt.Sprintf("kiln%d", os.Getpid()%100000)
-	srv, cli := tag+"s", tag+"c"
-	for _, ns := range []string{srv, cli} {
-		if out, err := exec.Command(ip, "netns", "add", ns).CombinedOutput(); err != nil {
-			t.Skipf("no named network namespaces here (%v): %s", err, out)
-		}
-		ns := ns
-		t.Cleanup(func() { _ = exec.Command(ip, "netns", "del", ns).Run() })
-	}
-	mustRun(t, ip, "-n", srv, "link", "add", "vs0", "type", "veth", "peer", "name", "vc0", "netns", cli)
+	srv, cli := vethPair(t, ip, "kiln")
 	mustRun(t, ip, "-n", srv, "addr", "add", "10.9.0.1/24", "dev", "vs0")
 	mustRun(t, ip, "-n", srv, "link", "set", "vs0", "up")
 	logs := startDnsmasq(t, ip, dnsmasq, srv,
@@ -119,16 +127,7 @@ const helperIface6 = "KILN_DNSMASQ6_HELPER_IFACE"
 // internal/dhcp6 instead.
 func TestDHCP6AgainstDnsmasq(t *testing.T) {
 	ip, dnsmasq := needNetnsTools(t)
-	tag := fmt.Sprintf("kiln6%d", os.Getpid()%100000)
-	srv, cli := tag+"s", tag+"c"
-	for _, ns := range []string{srv, cli} {
-		if out, err := exec.Command(ip, "netns", "add", ns).CombinedOutput(); err != nil {
-			t.Skipf("no named network namespaces here (%v): %s", err, out)
-		}
-		ns := ns
-		t.Cleanup(func() { _ = exec.Command(ip, "netns", "del", ns).Run() })
-	}
-	mustRun(t, ip, "-n", srv, "link", "add", "vs0", "type", "veth", "peer", "name", "vc0", "netns", cli)
+	srv, cli := vethPair(t, ip, "kiln6")
 	mustRun(t, ip, "-n", srv, "addr", "add", "2001:db8:1::1/64", "dev", "vs0", "nodad")
 	mustRun(t, ip, "-n", srv, "link", "set", "vs0", "up")
 	logs := startDnsmasq(t, ip, dnsmasq, srv,

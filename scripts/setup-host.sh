@@ -4,7 +4,8 @@
 set -eu
 PACKAGES="python3-venv bubblewrap debootstrap util-linux tar xz-utils zstd cpio squashfs-tools kmod qemu-system-x86 qemu-utils ovmf golang-go
   grub-common grub-pc-bin grub-efi-amd64-bin xorriso mtools dosfstools e2fsprogs fdisk gdisk ipxe-qemu gzip
-  lvm2 mdadm ntfs-3g exfatprogs f2fs-tools lzip dnsmasq-base chrony iproute2 socat"
+  lvm2 mdadm ntfs-3g exfatprogs f2fs-tools lzip dnsmasq-base chrony iproute2 socat
+  qemu-system-arm qemu-efi-aarch64 qemu-user-static"
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
 
@@ -28,4 +29,19 @@ fi
 if [ -n "$missing" ]; then
     echo "setup-host: installing$missing"
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends $missing
+fi
+
+# Cross builds run their packages' test steps through qemu-user: register its binfmt handler
+# for the other architecture (with the F flag, so build sandboxes can use it) when systemd
+# has not (containers and CI machines often run without systemd-binfmt).
+BINFMT=/proc/sys/fs/binfmt_misc
+case "$(uname -m)" in x86_64) other=aarch64 ;; aarch64) other=x86_64 ;; *) other="" ;; esac
+if [ -n "$other" ] && [ -f "/usr/lib/binfmt.d/qemu-$other.conf" ] && [ ! -e "$BINFMT/qemu-$other" ]; then
+    [ -e "$BINFMT/register" ] || $SUDO mount -t binfmt_misc binfmt_misc "$BINFMT" 2>/dev/null || true
+    if [ -e "$BINFMT/register" ]; then
+        echo "setup-host: registering qemu-$other for binfmt_misc"
+        $SUDO sh -c "cat /usr/lib/binfmt.d/qemu-$other.conf > $BINFMT/register"
+    else
+        echo "setup-host: binfmt_misc is not available: cross builds will skip their test steps" >&2
+    fi
 fi

@@ -26,7 +26,7 @@ from kiln.pkg.graph import Graph
 from kiln.pkg.loader import Tree, load_tree
 from kiln.pkg.show import GRAPH_FORMATS, dump_yaml, render_graph
 from kiln.pkg.template import render_string
-from kiln.pkg.variables import Platform, parse_overrides
+from kiln.pkg.variables import Platform, host_platform, parse_overrides
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -191,7 +191,7 @@ def cmd_kernel(args: argparse.Namespace) -> int:
 
     arch = args.arch or Platform.parse(args.platform).arch
     tree = load_tree(
-        Path(args.pkgs), tool.host_platform(), parse_overrides(args.set), Path(args.from_tar) if args.from_tar else None
+        Path(args.pkgs), host_platform(), parse_overrides(args.set), Path(args.from_tar) if args.from_tar else None
     )
     output = Path(args.output) if args.output else None
     result = tool.run(Session.open(Graph(tree)), args.kernel_verb, arch, output)

@@ -117,17 +117,20 @@ def test_every_built_step_is_the_version_it_names_from_a_pinned_debian_orig(tree
         assert source.sha256 and re.fullmatch(r"[0-9a-f]{64}", source.sha256), package.name
 
 
-def test_the_chain_starts_at_debians_go_binaries_for_the_target_arch(tree: Tree) -> None:
-    _, start = chain(tree)
+@pytest.mark.parametrize("build", ["amd64", "arm64"])
+def test_the_chain_starts_at_debians_go_binaries_for_the_build_machine(tree: Tree, build: str) -> None:
+    """Go runs where it builds: an arm64 target built on amd64 uses amd64 Go (GOARCH does the rest)."""
+    built_on = load_tree(PKGS, tree.platform, build=Platform("linux", build))
+    _, start = chain(built_on)
     assert start is not None, "the chain starts at a package unpacking Debian's Go"
     urls = [s.url or "" for s in sources(start)]
-    arch = tree.platform.arch
-    assert any(re.search(rf"/golang-1\.\d+-go_{re.escape(start.version)}-[^_]+_{arch}\.deb$", u) for u in urls), urls
+    assert any(re.search(rf"/golang-1\.\d+-go_{re.escape(start.version)}-[^_]+_{build}\.deb$", u) for u in urls), urls
     assert any(re.search(rf"/golang-1\.\d+-src_{re.escape(start.version)}-[^_]+_all\.deb$", u) for u in urls), urls
     assert all(u.startswith(POOL) for u in urls)
     assert all(s.sha256 and re.fullmatch(r"[0-9a-f]{64}", s.sha256) for s in sources(start))
     go_debs = {s.sha256 for s in sources(start) if "-go_" in (s.url or "")}
-    other = load_tree(PKGS, Platform.parse("linux/arm64" if arch == "amd64" else "linux/amd64"))
+    other_build = Platform("linux", "arm64" if build == "amd64" else "amd64")
+    other = load_tree(PKGS, tree.platform, build=other_build)
     assert go_debs.isdisjoint(s.sha256 for s in sources(other.packages[start.name]) if "-go_" in (s.url or ""))
 
 

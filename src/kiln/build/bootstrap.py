@@ -30,12 +30,17 @@ def ensure_stage0(
     stage0: Stage0,
     key: str,
     platform: Platform,
+    cross_to: str | None,
     store: Store,
     log_dir: Path,
     say: Callable[[str], None],
     source_date_epoch: int,
 ) -> Entry:
-    """The seed's store entry, made now if it is missing (under the store lock)."""
+    """The seed's store entry, made now if it is missing (under the store lock).
+
+    `platform` is what the seed runs as (the build machine's); `cross_to` the target arch
+    of a cross build, whose compilers it adds (stage0.yaml's `cross`).
+    """
     if store.has(key):
         return store.entry(key)
     with store.lock(key):
@@ -51,8 +56,10 @@ def ensure_stage0(
                 say(f"stage0: importing {stage0.tarball}")
                 import_tarball(stage0.tarball, tree, platform)
             else:
-                say(f"stage0: debootstrap {stage0.suite} ({len(stage0.include)} extra packages), about a minute")
-                debootstrap(stage0, platform, tree, log, log_path)
+                packages = stage0.packages(cross_to)
+                cross = f", cross-compiling for {cross_to}" if cross_to else ""
+                say(f"stage0: debootstrap {stage0.suite} ({len(packages)} extra packages{cross}), about a minute")
+                debootstrap(stage0, platform, packages, tree, log, log_path)
             for rel in _PRUNE:
                 target = tree / rel
                 if target.is_dir():
@@ -60,20 +67,22 @@ def ensure_stage0(
                     target.mkdir(parents=True)
             (tree / "tmp").mkdir(exist_ok=True)
             (tree / "tmp").chmod(0o1777)
-            meta = {"stage0": stage0.identity(), "seconds": round(time.monotonic() - start, 1)}
+            meta = {"stage0": stage0.identity(cross_to), "seconds": round(time.monotonic() - start, 1)}
             entry = store.commit(key, staging, STAGE0_NAME, meta, source_date_epoch)
         say(f"stage0: stored as {key[:12]} in {time.monotonic() - start:.0f} s")
         return entry
 
 
-def debootstrap(stage0: Stage0, platform: Platform, tree: Path, log: object, log_path: Path) -> None:
+def debootstrap(
+    stage0: Stage0, platform: Platform, packages: tuple[str, ...], tree: Path, log: object, log_path: Path
+) -> None:
     if shutil.which("debootstrap") is None:
         raise BuildError("debootstrap is not installed: run scripts/setup-host.sh")
     if os.geteuid() != 0:
         raise BuildError("debootstrap needs root; or give a root tarball with --from-tar")
     command = ["debootstrap", f"--variant={stage0.variant}", f"--arch={platform.arch}"]
-    if stage0.include:
-        command.append("--include=" + ",".join(stage0.include))
+    if packages:
+        command.append("--include=" + ",".join(packages))
     command += [stage0.suite, str(tree), stage0.mirror]
     result = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT)  # type: ignore[call-overload]
     if result.returncode != 0:

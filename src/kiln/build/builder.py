@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import IO
 
 from kiln.build.cancel import TOKEN
+from kiln.build.emulation import cannot_run_reason
 from kiln.build.keys import local_source_digest, stage0_key, tree_digest
 from kiln.build.rootplan import Layer, RootPlan, base_env
 from kiln.build.runners.base import BuildRoot, GraphJob, GraphResult, GraphRunner, Runner
@@ -197,6 +198,7 @@ class Builder:
         meta = {
             "seconds": seconds,
             "platform": str(self.graph.tree.platform),
+            "build_platform": str(self.graph.tree.builder_platform),
             "version": self.graph.tree.packages[name].version,
             "runner": self.runner.name,
         }
@@ -279,9 +281,18 @@ class Builder:
     ) -> None:
         """Run every snippet in order, then finalize into staging/tree."""
         name = package.name
+        tree = self.graph.tree
+        no_tests = cannot_run_reason(tree.platform.carch) if tree.cross else None
         for s_index, step in enumerate(package.steps, start=1):
             env = self.env(step.env)
             for phase, script in step.snippets():
+                if phase == "test" and no_tests:
+                    on_phase(f"step {s_index} test skipped")
+                    _mark(
+                        out,
+                        f"==> {name}: step {s_index} test SKIPPED: cannot run {tree.platform} programs: {no_tests}\n",
+                    )
+                    continue
                 on_phase(f"step {s_index} {phase}")
                 _mark(out, f"==> {name}: step {s_index} {phase}\n{script.rstrip()}\n")
                 code = root.run(script, env, out, network=step.network == "default")

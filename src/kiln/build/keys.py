@@ -67,9 +67,24 @@ def package_files_digest(package: Package) -> dict[str, str]:
     return files
 
 
+def platform_identity(tree: Tree) -> dict[str, str]:
+    """The platforms a key names: the target, and the build machine when it differs.
+
+    A native build's build platform is its target, so its keys stay what they were before
+    cross builds existed; an amd64-built arm64 package names both.
+    """
+    identity = {"platform": str(tree.platform)}
+    if tree.cross:
+        identity["build_platform"] = str(tree.builder_platform)
+    return identity
+
+
 def stage0_key(tree: Tree) -> str:
-    """The seed's key: its definition (defaults filled in), or a user tarball's hash."""
-    return json_sha256({"schema": KEY_SCHEMA, "stage0": tree.stage0.identity(), "platform": str(tree.platform)})
+    """The seed's key: its definition (defaults filled in, cross compilers when cross), or a user tarball's hash."""
+    return json_sha256(
+        {"schema": KEY_SCHEMA, "stage0": tree.stage0.identity(tree.platform.arch if tree.cross else None)}
+        | platform_identity(tree)
+    )
 
 
 def local_source_digest(tree: Tree, package: Package, path: str, where: tuple[str | int, ...]) -> dict[str, str]:
@@ -113,7 +128,7 @@ def compute_keys(graph: Graph) -> dict[str, str]:
                 "sources": sources,
                 "deps": {dep: keys[dep] for dep in graph.edges[name]},
                 "base": base,
-                "platform": str(tree.platform),
             }
+            | platform_identity(tree)
         )
     return keys

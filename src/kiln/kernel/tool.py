@@ -27,7 +27,6 @@ from kiln.build.session import Session, failures
 from kiln.core.errors import BuildError, InputError
 from kiln.kernel import config as kconfig
 from kiln.pkg.model import Package
-from kiln.pkg.variables import ARCHES, Platform
 
 PACKAGE = "kernel"
 ACTIONS = ("menuconfig", "olddefconfig", "savedefconfig")
@@ -50,15 +49,6 @@ class Result:
 
 def config_path(package: Package, arch: str) -> Path:
     return package.directory / f"config-{arch}"
-
-
-def host_platform() -> Platform:
-    """The platform whose build root runs here: config work needs no emulation."""
-    machine = os.uname().machine
-    for arch, carch in ARCHES.items():
-        if carch == machine:
-            return Platform("linux", arch)
-    raise InputError(f"kiln kernel runs on x86_64 or aarch64 hosts, not {machine}")
 
 
 def run(session: Session, action: str, arch: str, output: Path | None = None) -> Result:

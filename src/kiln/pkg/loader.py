@@ -18,7 +18,7 @@ from kiln.core.yamlfile import parse_text, read_text_file
 from kiln.pkg.model import Package
 from kiln.pkg.stage0 import Stage0, load_stage0
 from kiln.pkg.template import Rendered, render
-from kiln.pkg.variables import Platform, builtins, load_vars_file
+from kiln.pkg.variables import Platform, builtins, host_platform, load_vars_file
 
 PKG_FILE = "pkg.yaml"
 VARS_FILE = "vars.yaml"
@@ -35,6 +35,16 @@ class Tree:
     overrides: dict[str, str] = field(default_factory=dict)
     packages: dict[str, Package] = field(default_factory=dict)
     stage0: Stage0 = field(default_factory=Stage0)
+    build_platform: Platform | None = None  # the machine that builds; None: the target itself (native)
+
+    @property
+    def builder_platform(self) -> Platform:
+        """The platform build roots run as: the target's own, or the host's for a cross build."""
+        return self.build_platform or self.platform
+
+    @property
+    def cross(self) -> bool:
+        return self.builder_platform != self.platform
 
     @property
     def project_root(self) -> Path:
@@ -110,25 +120,32 @@ def load_package(file: Path, context: dict[str, Any], root: Path | None = None) 
 
 
 def load_tree(
-    root: Path, platform: Platform, overrides: dict[str, str] | None = None, stage0_tar: Path | None = None
+    root: Path,
+    platform: Platform,
+    overrides: dict[str, str] | None = None,
+    stage0_tar: Path | None = None,
+    build: Platform | None = None,
 ) -> Tree:
     """Load and check a whole tree; raises InputErrors listing every problem.
 
     `stage0_tar` (--from-tar) replaces the seed definition with a user's root tarball.
+    `build` is the machine that builds (default: this host); when it is not `platform`,
+    the tree is a cross build: its seed runs as `build` and compiles for `platform`.
     """
     root = root.resolve()
     if not root.is_dir():
         raise InputError(f"package tree {str(root)!r} is not a directory (use --pkgs DIR)")
     overrides = overrides or {}
     errors: list[KilnError] = []
-    variables: dict[str, Any] = builtins(platform)
+    build = build or host_platform()
+    variables: dict[str, Any] = builtins(platform, build)
     try:
         if os.path.lexists(root / VARS_FILE):
             variables.update(load_vars_file(root / VARS_FILE, within=root))
     except KilnError as exc:
         errors.append(exc)
     variables.update(overrides)
-    tree = Tree(root, platform, variables, dict(overrides))
+    tree = Tree(root, platform, variables, dict(overrides), build_platform=build)
     try:
         tree.stage0 = load_stage0(root / STAGE0_FILE, stage0_tar)
     except InputErrors as exc:
@@ -161,9 +178,24 @@ def load_tree(
         first_seen[package.name] = package
     tree.packages = dict(sorted(first_seen.items()))
     errors.extend(check_references(tree, broken))
+    if tree.cross:
+        errors.extend(refuse_cross(tree))
     if errors:
         raise InputErrors(errors)
     return tree
+
+
+def refuse_cross(tree: Tree) -> list[KilnError]:
+    """Packages that say `cross: false` cannot be built for another arch than the build machine's."""
+    return [
+        InputError(
+            f"package '{package.name}' cannot be cross-built (cross: false): build {tree.platform} on a "
+            f"{tree.platform.arch} machine, not on this {tree.builder_platform.arch} one",
+            Location(str(package.file), package.line(("cross",))),
+        )
+        for package in tree.packages.values()
+        if package.spec.get("cross") is False
+    ]
 
 
 _NAME_LINE = re.compile(r"^name:[ \t]*(['\"]?)([a-z0-9][a-z0-9._+-]*)\1[ \t]*(?:#.*)?$", re.MULTILINE)

@@ -23,15 +23,32 @@ class Stage0:
     mirror: str = DEFAULT_MIRROR
     variant: str = "minbase"
     include: tuple[str, ...] = ()
+    cross: tuple[tuple[str, tuple[str, ...]], ...] = ()  # target arch -> packages a cross seed adds
     tarball: Path | None = None
     tarball_sha256: str | None = None
     file: Path | None = None
 
-    def identity(self) -> dict[str, Any]:
-        """What the seed's key is made of: the tarball's hash, or the definition."""
+    def cross_include(self, target_arch: str) -> tuple[str, ...]:
+        """The packages a seed that cross-compiles for `target_arch` adds to `include`."""
+        return dict(self.cross).get(target_arch, ())
+
+    def packages(self, cross_to: str | None = None) -> tuple[str, ...]:
+        """What debootstrap includes: `include`, plus the cross compilers when the seed builds for another arch."""
+        return self.include + (self.cross_include(cross_to) if cross_to else ())
+
+    def identity(self, cross_to: str | None = None) -> dict[str, Any]:
+        """What the seed's key is made of: the tarball's hash, or the definition.
+
+        A native seed's identity leaves the cross lists out, so adding one changes no native key.
+        """
         if self.tarball is not None:
             return {"tarball": self.tarball_sha256}
-        return {"suite": self.suite, "mirror": self.mirror, "variant": self.variant, "include": list(self.include)}
+        return {
+            "suite": self.suite,
+            "mirror": self.mirror,
+            "variant": self.variant,
+            "include": list(self.packages(cross_to)),
+        }
 
 
 def load_stage0(file: Path, from_tar: Path | None = None) -> Stage0:
@@ -71,6 +88,7 @@ def _parse(file: Path) -> Stage0:
         mirror=data.get("mirror", DEFAULT_MIRROR),
         variant=data.get("variant", "minbase"),
         include=tuple(data.get("include", [])),
+        cross=tuple((arch, tuple(names)) for arch, names in sorted(data.get("cross", {}).items())),
         tarball=tarball,
         tarball_sha256=data.get("sha256"),
         file=file,

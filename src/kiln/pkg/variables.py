@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,12 +46,29 @@ class Platform:
         return cls(os_name, arch)
 
 
-def builtins(platform: Platform) -> dict[str, Any]:
-    """Variables every template sees before any vars.yaml."""
+def host_platform() -> Platform:
+    """The platform of this machine: what every build root runs as (builds cross-compile from it)."""
+    machine = os.uname().machine
+    for arch, carch in ARCHES.items():
+        if carch == machine:
+            return Platform("linux", arch)
+    raise InputError(f"Kiln builds on x86_64 or aarch64 hosts, not {machine}")
+
+
+def builtins(platform: Platform, build: Platform | None = None) -> dict[str, Any]:
+    """Variables every template sees before any vars.yaml.
+
+    `arch`, `carch` and `target` name the platform the output runs on; `build_arch` and
+    `build_carch` the machine that builds it; `cross` is true when they differ.
+    """
+    build = build or platform
     return {
         "arch": platform.arch,
         "carch": platform.carch,
         "target": platform.triple,
+        "build_arch": build.arch,
+        "build_carch": build.carch,
+        "cross": build != platform,
         "os": platform.os,
         "platform": str(platform),
         "jobs": JOBS_REFERENCE,

@@ -8,6 +8,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from kiln.boot.arch import ARCHES, choose_arch
 from kiln.boot.qemu import READY, boot, machine_for
 from kiln.core.errors import BuildError, InputError
 from kiln.core.paths import cache_dir
@@ -19,9 +20,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "artifact",
         metavar="ARTIFACT",
-        help="a directory with vmlinuz and initramfs.zst (or with boot.ipxe: PXE boot), an ISO or a disk image",
+        help="a directory with vmlinuz and initramfs.zst (or with boot.ipxe, for arm64 bootaa64.efi: PXE boot), "
+        "an ISO or a disk image",
     )
-    parser.add_argument("--firmware", choices=("bios", "uefi"), default="bios", help="SeaBIOS or OVMF (UEFI)")
+    parser.add_argument(
+        "--arch",
+        choices=ARCHES,
+        help="the artifact's architecture (default: read from manifest.json or the artifact itself, else amd64)",
+    )
+    parser.add_argument(
+        "--firmware",
+        choices=("bios", "uefi"),
+        help="bios (SeaBIOS, amd64 only) or uefi (OVMF on amd64, AAVMF on arm64); default: bios, uefi on arm64",
+    )
     parser.add_argument("--disk", metavar="SIZE", help="attach a blank virtio disk of SIZE (e.g. 4G)")
     parser.add_argument("--disk-file", metavar="PATH", help="attach this qcow2 disk (created with --disk if missing)")
     parser.add_argument("--cmdline", default="", help="kernel command line (kernel+initramfs boots)")
@@ -40,9 +51,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    machine = machine_for(Path(args.artifact))
-    machine.cmdline = args.cmdline or "console=ttyS0"
-    machine.firmware = args.firmware
+    artifact = Path(args.artifact)
+    arch = choose_arch(artifact, args.arch)
+    print(f"kiln boot: booting as {arch.name} ({arch.why})", file=sys.stderr)
+    machine = machine_for(artifact, arch.name)
+    machine.cmdline = args.cmdline  # empty: the arch's serial console (ttyS0 on amd64, ttyAMA0 on arm64)
+    machine.firmware = args.firmware or ""
+    machine.boot_firmware()  # --firmware bios on arm64 fails here, before a disk is made
     machine.memory = args.memory
     machine.accel = args.accel
     machine.api_port = args.api

@@ -1,8 +1,10 @@
 """Booting an artifact in QEMU and waiting for a line on the serial console.
 
-Used by `kiln boot` and the end-to-end tests. The console is streamed as it comes
-(to the terminal and a log file); the run ends when the expected line appears, on
-a kernel panic, or at the timeout, with the last console lines to show why.
+Used by `kiln boot` and the end-to-end tests. amd64 artifacts boot on qemu-system-x86_64, arm64 ones
+on qemu-system-aarch64's virt machine with AAVMF (kiln.boot.platforms; kiln.boot.arch tells which an
+artifact is). The console is streamed as it comes (to the terminal and a log file); the run ends
+when the expected line appears, on a kernel panic, or at the timeout, with the last console lines
+to show why.
 """
 
 from __future__ import annotations
@@ -21,39 +23,65 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from kiln.boot.arch import choose_arch
+from kiln.boot.platforms import MIB, Platform, platform_for
+from kiln.boot.platforms import OVMF_CODE as OVMF_CODE  # kept importable from here
+from kiln.boot.platforms import OVMF_VARS as OVMF_VARS
 from kiln.core.errors import BuildError, InputError
 
 READY = "machined ready:"
 PANIC = re.compile(r"Kernel panic|end Kernel panic|kiln-init: fatal")
-OVMF_CODE = Path("/usr/share/OVMF/OVMF_CODE_4M.fd")
-OVMF_VARS = Path("/usr/share/OVMF/OVMF_VARS_4M.fd")
 DISK_FORMATS = {".raw": "raw", ".img": "raw", ".qcow2": "qcow2", ".vhd": "vpc", ".vmdk": "vmdk"}
 TAIL = 50
 
 
 @dataclass
 class Machine:
-    """What to boot and how; `command()` turns it into a QEMU command line."""
+    """What to boot and how; `command()` turns it into a QEMU command line.
+
+    `arch` picks the emulator (amd64: qemu-system-x86_64; arm64: qemu-system-aarch64, virt machine,
+    UEFI only). An empty `firmware` or `pxe_bootfile` means the arch's default (PLATFORMS).
+    """
 
     kernel: Path | None = None
     initrd: Path | None = None
     cdrom: Path | None = None
     disk: Path | None = None
-    pxe: Path | None = None  # a directory with boot.ipxe: served by QEMU's TFTP, booted by the NIC's iPXE
+    # A directory served by QEMU's TFTP; its `pxe_bootfile` is what the NIC's firmware boots: for amd64
+    # boot.ipxe (an iPXE script); for arm64 bootaa64.efi (a GRUB EFI netboot image, which reads its
+    # grub.cfg and the kernel and initramfs over the same TFTP).
+    pxe: Path | None = None
     disk_format: str = "raw"
     cmdline: str = ""
-    firmware: str = "bios"
+    firmware: str = ""  # bios or uefi; empty: the arch's default (bios on amd64, uefi on arm64)
     memory: str = "1024"
     accel: str = "tcg"
     blank_disk: Path | None = None
     api_port: int | None = None
     net_options: str = ""  # appended to QEMU's user network, e.g. net=, guestfwd= for a fake metadata service
     extra: list[str] = field(default_factory=list)
+    arch: str = "amd64"
+    pxe_bootfile: str = ""
+
+    def platform(self) -> Platform:
+        return platform_for(self.arch)
+
+    def boot_firmware(self) -> str:
+        """bios or uefi: the one asked for, checked against what the arch boots, or the arch's default."""
+        platform = self.platform()
+        firmware = self.firmware or platform.firmwares[0]
+        if firmware not in platform.firmwares:
+            only = " or ".join(f.upper() for f in platform.firmwares)
+            raise InputError(
+                f"--firmware {firmware}: {self.arch} boots with {only} only ({platform.code.name}): drop --firmware"
+            )
+        return firmware
 
     def command(self, vars_copy: Path | None = None) -> list[str]:
-        qemu = shutil.which("qemu-system-x86_64")
+        platform = self.platform()
+        qemu = shutil.which(platform.qemu)
         if qemu is None:
-            raise BuildError("qemu-system-x86_64 is not installed: apt install qemu-system-x86")
+            raise BuildError(f"{platform.qemu} is not installed: apt install {platform.qemu_package}")
         args = [
             qemu,
             "-accel",
@@ -70,59 +98,106 @@ class Machine:
             "none",
             "-nodefaults",
         ]
-        if self.firmware == "uefi":
-            if vars_copy is None:
-                raise BuildError("UEFI boots need a writable copy of OVMF_VARS")
-            args += [
-                "-machine",
-                "q35",
-                "-drive",
-                f"if=pflash,format=raw,unit=0,readonly=on,file={OVMF_CODE}",
-                "-drive",
-                f"if=pflash,format=raw,unit=1,file={vars_copy}",
-            ]
+        args += self._machine_args(platform, vars_copy)
         if self.kernel:
             args += ["-kernel", str(self.kernel)]
             if self.initrd:
                 args += ["-initrd", str(self.initrd)]
-            args += ["-append", self.cmdline or "console=ttyS0"]
-        if self.cdrom:
+            args += ["-append", self.cmdline or f"console={platform.console}"]
+        args += self._drive_args()
+        args += self._net_args(platform)
+        return args + self.extra
+
+    def _machine_args(self, platform: Platform, vars_copy: Path | None) -> list[str]:
+        """The machine type and, for UEFI, the firmware (read-only code, the writable copy of its variables)."""
+        args = list(platform.machine)
+        if self.boot_firmware() == "uefi":
+            if vars_copy is None:
+                raise BuildError(f"UEFI boots need a writable copy of {platform.vars.name}")
+            args += [
+                *platform.uefi_machine,
+                "-drive",
+                f"if=pflash,format=raw,unit=0,readonly=on,file={platform.code}",
+                "-drive",
+                f"if=pflash,format=raw,unit=1,file={vars_copy}",
+            ]
+        return args
+
+    def _drive_args(self) -> list[str]:
+        """The CD and disks: IDE CD and virtio disks on amd64; the arm64 virt machine has no IDE, so its CD
+        is a SCSI CD on virtio-scsi and the booted disk a virtio-blk device that can carry a boot index."""
+        args = []
+        if self.cdrom and self.arch == "arm64":
+            args += [
+                "-drive",
+                f"file={self.cdrom},format=raw,media=cdrom,readonly=on,if=none,id=cd0",
+                "-device",
+                "virtio-scsi-pci,id=scsi0",
+                "-device",
+                "scsi-cd,drive=cd0,bus=scsi0.0,bootindex=0",
+            ]
+        elif self.cdrom:
             args += ["-drive", f"file={self.cdrom},media=cdrom,readonly=on,if=ide,index=1"]
-        if self.disk:
+        if self.disk and self.arch == "arm64":
+            args += [
+                "-drive",
+                f"file={self.disk},format={self.disk_format},if=none,id=disk0,snapshot=on",
+                "-device",
+                "virtio-blk-pci,drive=disk0,bootindex=1",
+            ]
+        elif self.disk:
             args += ["-drive", f"file={self.disk},format={self.disk_format},if=virtio,snapshot=on"]
         if self.blank_disk:
             args += ["-drive", f"file={self.blank_disk},format=qcow2,if=virtio"]
+        return args
+
+    def _net_args(self, platform: Platform) -> list[str]:
+        """QEMU's user network (API forward, extra options, TFTP for PXE) on a virtio NIC, and an RNG."""
         net = "user,id=net0"
         if self.api_port:
             net += f",hostfwd=tcp:127.0.0.1:{self.api_port}-:50000"
         if self.net_options:
             net += f",{self.net_options}"
         nic = "virtio-net-pci,netdev=net0"
+        if self.arch == "arm64":
+            nic += ",romfile="  # the NIC ROM is x86 iPXE; AAVMF drives the NIC itself
         if self.pxe:
-            # QEMU's DHCP offers boot.ipxe; the virtio ROM's iPXE fetches it by TFTP and runs it.
-            net += f",tftp={self.pxe},bootfile=boot.ipxe"
+            # QEMU's DHCP offers the boot file; the firmware's PXE client fetches it by TFTP and runs it.
+            net += f",tftp={self.pxe},bootfile={self.pxe_bootfile or platform.pxe_bootfile}"
             nic += ",bootindex=0"
-        args += ["-netdev", net, "-device", nic, "-device", "virtio-rng-pci"]
-        return args + self.extra
+        return ["-netdev", net, "-device", nic, "-device", "virtio-rng-pci"]
 
 
-def machine_for(artifact: Path) -> Machine:
-    """Pick how to boot an artifact from what it is."""
+def machine_for(artifact: Path, arch: str | None = None) -> Machine:
+    """Pick how to boot an artifact from what it is; `arch` None: detect it (kiln.boot.arch.choose_arch)."""
+    if arch is None:
+        arch = choose_arch(artifact).name
+    platform = platform_for(arch)
     if artifact.is_dir():
-        if (artifact / "boot.ipxe").is_file():
-            return Machine(pxe=artifact.resolve())
-        kernel = artifact / "vmlinuz"
-        initrds = [artifact / n for n in ("initramfs.zst", "initramfs", "initramfs.xz") if (artifact / n).exists()]
-        if kernel.is_file() and initrds:
-            return Machine(kernel=kernel, initrd=initrds[0])
-        raise InputError(f"{artifact} holds no vmlinuz and initramfs.zst to boot")
+        return _directory_machine(artifact, arch, platform)
     if not artifact.is_file():
         raise InputError(f"no such artifact: {artifact}")
     if artifact.suffix == ".iso":
-        return Machine(cdrom=artifact)
+        return Machine(cdrom=artifact, arch=arch)
     if artifact.suffix in DISK_FORMATS:
-        return Machine(disk=artifact, disk_format=DISK_FORMATS[artifact.suffix])
+        return Machine(disk=artifact, disk_format=DISK_FORMATS[artifact.suffix], arch=arch)
     raise InputError(f"do not know how to boot {artifact.name}: expected a directory, .iso or a disk image")
+
+
+def _directory_machine(artifact: Path, arch: str, platform: Platform) -> Machine:
+    """A PXE directory (the arch's boot file) or a kernel+initramfs one."""
+    if (artifact / platform.pxe_bootfile).is_file():
+        return Machine(pxe=artifact.resolve(), arch=arch, pxe_bootfile=platform.pxe_bootfile)
+    if arch == "arm64" and (artifact / "boot.ipxe").is_file():
+        raise InputError(
+            f"{artifact} is an iPXE directory (boot.ipxe), which arm64 firmware cannot run: arm64 PXE boots "
+            "bootaa64.efi, a GRUB EFI netboot image that reads grub.cfg, vmlinuz and initramfs by TFTP"
+        )
+    kernel = artifact / "vmlinuz"
+    initrds = [artifact / n for n in ("initramfs.zst", "initramfs", "initramfs.xz") if (artifact / n).exists()]
+    if kernel.is_file() and initrds:
+        return Machine(kernel=kernel, initrd=initrds[0], arch=arch)
+    raise InputError(f"{artifact} holds no vmlinuz and initramfs.zst to boot")
 
 
 @dataclass
@@ -157,14 +232,28 @@ def boot(
 def _prepare(machine: Machine, tmp: Path) -> Path | None:
     """Check that what the machine boots from exists; returns a writable copy of the UEFI variables, if UEFI."""
     vars_copy = None
-    if machine.firmware == "uefi":
-        if not OVMF_CODE.exists():
-            raise BuildError("UEFI firmware is not installed: apt install ovmf")
-        vars_copy = tmp / "OVMF_VARS.fd"
-        shutil.copyfile(OVMF_VARS, vars_copy)
+    if machine.boot_firmware() == "uefi":
+        platform = machine.platform()
+        if not platform.code.exists() or not platform.vars.exists():
+            raise BuildError(
+                f"UEFI firmware for {machine.arch} is not installed: apt install {platform.firmware_package}"
+            )
+        vars_copy = tmp / platform.vars.name
+        shutil.copyfile(platform.vars, vars_copy)
+        if platform.pflash_size is not None:
+            _fit_pflash(platform.code, vars_copy, platform.pflash_size)
     if machine.blank_disk and not machine.blank_disk.exists():
         raise BuildError(f"blank disk {machine.blank_disk} does not exist")
     return vars_copy
+
+
+def _fit_pflash(code: Path, vars_copy: Path, size: int) -> None:
+    """QEMU's virt machine takes pflash images of exactly its bank size: pad the variables copy up to it
+    (Debian's AAVMF files already have it) and say plainly when the firmware itself does not fit."""
+    if code.stat().st_size != size:
+        raise BuildError(f"{code} is {code.stat().st_size} bytes; QEMU's virt machine needs {size // MIB} MiB pflash")
+    if vars_copy.stat().st_size < size:
+        os.truncate(vars_copy, size)
 
 
 def watch(

@@ -29,11 +29,14 @@ from kiln.pkg.template import render_string
 from kiln.pkg.variables import Platform, host_platform, parse_overrides
 
 Handler = Callable[[argparse.Namespace], int]
+# --platform's default. It parses as None so `kiln image` can tell a profile's arch from an explicit --platform.
+DEFAULT_PLATFORM = "linux/amd64"
 
 
 def _load(args: argparse.Namespace) -> Graph:
     from_tar = Path(args.from_tar) if args.from_tar else None
-    tree: Tree = load_tree(Path(args.pkgs), Platform.parse(args.platform), parse_overrides(args.set), from_tar)
+    platform = Platform.parse(args.platform or DEFAULT_PLATFORM)
+    tree: Tree = load_tree(Path(args.pkgs), platform, parse_overrides(args.set), from_tar)
     return Graph(tree)
 
 
@@ -189,7 +192,7 @@ def cmd_kernel(args: argparse.Namespace) -> int:
     from kiln.build.session import Session
     from kiln.kernel import tool
 
-    arch = args.arch or Platform.parse(args.platform).arch
+    arch = args.arch or Platform.parse(args.platform or DEFAULT_PLATFORM).arch
     tree = load_tree(
         Path(args.pkgs), host_platform(), parse_overrides(args.set), Path(args.from_tar) if args.from_tar else None
     )
@@ -232,7 +235,9 @@ def _common() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--pkgs", default="pkgs", metavar="DIR", help="package tree (default: ./pkgs)")
     common.add_argument(
-        "--platform", default="linux/amd64", help="target platform: linux/amd64 (default) or linux/arm64"
+        "--platform",
+        default=None,
+        help="target platform: linux/amd64 (default; for kiln image, the profiles' arch) or linux/arm64",
     )
     common.add_argument(
         "--set",

@@ -14,7 +14,7 @@ from kiln.core import schema
 from kiln.core.errors import InputError, InputErrors
 from kiln.core.sizes import parse_size
 from kiln.image.imager import check_packages, with_release_version
-from kiln.image.profile import CONFIG_PATH, find_profile, load_profile, load_profiles
+from kiln.image.profile import CONFIG_PATH, Profile, find_profile, load_profile, load_profiles, resolve_platform
 from kiln.pkg.graph import Graph
 from kiln.pkg.loader import load_tree
 from kiln.pkg.variables import Platform
@@ -125,18 +125,42 @@ def test_defaults_and_command_line(tmp_path: Path) -> None:
         ),
         (
             "platform: metal\ncustomization:\n  kernel_args: console=ttyS0\noutput: {kind: iso}\n",
-            "p.yaml:3: kernel_args must be a list, not a string",
+            "p.yaml:3: kernel_args must be a list or a mapping, not a string",
+        ),
+        (
+            "platform: metal\ncustomization:\n  kernel_args: {riscv64: [quiet]}\noutput: {kind: iso}\n",
+            "p.yaml:3: unknown key 'riscv64' in customization.kernel_args",
+        ),
+        (
+            "platform: metal\noutput:\n  kind: iso\n  firmware: [uefi, coreboot]\n",
+            "p.yaml:4: firmware 'coreboot' is not one of bios, uefi",
+        ),
+        (
+            "platform: metal\noutput:\n  kind: kernel\n  firmware: [uefi]\n",
+            "p.yaml:4: output.firmware applies to kinds iso, image, pxe, installer, not kernel",
+        ),
+        (
+            "platform: metal\narch: arm64\noutput:\n  kind: iso\n  firmware: [uefi, bios]\n",
+            "p.yaml:5: firmware bios cannot be built for arm64: arm64 machines boot UEFI only; "
+            "write firmware: [uefi] or leave firmware out",
+        ),
+        (
+            "platform: metal\narch: arm64\noutput:\n  kind: image\n  firmware:\n    - bios\n",
+            "p.yaml:6: firmware bios cannot be built for arm64",
+        ),
+        (
+            "platform: metal\narch: arm64\noutput:\n  kind: pxe\n  firmware: [bios]\n",
+            "p.yaml:5: firmware bios cannot be built for arm64",
+        ),
+        (
+            "platform: vmware\narch: arm64\noutput:\n  kind: image\n  image: {format: ova}\n",
+            "p.yaml:5: format ova cannot be built for arm64: its OVF describes a BIOS x86 virtual machine",
         ),
         (
             "platform: Metal\noutput: {kind: iso}\n",
             "p.yaml:1: platform 'Metal' must be lower-case letters, digits and '-'",
         ),
         ("output: {kind: iso}\n", "p.yaml:1: missing required key 'platform'"),
-        (
-            "platform: metal\narch: arm64\noutput: {kind: iso}\n",
-            "p.yaml:2: arch arm64: only amd64 images can be built so far (arm64 boot assets validate but no arm64 "
-            "bootloader output exists yet)",
-        ),
         ("platform: metal\noutput: {kind: iso\n", "p.yaml:3: YAML syntax: did not find expected ',' or '}'"),
         (
             "platform: metal\nplatform: aws\noutput: {kind: iso}\n",
@@ -237,7 +261,7 @@ def test_install_refuses_a_profile_that_is_not_a_raw_disk(kiln: Callable[..., Re
         str(ROOT / "pkgs"),
     )
     assert result.code == 2
-    assert "openstack.yaml:5: profile openstack writes image (qcow2, raw): kiln install needs a raw" in result.err
+    assert "openstack.yaml:8: profile openstack writes image (qcow2, raw): kiln install needs a raw" in result.err
 
 
 def test_a_profile_without_a_version_takes_the_machined_package_version(tmp_path: Path) -> None:
@@ -248,3 +272,146 @@ def test_a_profile_without_a_version_takes_the_machined_package_version(tmp_path
     pinned = load_profile(write(tmp_path, "platform: metal\nversion: 9.9.9\noutput: {kind: iso}\n", "pinned.yaml"))
     assert bare.version == ""
     assert [p.version for p in with_release_version([bare, pinned], graph)] == ["7.1.0", "9.9.9"]
+
+
+ARM64_CLOUDS = ("aws", "gcp", "azure", "hcloud", "openstack", "nocloud")
+
+
+def refusals(profiles: list[Profile], platform: str | None) -> list[str]:
+    try:
+        resolve_platform(profiles, platform)
+    except InputErrors as many:
+        return [str(e) for e in many.errors]
+    except InputError as one:
+        return [str(one)]
+    raise AssertionError("resolved without error")
+
+
+def test_arch_comes_from_the_profile_else_platform_else_amd64(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    bare = load_profile(write(tmp_path, "platform: metal\noutput: {kind: iso}\n", "bare.yaml"))
+    arm = load_profile(write(tmp_path, "platform: metal\narch: arm64\noutput: {kind: iso}\n", "arm.yaml"))
+    assert (bare.arch, bare.arch_given, arm.arch, arm.arch_given) == ("amd64", False, "arm64", True)
+    # no --platform: each profile's own arch (amd64 when it names none)
+    assert [p.arch for p in resolve_platform([bare, arm], None)] == ["amd64", "arm64"]
+    # --platform decides for a profile without arch:, and agrees with one that has it
+    assert [p.arch for p in resolve_platform([bare, arm], "linux/arm64")] == ["arm64", "arm64"]
+    assert resolve_platform([bare], "linux/amd64") == [bare]
+
+
+def test_arch_and_platform_that_disagree_are_refused_at_the_arch_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    arm = load_profile(write(tmp_path, "platform: metal\narch: arm64\noutput: {kind: iso}\n", "arm.yaml"))
+    amd = load_profile(write(tmp_path, "# x86 only\narch: amd64\nplatform: metal\noutput: {kind: iso}\n", "amd.yaml"))
+    assert refusals([arm], "linux/amd64") == [
+        "arm.yaml:2: arch arm64 disagrees with --platform linux/amd64: a profile's arch and --platform must agree "
+        "(leave arch out of the profile to let --platform choose)"
+    ]
+    assert refusals([amd, arm], "linux/arm64") == [
+        "amd.yaml:2: arch amd64 disagrees with --platform linux/arm64: a profile's arch and --platform must agree "
+        "(leave arch out of the profile to let --platform choose)"
+    ]
+    assert refusals([arm], "linux/riscv64") == [
+        "unsupported platform 'linux/riscv64': choose one of linux/amd64, linux/arm64"
+    ]
+
+
+def test_what_arm64_cannot_boot_is_refused_when_platform_chooses_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A profile without arch: is checked for amd64 when loaded, and again for the arch --platform gives."""
+    monkeypatch.chdir(tmp_path)
+    hybrid = load_profile(
+        write(tmp_path, "platform: metal\noutput:\n  kind: iso\n  firmware: [bios, uefi]\n", "h.yaml")
+    )
+    ova = load_profile(write(tmp_path, "platform: x\noutput:\n  kind: image\n  image: {format: ova}\n", "o.yaml"))
+    assert hybrid.firmware == ("bios", "uefi")
+    assert refusals([hybrid, ova], "linux/arm64") == [
+        "h.yaml:4: firmware bios cannot be built for arm64 (--platform linux/arm64): arm64 machines boot UEFI only; "
+        "write firmware: [uefi] or leave firmware out",
+        "o.yaml:4: format ova cannot be built for arm64 (--platform linux/arm64): its OVF describes a BIOS x86 "
+        "virtual machine (IDE disk, E1000 NIC); arm64 disks can be raw, qcow2, vhd or vmdk",
+    ]
+
+
+def test_cli_refuses_a_profile_whose_arch_disagrees_with_platform(kiln: Callable[..., Result], tmp_path: Path) -> None:
+    """Exit 2 and file:line before anything is built (the graph is not even loaded)."""
+    write(tmp_path, "platform: metal\narch: amd64\noutput: {kind: iso}\n", "x86.yaml")
+    write(tmp_path, "platform: metal\noutput:\n  kind: image\n  firmware: [bios]\n", "legacy.yaml")
+    result = kiln("image", "x86.yaml", "--platform", "linux/arm64", "--pkgs", str(ROOT / "pkgs"))
+    assert result.code == 2
+    assert result.err.strip() == (
+        "x86.yaml:2: arch amd64 disagrees with --platform linux/arm64: a profile's arch and --platform must agree "
+        "(leave arch out of the profile to let --platform choose)"
+    )
+    result = kiln("image", "legacy.yaml", "--platform", "linux/arm64", "--pkgs", str(ROOT / "pkgs"))
+    assert result.code == 2
+    assert result.err.startswith("legacy.yaml:4: firmware bios cannot be built for arm64 (--platform linux/arm64)")
+
+
+def test_kernel_args_and_firmware_defaults_per_arch(tmp_path: Path) -> None:
+    bare = load_profile(write(tmp_path, "platform: metal\noutput: {kind: iso}\n"))
+    arm = resolve_platform([bare], "linux/arm64")[0]
+    assert (bare.kernel_args, bare.firmware) == (("console=ttyS0",), ("bios", "uefi"))
+    assert (arm.kernel_args, arm.firmware) == (("console=ttyAMA0",), ("uefi",))
+    assert arm.cmdline() == "console=ttyAMA0 kiln.platform=metal"
+    mapped = load_profile(
+        write(
+            tmp_path,
+            "platform: metal\ncustomization:\n  kernel_args:\n    arm64: [quiet]\noutput: {kind: image}\n",
+            "m.yaml",
+        )
+    )
+    assert mapped.kernel_args == ("console=ttyS0",)  # amd64 names none: the default
+    assert resolve_platform([mapped], "linux/arm64")[0].kernel_args == ("quiet",)
+    listed = load_profile(write(tmp_path, "platform: metal\ncustomization: {kernel_args: [a]}\noutput: {kind: pxe}\n"))
+    assert resolve_platform([listed], "linux/arm64")[0].kernel_args == ("a",)  # a list serves every arch
+
+
+def test_arm64_boot_loaders_come_from_the_grub_package(tmp_path: Path) -> None:
+    """Outputs with a boot loader build grub-efi-arm64 on arm64; kernel and initramfs outputs do not."""
+    for kind in ("iso", "image", "pxe", "installer"):
+        profile = resolve_platform(
+            [load_profile(write(tmp_path, f"platform: m\noutput: {{kind: {kind}}}\n"))], "linux/arm64"
+        )
+        assert profile[0].packages_to_build()[-1] == "grub-efi-arm64", kind
+        assert "grub-efi-arm64" not in profile[0].asset_packages()
+    for kind in ("kernel", "initramfs"):
+        profile = resolve_platform(
+            [load_profile(write(tmp_path, f"platform: m\noutput: {{kind: {kind}}}\n"))], "linux/arm64"
+        )
+        assert "grub-efi-arm64" not in profile[0].packages_to_build(), kind
+    amd64 = load_profile(write(tmp_path, "platform: m\noutput: {kind: iso}\n"))
+    assert amd64.packages_to_build() == amd64.asset_packages()
+
+
+def test_shipped_profiles_offer_arm64_where_the_platform_has_it() -> None:
+    """The arm64 clouds (and metal, iso, pxe, installer) build for arm64 with the arm64 console; the others refuse."""
+    consoles = {"aws": "console=ttyS0,115200n8"}  # Graviton's UART is a 16550: ttyS0 on both arches
+    names = (*ARM64_CLOUDS, "metal", "iso", "pxe", "installer")
+    loaded = [load_profile(PROFILES / f"{name}.yaml") for name in names]
+    for profile in resolve_platform(loaded, "linux/arm64"):
+        args = profile.cmdline().split()
+        expected = consoles.get(profile.name, "console=ttyAMA0")
+        assert any(a.startswith(expected) for a in args), (profile.name, args)
+        if profile.name not in consoles:
+            assert not any(a.startswith("console=ttyS") for a in args), (profile.name, args)
+        assert profile.firmware == ("uefi",)
+    azure = resolve_platform([load_profile(PROFILES / "azure.yaml")], "linux/arm64")[0]
+    assert "earlycon" in azure.kernel_args  # earlyprintk= is x86's; earlycon finds the PL011 from SPCR
+    for name in ("digital-ocean", "vultr", "vmware"):
+        profile = load_profile(PROFILES / f"{name}.yaml")
+        assert profile.arch_given and profile.arch == "amd64"
+        with pytest.raises(InputError, match=rf"{name}.yaml:\d+: arch amd64 disagrees with --platform linux/arm64"):
+            resolve_platform([profile], "linux/arm64")
+
+
+def test_a_tree_without_the_arm64_grub_package_is_refused_at_the_profile(tmp_path: Path) -> None:
+    graph = Graph(load_tree(ROOT / "pkgs", Platform.parse("linux/arm64")))
+    del graph.tree.packages["grub-efi-arm64"]
+    profile = load_profile(write(tmp_path, "platform: metal\narch: arm64\noutput: {kind: iso}\n"))
+    with pytest.raises(InputError) as caught:
+        check_packages([profile], graph)
+    assert str(caught.value).endswith("p.yaml:2: unknown package 'grub-efi-arm64': arm64 outputs take GRUB from it")

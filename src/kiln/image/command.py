@@ -12,6 +12,8 @@ from kiln.core.errors import InputError
 from kiln.image import kernel_initramfs
 from kiln.pkg.graph import Graph
 
+DEFAULT_PLATFORM = "linux/amd64"  # without profiles and without --platform
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
@@ -31,18 +33,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, load: Callable[[str], Graph]) -> int:
-    """Profiles given: build them all; none: the kernel + initramfs output of the booting-system issue."""
+    """Profiles given: build them all; none: the kernel + initramfs output of the booting-system issue.
+
+    The arch: a profile's `arch:`, else --platform's (args.platform, None when not given), else amd64;
+    a profile's arch and --platform that disagree are refused (profile.resolve_platform).
+    """
     if not args.profiles:
-        return kernel_initramfs.run(load(args.platform), args)
+        return kernel_initramfs.run(load(args.platform or DEFAULT_PLATFORM), args)
     from kiln.image.imager import build_packages, check_packages, make_images, with_release_version
-    from kiln.image.profile import load_profiles
+    from kiln.image.profile import load_profiles, resolve_platform
 
     if args.extension or args.package or args.output != "kernel,initramfs":
         raise InputError(
             "--output, --extension and --package apply without profiles; a profile names its "
             "extensions and packages under input:"
         )
-    profiles = load_profiles(args.profiles, Path(args.profiles_dir))
+    profiles = resolve_platform(load_profiles(args.profiles, Path(args.profiles_dir)), args.platform)
     platforms = sorted({p.platform_spec for p in profiles})
     if len(platforms) > 1:
         raise InputError(f"profiles for several platforms ({', '.join(platforms)}): make them one platform per run")

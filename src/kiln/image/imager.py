@@ -28,6 +28,7 @@ from kiln import __version__
 from kiln.core.errors import BuildError, InputError, InputErrors, KilnError
 from kiln.core.hashing import file_sha256
 from kiln.core.schema import suggest
+from kiln.image.arch import check_kernel_arch, check_kernel_files, loader_for
 from kiln.image.assets import BootAssets
 from kiln.image.compress import compress
 from kiln.image.manifest import SbomPackage, load_spdx, write_manifest, write_sbom
@@ -70,10 +71,13 @@ def check_packages(profiles: list[Profile], graph: Graph) -> None:
                 fields += [(("input", key, i), name) for i, name in enumerate(getattr(profile, key))]
         if profile.kind == "installer":
             fields.append((("output", "kind"), MACHINED))
+        if profile.loader_package:
+            fields.append((("arch",) if profile.arch_given else ("output", "kind"), profile.loader_package))
         for path, name in fields:
             if name not in known:
+                why = f": {profile.arch} outputs take GRUB from it" if name == profile.loader_package else ""
                 errors.append(
-                    InputError(f"unknown package '{name}'{suggest(name, set(known))}", profile.location(*path))
+                    InputError(f"unknown package '{name}'{suggest(name, set(known))}{why}", profile.location(*path))
                 )
     if errors:
         raise errors[0] if len(errors) == 1 else InputErrors(errors)
@@ -136,13 +140,22 @@ class AssetMaker:
             "packages": profile.packages,
             "extensions": profile.extensions,
             "config": profile.machine_config,
-            "keys": {n: self.built.keys[n] for n in profile.packages_to_build()},
+            "keys": {n: self.built.keys[n] for n in profile.asset_packages()},
         }
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
     def assets(self, profile: Profile) -> BootAssets:
         vmlinuz, initramfs, digests = self._files(profile)
-        return BootAssets.make(vmlinuz, initramfs, profile.cmdline(), profile.version, self.built.epoch, digests)
+        check_kernel_arch(profile, vmlinuz)
+        return BootAssets.make(
+            vmlinuz,
+            initramfs,
+            profile.cmdline(),
+            profile.version,
+            self.built.epoch,
+            digests,
+            loader_for(profile, self.built.trees),
+        )
 
     def _files(self, profile: Profile) -> tuple[Path, Path, tuple[str, str]]:
         """vmlinuz, initramfs and their sha256s: made and hashed once per input set."""
@@ -162,7 +175,7 @@ class AssetMaker:
         if profile.initramfs is not None:
             return kernel_tree / "boot/vmlinuz", profile.initramfs
         trees = {
-            **{n: self.built.trees[n] for n in profile.packages_to_build()},
+            **{n: self.built.trees[n] for n in profile.asset_packages()},
             KERNEL: kernel_tree,
             INIT: self.built.trees[profile.init],
         }
@@ -224,7 +237,7 @@ def write_output(profile: Profile, assets: BootAssets, dest: Path, built: Built)
         machined = built.trees[MACHINED] / "usr/sbin/machined"
         with tempfile.TemporaryDirectory(prefix="disk-", dir=dest.parent) as tmp:
             raw = build_raw(assets, Path(tmp) / "disk.raw", profile.disk_size)
-            build_installer(assets, raw, machined, dest, profile.name)
+            build_installer(assets, raw, machined, dest, profile.name, profile_arch=profile.arch)
     else:  # the schema allows nothing else
         raise InputError(f"unknown output kind {kind}", profile.location("output", "kind"))
 
@@ -251,6 +264,8 @@ def sbom_packages(profile: Profile, built: Built) -> list[SbomPackage]:
             *[(n, "rootfs") for n in (*profile.rootfs, *profile.packages)],
             *[(n, "extension") for n in profile.extensions],
         ]
+    if profile.loader_package:
+        roles.append((profile.loader_package, "bootloader"))
     return [SbomPackage(packages[name], built.keys[name], role) for name, role in dict(roles).items()]
 
 
@@ -321,6 +336,7 @@ def load_worker_modules(profiles: list[Profile]) -> None:
 
 def make_images(profiles: list[Profile], built: Built, out: Path, jobs: int, say: Say) -> list[Result]:
     """Write every profile's outputs under out/, `jobs` profiles at a time."""
+    check_kernel_files(profiles)
     out.mkdir(parents=True, exist_ok=True)
     load_worker_modules(profiles)
     with tempfile.TemporaryDirectory(prefix=".kiln-assets-", dir=out) as work:

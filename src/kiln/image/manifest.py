@@ -49,7 +49,7 @@ class SbomPackage:
 
     package: Package
     key: str
-    role: str  # rootfs, kernel, init, extension
+    role: str  # rootfs, kernel, init, extension, bootloader
 
 
 def artifacts(directory: Path) -> list[dict[str, Any]]:

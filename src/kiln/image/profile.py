@@ -1,13 +1,18 @@
 """Image profiles (profiles/<name>.yaml): what to build, how to customise it, which output to write.
 
 A profile is checked like a pkg.yaml: its JSON Schema (profile.schema.json) first, then the
-rules a schema cannot say (options that only fit one output kind); every problem is an
-InputError naming `file:line`, all of them at once.
+rules a schema cannot say (options that only fit one output kind, what an arch cannot boot);
+every problem is an InputError naming `file:line`, all of them at once.
+
+Arch: the profile's `arch:` when it has one, else `kiln image --platform`'s, else amd64. A profile
+whose `arch:` disagrees with --platform is refused (resolve_platform), and the arch rules run
+again for the arch --platform gave: arm64 machines boot UEFI only, so an arm64 output cannot
+have BIOS firmware, nor be an OVA (its OVF describes a BIOS x86 virtual machine).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -15,11 +20,21 @@ from kiln.core import schema
 from kiln.core.errors import InputError, InputErrors, Location
 from kiln.core.sizes import parse_size
 from kiln.core.yamlfile import Path_, Positioned, read_yaml_file
+from kiln.image.assets import ARCH_FIRMWARE
+from kiln.pkg.variables import Platform
 from kiln.rootfs.assemble import BASE_ROOTFS
 
 # Where an embedded machine config lands in the rootfs; the command line names it (kiln.config=).
 CONFIG_PATH = "/usr/lib/kiln/machine-config.json"
 _IMAGE_EXTENSIONS = {"raw": "raw", "qcow2": "qcow2", "vhd": "vhd", "vmdk": "vmdk", "ova": "ova"}
+DEFAULT_ARCH = "amd64"
+# The kernel's console when a profile names none: the 8250 UART on amd64, the PL011 on arm64
+# (QEMU's virt machine, most ARM servers and the arm64 clouds but AWS).
+DEFAULT_KERNEL_ARGS = {"amd64": ("console=ttyS0",), "arm64": ("console=ttyAMA0",)}
+# Outputs a boot loader boots: on arm64 they take GRUB's EFI modules from this package.
+BOOTED_KINDS = ("iso", "image", "pxe", "installer")
+GRUB_ARM64 = "grub-efi-arm64"
+KernelArgs = tuple[str, ...] | dict[str, tuple[str, ...]]
 
 
 @dataclass(frozen=True)
@@ -43,13 +58,15 @@ class Profile:
     rootfs: tuple[str, ...]
     packages: tuple[str, ...]
     extensions: tuple[str, ...]
-    kernel_args: tuple[str, ...]
+    custom_kernel_args: KernelArgs | None  # customization.kernel_args: a list, or one per arch
     machine_config: dict[str, Any] | None
     kind: str
     disk_size: int
     disk_format: str
     file_name: str
     out_format: str
+    custom_firmware: tuple[str, ...] | None = None  # output.firmware, when the profile sets it
+    arch_given: bool = False  # the file says `arch:` (else --platform or the default chose it)
     positions: Positioned = field(compare=False, repr=False, default_factory=lambda: Positioned({}, {}))
 
     def location(self, *path: str | int) -> Location:
@@ -60,6 +77,24 @@ class Profile:
     def platform_spec(self) -> str:
         return f"linux/{self.arch}"
 
+    @property
+    def kernel_args(self) -> tuple[str, ...]:
+        """The profile's kernel arguments for its arch; an arch it names none for gets DEFAULT_KERNEL_ARGS."""
+        custom = self.custom_kernel_args
+        if isinstance(custom, dict):
+            custom = custom.get(self.arch)
+        return DEFAULT_KERNEL_ARGS[self.arch] if custom is None else custom
+
+    @property
+    def firmware(self) -> tuple[str, ...]:
+        """The firmware the output boots from: output.firmware, else all its arch has (amd64 BIOS + UEFI)."""
+        return self.custom_firmware or ARCH_FIRMWARE[self.arch]
+
+    @property
+    def loader_package(self) -> str | None:
+        """The package the boot loader's modules come from: none on amd64 (the host's GRUB)."""
+        return GRUB_ARM64 if self.arch == "arm64" and self.kind in BOOTED_KINDS else None
+
     def cmdline(self) -> str:
         """The kernel command line: the profile's arguments, the platform, the embedded config."""
         args = [*self.kernel_args, f"kiln.platform={self.platform}"]
@@ -67,14 +102,44 @@ class Profile:
             args.append(f"kiln.config={CONFIG_PATH}")
         return " ".join(args)
 
-    def packages_to_build(self) -> list[str]:
-        """Every package this profile's boot assets are made from, in a stable order."""
+    def asset_packages(self) -> list[str]:
+        """Every package this profile's kernel and initramfs are made from, in a stable order."""
         names: list[str] = []
         if self.kernel.package:
             names.append(self.kernel.package)
         if self.initramfs is None:
             names += [self.init, *self.rootfs, *self.packages, *self.extensions]
         return list(dict.fromkeys(names))
+
+    def packages_to_build(self) -> list[str]:
+        """The asset packages and the boot loader's (arm64's GRUB), in a stable order."""
+        names = self.asset_packages()
+        return list(dict.fromkeys([*names, self.loader_package])) if self.loader_package else names
+
+
+def arch_rules(arch: str, kind: str, firmware: list[str] | None, disk_format: str, why: str) -> list[tuple[Path_, str]]:
+    """What `arch` cannot boot: (path, message) per problem. `why` says where the arch came from."""
+    found: list[tuple[Path_, str]] = []
+    bootable = ARCH_FIRMWARE[arch]
+    for index, name in enumerate(firmware or []):
+        if name not in bootable:
+            found.append(
+                (
+                    ("output", "firmware", index),
+                    f"firmware {name} cannot be built for {arch}{why}: {arch} machines boot "
+                    f"{' and '.join(f.upper() for f in bootable)} only; write firmware: [{', '.join(bootable)}] "
+                    "or leave firmware out",
+                )
+            )
+    if arch == "arm64" and kind in ("image", "installer") and disk_format == "ova":
+        found.append(
+            (
+                ("output", "image", "format"),
+                f"format ova cannot be built for {arch}{why}: its OVF describes a BIOS x86 virtual machine "
+                "(IDE disk, E1000 NIC); arm64 disks can be raw, qcow2, vhd or vmdk",
+            )
+        )
+    return found
 
 
 def _disk_size_problems(text: str) -> list[str]:
@@ -124,15 +189,12 @@ def _rules(data: dict[str, Any]) -> list[tuple[Path_, str]]:
     image = output.get("image", {})
     if "disk_size" in image:
         found += [(("output", "image", "disk_size"), problem) for problem in _disk_size_problems(image["disk_size"])]
-    arch = data.get("arch", "amd64")
-    if arch != "amd64":
+    if "firmware" in output and kind not in BOOTED_KINDS:
         found.append(
-            (
-                ("arch",),
-                f"arch {arch}: only amd64 images can be built so far (arm64 boot assets "
-                "validate but no arm64 bootloader output exists yet)",
-            )
+            (("output", "firmware"), f"output.firmware applies to kinds {', '.join(BOOTED_KINDS)}, not {kind}")
         )
+    arch = data.get("arch", DEFAULT_ARCH)
+    found += arch_rules(arch, kind, output.get("firmware"), image.get("format", "raw"), "")
     inputs = data.get("input", {})
     if "initramfs" in inputs and "package" in inputs["initramfs"]:
         found.append(
@@ -175,10 +237,15 @@ def _build(data: dict[str, Any], file: Path, positioned: Positioned) -> Profile:
         if asset is not None and not asset.is_file():
             raise InputError(f"input.{key}: no such file {asset}", Location(str(file), positioned.line(("input", key))))
     disk_format = image.get("format", "raw")
+    kernel_args = custom.get("kernel_args")
+    if isinstance(kernel_args, dict):
+        kernel_args = {arch: tuple(args) for arch, args in kernel_args.items()}
+    elif kernel_args is not None:
+        kernel_args = tuple(kernel_args)
     return Profile(
         name=data.get("name", file.stem),
         file=file,
-        arch=data.get("arch", "amd64"),
+        arch=data.get("arch", DEFAULT_ARCH),
         platform=data["platform"],
         version=str(data.get("version", "")),
         kernel=kernel,
@@ -187,15 +254,54 @@ def _build(data: dict[str, Any], file: Path, positioned: Positioned) -> Profile:
         rootfs=tuple(inputs.get("rootfs", BASE_ROOTFS)),
         packages=tuple(inputs.get("packages", [])),
         extensions=tuple(inputs.get("extensions", [])),
-        kernel_args=tuple(custom.get("kernel_args", ["console=ttyS0"])),
+        custom_kernel_args=kernel_args,
         machine_config=custom.get("machine_config"),
         kind=output["kind"],
         disk_size=parse_size(image.get("disk_size", "1GiB")),
         disk_format=disk_format,
         file_name=image.get("file_name", f"disk.{_IMAGE_EXTENSIONS[disk_format]}"),
         out_format=output.get("out_format", "raw"),
+        custom_firmware=tuple(output["firmware"]) if "firmware" in output else None,
+        arch_given="arch" in data,
         positions=positioned,
     )
+
+
+def resolve_platform(profiles: list[Profile], platform: str | None) -> list[Profile]:
+    """The profiles for `kiln image --platform` (None: not given, each keeps its own arch).
+
+    A profile without `arch:` takes --platform's arch, and what that arch cannot boot is refused
+    at the profile's lines; one whose `arch:` disagrees is refused at that line. All at once.
+    """
+    if platform is None:
+        return profiles
+    arch = Platform.parse(platform).arch
+    errors: list[InputError] = []
+    resolved: list[Profile] = []
+    for profile in profiles:
+        if profile.arch_given and profile.arch != arch:
+            errors.append(
+                InputError(
+                    f"arch {profile.arch} disagrees with --platform {platform}: a profile's arch and --platform "
+                    "must agree (leave arch out of the profile to let --platform choose)",
+                    profile.location("arch"),
+                )
+            )
+            continue
+        if profile.arch != arch:
+            profile = replace(profile, arch=arch)
+            problems = arch_rules(
+                arch,
+                profile.kind,
+                list(profile.custom_firmware or []),
+                profile.disk_format,
+                f" (--platform {platform})",
+            )
+            errors += [InputError(message, profile.location(*path)) for path, message in problems]
+        resolved.append(profile)
+    if errors:
+        raise errors[0] if len(errors) == 1 else InputErrors(list(errors))
+    return resolved
 
 
 def find_profile(ref: str, profiles_dir: Path) -> Path:

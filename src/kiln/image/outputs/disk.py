@@ -10,6 +10,11 @@ FAT serial and read the shared menu from it.
 Nothing is mounted. The filesystems are made with mkfs.fat and filled with mtools straight at
 their offsets inside the image; every GUID and FAT serial derives from the assets' seed and
 every FAT time from SOURCE_DATE_EPOCH (TZ=UTC), so the same assets give the same bytes.
+
+arm64 disks (UEFI only) have the same four partitions at the same places, so machined's
+partition plan, `machined install` and upgrades treat every Kiln disk alike: EFI holds
+EFI/BOOT/BOOTAA64.EFI (GRUB from the grub-efi-arm64 package), and the BIOS boot partition stays,
+empty, with no GRUB boot code in the protective MBR. BOOT, its A/B menu and grubenv are as on amd64.
 """
 
 from __future__ import annotations
@@ -23,12 +28,12 @@ from pathlib import Path
 
 from kiln.core import tools
 from kiln.core.errors import BuildError, InputError
-from kiln.image.assets import BootAssets, derived_uuid
-from kiln.image.outputs.grub import ENV_NAME, environment_block, slot_boot_config, slots_config
+from kiln.image.assets import HOST_GRUB, BootAssets, Loader, derived_uuid
+from kiln.image.outputs.grub import ENV_NAME, environment_block, mkimage, slot_boot_config, slots_config
 
 MIB = 1 << 20
 SECTOR = 512
-GRUB_LIB = Path("/usr/lib/grub")
+GRUB_LIB = HOST_GRUB
 
 ESP_TYPE = "C12A7328-F81F-11D2-BA4B-00A0C93EC93B"
 BIOS_BOOT_TYPE = "21686148-6449-6E6F-744E-656564454649"
@@ -143,7 +148,8 @@ def build_raw(assets: BootAssets, out: Path, size: int) -> Path:
             f"disk size {size // MIB} MiB is too small: EFI, BIOS, BOOT and META need "
             f"{needed // MIB} MiB (and machined 356 MiB more for STATE and EPHEMERAL)"
         )
-    _require_tools()
+    loader = assets.loader
+    _require_tools(loader)
     parts = {p.name: p for p in layout(assets)}
     env = {**os.environ, "SOURCE_DATE_EPOCH": str(assets.epoch), "TZ": "UTC", "LC_ALL": "C", "MTOOLS_SKIP_CHECK": "1"}
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -160,43 +166,13 @@ def build_raw(assets: BootAssets, out: Path, size: int) -> Path:
             # Both core images look for BOOT by its serial and read the menu there.
             load_cfg.write_text(f"search --no-floppy --set=root --fs-uuid {boot_uuid}\nset prefix=($root)/grub\n")
             core = work / "core.img"
-            _run(
-                [
-                    "grub-mkimage",
-                    "-O",
-                    "i386-pc",
-                    "-d",
-                    str(GRUB_LIB / "i386-pc"),
-                    "-p",
-                    "/grub",
-                    "-c",
-                    str(load_cfg),
-                    "-o",
-                    str(core),
-                    *BIOS_MODULES,
-                ],
-                env,
-            )
-            efi = work / "BOOTX64.EFI"
-            _run(
-                [
-                    "grub-mkimage",
-                    "-O",
-                    "x86_64-efi",
-                    "-d",
-                    str(GRUB_LIB / "x86_64-efi"),
-                    "-p",
-                    "/grub",
-                    "-c",
-                    str(load_cfg),
-                    "-o",
-                    str(efi),
-                    *EFI_MODULES,
-                ],
-                env,
-            )
+            if loader.bios:
+                mkimage("i386-pc", GRUB_LIB / "i386-pc", "/grub", load_cfg, core, BIOS_MODULES, env)
+            efi = work / loader.efi_binary
+            if loader.uefi:
+                mkimage(loader.efi_target, loader.efi_dir, "/grub", load_cfg, efi, EFI_MODULES, env)
             grub_cfg = work / "grub.cfg"
-            grub_cfg.write_text(slots_config())
+            grub_cfg.write_text(slots_config(serial=loader.serial_console))
             grubenv = work / ENV_NAME
             grubenv.write_bytes(
                 environment_block({"kiln_default": INSTALL_SLOT, f"kiln_version_{INSTALL_SLOT}": assets.version})
@@ -205,7 +181,8 @@ def build_raw(assets: BootAssets, out: Path, size: int) -> Path:
             slot_cfg.write_text(slot_boot_config(assets, INSTALL_SLOT, KERNEL_NAME, INITRD_NAME))
 
             _fat(assets, partial, parts["EFI"], "EFI", env)
-            _copy_in(partial, parts["EFI"], env, {"EFI/BOOT/BOOTX64.EFI": efi})
+            if loader.uefi:
+                _copy_in(partial, parts["EFI"], env, {f"EFI/BOOT/{loader.efi_binary}": efi})
             _fat(assets, partial, parts["BOOT"], "BOOT", env)
             _copy_in(
                 partial,
@@ -219,7 +196,8 @@ def build_raw(assets: BootAssets, out: Path, size: int) -> Path:
                     f"grub/{ENV_NAME}": grubenv,
                 },
             )
-            install_bios_grub(partial, core, parts["BIOS"])
+            if loader.bios:
+                install_bios_grub(partial, core, parts["BIOS"])
         partial.chmod(0o644)
         partial.replace(out)
     except BaseException:
@@ -311,11 +289,14 @@ def _copy_in(image: Path, part: Partition, env: dict[str, str], files: dict[str,
         _run(["mcopy", "-i", target, str(files[name]), f"::/{name}"], env)
 
 
-def _require_tools() -> None:
+def _require_tools(loader: Loader) -> None:
     missing = sorted({package for tool, package in TOOLS.items() if shutil.which(tool) is None})
-    for platform, needed in (("i386-pc", "boot.img"), ("x86_64-efi", "normal.mod")):
-        if not (GRUB_LIB / platform / needed).exists():
-            missing.append("grub-pc-bin" if platform == "i386-pc" else "grub-efi-amd64-bin")
+    if loader.bios and not (GRUB_LIB / "i386-pc/boot.img").exists():
+        missing.append("grub-pc-bin")
+    if loader.uefi and not (loader.efi_dir / "normal.mod").exists():
+        if loader.arch != "amd64":
+            raise BuildError(f"building an {loader.arch} disk image needs GRUB's EFI modules in {loader.efi_dir}")
+        missing.append("grub-efi-amd64-bin")
     if missing:
         raise BuildError(f"building a disk image needs: apt install {' '.join(missing)}")
 

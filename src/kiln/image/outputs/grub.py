@@ -6,10 +6,17 @@ slot costs one try, written back with `save_env` before the kernel starts; with 
 GRUB boots the default slot again and records the rollback. machined makes a trial slot the
 default once it reaches ready (docs/upgrades.md). Each slot carries its own `boot.cfg` (its
 kernel command line), so a slot's kernel and arguments travel together.
+
+On amd64 the menus put GRUB on the serial port and the screen; on arm64 (UEFI) GRUB's console is
+the firmware's, which is already on the serial port (see Loader.serial_console), so they leave
+the terminals as GRUB starts them.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from kiln.core import tools
 from kiln.image.assets import BootAssets
 
 SLOTS = ("A", "B")
@@ -23,6 +30,20 @@ VERSION_VARS = ("kiln_version_A", "kiln_version_B")  # shown in the menu's title
 _CONSOLE = ["serial --unit=0 --speed=115200", "terminal_input console serial", "terminal_output console serial"]
 
 
+def mkimage(
+    target: str, modules: Path, prefix: str, load_cfg: Path, out: Path, built_in: list[str], env: dict[str, str]
+) -> None:
+    """`grub-mkimage` (the host's grub-common) for `target` from the `modules` directory: `built_in`
+    modules linked in, `load_cfg` embedded, `prefix` where GRUB looks for grub.cfg."""
+    command = ["grub-mkimage", "-O", target, "-d", str(modules), "-p", prefix, "-c", str(load_cfg), "-o", str(out)]
+    tools.run([*command, *built_in], env=env)
+
+
+def console(*, serial: bool) -> list[str]:
+    """The menus' first lines: GRUB on the serial port and the screen, or the firmware's console as it is."""
+    return list(_CONSOLE) if serial else []
+
+
 def grub_config(assets: BootAssets, kernel: str, initrd: str, timeout: int = 1) -> str:
     """grub.cfg booting `kernel` with `initrd` (GRUB paths, e.g. "/boot/vmlinuz") on serial and screen.
 
@@ -30,7 +51,7 @@ def grub_config(assets: BootAssets, kernel: str, initrd: str, timeout: int = 1) 
     """
     return "\n".join(
         [
-            *_CONSOLE,
+            *console(serial=assets.loader.serial_console),
             "set default=0",
             f"set timeout={timeout}",
             f'menuentry "Kiln {assets.version}" {{',
@@ -47,11 +68,11 @@ def slot_boot_config(assets: BootAssets, slot: str, kernel: str, initrd: str) ->
     return f"linux /{slot}/{kernel} {assets.cmdline} kiln.slot={slot}\ninitrd /{slot}/{initrd}\n"
 
 
-def slots_config(timeout: int = 1) -> str:
+def slots_config(timeout: int = 1, *, serial: bool = True) -> str:
     """The disk's grub.cfg: pick the slot from the environment block, count a trial's tries, boot it.
 
     Only the four state variables are loaded (a hostile grubenv cannot set `prefix` or `root`),
-    and a slot name that is not A or B reads as A.
+    and a slot name that is not A or B reads as A. `serial`: see console().
     """
     countdown = []
     for tries in range(MAX_TRIES, 0, -1):
@@ -60,7 +81,7 @@ def slots_config(timeout: int = 1) -> str:
         countdown.append(f'        set kiln_tries="{tries - 1}"')
         countdown.append('        set kiln_slot="$kiln_next"')
     lines = [
-        *_CONSOLE,
+        *console(serial=serial),
         f"set timeout={timeout}",
         "set default=0",
         'set kiln_default="A"',

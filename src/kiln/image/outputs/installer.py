@@ -39,7 +39,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from kiln.core.errors import InputError
+from kiln.core.errors import BuildError, InputError
 from kiln.core.hashing import CHUNK
 from kiln.image.assets import BootAssets
 
@@ -88,10 +88,17 @@ def image_tag(version: str) -> str:
     return tag if tag and tag[0] not in ".-" else "v" + tag[:127]
 
 
-def build_installer(assets: BootAssets, disk_raw: Path, machined: Path, out_dir: Path, name: str) -> tuple[Path, Path]:
+def build_installer(
+    assets: BootAssets, disk_raw: Path, machined: Path, out_dir: Path, name: str, *, profile_arch: str | None = None
+) -> tuple[Path, Path]:
     """Write out_dir/<name>/ (an OCI image layout) and out_dir/<name>.tar (that layout plus
     docker's manifest.json, for `docker load`); return both. The image is tagged
-    kiln-installer:<version>."""
+    kiln-installer:<version>.
+
+    The image's architecture (config, index platform, release.json) is machined's, read from its
+    ELF header: the installer runs it, so that is what a registry must offer each machine.
+    `profile_arch` must agree with it: an amd64 machined in an arm64 installer is refused.
+    """
     for what, path in (
         ("disk image", disk_raw),
         ("machined", machined),
@@ -101,6 +108,8 @@ def build_installer(assets: BootAssets, disk_raw: Path, machined: Path, out_dir:
         if not path.is_file():
             raise InputError(f"installer: {what} {path} does not exist")
     arch = static_elf_arch(machined)
+    if profile_arch is not None and arch != profile_arch:
+        raise BuildError(f"installer: {machined} is built for {arch}, but the profile is for {profile_arch}")
     out_dir.mkdir(parents=True, exist_ok=True)
     tag = image_tag(assets.version)
     with tempfile.TemporaryDirectory(prefix=".installer-", dir=out_dir) as tmp:

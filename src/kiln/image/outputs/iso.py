@@ -7,6 +7,11 @@ GRUB UUID from the wall clock (baked into both GRUB core images as `search --fs-
 formats its efi.img with a random FAT serial. Here the UUID (the ISO's modification date, as
 GRUB reads it) comes from SOURCE_DATE_EPOCH, the FAT serial from the assets' seed, and
 xorriso gets every date and GUID explicitly, so the same assets give the same bytes.
+
+arm64 machines boot UEFI only, so an arm64 ISO has just the EFI parts: the El Torito EFI image
+(FAT holding EFI/BOOT/BOOTAA64.EFI, GRUB from the grub-efi-arm64 package) that the GPT also
+exposes as the EFI system partition; no El Torito BIOS image and no GRUB hybrid MBR. The
+loader's firmware decides which parts an ISO gets (assets.Loader).
 """
 
 from __future__ import annotations
@@ -20,10 +25,10 @@ from pathlib import Path
 
 from kiln.core import tools
 from kiln.core.errors import BuildError
-from kiln.image.assets import BootAssets, derived_uuid
-from kiln.image.outputs.grub import grub_config
+from kiln.image.assets import HOST_GRUB, BootAssets, Loader, derived_uuid
+from kiln.image.outputs.grub import grub_config, mkimage
 
-GRUB_LIB = Path("/usr/lib/grub")
+GRUB_LIB = HOST_GRUB
 # Modules built into the GRUB core images: nothing is loaded from the ISO but grub.cfg, so the
 # ISO does not carry GRUB's module directories (about 20 MB with grub-mkrescue).
 COMMON_MODULES = [
@@ -68,8 +73,9 @@ def grub_uuid(epoch: int) -> str:
 
 
 def build_iso(assets: BootAssets, out: Path) -> Path:
-    """Write the hybrid ISO for `assets` to `out` and return it."""
-    _require_tools()
+    """Write the ISO for `assets` to `out` and return it: hybrid BIOS + UEFI on amd64, UEFI only on arm64."""
+    loader = assets.loader
+    _require_tools(loader)
     out.parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "SOURCE_DATE_EPOCH": str(assets.epoch), "TZ": "UTC", "LC_ALL": "C"}
     with tempfile.TemporaryDirectory(prefix="kiln-iso-") as tmp:
@@ -79,43 +85,36 @@ def build_iso(assets: BootAssets, out: Path) -> Path:
         load_cfg.write_text(
             f"search --no-floppy --set=root --fs-uuid {grub_uuid(assets.epoch)}\nset prefix=($root)/boot/grub\n"
         )
-        bios = work / "eltorito.img"
-        _run(
-            [
-                "grub-mkimage",
-                "-O",
-                "i386-pc-eltorito",
-                "-d",
-                str(GRUB_LIB / "i386-pc"),
-                "-p",
-                "/boot/grub",
-                "-c",
-                str(load_cfg),
-                "-o",
-                str(bios),
-                *BIOS_MODULES,
-            ],
-            env,
-        )
-        efi_binary = work / "BOOTX64.EFI"
-        _run(
-            [
-                "grub-mkimage",
-                "-O",
-                "x86_64-efi",
-                "-d",
-                str(GRUB_LIB / "x86_64-efi"),
-                "-p",
-                "/boot/grub",
-                "-c",
-                str(load_cfg),
-                "-o",
-                str(efi_binary),
-                *EFI_MODULES,
-            ],
-            env,
-        )
-        efi_image = _efi_image(assets, efi_binary, work, env)
+        boot_options: list[str] = []
+        grafts: list[str] = []
+        if loader.bios:
+            bios = work / "eltorito.img"
+            mkimage("i386-pc-eltorito", GRUB_LIB / "i386-pc", "/boot/grub", load_cfg, bios, BIOS_MODULES, env)
+            boot_options += [
+                # BIOS: El Torito no-emulation GRUB image; the same core booted from the hybrid MBR on USB.
+                "-b",
+                "boot/grub/i386-pc/eltorito.img",
+                "-no-emul-boot",
+                "-boot-load-size",
+                "4",
+                "-boot-info-table",
+                "--grub2-boot-info",
+                "--grub2-mbr",
+                str(GRUB_LIB / "i386-pc/boot_hybrid.img"),
+            ]
+            grafts.append(f"/boot/grub/i386-pc/eltorito.img={bios}")
+        if loader.uefi:
+            efi_binary = work / loader.efi_binary
+            mkimage(loader.efi_target, loader.efi_dir, "/boot/grub", load_cfg, efi_binary, EFI_MODULES, env)
+            efi_image = _efi_image(assets, efi_binary, work, env)
+            boot_options += [
+                # UEFI: El Torito EFI image, exposed in GPT as the EFI system partition for USB.
+                "--efi-boot",
+                "efi.img",
+                "-efi-boot-part",
+                "--efi-boot-image",
+            ]
+            grafts.append(f"/efi.img={efi_image}")
         grub_cfg = work / "grub.cfg"
         grub_cfg.write_text(grub_config(assets, "/boot/vmlinuz", "/boot/initramfs.zst"))
         partial = out.with_name(out.name + ".partial")
@@ -136,21 +135,7 @@ def build_iso(assets: BootAssets, out: Path) -> Path:
                 date,
                 "--gpt_disk_guid",
                 str(derived_uuid(assets.seed, "iso-gpt")),
-                # BIOS: El Torito no-emulation GRUB image; the same core booted from the hybrid MBR on USB.
-                "-b",
-                "boot/grub/i386-pc/eltorito.img",
-                "-no-emul-boot",
-                "-boot-load-size",
-                "4",
-                "-boot-info-table",
-                "--grub2-boot-info",
-                "--grub2-mbr",
-                str(GRUB_LIB / "i386-pc/boot_hybrid.img"),
-                # UEFI: El Torito EFI image, exposed in GPT as the EFI system partition for USB.
-                "--efi-boot",
-                "efi.img",
-                "-efi-boot-part",
-                "--efi-boot-image",
+                *boot_options,
                 "--protective-msdos-label",
                 "-r",
                 "-o",
@@ -158,8 +143,7 @@ def build_iso(assets: BootAssets, out: Path) -> Path:
                 f"/boot/vmlinuz={assets.vmlinuz}",
                 f"/boot/initramfs.zst={assets.initramfs}",
                 f"/boot/grub/grub.cfg={grub_cfg}",
-                f"/boot/grub/i386-pc/eltorito.img={bios}",
-                f"/efi.img={efi_image}",
+                *grafts,
             ],
             env,
         )
@@ -169,7 +153,7 @@ def build_iso(assets: BootAssets, out: Path) -> Path:
 
 
 def _efi_image(assets: BootAssets, efi_binary: Path, work: Path, env: dict[str, str]) -> Path:
-    """FAT image holding EFI/BOOT/BOOTX64.EFI: serial from the seed, times from SOURCE_DATE_EPOCH."""
+    """FAT image holding EFI/BOOT/<BOOTX64|BOOTAA64>.EFI: serial from the seed, times from SOURCE_DATE_EPOCH."""
     image = work / "efi.img"
     # Room for the binary plus FAT overhead, in whole MiB (a FAT12/16 size mkfs.fat accepts).
     size_kib = ((efi_binary.stat().st_size // 1024 + 512) // 1024 + 1) * 1024
@@ -178,15 +162,18 @@ def _efi_image(assets: BootAssets, efi_binary: Path, work: Path, env: dict[str, 
     _run(["mkfs.fat", "-C", "--invariant", "-i", serial, "-n", "KILN_EFI", str(image), str(size_kib)], env)
     os.utime(efi_binary, (assets.epoch, assets.epoch))
     _run(["mmd", "-i", str(image), "::/EFI", "::/EFI/BOOT"], env)
-    _run(["mcopy", "-m", "-i", str(image), str(efi_binary), "::/EFI/BOOT/BOOTX64.EFI"], env)
+    _run(["mcopy", "-m", "-i", str(image), str(efi_binary), f"::/EFI/BOOT/{assets.loader.efi_binary}"], env)
     return image
 
 
-def _require_tools() -> None:
+def _require_tools(loader: Loader) -> None:
     missing = sorted({package for tool, package in TOOLS.items() if shutil.which(tool) is None})
-    for platform, needed in (("i386-pc", "boot_hybrid.img"), ("x86_64-efi", "normal.mod")):
-        if not (GRUB_LIB / platform / needed).exists():
-            missing.append("grub-pc-bin" if platform == "i386-pc" else "grub-efi-amd64-bin")
+    if loader.bios and not (GRUB_LIB / "i386-pc/boot_hybrid.img").exists():
+        missing.append("grub-pc-bin")
+    if loader.uefi and not (loader.efi_dir / "normal.mod").exists():
+        if loader.arch != "amd64":
+            raise BuildError(f"building an {loader.arch} ISO needs GRUB's EFI modules in {loader.efi_dir}")
+        missing.append("grub-efi-amd64-bin")
     if missing:
         raise BuildError(f"building an ISO needs: apt install {' '.join(missing)}")
 

@@ -72,6 +72,38 @@ def test_strip_shrinks_a_real_binary(tmp_path: Path) -> None:
     assert largest_files(root, 1)[0][1] == "/usr/bin/hello"
 
 
+def test_strip_uses_the_binutils_of_each_files_arch(tmp_path: Path) -> None:
+    """An arm64 rootfs is stripped on this amd64 host: the native strip refuses aarch64 files."""
+    root = tmp_path / "root"
+    (root / "usr/bin").mkdir(parents=True)
+    (tmp_path / "start.s").write_text(".globl _start\n_start:\n  mov x0, #0\n  ret\n")
+    subprocess.run(
+        ["aarch64-linux-gnu-as", "-g", "-o", str(tmp_path / "start.o"), str(tmp_path / "start.s")], check=True
+    )
+    subprocess.run(["aarch64-linux-gnu-ld", "-o", str(root / "usr/bin/tiny"), str(tmp_path / "start.o")], check=True)
+    before = subprocess.run(
+        ["aarch64-linux-gnu-readelf", "-S", str(root / "usr/bin/tiny")], capture_output=True, text=True
+    )
+    assert ".debug_line" in before.stdout
+    assert strip_binaries(root) == 1
+    after = subprocess.run(
+        ["aarch64-linux-gnu-readelf", "-S", str(root / "usr/bin/tiny")], capture_output=True, text=True
+    )
+    assert ".debug_line" not in after.stdout
+    assert "ARM aarch64" in subprocess.run(["file", str(root / "usr/bin/tiny")], capture_output=True, text=True).stdout
+
+
+def test_an_elf_for_another_machine_is_refused(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    (root / "usr/bin").mkdir(parents=True)
+    riscv = bytearray(64)
+    riscv[:6] = b"\x7fELF\x02\x01"
+    riscv[18:20] = (0xF3).to_bytes(2, "little")
+    (root / "usr/bin/odd").write_bytes(bytes(riscv))
+    with pytest.raises(BuildError, match="/usr/bin/odd: an ELF file for machine 0xf3"):
+        strip_binaries(root)
+
+
 def test_squashfs_is_reproducible_and_root_owned(tmp_path: Path) -> None:
     files: dict[str, str | bytes] = {
         "usr/bin/tool": os.urandom(50000),

@@ -121,19 +121,37 @@ def check_minimal(root: Path) -> None:
         raise BuildError(f"the rootfs must not hold a shell or package manager, found: {', '.join(found)}")
 
 
-def strip_binaries(root: Path, strip: str = "strip") -> int:
+# The host's binutils for each ELF machine (e_machine): an arm64 rootfs is stripped on an amd64
+# host by Debian's cross binutils (binutils-aarch64-linux-gnu), since the native strip refuses it.
+STRIP_FOR_MACHINE = {0x3E: "x86_64-linux-gnu-strip", 0xB7: "aarch64-linux-gnu-strip"}
+
+
+def elf_machine(header: bytes) -> int | None:
+    """e_machine of an ELF header (at least 20 bytes), or None when it is not ELF."""
+    if len(header) < 20 or header[:4] != ELF_MAGIC:
+        return None
+    order = "little" if header[5] == 1 else "big"
+    return int.from_bytes(header[18:20], order)
+
+
+def strip_binaries(root: Path) -> int:
     """Strip debug symbols from ELF files; returns how many were stripped."""
     count = 0
     for dirpath, _dirnames, filenames in os.walk(root):
         for name in filenames:
             path = Path(dirpath) / name
             info = path.lstat()
-            if not stat.S_ISREG(info.st_mode) or info.st_size < 4:
+            if not stat.S_ISREG(info.st_mode) or info.st_size < 20:
                 continue
             with path.open("rb") as handle:
-                if handle.read(4) != ELF_MAGIC:
-                    continue
-            tools.run([strip, "--strip-unneeded", str(path)], what=f"strip of /{path.relative_to(root)}")
+                machine = elf_machine(handle.read(20))
+            if machine is None:
+                continue
+            strip = STRIP_FOR_MACHINE.get(machine)
+            where = f"/{path.relative_to(root)}"
+            if strip is None:
+                raise BuildError(f"{where}: an ELF file for machine {machine:#x}, which Kiln does not build for")
+            tools.run([strip, "--strip-unneeded", str(path)], what=f"strip of {where}")
             os.utime(path, ns=(info.st_atime_ns, info.st_mtime_ns))
             count += 1
     return count

@@ -9,6 +9,8 @@ bench/results/pkgs.json by package, so measuring some packages keeps the others'
 
 Run: `.venv/bin/python bench/pkgs.py [PKG...]` (needs root, bubblewrap and the seed, made once in
 $KILN_TEST_SEED like the tests do); `--table` prints the README's table from the results file.
+`--platform linux/arm64` measures the cross build on this amd64 machine (its own cross seed);
+those rows are stored as `NAME@arm64` beside the native ones.
 """
 
 from __future__ import annotations
@@ -46,13 +48,13 @@ def kiln(args: list[str], cache: Path, *, check: bool = True) -> subprocess.Comp
     return result
 
 
-def seeded_cache(base: Path) -> Path:
+def seeded_cache(base: Path, target: Platform) -> Path:
     """A fresh store holding only the seed (hard links from $KILN_TEST_SEED, made there once)."""
     if (base / "cache").exists():
         raise SystemExit(f"{base / 'cache'} exists: the store must start empty for cold figures")
     seed = Path(os.environ.get("KILN_TEST_SEED", Path.home() / ".cache/kiln-test-seed"))
-    kiln(["bootstrap"], seed)
-    key = stage0_key(load_tree(PKGS, Platform.parse("linux/amd64")))
+    kiln(["bootstrap", "--platform", str(target)], seed)
+    key = stage0_key(load_tree(PKGS, target))
     cache = base / "cache"
     (cache / "store").mkdir(parents=True)
     subprocess.run(["cp", "-al", str(seed / "store" / key), str(cache / "store" / key)], check=True)
@@ -88,18 +90,19 @@ def measure_output(tree: Path) -> dict[str, Any]:
     return {"output_bytes": total, "files": files, "binaries": binaries}
 
 
-def run(targets: list[str], keep: Path | None) -> dict[str, Any]:
+def run(targets: list[str], keep: Path | None, target: Platform) -> dict[str, Any]:
     """Build `targets` cold; `keep` names a directory whose store is kept for reuse afterwards."""
-    tree = load_tree(PKGS, Platform.parse("linux/amd64"))
+    tree = load_tree(PKGS, target)
     graph = Graph(tree)
     closure = graph.closure(targets)
     with tempfile.TemporaryDirectory(prefix="kiln-bench-pkgs-") as tmp:
-        cache = seeded_cache(keep or Path(tmp))
-        kiln(["fetch", *closure], cache)
+        cache = seeded_cache(keep or Path(tmp), target)
+        on = ["--platform", str(target)]
+        kiln(["fetch", *closure, *on], cache)
         load_before = os.getloadavg()[0]
         start = time.perf_counter()
         # a failed package must not lose the figures of those that built (a kernel is 20 minutes)
-        result = kiln(["build", *closure, "--jobs", "1", "--json"], cache, check=False)
+        result = kiln(["build", *closure, *on, "--jobs", "1", "--json"], cache, check=False)
         wall = time.perf_counter() - start
         # other work on the machine stretches every figure: keep the 1- and 15-minute load with them
         load = {"before_1min": round(load_before, 1), "after_15min": round(os.getloadavg()[2], 1)}
@@ -114,7 +117,8 @@ def run(targets: list[str], keep: Path | None) -> dict[str, Any]:
             if outcome["status"] != "built":
                 continue
             store_tree = cache / "store" / outcome["key"] / "tree"
-            packages[name] = {
+            row = name if target.arch == "amd64" else f"{name}@{target.arch}"
+            packages[row] = {
                 "version": tree.packages[name].version,
                 "key": outcome["key"],
                 "seconds": round(outcome["seconds"], 1),
@@ -149,6 +153,7 @@ def table(results: dict[str, Any]) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("packages", nargs="*", help=f"packages to build (default: {' '.join(DEFAULT)})")
+    parser.add_argument("--platform", default="linux/amd64", help="target platform (linux/arm64: cross build)")
     parser.add_argument("--table", action="store_true", help="print the README table from the results file")
     parser.add_argument(
         "--keep", type=Path, metavar="DIR", help="build in DIR/cache and keep it (e.g. to reuse a cold-built toolchain)"
@@ -158,7 +163,7 @@ def main() -> int:
     if args.table:
         print(table(previous))
         return 0
-    measured = run(args.packages or DEFAULT, args.keep)
+    measured = run(args.packages or DEFAULT, args.keep, Platform.parse(args.platform))
     merged = {
         "machine": f"{platform.machine()}, {os.cpu_count()} cores",
         "toolchain": load_tree(PKGS, Platform.parse("linux/amd64")).toolchain,

@@ -130,8 +130,7 @@ def elf_machine(header: bytes) -> int | None:
     """e_machine of an ELF header (at least 20 bytes), or None when it is not ELF."""
     if len(header) < 20 or header[:4] != ELF_MAGIC:
         return None
-    order = "little" if header[5] == 1 else "big"
-    return int.from_bytes(header[18:20], order)
+    return int.from_bytes(header[18:20], "little" if header[5] == 1 else "big")
 
 
 def strip_binaries(root: Path) -> int:

@@ -237,7 +237,8 @@ def _common() -> argparse.ArgumentParser:
     common.add_argument(
         "--platform",
         default=None,
-        help="target platform: linux/amd64 (default; for kiln image, the profiles' arch) or linux/arm64",
+        help="target platform: linux/amd64 (default; for kiln image, the profiles' arch) or linux/arm64; "
+        "kiln image and kiln release push take a comma-separated list (linux/amd64,linux/arm64)",
     )
     common.add_argument(
         "--set",

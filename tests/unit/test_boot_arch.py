@@ -175,6 +175,48 @@ def test_a_directory_manifest_needs_no_listing(tmp_path: Path) -> None:
     assert found is not None and found.name == "arm64"
 
 
+def write_platforms_manifest(directory: Path, artifacts: dict[str, str | None]) -> None:
+    """The shape of a profile built for several platforms: no profile.arch, an arch per artifact."""
+    data = {
+        "profile": {"name": "metal", "arches": ["amd64", "arm64"], "platform": "metal", "kind": "image"},
+        "artifacts": [
+            {"path": p, "sha256": "0" * 64, "size": 1, **({"arch": a} if a else {})} for p, a in artifacts.items()
+        ],
+        "inputs": {},
+        "platforms": {"linux/amd64": {}, "linux/arm64": {}},
+    }
+    (directory / "manifest.json").write_text(json.dumps(data))
+
+
+def test_a_multi_platform_manifest_gives_each_artifact_its_arch(tmp_path: Path) -> None:
+    write_platforms_manifest(
+        tmp_path,
+        {
+            "disk-amd64.qcow2": "amd64",
+            "disk-arm64.qcow2": "arm64",
+            "pxe-arm64/vmlinuz": "arm64",
+            "pxe-arm64/grub.cfg": "arm64",
+            "pxe-amd64/vmlinuz": "amd64",
+            "installer-index.tar": None,
+        },
+    )
+    manifest = tmp_path / "manifest.json"
+    for name in ("disk-amd64.qcow2", "disk-arm64.qcow2", "installer-index.tar"):
+        (tmp_path / name).write_bytes(b"QFI\xfb")
+    assert choose_arch(tmp_path / "disk-arm64.qcow2") == Arch("arm64", f"{manifest} says arch arm64")
+    assert choose_arch(tmp_path / "disk-amd64.qcow2") == Arch("amd64", f"{manifest} says arch amd64")
+    assert detect(tmp_path / "installer-index.tar") is None  # serves every arch: the manifest does not decide
+    for arch in ("amd64", "arm64"):
+        (tmp_path / f"pxe-{arch}").mkdir()
+        (tmp_path / f"pxe-{arch}/vmlinuz").write_bytes(b"not a kernel")
+        assert detect(tmp_path / f"pxe-{arch}") == Arch(arch, f"{manifest} lists pxe-{arch}/ for arch {arch}")
+        assert detect(tmp_path / f"pxe-{arch}/vmlinuz") == Arch(arch, f"{manifest} says arch {arch}")
+    with pytest.raises(
+        InputError, match=r"holds outputs for amd64 and arm64 .* boot one of them: .*/disk-amd64\.qcow2"
+    ):
+        choose_arch(tmp_path)
+
+
 # --- ISOs and raw disks ----------------------------------------------------------------------------------------
 
 

@@ -15,7 +15,7 @@ from kiln.core import registry
 from kiln.core.errors import InputError
 from kiln.core.registry import Ref
 from kiln.image.assets import BootAssets
-from kiln.image.outputs.installer import build_installer, image_tag
+from kiln.image.outputs.installer import INDEX_TYPE, build_installer, build_installer_index, image_tag
 from kiln.installer.image_layout import VERSION_KEY, open_layout
 from kiln.installer.release import (
     ARCH_KEY,
@@ -24,7 +24,9 @@ from kiln.installer.release import (
     SemVer,
     annotated_manifest,
     push_release,
+    push_releases,
     read_release,
+    read_releases,
 )
 
 EPOCH = 1700000000
@@ -307,13 +309,17 @@ def test_a_tampered_tar_is_refused(tmp_path: Path, no_network: list[str], capsys
     assert no_network == []
 
 
-def test_an_index_with_two_images_is_refused(layout: tuple[Path, Path], no_network: list[str]) -> None:
+def test_an_index_with_two_images_of_one_arch_is_refused(layout: tuple[Path, Path], no_network: list[str]) -> None:
     directory, _ = layout
     index = json.loads((directory / "index.json").read_bytes())
     index["manifests"] *= 2
     (directory / "index.json").write_text(json.dumps(index))
-    with open_layout(directory) as opened, pytest.raises(InputError, match="exactly one image manifest, it names 2"):
-        read_release(opened)
+    with open_layout(directory) as opened, pytest.raises(InputError, match="two images for linux/amd64"):
+        read_releases(opened)
+    index["manifests"] *= 2
+    (directory / "index.json").write_text(json.dumps(index))
+    with open_layout(directory) as opened, pytest.raises(InputError, match=r"one per architecture .*it names 4"):
+        read_releases(opened)
 
 
 def test_not_a_layout(tmp_path: Path, no_network: list[str], capsys: pytest.CaptureFixture[str]) -> None:
@@ -348,11 +354,11 @@ class FakeClient:
         assert len(content) == size and "sha256:" + hashlib.sha256(content).hexdigest() == digest
         self.blobs[digest] = content
 
-    def manifest_digest(self, reference: str) -> str | None:
+    def manifest_digest(self, reference: str, accept: str = "") -> str | None:
         body = self.manifests.get(reference)
         return None if body is None else "sha256:" + hashlib.sha256(body).hexdigest()
 
-    def put_manifest(self, reference: str, body: bytes) -> str:
+    def put_manifest(self, reference: str, body: bytes, media_type: str = "") -> str:
         self.manifests[reference] = body
         return "sha256:" + hashlib.sha256(body).hexdigest()
 
@@ -395,3 +401,135 @@ def test_a_blob_that_is_a_symlink_is_refused(layout: tuple[Path, Path], tmp_path
     blob.symlink_to(outside)
     with open_layout(directory) as opened, pytest.raises(InputError, match="has no regular file blobs/sha256/"):
         read_release(opened)
+
+
+# --- one release for both arches: an image index ---------------------------------------------------------------------
+
+
+def make_index(base: Path, versions: tuple[str, str] = ("1.4.0", "1.4.0")) -> tuple[Path, Path]:
+    """installer-oci/ and installer-index.tar over an amd64 and an arm64 layout (build_installer_index)."""
+    layouts = [
+        make_layout(base / arch, version, arch)[0] for arch, version in zip(("amd64", "arm64"), versions, strict=True)
+    ]
+    return build_installer_index(layouts, base / "out", "installer", EPOCH)
+
+
+def test_a_layout_with_one_image_per_arch_is_one_release(tmp_path: Path) -> None:
+    directory, tar = make_index(tmp_path)
+    for source in (directory, tar):
+        with open_layout(source) as opened:
+            releases = read_releases(opened)
+            assert [(r.architecture, r.version.text) for r in releases] == [("amd64", "1.4.0"), ("arm64", "1.4.0")]
+        with open_layout(source) as opened, pytest.raises(InputError, match="exactly one image manifest, it names 2"):
+            read_release(opened)
+
+
+def test_one_release_has_one_version(tmp_path: Path, no_network: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    directory, _ = make_index(tmp_path, ("1.4.0", "1.5.0"))
+    assert push(str(directory), "--to", "127.0.0.1:9/kiln/installer", "--channel", "beta") == 2
+    assert "the images have different versions (amd64 1.4.0, arm64 1.5.0): a release is one version" in (
+        capsys.readouterr().err
+    )
+    assert no_network == []
+
+
+def test_an_index_reached_through_index_json_is_followed(tmp_path: Path) -> None:
+    """The buildx shape: index.json's one entry is an image index, whose entries are the images."""
+    directory, _ = make_index(tmp_path)
+    nested = (directory / "index.json").read_bytes()
+    digest = hashlib.sha256(nested).hexdigest()
+    (directory / "blobs/sha256" / digest).write_bytes(nested)
+    entry = {"mediaType": INDEX_TYPE, "digest": f"sha256:{digest}", "size": len(nested)}
+    (directory / "index.json").write_text(json.dumps({"schemaVersion": 2, "manifests": [entry]}))
+    with open_layout(directory) as opened:
+        assert [r.architecture for r in read_releases(opened)] == ["amd64", "arm64"]
+    (directory / "blobs/sha256" / digest).write_bytes(nested + b" ")
+    with open_layout(directory) as opened, pytest.raises(InputError, match=r"image index.*does not match"):
+        read_releases(opened)
+
+
+def test_push_sends_both_manifests_by_digest_then_the_index_under_the_tag(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    directory, _ = make_index(tmp_path)
+    monkeypatch.setattr(registry, "Client", FakeClient)
+    FakeClient.instances.clear()
+    with open_layout(directory) as opened:
+        releases = read_releases(opened)
+        pushed = push_releases(releases, Ref.parse("localhost:5000/kiln/installer"), "beta", SemVer.parse("1.3.0"))
+    [client] = FakeClient.instances
+    every = {b.digest: b.size for r in releases for b in r.blobs}
+    assert len(every) < sum(len(r.blobs) for r in releases)  # the images share blobs (the disk layer)
+    assert {d: len(data) for d, data in client.blobs.items()} == every  # each sent once
+    assert pushed.uploaded_bytes == sum(every.values()) and pushed.skipped == []
+
+    tag = image_tag("1.4.0")
+    assert list(client.manifests) == [*pushed.manifests.values(), tag]  # the manifests first, then the tag
+    index = json.loads(client.manifests[tag])
+    assert pushed.digest == "sha256:" + hashlib.sha256(client.manifests[tag]).hexdigest()
+    assert index["mediaType"] == INDEX_TYPE and index["schemaVersion"] == 2
+    assert index["annotations"] == {VERSION_KEY: "1.4.0", CHANNEL_KEY: "beta", UPGRADE_FROM_KEY: "1.3.0"}
+    assert [(m["platform"], m["digest"]) for m in index["manifests"]] == [
+        ({"architecture": "amd64", "os": "linux"}, pushed.manifests["amd64"]),
+        ({"architecture": "arm64", "os": "linux"}, pushed.manifests["arm64"]),
+    ]
+    for entry in index["manifests"]:
+        body = client.manifests[entry["digest"]]
+        assert entry["size"] == len(body) and entry["mediaType"] == "application/vnd.oci.image.manifest.v1+json"
+        annotations = json.loads(body)["annotations"]
+        assert annotations[ARCH_KEY] == entry["platform"]["architecture"]
+        assert (annotations[CHANNEL_KEY], annotations[VERSION_KEY], annotations[UPGRADE_FROM_KEY]) == (
+            "beta",
+            "1.4.0",
+            "1.3.0",
+        )
+    summary = pushed.summary()
+    assert (summary["architecture"], summary["media_type"]) == (None, INDEX_TYPE)
+    assert summary["manifests"] == pushed.manifests
+    assert pushed.line().startswith(
+        f"pushed localhost:5000/kiln/installer:1.4.0@{pushed.digest} (index of amd64, arm64;"
+    )
+    # the same layout, channel and upgrade-from: the same index
+    with open_layout(directory) as opened:
+        again = push_releases(read_releases(opened), Ref.parse("localhost:5000/kiln/x"), "beta", SemVer.parse("1.3.0"))
+    assert again.digest == pushed.digest
+
+
+def test_a_profile_for_several_platforms_pushes_its_index(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`kiln release push installer --platform linux/amd64,linux/arm64`: built as `kiln image` does for both,
+    then the index layout is what is pushed (the building is stood in for here)."""
+    from kiln.image import multiarch
+
+    directory, _ = make_index(tmp_path / "index")
+    (tmp_path / "installer.yaml").write_text("platform: metal\noutput: {kind: installer}\n")
+    asked: list[list[str]] = []
+
+    def build_platforms(load: object, profiles: list[Any], platforms: list[str], *args: Any, **kw: Any) -> list[Any]:
+        asked.append(platforms)
+        return []
+
+    def make_platform_images(*args: Any) -> tuple[list[Any], list[Any]]:
+        return [multiarch.PlatformsResult("installer", directory.parent, [])], []
+
+    monkeypatch.setattr(multiarch, "build_platforms", build_platforms)
+    monkeypatch.setattr(multiarch, "make_platform_images", make_platform_images)
+    monkeypatch.setattr(registry, "Client", FakeClient)
+    FakeClient.instances.clear()
+    code = push(
+        "installer",
+        "--profiles-dir",
+        str(tmp_path),
+        "--platform",
+        "linux/amd64,linux/arm64",
+        "--to",
+        "localhost:5000/kiln/installer",
+        "--channel",
+        "alpha",
+        "--json",
+    )
+    assert code == 0
+    assert asked == [["linux/amd64", "linux/arm64"]]
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["media_type"] == INDEX_TYPE and sorted(summary["manifests"]) == ["amd64", "arm64"]

@@ -3,7 +3,8 @@
 `kiln boot` must choose qemu-system-x86_64 or qemu-system-aarch64 before QEMU starts, and a wrong
 choice shows only as a silent console until the timeout. So the answer comes, cheapest first, from:
 
-1. the manifest.json Kiln writes beside its outputs (`profile.arch`), when it lists the artifact;
+1. the manifest.json Kiln writes beside its outputs, when it lists the artifact: the artifact's
+   `arch` (outputs built for several platforms), else `profile.arch`;
 2. the artifact's own bytes: a kernel's boot header (arm64 `Image` magic, x86 `HdrS`, or a PE
    header's machine field for EFI zboot kernels and EFI loaders); the removable-media loader
    (EFI/BOOT/BOOTAA64.EFI or BOOTX64.EFI) in an ISO's tree, its El Torito EFI image, or a raw
@@ -77,23 +78,72 @@ def detect(artifact: Path) -> Arch | None:
 
 
 def manifest_arch(artifact: Path) -> Arch | None:
-    """`profile.arch` of the manifest.json in (a directory) or beside (a file) the artifact.
+    """The arch the manifest.json in (a directory) or above (a file, or a directory in a profile's
+    output) the artifact gives it: the artifact's own `arch` (a profile built for several platforms
+    lists each artifact with one), else `profile.arch`.
 
     A file must be listed among the manifest's artifacts, so a manifest for something else (a
-    store entry, another profile's copy) does not decide.
+    store entry, another profile's copy) does not decide; it is looked up beside the file, then
+    one level up (pxe-arm64/vmlinuz in a multi-platform output). A directory with its own manifest
+    needs no listing, unless that manifest covers several arches: then the directory is not one
+    artifact and InputError names the ones inside. A directory listed in the manifest above it
+    (pxe-arm64/) takes the arch its files share.
     """
-    directory = artifact if artifact.is_dir() else artifact.parent
-    data = _read_json(directory / MANIFEST)
+    if artifact.is_dir():
+        own = artifact / MANIFEST
+        data = _read_json(own)
+        arch = _profile_arch(data)
+        if arch is not None:
+            return Arch(arch, f"{display_path(own)} says arch {arch}")
+        _refuse_several(artifact, data)
+        parent = artifact.parent / MANIFEST
+        above = _read_json(parent)
+        arches = {_artifact_arch(a, above) for a in _listed(above) if _under(a, artifact.name)}
+        if len(arches) == 1 and (arch := arches.pop()) is not None:
+            return Arch(arch, f"{display_path(parent)} lists {artifact.name}/ for arch {arch}")
+        return None
+    for directory in (artifact.parent, artifact.parent.parent):
+        rel = artifact.relative_to(directory).as_posix()
+        manifest = directory / MANIFEST
+        data = _read_json(manifest)
+        for entry in _listed(data):
+            if entry.get("path") == rel and (arch := _artifact_arch(entry, data)) is not None:
+                return Arch(arch, f"{display_path(manifest)} says arch {arch}")
+    return None
+
+
+def _listed(data: dict[str, Any]) -> list[dict[str, Any]]:
+    listed = data.get("artifacts")
+    return [a for a in listed if isinstance(a, dict)] if isinstance(listed, list) else []
+
+
+def _profile_arch(data: dict[str, Any]) -> str | None:
     profile = data.get("profile")
     arch = profile.get("arch") if isinstance(profile, dict) else None
-    if arch not in ARCHES:
-        return None
-    if not artifact.is_dir():
-        listed = data.get("artifacts")
-        names = {a.get("path") for a in listed if isinstance(a, dict)} if isinstance(listed, list) else set()
-        if artifact.name not in names:
-            return None
-    return Arch(str(arch), f"{display_path(directory / MANIFEST)} says arch {arch}")
+    return arch if arch in ARCHES else None
+
+
+def _artifact_arch(entry: dict[str, Any], data: dict[str, Any]) -> str | None:
+    """An artifact's own arch, else its manifest's profile.arch (the single-platform shape)."""
+    arch = entry.get("arch")
+    return arch if arch in ARCHES else _profile_arch(data)
+
+
+def _under(entry: dict[str, Any], name: str) -> bool:
+    return isinstance(entry.get("path"), str) and entry["path"].startswith(f"{name}/")
+
+
+def _refuse_several(directory: Path, data: dict[str, Any]) -> None:
+    """A profile's output built for several platforms cannot be booted as one: say which parts can."""
+    arches = sorted({str(a["arch"]) for a in _listed(data) if a.get("arch") in ARCHES})
+    if len(arches) < 2:
+        return
+    tops = sorted({str(a["path"]).split("/")[0] for a in _listed(data) if a.get("arch") in ARCHES})
+    shown = display_path(directory)
+    raise InputError(
+        f"{shown} holds outputs for {' and '.join(arches)} (kiln image --platform with several platforms): "
+        f"boot one of them: {', '.join(f'{shown}/{t}' for t in tops)}"
+    )
 
 
 def content_arch(artifact: Path) -> Arch | None:

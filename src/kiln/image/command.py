@@ -6,11 +6,15 @@ import argparse
 import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kiln.core.console import say_line
 from kiln.core.errors import InputError
 from kiln.image import kernel_initramfs
 from kiln.pkg.graph import Graph
+
+if TYPE_CHECKING:
+    from kiln.image.profile import Profile
 
 DEFAULT_PLATFORM = "linux/amd64"  # without profiles and without --platform
 
@@ -36,10 +40,20 @@ def run(args: argparse.Namespace, load: Callable[[str], Graph]) -> int:
     """Profiles given: build them all; none: the kernel + initramfs output of the booting-system issue.
 
     The arch: a profile's `arch:`, else --platform's (args.platform, None when not given), else amd64;
-    a profile's arch and --platform that disagree are refused (profile.resolve_platform).
+    a profile's arch and --platform that disagree are refused (profile.resolve_platform). --platform
+    may list several platforms (linux/amd64,linux/arm64): then every profile is built for each
+    (run_platforms); one platform keeps the single-platform layout.
     """
+    from kiln.image.multiarch import split_platforms
+
+    platforms = split_platforms(args.platform)
     if not args.profiles:
-        return kernel_initramfs.run(load(args.platform or DEFAULT_PLATFORM), args)
+        if platforms is not None and len(platforms) > 1:
+            raise InputError(
+                f"--platform {args.platform}: several platforms need profiles (their outputs get the arch in "
+                "their names); without a profile, build one platform per run"
+            )
+        return kernel_initramfs.run(load(platforms[0] if platforms else DEFAULT_PLATFORM), args)
     from kiln.image.imager import build_packages, check_packages, make_images, with_release_version
     from kiln.image.profile import load_profiles, resolve_platform
 
@@ -48,11 +62,17 @@ def run(args: argparse.Namespace, load: Callable[[str], Graph]) -> int:
             "--output, --extension and --package apply without profiles; a profile names its "
             "extensions and packages under input:"
         )
-    profiles = resolve_platform(load_profiles(args.profiles, Path(args.profiles_dir)), args.platform)
-    platforms = sorted({p.platform_spec for p in profiles})
-    if len(platforms) > 1:
-        raise InputError(f"profiles for several platforms ({', '.join(platforms)}): make them one platform per run")
-    graph = load(platforms[0])
+    loaded = load_profiles(args.profiles, Path(args.profiles_dir))
+    if platforms is not None and len(platforms) > 1:
+        return run_platforms(args, load, loaded, platforms)
+    profiles = resolve_platform(loaded, platforms[0] if platforms else None)
+    arches = sorted({p.platform_spec for p in profiles})
+    if len(arches) > 1:
+        raise InputError(
+            f"profiles for several platforms ({', '.join(arches)}): make them one platform per run, or leave "
+            f"arch out of them and build them all with --platform {','.join(arches)}"
+        )
+    graph = load(arches[0])
     check_packages(profiles, graph)
     profiles = with_release_version(profiles, graph)
     built = build_packages(profiles, graph, args.jobs, json_output=args.json)
@@ -76,4 +96,35 @@ def run(args: argparse.Namespace, load: Callable[[str], Graph]) -> int:
         print(f"{result.profile.name}: {result.directory}/ ({result.seconds:.1f} s)")
         for artifact in result.artifacts:
             print(f"  {artifact['size'] / 1048576:10.2f} MiB  {artifact['path']}  {artifact['sha256'][:16]}")
+    return 0
+
+
+def run_platforms(
+    args: argparse.Namespace, load: Callable[[str], Graph], profiles: list[Profile], platforms: list[str]
+) -> int:
+    """`kiln image PROFILE... --platform a,b`: every profile for every platform, one DIR/<profile>/ each."""
+    from kiln.image.multiarch import build_platforms, make_platform_images
+
+    parts = build_platforms(load, profiles, platforms, args.jobs, json_output=args.json, say=say_line)
+    results, times = make_platform_images(parts, Path(args.out or "_out"), args.jobs, say_line)
+    if args.json:
+        summary = {
+            r.name: {
+                "directory": str(r.directory),
+                "seconds": round(sum(r.seconds.values()), 2),
+                "platforms": {p: {"seconds": round(s, 2)} for p, s in r.seconds.items()},
+                "artifacts": r.artifacts,
+            }
+            for r in results
+        }
+        print(json.dumps(summary, indent=2))
+        return 0
+    for result in results:
+        each = ", ".join(f"{p} {s:.1f} s" for p, s in result.seconds.items())
+        print(f"{result.name}: {result.directory}/ ({each})")
+        for artifact in result.artifacts:
+            arch = artifact.get("arch") or "all"
+            print(f"  {artifact['size'] / 1048576:10.2f} MiB  {arch:5}  {artifact['path']}  {artifact['sha256'][:16]}")
+    for line in times:
+        print(line.line())
     return 0

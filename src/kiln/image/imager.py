@@ -62,6 +62,7 @@ def check_packages(profiles: list[Profile], graph: Graph) -> None:
     known = graph.tree.packages
     errors: list[KilnError] = []
     for profile in profiles:
+        errors += profile.missing_files()  # a file input given per arch, none for this arch
         fields: list[tuple[tuple[str | int, ...], str]] = []
         if profile.kernel.package:
             fields.append((("input", "kernel"), profile.kernel.package))

@@ -52,10 +52,13 @@ class SbomPackage:
     role: str  # rootfs, kernel, init, extension, bootloader
 
 
-def artifacts(directory: Path) -> list[dict[str, Any]]:
-    """Every file under directory (but the manifest and SBOM), sorted, with sha256 and size."""
+def artifacts(directory: Path, under: tuple[str, ...] | None = None) -> list[dict[str, Any]]:
+    """Every file under directory (but the manifest and SBOM), sorted, with sha256 and size; with
+    `under`, only those files and the files in those directories (names relative to directory)."""
     found = []
-    for path in sorted(p for p in directory.rglob("*") if p.is_file()):
+    roots = [directory / name for name in under] if under is not None else [directory]
+    files = {p for root in roots for p in ([root] if root.is_file() else root.rglob("*")) if p.is_file()}
+    for path in sorted(files):
         rel = path.relative_to(directory).as_posix()
         if rel in (MANIFEST, SBOM):
             continue
@@ -66,6 +69,31 @@ def artifacts(directory: Path) -> list[dict[str, Any]]:
 def write_manifest(directory: Path, profile: dict[str, Any], inputs: dict[str, Any]) -> Path:
     """manifest.json: the profile's identity, each artifact, and the keys/hashes of the inputs."""
     data = {"profile": profile, "artifacts": artifacts(directory), "inputs": inputs}
+    path = directory / MANIFEST
+    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    return path
+
+
+def write_platforms_manifest(
+    directory: Path, profile: dict[str, Any], listed: list[dict[str, Any]], inputs: dict[str, dict[str, Any]]
+) -> Path:
+    """manifest.json of a profile built for several platforms (`kiln image --platform a,b`).
+
+    The single-platform shape where it still holds: `profile` (its identity, with `arches` for
+    the one `arch`), `artifacts` (each with the `arch` it boots on; none for what serves every
+    platform, such as an installer's image index) and `inputs` (only what every platform shares:
+    the profile file's sha256, SOURCE_DATE_EPOCH, ...); `platforms` maps each platform to its own
+    inputs, in the single-platform `inputs` shape.
+    """
+    shared = dict(next(iter(inputs.values()))) if inputs else {}
+    for each in inputs.values():
+        shared = {key: value for key, value in shared.items() if each.get(key) == value}
+    data = {
+        "profile": profile,
+        "artifacts": sorted(listed, key=lambda a: str(a["path"])),
+        "inputs": shared,
+        "platforms": inputs,
+    }
     path = directory / MANIFEST
     path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
     return path

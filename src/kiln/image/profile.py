@@ -7,7 +7,9 @@ every problem is an InputError naming `file:line`, all of them at once.
 Arch: the profile's `arch:` when it has one, else `kiln image --platform`'s, else amd64. A profile
 whose `arch:` disagrees with --platform is refused (resolve_platform), and the arch rules run
 again for the arch --platform gave: arm64 machines boot UEFI only, so an arm64 output cannot
-have BIOS firmware, nor be an OVA (its OVF describes a BIOS x86 virtual machine).
+have BIOS firmware, nor be an OVA (its OVF describes a BIOS x86 virtual machine). Several
+platforms at once: kiln.image.multiarch. A file input (input.kernel.path, input.initramfs.path)
+may name one file per arch; Profile.for_arch picks the arch's.
 """
 
 from __future__ import annotations
@@ -45,6 +47,10 @@ class Asset:
     path: Path | None = None
 
 
+# input.kernel.path / input.initramfs.path given per arch: (key, ((arch, file), ...)), in the file's order
+ArchFiles = tuple[tuple[str, tuple[tuple[str, Path], ...]], ...]
+
+
 @dataclass(frozen=True)
 class Profile:
     name: str
@@ -67,6 +73,7 @@ class Profile:
     out_format: str
     custom_firmware: tuple[str, ...] | None = None  # output.firmware, when the profile sets it
     arch_given: bool = False  # the file says `arch:` (else --platform or the default chose it)
+    arch_files: ArchFiles = ()  # file inputs given per arch; kernel.path / initramfs hold this arch's
     positions: Positioned = field(compare=False, repr=False, default_factory=lambda: Positioned({}, {}))
 
     def location(self, *path: str | int) -> Location:
@@ -101,6 +108,25 @@ class Profile:
         if self.machine_config is not None:
             args.append(f"kiln.config={CONFIG_PATH}")
         return " ".join(args)
+
+    def for_arch(self, arch: str) -> Profile:
+        """This profile for `arch`: its file inputs given per arch become that arch's file (None when the
+        mapping names none: `missing_files` says so)."""
+        files = {key: dict(per_arch).get(arch) for key, per_arch in self.arch_files}
+        kernel = Asset(path=files["kernel"]) if "kernel" in files else self.kernel
+        return replace(self, arch=arch, kernel=kernel, initramfs=files.get("initramfs", self.initramfs))
+
+    def missing_files(self) -> list[InputError]:
+        """File inputs given per arch that name no file for this profile's arch, at their lines."""
+        return [
+            InputError(
+                f"input.{key}.path names a file for {', '.join(dict(files))} only, not {self.arch}: add "
+                f"{self.arch}: <file> (or build it for {', '.join(f'linux/{a}' for a in dict(files))})",
+                self.location("input", key, "path"),
+            )
+            for key, files in self.arch_files
+            if self.arch not in dict(files)
+        ]
 
     def asset_packages(self) -> list[str]:
         """Every package this profile's kernel and initramfs are made from, in a stable order."""
@@ -230,22 +256,34 @@ def _build(data: dict[str, Any], file: Path, positioned: Positioned) -> Profile:
     output = data["output"]
     image = output.get("image", {})
     custom = data.get("customization", {})
+    arch = data.get("arch", DEFAULT_ARCH)
+    paths: dict[str, Path | None] = {"kernel": None, "initramfs": None}
+    arch_files: list[tuple[str, tuple[tuple[str, Path], ...]]] = []
+    for key in paths:
+        given = inputs.get(key, {}).get("path")
+        files = given.items() if isinstance(given, dict) else [] if given is None else [(None, given)]
+        for file_arch, value in files:
+            path = _asset_path(value, file)
+            if not path.is_file():
+                where = ("input", key) if file_arch is None else ("input", key, "path", file_arch)
+                raise InputError(f"input.{key}: no such file {path}", Location(str(file), positioned.line(where)))
+        if isinstance(given, dict):
+            arch_files.append((key, tuple((a, _asset_path(v, file)) for a, v in given.items())))
+        elif given is not None:
+            paths[key] = _asset_path(given, file)
     kernel_in = inputs.get("kernel", {"package": "kernel"})
-    kernel = Asset(kernel_in.get("package"), _asset_path(kernel_in["path"], file) if "path" in kernel_in else None)
-    initramfs = _asset_path(inputs["initramfs"]["path"], file) if "initramfs" in inputs else None
-    for asset, key in ((kernel.path, "kernel"), (initramfs, "initramfs")):
-        if asset is not None and not asset.is_file():
-            raise InputError(f"input.{key}: no such file {asset}", Location(str(file), positioned.line(("input", key))))
+    kernel = Asset(kernel_in.get("package"), paths["kernel"])
+    initramfs = paths["initramfs"]
     disk_format = image.get("format", "raw")
     kernel_args = custom.get("kernel_args")
     if isinstance(kernel_args, dict):
         kernel_args = {arch: tuple(args) for arch, args in kernel_args.items()}
     elif kernel_args is not None:
         kernel_args = tuple(kernel_args)
-    return Profile(
+    profile = Profile(
         name=data.get("name", file.stem),
         file=file,
-        arch=data.get("arch", DEFAULT_ARCH),
+        arch=arch,
         platform=data["platform"],
         version=str(data.get("version", "")),
         kernel=kernel,
@@ -263,8 +301,12 @@ def _build(data: dict[str, Any], file: Path, positioned: Positioned) -> Profile:
         out_format=output.get("out_format", "raw"),
         custom_firmware=tuple(output["firmware"]) if "firmware" in output else None,
         arch_given="arch" in data,
+        arch_files=tuple(arch_files),
         positions=positioned,
     )
+    profile = profile.for_arch(arch)
+    raise_all(profile.missing_files() if "arch" in data else [])
+    return profile
 
 
 def resolve_platform(profiles: list[Profile], platform: str | None) -> list[Profile]:
@@ -274,6 +316,7 @@ def resolve_platform(profiles: list[Profile], platform: str | None) -> list[Prof
     at the profile's lines; one whose `arch:` disagrees is refused at that line. All at once.
     """
     if platform is None:
+        raise_all([e for profile in profiles for e in profile.missing_files()])
         return profiles
     arch = Platform.parse(platform).arch
     errors: list[InputError] = []
@@ -289,7 +332,7 @@ def resolve_platform(profiles: list[Profile], platform: str | None) -> list[Prof
             )
             continue
         if profile.arch != arch:
-            profile = replace(profile, arch=arch)
+            profile = profile.for_arch(arch)
             problems = arch_rules(
                 arch,
                 profile.kind,
@@ -298,10 +341,16 @@ def resolve_platform(profiles: list[Profile], platform: str | None) -> list[Prof
                 f" (--platform {platform})",
             )
             errors += [InputError(message, profile.location(*path)) for path, message in problems]
+        errors += profile.missing_files()
         resolved.append(profile)
+    raise_all(errors)
+    return resolved
+
+
+def raise_all(errors: list[InputError]) -> None:
+    """Nothing when `errors` is empty; else the one error, or all of them."""
     if errors:
         raise errors[0] if len(errors) == 1 else InputErrors(list(errors))
-    return resolved
 
 
 def find_profile(ref: str, profiles_dir: Path) -> Path:

@@ -1,7 +1,9 @@
 """An OCI image layout (a directory, or a tar of one read in place) and the checks before it is published.
 
-What `kiln release push` reads: index.json names exactly one linux image manifest, and every blob
-it references (the manifest, the config, each layer) has the sha256 and size its descriptor says.
+What `kiln release push` reads: index.json names one linux image manifest, or one per architecture
+(a multi-arch installer: `kiln image installer --platform linux/amd64,linux/arm64` writes its
+`installer-oci/`), directly or through one nested image index; every blob each image references
+(the manifest, the config, each layer) has the sha256 and size its descriptor says.
 The JSON documents are read whole, so each is capped at JSON_LIMIT. A file of the layout must be a
 regular file (a directory's symlink, or a tar's link or device entry, is no blob).
 """
@@ -21,7 +23,7 @@ from typing import IO, Any
 from kiln.core.errors import InputError, display_path
 from kiln.core.hashing import CHUNK
 from kiln.core.paths import PathEscape, join_inside
-from kiln.image.outputs.installer import CONFIG_TYPE, MANIFEST_TYPE
+from kiln.image.outputs.installer import CONFIG_TYPE, INDEX_TYPE, MANIFEST_TYPE
 
 ARCHITECTURES = ("amd64", "arm64")
 VERSION_KEY = "org.opencontainers.image.version"
@@ -139,20 +141,34 @@ class Blob:
         return cls(digest, size, what)
 
 
-def _index_entry(layout: Layout) -> tuple[dict[str, Any], Blob]:
-    """index.json's one entry, an image manifest."""
+def _index_entries(layout: Layout) -> list[tuple[dict[str, Any], Blob]]:
+    """index.json's entries, each an image manifest: one, or one per architecture; an index.json whose
+    one entry is an image index (as buildx writes) is followed to that index's entries."""
     index = layout.read_json("index.json", "index.json")
     entries = index.get("manifests") if isinstance(index, dict) else None
-    if not isinstance(entries, list) or len(entries) != 1:
+    if isinstance(entries, list) and len(entries) == 1 and _get(entries[0], "mediaType") == INDEX_TYPE:
+        nested = Blob.of(entries[0], "image index", layout)
+        if nested.size > JSON_LIMIT:
+            raise InputError(f"{layout}: the image index is larger than {JSON_LIMIT} bytes")
+        layout.verify(nested)
+        index = layout.read_json(nested.name, "the image index")
+        entries = index.get("manifests") if isinstance(index, dict) else None
+    if not isinstance(entries, list) or not 1 <= len(entries) <= len(ARCHITECTURES):
         count = len(entries) if isinstance(entries, list) else "no"
-        raise InputError(f"{layout}: index.json must name exactly one image manifest, it names {count}")
-    entry = entries[0]
-    manifest_blob = Blob.of(entry, "image manifest", layout)
-    if entry.get("mediaType") != MANIFEST_TYPE:
-        raise InputError(f"{layout}: index.json names a {entry.get('mediaType')!r}, not an OCI image manifest")
-    if manifest_blob.size > JSON_LIMIT:
-        raise InputError(f"{layout}: the image manifest is larger than {JSON_LIMIT} bytes")
-    return entry, manifest_blob
+        raise InputError(
+            f"{layout}: index.json must name one image manifest, or one per architecture "
+            f"({', '.join(ARCHITECTURES)}); it names {count}"
+        )
+    found = []
+    for number, entry in enumerate(entries, 1):
+        what = "image manifest" if len(entries) == 1 else f"image manifest {number}"
+        manifest_blob = Blob.of(entry, what, layout)
+        if entry.get("mediaType") != MANIFEST_TYPE:
+            raise InputError(f"{layout}: index.json names a {entry.get('mediaType')!r}, not an OCI image manifest")
+        if manifest_blob.size > JSON_LIMIT:
+            raise InputError(f"{layout}: the {what} is larger than {JSON_LIMIT} bytes")
+        found.append((entry, manifest_blob))
+    return found
 
 
 def _manifest_blobs(layout: Layout, manifest: Any) -> list[Blob]:
@@ -209,21 +225,38 @@ class Image:
     version: str
 
 
-def read_image(layout: Layout) -> Image:
-    """index.json -> exactly one linux image manifest -> its config and layers, every blob verified.
+def read_images(layout: Layout) -> list[Image]:
+    """index.json -> one linux image manifest, or one per architecture -> each one's config and layers,
+    every blob verified. Two images for one architecture are refused.
 
     The version is the manifest's org.opencontainers.image.version, or the config's label of that name.
     """
-    entry, manifest_blob = _index_entry(layout)
-    layout.verify(manifest_blob)
-    manifest = layout.read_json(manifest_blob.name, "the image manifest")
-    blobs = _manifest_blobs(layout, manifest)
-    for blob in blobs:
-        layout.verify(blob)
-    config = layout.read_json(blobs[0].name, "the config")
-    arch = _architecture(layout, config, entry)
-    labels = _get(_get(config, "config"), "Labels")
-    version = manifest.get("annotations", {}).get(VERSION_KEY) or _get(labels, VERSION_KEY)
-    if not isinstance(version, str) or not version:
-        raise InputError(f"{layout}: the image has no {VERSION_KEY} (neither a manifest annotation nor a config label)")
-    return Image(layout, manifest, blobs, arch, version)
+    images: list[Image] = []
+    entries = _index_entries(layout)
+    for entry, manifest_blob in entries:
+        layout.verify(manifest_blob)
+        manifest = layout.read_json(manifest_blob.name, "the image manifest")
+        blobs = _manifest_blobs(layout, manifest)
+        for blob in blobs:
+            layout.verify(blob)
+        config = layout.read_json(blobs[0].name, "the config")
+        arch = _architecture(layout, config, entry)
+        if any(image.architecture == arch for image in images):
+            raise InputError(f"{layout}: index.json names two images for linux/{arch}: one per architecture")
+        labels = _get(_get(config, "config"), "Labels")
+        version = manifest.get("annotations", {}).get(VERSION_KEY) or _get(labels, VERSION_KEY)
+        if not isinstance(version, str) or not version:
+            which = "the image" if len(entries) == 1 else f"the {arch} image"
+            raise InputError(
+                f"{layout}: {which} has no {VERSION_KEY} (neither a manifest annotation nor a config label)"
+            )
+        images.append(Image(layout, manifest, blobs, arch, version))
+    return images
+
+
+def read_image(layout: Layout) -> Image:
+    """The layout's one image (read_images), refusing a layout with one per architecture."""
+    images = read_images(layout)
+    if len(images) != 1:
+        raise InputError(f"{layout}: index.json must name exactly one image manifest, it names {len(images)}")
+    return images[0]

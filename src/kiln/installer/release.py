@@ -2,10 +2,10 @@
 
 The input is the OCI image layout `kiln image` writes for an installer profile (a directory, or
 the `.tar` beside it, read in place), or the profile itself, built first as `kiln image` would.
-Nothing is sent before the layout checks out (kiln.installer.image_layout: one linux image, every
-blob matching its descriptor). The release's version is the manifest's
+Nothing is sent before the layout checks out (kiln.installer.image_layout: one linux image, or one
+per architecture, every blob matching its descriptor). The release's version is the manifest's
 `org.opencontainers.image.version` (or the config's label of that name) and must be a semantic
-version.
+version, the same for every architecture.
 
 What is pushed: the layers and the config unchanged (only those the registry lacks, HEAD first),
 then a new manifest, the layout's with release annotations added: the version, `dev.kiln.channel`,
@@ -13,22 +13,29 @@ then a new manifest, the layout's with release annotations added: the version, `
 (sorted keys, no whitespace), so the same layout, channel and upgrade-from give the same digest.
 It goes under one tag, `image_tag(version)`; no other tag is touched. A machine following a
 channel picks the newest semver tag whose annotations admit it (docs/upgrades.md).
+
+A multi-arch layout (`installer-oci/` or `installer-index.tar`, from `kiln image installer
+--platform linux/amd64,linux/arm64`): each image's manifest is annotated as above and pushed by
+its digest, then an OCI image index naming them with their platforms (and the version, channel
+and upgrade-from annotations) goes under the tag. Blobs the images share are sent once. machined
+follows the index to its own architecture's manifest, whose annotations it reads.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kiln.core.console import say_line
 from kiln.core.errors import InputError
-from kiln.image.outputs.installer import image_tag
-from kiln.installer.image_layout import VERSION_KEY, Blob, Layout, open_layout, read_image
+from kiln.image.outputs.installer import INDEX_TYPE, MANIFEST_TYPE, image_tag
+from kiln.installer.image_layout import VERSION_KEY, Blob, Layout, open_layout, read_image, read_images
 
 if TYPE_CHECKING:  # kiln.core.registry imports requests: not at every CLI start
     from kiln.core.registry import Ref
@@ -111,6 +118,21 @@ def read_release(layout: Layout) -> Release:
     return Release(layout, image.manifest, image.blobs, version, image.architecture)
 
 
+def read_releases(layout: Layout) -> list[Release]:
+    """The layout's image, or its images one per architecture (image_layout.read_images), each with
+    a semantic version, all the same one: they are one release."""
+    images = read_images(layout)
+    releases = []
+    for image in images:
+        which = "the image's" if len(images) == 1 else f"the {image.architecture} image's"
+        version = SemVer.parse(image.version, f"{layout}: {which} version")
+        releases.append(Release(layout, image.manifest, image.blobs, version, image.architecture))
+    if len({r.version.text for r in releases}) > 1:
+        given = ", ".join(f"{r.architecture} {r.version}" for r in releases)
+        raise InputError(f"{layout}: the images have different versions ({given}): a release is one version")
+    return releases
+
+
 def annotated_manifest(
     manifest: dict[str, Any], version: SemVer, channel: str, architecture: str, upgrade_from: SemVer | None
 ) -> bytes:
@@ -126,6 +148,34 @@ def annotated_manifest(
     return json.dumps({**manifest, "annotations": annotations}, sort_keys=True, separators=(",", ":")).encode()
 
 
+def release_index(
+    manifests: list[tuple[str, str, int]], version: SemVer, channel: str, upgrade_from: SemVer | None
+) -> bytes:
+    """The image index pushed under a multi-arch release's tag: each (architecture, digest, size) of
+    an annotated manifest with its platform, in architecture order, and the release's version,
+    channel and upgrade-from as the index's annotations; serialized canonically."""
+    if channel not in CHANNELS:
+        raise InputError(f"channel {channel!r} is not one of {', '.join(CHANNELS)}")
+    annotations = {VERSION_KEY: version.text, CHANNEL_KEY: channel}
+    if upgrade_from is not None:
+        annotations[UPGRADE_FROM_KEY] = upgrade_from.text
+    index = {
+        "schemaVersion": 2,
+        "mediaType": INDEX_TYPE,
+        "manifests": [
+            {
+                "mediaType": MANIFEST_TYPE,
+                "digest": digest,
+                "size": size,
+                "platform": {"architecture": arch, "os": "linux"},
+            }
+            for arch, digest, size in sorted(manifests)
+        ],
+        "annotations": annotations,
+    }
+    return json.dumps(index, sort_keys=True, separators=(",", ":")).encode()
+
+
 def check_upgrade_from(text: str | None) -> SemVer | None:
     """--upgrade-from, checked before anything is built or read."""
     return None if text is None else SemVer.parse(text, "--upgrade-from")
@@ -138,14 +188,16 @@ def check_upgrade_from(text: str | None) -> SemVer | None:
 class Pushed:
     ref: Ref
     tag: str
-    digest: str
+    digest: str  # what the tag names: the manifest, or a multi-arch release's index
     version: str
     channel: str
-    architecture: str
+    architecture: str | None  # None for a multi-arch release (see manifests)
     upgrade_from: str | None
     uploaded: list[Blob]
     skipped: list[Blob]
     replaced: str | None  # the digest the tag named before, when it was another
+    manifests: dict[str, str] = field(default_factory=dict)  # architecture -> its manifest's digest
+    media_type: str = MANIFEST_TYPE
 
     @property
     def uploaded_bytes(self) -> int:
@@ -156,8 +208,9 @@ class Pushed:
         return sum(b.size for b in self.skipped)
 
     def line(self) -> str:
+        index = "" if self.architecture else f"index of {', '.join(self.manifests)}; "
         return (
-            f"pushed {self.ref}:{self.tag}@{self.digest} (channel {self.channel}, version {self.version}, "
+            f"pushed {self.ref}:{self.tag}@{self.digest} ({index}channel {self.channel}, version {self.version}, "
             f"{_mib(self.uploaded_bytes)} MiB uploaded, {_mib(self.skipped_bytes)} MiB already there)"
         )
 
@@ -171,6 +224,8 @@ class Pushed:
             "version": self.version,
             "channel": self.channel,
             "architecture": self.architecture,
+            "media_type": self.media_type,
+            "manifests": self.manifests,
             "upgrade_from": self.upgrade_from,
             "uploaded": {"blobs": len(self.uploaded), "bytes": self.uploaded_bytes},
             "skipped": {"blobs": len(self.skipped), "bytes": self.skipped_bytes},
@@ -190,40 +245,74 @@ def push_release(
     say: Callable[[str], None] = say_line,
 ) -> Pushed:
     """Upload the blobs the registry lacks, then PUT the annotated manifest under the version's tag."""
-    if upgrade_from is not None and release.version < upgrade_from:
-        raise InputError(f"--upgrade-from {upgrade_from} is newer than the release's version {release.version}")
+    return push_releases([release], ref, channel, upgrade_from, say)
+
+
+def push_releases(
+    releases: list[Release],
+    ref: Ref,
+    channel: str,
+    upgrade_from: SemVer | None,
+    say: Callable[[str], None] = say_line,
+) -> Pushed:
+    """One release (read_releases): its image's annotated manifest under the version's tag; with one image
+    per architecture, each annotated manifest by its digest, then their image index under the tag."""
+    version = releases[0].version
+    if upgrade_from is not None and version < upgrade_from:
+        raise InputError(f"--upgrade-from {upgrade_from} is newer than the release's version {version}")
     from kiln.core.registry import Client, RegistryError
 
-    body = annotated_manifest(release.manifest, release.version, channel, release.architecture, upgrade_from)
-    tag = image_tag(release.version.text)
+    bodies = [annotated_manifest(r.manifest, r.version, channel, r.architecture, upgrade_from) for r in releases]
+    index = None
+    if len(releases) > 1:
+        listed = [(r.architecture, _digest(body), len(body)) for r, body in zip(releases, bodies, strict=True)]
+        index = release_index(listed, version, channel, upgrade_from)
+    tag = image_tag(version.text)
     client = Client(ref)
     uploaded: list[Blob] = []
     skipped: list[Blob] = []
-    for blob in release.blobs:
-        if client.has_blob(blob.digest):
-            skipped.append(blob)
-            continue
-        say(f"release: uploading the {blob.what} {blob.digest[:19]} ({blob.size / MIB:.1f} MiB) to {ref}")
-        with release.layout.open(blob.name) as stream:
-            client.upload_blob(stream, blob.digest, blob.size, f"the {blob.what} {blob.digest}")
-        uploaded.append(blob)
-    try:
-        before = client.manifest_digest(tag)  # only to report a replaced manifest: no reason to stop
+    seen: set[str] = set()
+    for release in releases:
+        for blob in release.blobs:
+            if blob.digest in seen:
+                continue  # another architecture's image has it too: sent (or found) once
+            seen.add(blob.digest)
+            if client.has_blob(blob.digest):
+                skipped.append(blob)
+                continue
+            say(f"release: uploading the {blob.what} {blob.digest[:19]} ({blob.size / MIB:.1f} MiB) to {ref}")
+            with release.layout.open(blob.name) as stream:
+                client.upload_blob(stream, blob.digest, blob.size, f"the {blob.what} {blob.digest}")
+            uploaded.append(blob)
+    try:  # only to report a replaced manifest or index: no reason to stop
+        before = client.manifest_digest(tag, accept=f"{MANIFEST_TYPE}, {INDEX_TYPE}")
     except RegistryError:
         before = None
-    digest = client.put_manifest(tag, body)
+    if index is None:
+        digest = client.put_manifest(tag, bodies[0])
+        manifests = {releases[0].architecture: digest}
+    else:
+        pairs = sorted(zip(releases, bodies, strict=True), key=lambda pair: pair[0].architecture)
+        manifests = {r.architecture: client.put_manifest(_digest(body), body) for r, body in pairs}
+        digest = client.put_manifest(tag, index, INDEX_TYPE)
     return Pushed(
         ref,
         tag,
         digest,
-        release.version.text,
+        version.text,
         channel,
-        release.architecture,
+        releases[0].architecture if index is None else None,
         upgrade_from.text if upgrade_from else None,
         uploaded,
         skipped,
         before if before and before != digest else None,
+        manifests,
+        MANIFEST_TYPE if index is None else INDEX_TYPE,
     )
+
+
+def _digest(body: bytes) -> str:
+    return "sha256:" + hashlib.sha256(body).hexdigest()
 
 
 # --- the verb --------------------------------------------------------------------------------------------------------
@@ -264,7 +353,7 @@ def run(args: argparse.Namespace, load: Callable[[str], Graph]) -> int:
     else:
         path = build_profile(args, load)
     with open_layout(path) as layout:
-        pushed = push_release(read_release(layout), ref, args.channel, upgrade_from)
+        pushed = push_releases(read_releases(layout), ref, args.channel, upgrade_from)
     if args.json:
         print(json.dumps(pushed.summary(), indent=2))
     else:
@@ -275,9 +364,11 @@ def run(args: argparse.Namespace, load: Callable[[str], Graph]) -> int:
 
 
 def build_profile(args: argparse.Namespace, load: Callable[[str], Graph]) -> Path:
-    """Build an installer profile as `kiln image PROFILE --out DIR` does; returns its OCI layout."""
+    """Build an installer profile as `kiln image PROFILE --out DIR [--platform ...]` does; returns its OCI
+    layout (with several platforms, the layout of their image index)."""
     from kiln.image.imager import build_packages, check_packages, make_images, with_release_version
-    from kiln.image.profile import load_profiles
+    from kiln.image.multiarch import split_platforms
+    from kiln.image.profile import load_profiles, resolve_platform
 
     try:
         profile = load_profiles([args.source], Path(args.profiles_dir))[0]
@@ -291,9 +382,18 @@ def build_profile(args: argparse.Namespace, load: Callable[[str], Graph]) -> Pat
             "(output kind installer, such as profiles/installer.yaml)",
             profile.location("output", "kind"),
         )
+    platforms = split_platforms(args.platform)
+    out = Path(args.out or "_out")
+    if platforms is not None and len(platforms) > 1:
+        from kiln.image.multiarch import build_platforms, make_platform_images
+
+        parts = build_platforms(load, [profile], platforms, args.jobs, json_output=args.json, say=say_line)
+        results, _ = make_platform_images(parts, out, args.jobs, say_line)
+        return results[0].directory / f"{profile.name}-oci"
+    [profile] = resolve_platform([profile], platforms[0] if platforms else None)
     graph = load(profile.platform_spec)
     check_packages([profile], graph)
     profile = with_release_version([profile], graph)[0]
     built = build_packages([profile], graph, args.jobs, json_output=args.json)
-    result = make_images([profile], built, Path(args.out or "_out"), args.jobs, say_line)[0]
+    result = make_images([profile], built, out, args.jobs, say_line)[0]
     return result.directory / profile.name

@@ -196,6 +196,66 @@ def build_installer(
     return layout_out, tar_out
 
 
+def build_installer_index(layouts: list[Path], out_dir: Path, name: str, epoch: int) -> tuple[Path, Path]:
+    """One image index over several single-arch installer layouts (as build_installer writes them):
+    out_dir/<name>-oci/ (an OCI image layout whose index.json lists each layout's image manifest with
+    its platform, in arch order) and out_dir/<name>-index.tar (the same, tarred as _archive does:
+    sorted, 0:0, mtimes at `epoch`). Each blob is stored once, by digest (hard-linked from the
+    layouts where the filesystem allows). There is no docker-archive manifest.json: docker 20.10's
+    `docker load` reads one image per tag; it takes the single-arch tarballs. Returns both paths.
+    """
+    out_dir.mkdir(parents=True, exist_ok=True)
+    entries: dict[str, dict[str, Any]] = {}
+    with tempfile.TemporaryDirectory(prefix=".installer-index-", dir=out_dir) as tmp:
+        layout = Path(tmp) / "layout"
+        (layout / "blobs/sha256").mkdir(parents=True)
+        for source in layouts:
+            for entry in json.loads((source / "index.json").read_bytes())["manifests"]:
+                platform = entry.get("platform") or {}
+                arch = platform.get("architecture")
+                if entry.get("mediaType") != MANIFEST_TYPE or platform.get("os") != "linux" or not arch:
+                    raise BuildError(f"installer index: {source}/index.json names something other than a linux image")
+                if arch in entries:
+                    raise BuildError(f"installer index: two images for linux/{arch} ({source} and another layout)")
+                manifest = json.loads((source / _blob(entry, source).path).read_bytes())
+                for descriptor in (entry, manifest["config"], *manifest["layers"]):
+                    blob = _blob(descriptor, source)
+                    _share(source / blob.path, layout / blob.path)
+                entries[arch] = entry
+        index = {"schemaVersion": 2, "mediaType": INDEX_TYPE, "manifests": [entries[a] for a in sorted(entries)]}
+        (layout / "index.json").write_bytes(_canonical(index))
+        (layout / "oci-layout").write_bytes(_canonical({"imageLayoutVersion": "1.0.0"}))
+        tar_tmp = Path(tmp) / "index.tar"
+        _archive(layout, {}, epoch, tar_tmp)
+        layout_out, tar_out = out_dir / f"{name}-oci", out_dir / f"{name}-index.tar"
+        if layout_out.is_dir() and not layout_out.is_symlink():
+            shutil.rmtree(layout_out)
+        else:
+            layout_out.unlink(missing_ok=True)
+        layout.rename(layout_out)
+        tar_tmp.replace(tar_out)
+    return layout_out, tar_out
+
+
+def _blob(descriptor: dict[str, Any], layout: Path) -> Blob:
+    """A descriptor of one of our layouts, its digest checked before it names a path."""
+    digest = descriptor.get("digest")
+    if not isinstance(digest, str) or not re.fullmatch(r"sha256:[0-9a-f]{64}", digest):
+        raise BuildError(f"installer index: {layout} names a blob {digest!r}")
+    return Blob(descriptor["mediaType"], digest, descriptor["size"])
+
+
+def _share(source: Path, target: Path) -> None:
+    """A blob into another layout: once per digest, a hard link where the filesystem allows, else a copy."""
+    if target.exists():
+        return
+    try:
+        target.hardlink_to(source)
+    except OSError:
+        shutil.copyfile(source, target)
+        target.chmod(0o644)
+
+
 def release_info(assets: BootAssets, arch: str) -> bytes:
     """release.json: the version, architecture and kernel command line a slot is written with."""
     return _canonical({"architecture": arch, "cmdline": assets.cmdline, "version": assets.version}) + b"\n"

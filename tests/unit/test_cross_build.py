@@ -124,3 +124,55 @@ def test_a_package_that_cannot_be_cross_built_says_so_at_validate_time(tmp_path:
     with pytest.raises(InputErrors) as caught:
         load_tree(pkgs, ARM64, build=AMD64)
     assert f"{pkgs / 'native' / 'pkg.yaml'}:3: package 'native' cannot be cross-built" in str(caught.value)
+
+
+TOOL_TREE = {
+    **TREE,
+    "compiler/pkg.yaml": """
+        name: compiler
+        tool: true
+        steps:
+          - build: ['echo {{ arch }}']
+        finalize: [{from: /out, to: /}]
+        """,
+    "app/pkg.yaml": """
+        name: app
+        dependencies:
+          - stage: compiler
+        steps:
+          - build: ['echo {{ arch }}']
+        finalize: [{from: /out, to: /}]
+        """,
+}
+
+
+def test_a_cross_build_takes_its_tools_native_keys(tmp_path: Path) -> None:
+    """A tool runs on the build machine: arm64 built on amd64 shares amd64's build of it."""
+    pkgs = write_tree(tmp_path, TOOL_TREE)
+    native = compute_keys(Graph(load_tree(pkgs, AMD64, build=AMD64)))
+    cross_tree = load_tree(pkgs, ARM64, build=AMD64)
+    cross = compute_keys(Graph(cross_tree))
+    assert cross_tree.native is not None and cross_tree.native.platform == AMD64
+    assert cross_tree.native_tool("compiler") and not cross_tree.native_tool("app")
+    assert cross["compiler"] == native["compiler"]
+    assert cross["app"] != native["app"]
+    # and the tool's key still reaches its dependents: a changed tool rebuilds the arm64 app
+    changed = TOOL_TREE["compiler/pkg.yaml"].replace("echo {{ arch }}", "echo v2 {{ arch }}")
+    pkgs2 = write_tree(tmp_path / "b", {**TOOL_TREE, "compiler/pkg.yaml": changed})
+    changed_keys = compute_keys(Graph(load_tree(pkgs2, ARM64, build=AMD64)))
+    assert changed_keys["compiler"] != cross["compiler"]
+    assert changed_keys["app"] != cross["app"]
+
+
+def test_a_native_tree_loads_no_second_tree(tmp_path: Path) -> None:
+    pkgs = write_tree(tmp_path, TOOL_TREE)
+    tree = load_tree(pkgs, AMD64, build=AMD64)
+    assert tree.native is None and not tree.native_tool("compiler")
+
+
+def test_the_shipped_go_chain_is_shared_between_targets() -> None:
+    native = compute_keys(Graph(load_tree(REPO_PKGS, AMD64, build=AMD64)))
+    cross = compute_keys(Graph(load_tree(REPO_PKGS, ARM64, build=AMD64)))
+    for name in ("go-bootstrap-1.23", "go-bootstrap-1.24", "go"):
+        assert cross[name] == native[name], name
+    assert cross["machined"] != native["machined"]

@@ -167,6 +167,10 @@ class Builder:
 
     def build(self, name: str, on_phase: Callable[[str], None]) -> Entry:
         """Build `name` into the store; the caller holds the store lock for its key."""
+        if self.graph.tree.native_tool(name):
+            raise BuildError(
+                f"package '{name}' is a tool (tool: true): a cross build takes its native build, which is missing"
+            )
         package = self.graph.tree.packages[name]
         key = self.keys[name]
         log = log_path(self.store, name, key)

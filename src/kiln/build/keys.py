@@ -104,8 +104,12 @@ def compute_keys(graph: Graph) -> dict[str, str]:
     tree = graph.tree
     keys: dict[str, str] = {}
     seed = stage0_key(tree)
+    native = compute_keys(Graph(tree.native)) if tree.native is not None else {}
     for name in graph.order:
         package = tree.packages[name]
+        if tree.native_tool(name):  # built natively, once for every target
+            keys[name] = native[name]
+            continue
         if package.variant == "stage0":
             base = seed
         elif package.variant == "toolchain":

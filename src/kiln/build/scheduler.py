@@ -63,6 +63,7 @@ class Scheduler:
         no_cache: bool = False,
         keep_going: bool = False,
         pins: Pins | None = None,
+        prebuilt: frozenset[str] = frozenset(),
     ) -> None:
         self.builder = builder
         self.progress = progress
@@ -70,6 +71,7 @@ class Scheduler:
         self.no_cache = no_cache
         self.keep_going = keep_going
         self.pins = pins
+        self.prebuilt = prebuilt  # built by an earlier pass of this run (a cross build's tools): never rebuilt
 
     def run(self, targets: list[str]) -> dict[str, Outcome]:
         """Build targets and everything they need; outcomes in build order.
@@ -103,7 +105,7 @@ class Scheduler:
                         break
                     pending.remove(name)
                     # Without waiting: an entry being evicted right now goes to a worker, which rebuilds it.
-                    if not self.no_cache and pins.pin(keys[name], wait=False):
+                    if (not self.no_cache or name in self.prebuilt) and pins.pin(keys[name], wait=False):
                         self.builder.store.touch(keys[name])
                         outcomes[name].status = CACHED
                         self.progress.done(outcomes[name])
@@ -187,7 +189,7 @@ class Scheduler:
 
     def _cached(self, name: str, pins: Pins, outcome: Outcome, *, wait: bool) -> bool:
         """Is the package's entry stored (and now pinned)? Reported as cached if so."""
-        if self.no_cache or not pins.pin(outcome.key, wait=wait):
+        if (self.no_cache and name not in self.prebuilt) or not pins.pin(outcome.key, wait=wait):
             return False
         self.builder.store.touch(outcome.key)
         outcome.status = CACHED

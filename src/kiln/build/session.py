@@ -143,13 +143,57 @@ class Session:
             self.pins.release()  # a rebuild locks keys exclusively: our own pins would block it forever
         if cache_from and not no_cache:
             self.pull_needed(targets, cache_from)
+        tools = self.build_tools(names, jobs, progress, no_cache=no_cache, keep_going=keep_going)
+        if any(outcome.status == FAILED for outcome in tools.values()):
+            return tools
         if self.needs_seed(names) or isinstance(self.builder.runner, GraphRunner):
             self._pinned_seed()  # a whole-graph runner's export names the seed even for scratch packages
-        scheduler = Scheduler(self.builder, progress, jobs, no_cache=no_cache, keep_going=keep_going, pins=self.pins)
-        outcomes = scheduler.run(targets)
+        scheduler = Scheduler(
+            self.builder,
+            progress,
+            jobs,
+            no_cache=no_cache,
+            keep_going=keep_going,
+            pins=self.pins,
+            prebuilt=frozenset(tools),
+        )
+        outcomes = {**scheduler.run(targets), **tools}
         if cache_to:
             self.push([self.keys[n] for n in names if self.store.has(self.keys[n])], cache_to)
         return outcomes
+
+    def build_tools(
+        self, names: list[str], jobs: int, progress: Progress, *, no_cache: bool, keep_going: bool
+    ) -> dict[str, Outcome]:
+        """A cross build's tool packages (`tool: true`), built first by the build machine's native graph.
+
+        They run on the build machine, so their native builds serve every target: one key, one
+        build (the Go toolchain is not built again for arm64). Returns their outcomes.
+        """
+        tree = self.graph.tree
+        tools = [name for name in names if tree.native_tool(name)]
+        if not tools or tree.native is None:
+            return {}
+        graph = Graph(tree.native)
+        keys = compute_keys(graph)
+        native = Session(
+            graph,
+            keys,
+            self.store,
+            Builder(
+                graph,
+                keys,
+                self.store,
+                self.builder.fetcher,
+                self.builder.runner,
+                self.builder.make_jobs,
+                self.source_date_epoch,
+            ),
+        )
+        native.pins = self.pins  # one set of pins: they hold until this session closes
+        say_line(f"tools for {tree.platform} from the native {tree.builder_platform} build: {', '.join(tools)}")
+        outcomes = native.build(tools, jobs, progress, no_cache=no_cache, keep_going=keep_going)
+        return {name: outcomes[name] for name in tools}
 
     def pull_needed(self, targets: list[str], ref: str) -> list[str]:
         """Pull from the registry every entry of the targets' closure that is not stored; returns their names.

@@ -36,6 +36,7 @@ class Tree:
     packages: dict[str, Package] = field(default_factory=dict)
     stage0: Stage0 = field(default_factory=Stage0)
     build_platform: Platform | None = None  # the machine that builds; None: the target itself (native)
+    native: Tree | None = None  # a cross tree with tool packages: the build machine's own tree, for them
 
     @property
     def builder_platform(self) -> Platform:
@@ -45,6 +46,14 @@ class Tree:
     @property
     def cross(self) -> bool:
         return self.builder_platform != self.platform
+
+    def tools(self) -> list[str]:
+        """Packages that run on the build machine (`tool: true`): a cross build takes their native builds."""
+        return [name for name, package in self.packages.items() if package.spec.get("tool") is True]
+
+    def native_tool(self, name: str) -> bool:
+        """Is `name` a tool that this (cross) tree takes from the build machine's native tree?"""
+        return self.native is not None and name in self.native.packages and name in self.tools()
 
     @property
     def project_root(self) -> Path:
@@ -178,11 +187,21 @@ def load_tree(
         first_seen[package.name] = package
     tree.packages = dict(sorted(first_seen.items()))
     errors.extend(check_references(tree, broken))
-    if tree.cross:
-        errors.extend(refuse_cross(tree))
     if errors:
         raise InputErrors(errors)
+    if tree.cross:
+        _prepare_cross(tree, stage0_tar)
     return tree
+
+
+def _prepare_cross(tree: Tree, stage0_tar: Path | None) -> None:
+    """A cross tree: refuse what cannot be cross-built; load the build machine's tree for the tools."""
+    refused = refuse_cross(tree)
+    if refused:
+        raise InputErrors(refused)
+    if tree.tools():
+        build = tree.builder_platform
+        tree.native = load_tree(tree.root, build, tree.overrides, stage0_tar, build=build)
 
 
 def refuse_cross(tree: Tree) -> list[KilnError]:

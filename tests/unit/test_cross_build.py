@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import IO
 
 import pytest
 
+from kiln.build.builder import Builder, log_path
 from kiln.build.emulation import cannot_run_reason
 from kiln.build.keys import compute_keys, stage0_key
-from kiln.core.errors import InputErrors
+from kiln.build.rootplan import RootPlan
+from kiln.build.sources.download import Fetcher
+from kiln.build.store import Store
+from kiln.core.errors import BuildError, InputErrors
 from kiln.pkg.graph import Graph
 from kiln.pkg.loader import load_tree
 from kiln.pkg.variables import Platform, builtins
@@ -176,3 +181,86 @@ def test_the_shipped_go_chain_is_shared_between_targets() -> None:
     for name in ("go-bootstrap-1.23", "go-bootstrap-1.24", "go"):
         assert cross[name] == native[name], name
     assert cross["machined"] != native["machined"]
+
+
+class RecordingRoot:
+    """A build root that records the snippets it is asked to run (they all succeed)."""
+
+    def __init__(self, work: Path, ran: list[str]) -> None:
+        self.work, self.ran = work, ran
+
+    @property
+    def build_dir(self) -> Path:
+        path = self.work / "build"
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def run(self, script: str, env: dict[str, str], log: IO[bytes], *, network: bool) -> int:
+        self.ran.append(script)
+        return 0
+
+    def finalize(self, copies: list[tuple[str, str]], out: Path, log: IO[bytes]) -> int:
+        (out / "file").write_text("done")
+        return 0
+
+    def shell(self, env: dict[str, str], command: list[str]) -> int:
+        return 0
+
+    def close(self) -> None:
+        pass
+
+
+class RecordingRunner:
+    name = "recording"
+
+    def __init__(self) -> None:
+        self.ran: list[str] = []
+
+    def open(self, plan: RootPlan, work: Path) -> RecordingRoot:
+        return RecordingRoot(work, self.ran)
+
+
+CROSS_APP = {
+    "stage0.yaml": "suite: bookworm\n",
+    "app/pkg.yaml": """
+        name: app
+        variant: scratch
+        steps:
+          - build: [make]
+            test: [./app --selftest]
+        finalize: [{from: /out, to: /}]
+        """,
+}
+
+
+def cross_builder(tmp_path: Path, runner: RecordingRunner) -> Builder:
+    graph = Graph(load_tree(write_tree(tmp_path, CROSS_APP), ARM64, build=AMD64))
+    store = Store(tmp_path / "cache")
+    return Builder(graph, compute_keys(graph), store, Fetcher(store.root, []), runner, 1, 0)
+
+
+@pytest.mark.parametrize("reason", [None, "no binfmt handler for aarch64 programs"])
+def test_a_cross_builds_test_steps_run_or_are_skipped_with_the_reason(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, reason: str | None
+) -> None:
+    """Stubbed: whether this host can run aarch64 programs (the binfmt reader is tested above),
+    and the runner (it records snippets instead of running them); the builder's choice is real."""
+    monkeypatch.setattr("kiln.build.builder.cannot_run_reason", lambda carch: reason)
+    runner = RecordingRunner()
+    builder = cross_builder(tmp_path, runner)
+    builder.build("app", lambda text: None)
+    log = log_path(builder.store, "app", builder.keys["app"]).read_text()
+    if reason is None:
+        assert runner.ran == ["make", "./app --selftest"]
+        assert "SKIPPED" not in log
+    else:
+        assert runner.ran == ["make"]
+        assert f"step 1 test SKIPPED: cannot run linux/arm64 programs: {reason}" in log
+
+
+def test_a_cross_builder_never_builds_a_tool_with_the_cross_seed(tmp_path: Path) -> None:
+    graph = Graph(load_tree(write_tree(tmp_path, TOOL_TREE), ARM64, build=AMD64))
+    store = Store(tmp_path / "cache")
+    builder = Builder(graph, compute_keys(graph), store, Fetcher(store.root, []), RecordingRunner(), 1, 0)
+    with pytest.raises(BuildError, match="'compiler' is a tool"):
+        builder.build("compiler", lambda text: None)

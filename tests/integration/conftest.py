@@ -91,3 +91,29 @@ def project(tmp_path: Path, seed_store: Path) -> Iterator[Project]:
     cache = tmp_path / "cache"
     seed_into(seed_store, cache, root / "pkgs")
     yield Project(root, cache)
+
+
+@pytest.fixture(scope="session")
+def grub_tree(seed_store: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """pkgs/grub-efi-arm64 built with `kiln build` into a store holding only the seed; its output tree.
+
+    Built once per run for every arm64 image test: it only unpacks Debian's .deb.
+    """
+    base = tmp_path_factory.mktemp("grub-arm64")
+    pkgs = base / "project" / "pkgs"
+    pkgs.mkdir(parents=True)
+    for name in ("vars.yaml", "stage0.yaml"):
+        shutil.copy(ROOT / "pkgs" / name, pkgs / name)
+    shutil.copytree(ROOT / "pkgs/grub-efi-arm64", pkgs / "grub-efi-arm64")
+    cache = base / "cache"
+    seed_into(seed_store, cache, pkgs)
+    result = subprocess.run(
+        [sys.executable, "-m", "kiln.cli", "build", "grub-efi-arm64", "--out", str(base / "out")],
+        cwd=pkgs.parent,
+        env={**os.environ, "KILN_CACHE": str(cache), "PYTHONUNBUFFERED": "1"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr[-4000:]
+    return base / "out" / "grub-efi-arm64"

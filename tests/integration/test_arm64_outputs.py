@@ -23,7 +23,6 @@ import os
 import shutil
 import struct
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +38,7 @@ from kiln.image.profile import load_profile
 from kiln.pkg.graph import Graph
 from kiln.pkg.loader import load_tree
 from kiln.pkg.variables import Platform
-from tests.integration.conftest import ROOT, seed_into
+from tests.integration.conftest import ROOT
 
 pytestmark = pytest.mark.integration
 
@@ -68,29 +67,6 @@ def pe_machine(data: bytes) -> str:
     assert data[offset : offset + 4] == b"PE\0\0"
     (machine,) = struct.unpack_from("<H", data, offset + 4)
     return PE_MACHINES.get(machine, hex(machine))
-
-
-@pytest.fixture(scope="module")
-def grub_tree(seed_store: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """pkgs/grub-efi-arm64 built with `kiln build` into a store holding only the seed; its output tree."""
-    base = tmp_path_factory.mktemp("grub-arm64")
-    pkgs = base / "project" / "pkgs"
-    pkgs.mkdir(parents=True)
-    for name in ("vars.yaml", "stage0.yaml"):
-        shutil.copy(ROOT / "pkgs" / name, pkgs / name)
-    shutil.copytree(ROOT / "pkgs/grub-efi-arm64", pkgs / "grub-efi-arm64")
-    cache = base / "cache"
-    seed_into(seed_store, cache, pkgs)
-    result = subprocess.run(
-        [sys.executable, "-m", "kiln.cli", "build", "grub-efi-arm64", "--out", str(base / "out")],
-        cwd=pkgs.parent,
-        env={**os.environ, "KILN_CACHE": str(cache), "PYTHONUNBUFFERED": "1"},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr[-4000:]
-    return base / "out" / "grub-efi-arm64"
 
 
 @pytest.fixture(scope="module")

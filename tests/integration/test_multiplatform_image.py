@@ -12,10 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -29,7 +26,7 @@ from kiln.installer.release import read_releases
 from kiln.pkg.graph import Graph
 from kiln.pkg.loader import load_tree
 from kiln.pkg.variables import Platform
-from tests.integration.conftest import ROOT, seed_into
+from tests.integration.conftest import ROOT
 from tests.integration.test_arm64_outputs import stand_ins
 from tests.unit.test_release_push import fake_static_elf
 
@@ -50,29 +47,6 @@ OUTPUTS = {
     "pxe": "output: {kind: pxe}\n",
     "installer": "output:\n  kind: installer\n  image: {disk_size: 256MiB}\n",
 }
-
-
-@pytest.fixture(scope="module")
-def grub_tree(seed_store: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """pkgs/grub-efi-arm64 built with `kiln build` into a store holding only the seed; its output tree."""
-    base = tmp_path_factory.mktemp("grub-arm64")
-    pkgs = base / "project" / "pkgs"
-    pkgs.mkdir(parents=True)
-    for name in ("vars.yaml", "stage0.yaml"):
-        shutil.copy(ROOT / "pkgs" / name, pkgs / name)
-    shutil.copytree(ROOT / "pkgs/grub-efi-arm64", pkgs / "grub-efi-arm64")
-    cache = base / "cache"
-    seed_into(seed_store, cache, pkgs)
-    result = subprocess.run(
-        [sys.executable, "-m", "kiln.cli", "build", "grub-efi-arm64", "--out", str(base / "out")],
-        cwd=pkgs.parent,
-        env={**os.environ, "KILN_CACHE": str(cache), "PYTHONUNBUFFERED": "1"},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr[-4000:]
-    return base / "out" / "grub-efi-arm64"
 
 
 @pytest.fixture(scope="module")

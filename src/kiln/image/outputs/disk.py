@@ -20,7 +20,6 @@ empty, with no GRUB boot code in the protective MBR. BOOT, its A/B menu and grub
 from __future__ import annotations
 
 import os
-import shutil
 import struct
 import tempfile
 from dataclasses import dataclass
@@ -28,8 +27,8 @@ from pathlib import Path
 
 from kiln.core import tools
 from kiln.core.errors import BuildError, InputError
-from kiln.image.assets import HOST_GRUB, BootAssets, Loader, derived_uuid
-from kiln.image.outputs.grub import ENV_NAME, environment_block, mkimage, slot_boot_config, slots_config
+from kiln.image.assets import HOST_GRUB, BootAssets, derived_uuid
+from kiln.image.outputs.grub import ENV_NAME, environment_block, mkimage, require_tools, slot_boot_config, slots_config
 
 MIB = 1 << 20
 SECTOR = 512
@@ -149,7 +148,7 @@ def build_raw(assets: BootAssets, out: Path, size: int) -> Path:
             f"{needed // MIB} MiB (and machined 356 MiB more for STATE and EPHEMERAL)"
         )
     loader = assets.loader
-    _require_tools(loader)
+    require_tools(loader, TOOLS, "boot.img", "a disk image")
     parts = {p.name: p for p in layout(assets)}
     env = {**os.environ, "SOURCE_DATE_EPOCH": str(assets.epoch), "TZ": "UTC", "LC_ALL": "C", "MTOOLS_SKIP_CHECK": "1"}
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -287,18 +286,6 @@ def _copy_in(image: Path, part: Partition, env: dict[str, str], files: dict[str,
         _run(["mmd", "-i", target, *(f"::/{d}" for d in dirs)], env)
     for name in sorted(files):
         _run(["mcopy", "-i", target, str(files[name]), f"::/{name}"], env)
-
-
-def _require_tools(loader: Loader) -> None:
-    missing = sorted({package for tool, package in TOOLS.items() if shutil.which(tool) is None})
-    if loader.bios and not (GRUB_LIB / "i386-pc/boot.img").exists():
-        missing.append("grub-pc-bin")
-    if loader.uefi and not (loader.efi_dir / "normal.mod").exists():
-        if loader.arch != "amd64":
-            raise BuildError(f"building an {loader.arch} disk image needs GRUB's EFI modules in {loader.efi_dir}")
-        missing.append("grub-efi-amd64-bin")
-    if missing:
-        raise BuildError(f"building a disk image needs: apt install {' '.join(missing)}")
 
 
 def _run(command: list[str], env: dict[str, str], stdin: str | None = None) -> None:

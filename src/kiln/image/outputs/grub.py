@@ -14,10 +14,12 @@ the terminals as GRUB starts them.
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 from kiln.core import tools
-from kiln.image.assets import BootAssets
+from kiln.core.errors import BuildError
+from kiln.image.assets import HOST_GRUB, BootAssets, Loader
 
 SLOTS = ("A", "B")
 MAX_TRIES = 9  # the menu counts tries down without arithmetic: one branch per value
@@ -126,3 +128,21 @@ def environment_block(values: dict[str, str]) -> bytes:
     if len(body) > ENV_SIZE or any("\n" in v or "\\" in v for v in values.values()):
         raise ValueError(f"boot state does not fit a GRUB environment block: {values}")
     return (body + "#" * (ENV_SIZE - len(body))).encode()
+
+
+def require_tools(loader: Loader, commands: dict[str, str], bios_image: str, what: str) -> None:
+    """Refuse to start `what` (an ISO, a disk image) without its host tools and GRUB's images.
+
+    `commands` maps each host command to its Debian package; `bios_image` is the file under
+    i386-pc that the BIOS part needs. arm64's EFI modules come from the graph, so their absence
+    is a build error, not a package to install.
+    """
+    missing = sorted({package for command, package in commands.items() if shutil.which(command) is None})
+    if loader.bios and not (HOST_GRUB / "i386-pc" / bios_image).exists():
+        missing.append("grub-pc-bin")
+    if loader.uefi and not (loader.efi_dir / "normal.mod").exists():
+        if loader.arch != "amd64":
+            raise BuildError(f"building {what} for {loader.arch} needs GRUB's EFI modules in {loader.efi_dir}")
+        missing.append("grub-efi-amd64-bin")
+    if missing:
+        raise BuildError(f"building {what} needs: apt install {' '.join(missing)}")

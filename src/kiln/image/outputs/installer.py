@@ -186,14 +186,7 @@ def build_installer(
         tar_tmp = work / "installer.tar"
         _archive(layout, {"manifest.json": _canonical(docker_manifest)}, assets.epoch, tar_tmp)
 
-        layout_out, tar_out = out_dir / name, out_dir / f"{name}.tar"
-        if layout_out.is_dir() and not layout_out.is_symlink():
-            shutil.rmtree(layout_out)
-        else:
-            layout_out.unlink(missing_ok=True)
-        layout.rename(layout_out)
-        tar_tmp.replace(tar_out)
-    return layout_out, tar_out
+        return _publish(layout, tar_tmp, out_dir / name, out_dir / f"{name}.tar")
 
 
 def build_installer_index(layouts: list[Path], out_dir: Path, name: str, epoch: int) -> tuple[Path, Path]:
@@ -227,13 +220,17 @@ def build_installer_index(layouts: list[Path], out_dir: Path, name: str, epoch: 
         (layout / "oci-layout").write_bytes(_canonical({"imageLayoutVersion": "1.0.0"}))
         tar_tmp = Path(tmp) / "index.tar"
         _archive(layout, {}, epoch, tar_tmp)
-        layout_out, tar_out = out_dir / f"{name}-oci", out_dir / f"{name}-index.tar"
-        if layout_out.is_dir() and not layout_out.is_symlink():
-            shutil.rmtree(layout_out)
-        else:
-            layout_out.unlink(missing_ok=True)
-        layout.rename(layout_out)
-        tar_tmp.replace(tar_out)
+        return _publish(layout, tar_tmp, out_dir / f"{name}-oci", out_dir / f"{name}-index.tar")
+
+
+def _publish(layout: Path, tar: Path, layout_out: Path, tar_out: Path) -> tuple[Path, Path]:
+    """Move a finished layout and its tarball to their final names, replacing what was there."""
+    if layout_out.is_dir() and not layout_out.is_symlink():
+        shutil.rmtree(layout_out)
+    else:
+        layout_out.unlink(missing_ok=True)
+    layout.rename(layout_out)
+    tar.replace(tar_out)
     return layout_out, tar_out
 
 

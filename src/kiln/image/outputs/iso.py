@@ -18,15 +18,13 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
 
 from kiln.core import tools
-from kiln.core.errors import BuildError
-from kiln.image.assets import HOST_GRUB, BootAssets, Loader, derived_uuid
-from kiln.image.outputs.grub import grub_config, mkimage
+from kiln.image.assets import HOST_GRUB, BootAssets, derived_uuid
+from kiln.image.outputs.grub import grub_config, mkimage, require_tools
 
 GRUB_LIB = HOST_GRUB
 # Modules built into the GRUB core images: nothing is loaded from the ISO but grub.cfg, so the
@@ -75,7 +73,7 @@ def grub_uuid(epoch: int) -> str:
 def build_iso(assets: BootAssets, out: Path) -> Path:
     """Write the ISO for `assets` to `out` and return it: hybrid BIOS + UEFI on amd64, UEFI only on arm64."""
     loader = assets.loader
-    _require_tools(loader)
+    require_tools(loader, TOOLS, "boot_hybrid.img", "an ISO")
     out.parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "SOURCE_DATE_EPOCH": str(assets.epoch), "TZ": "UTC", "LC_ALL": "C"}
     with tempfile.TemporaryDirectory(prefix="kiln-iso-") as tmp:
@@ -164,18 +162,6 @@ def _efi_image(assets: BootAssets, efi_binary: Path, work: Path, env: dict[str, 
     _run(["mmd", "-i", str(image), "::/EFI", "::/EFI/BOOT"], env)
     _run(["mcopy", "-m", "-i", str(image), str(efi_binary), f"::/EFI/BOOT/{assets.loader.efi_binary}"], env)
     return image
-
-
-def _require_tools(loader: Loader) -> None:
-    missing = sorted({package for tool, package in TOOLS.items() if shutil.which(tool) is None})
-    if loader.bios and not (GRUB_LIB / "i386-pc/boot_hybrid.img").exists():
-        missing.append("grub-pc-bin")
-    if loader.uefi and not (loader.efi_dir / "normal.mod").exists():
-        if loader.arch != "amd64":
-            raise BuildError(f"building an {loader.arch} ISO needs GRUB's EFI modules in {loader.efi_dir}")
-        missing.append("grub-efi-amd64-bin")
-    if missing:
-        raise BuildError(f"building an ISO needs: apt install {' '.join(missing)}")
 
 
 def _run(command: list[str], env: dict[str, str]) -> None:

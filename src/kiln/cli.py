@@ -27,6 +27,8 @@ from kiln.pkg.loader import Tree, load_tree
 from kiln.pkg.show import GRAPH_FORMATS, dump_yaml, render_graph
 from kiln.pkg.template import render_string
 from kiln.pkg.variables import Platform, host_platform, parse_overrides
+from kiln.signing import command as keys_command
+from kiln.signing import verify_command
 
 Handler = Callable[[argparse.Namespace], int]
 # --platform's default. It parses as None so `kiln image` can tell a profile's arch from an explicit --platform.
@@ -415,6 +417,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     node_command.add_arguments(node)
     node.set_defaults(handler=node_command.run)
+
+    keys = verbs.add_parser(
+        "keys",
+        help="make your own Secure Boot, kernel module and release keys",
+        description="make your own Secure Boot, kernel module and release keys (docs/secure-boot.md)",
+    )
+    keys_command.add_arguments(keys)
+    keys.set_defaults(handler=keys_command.run)
+
+    verify = verbs.add_parser(
+        "verify",
+        help="check DIR against its SHA256SUMS and the release key's signature over it",
+        description="check that DIR holds exactly the files its SHA256SUMS lists, and that SHA256SUMS.sig "
+        "is the release key's signature over it (docs/release-signing.md)",
+    )
+    verify_command.add_arguments(verify)
+    verify.set_defaults(handler=verify_command.run)
     return parser
 
 

@@ -1,0 +1,33 @@
+"""`kiln keys generate DIR`: argument parsing and output only; the keys are made in generate.py."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from kiln.core.errors import display_path, printable
+from kiln.signing.generate import MAX_NAME, files, generate
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """`kiln keys ACTION`: only `generate` so far."""
+    actions = parser.add_subparsers(dest="keys_action", metavar="ACTION", required=True)
+    text = "write new Secure Boot (PK, KEK, db), kernel module and release keys into DIR"
+    gen = actions.add_parser("generate", help=text, description=f"{text} (docs/secure-boot.md)")
+    gen.add_argument("dir", metavar="DIR", help="the key directory; created with mode 0700 if missing")
+    gen.add_argument(
+        "--name",
+        default="Kiln",
+        metavar="CN",
+        help=f"common name the certificates start with (default Kiln: 'Kiln PK', 'Kiln db', ...; "
+        f"up to {MAX_NAME} characters)",
+    )
+    gen.add_argument("--force", action="store_true", help="replace the keys DIR holds already")
+
+
+def run(args: argparse.Namespace) -> int:
+    keys = generate(Path(args.dir), common_name=args.name, force=args.force)
+    for path, what in files(keys):
+        print(f"wrote {printable(display_path(path))}: {what}")
+    print("keep the private keys (*.key) offline, readable only by you; docs/secure-boot.md explains how to enrol them")
+    return 0

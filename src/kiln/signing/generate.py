@@ -1,0 +1,185 @@
+"""`kiln keys generate DIR`: a user's own Secure Boot, module and release keys, in keyset.py's layout.
+
+Everything is made in a staging directory inside DIR (same file system) and renamed into place only
+once every key, certificate and signature list exists, so a failed or interrupted run leaves no half
+key and no partial set that the next run would have to --force over.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import uuid
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from kiln.core.errors import InputError, display_path
+from kiln.signing.efivars import SIGNER, write_signature_lists
+from kiln.signing.keyset import RELEASE, UEFI_KEYS, X509_KEYS, KeySet
+
+RSA_BITS = 2048  # what every UEFI implementation and the kernel's module loader accept
+VALIDITY = timedelta(days=3652)  # ten years, leap days included
+MAX_NAME = 57  # X.509 caps a common name at 64 characters; "<name> module" must fit
+CA_KEYS = ("PK", "KEK")  # they certify the level below; db and module only sign
+
+ROLE = {
+    "PK": "platform key (PK): signs updates of PK and KEK",
+    "KEK": "key exchange key (KEK): signs updates of db",
+    "db": "signature database key (db): signs the EFI binaries the firmware boots",
+    "module": "kernel module key: signs modules, its certificate is built into the kernel",
+}
+
+
+def files(keys: KeySet) -> list[tuple[Path, str]]:
+    """Every file generate() writes, with what it is for: the refusal check and the CLI's listing."""
+    listing: list[tuple[Path, str]] = []
+    for name in X509_KEYS:
+        listing += [(keys.key(name), f"private {ROLE[name]}"), (keys.cert(name), f"certificate of the {name} key")]
+    listing += [
+        (keys.key(RELEASE), "private release key (Ed25519): signs release checksums"),
+        (keys.release_public, "release public key: what machines verify releases with"),
+        (keys.owner_guid_file, "owner GUID the EFI signature lists carry"),
+    ]
+    listing += [(keys.esl(name), f"EFI signature list of the {name} certificate") for name in UEFI_KEYS]
+    listing += [
+        (keys.auth(name), f"signed {name} update for firmware setup mode (signed by {SIGNER[name]})")
+        for name in UEFI_KEYS
+    ]
+    return listing
+
+
+def generate(root: Path, *, common_name: str = "Kiln", force: bool = False) -> KeySet:
+    """Write a fresh key set into `root`; refuse (writing nothing) if any of its files exist, unless `force`."""
+    _check_name(common_name)
+    keys = KeySet(root)
+    _make_root(root)
+    _refuse_existing(keys, force=force)
+    try:
+        stage = Path(tempfile.mkdtemp(prefix=".kiln-keys-", dir=root))
+    except OSError as exc:
+        raise InputError(f"{display_path(root)}: cannot write there: {exc.strerror}") from None
+    try:
+        staged = KeySet(stage)
+        _write_keys(staged, common_name)
+        write_signature_lists(staged)
+        _publish(staged, keys)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    return keys
+
+
+def _check_name(common_name: str) -> None:
+    if not common_name.strip() or not common_name.isprintable() or len(common_name) > MAX_NAME:
+        raise InputError(f"--name {common_name!r}: want 1 to {MAX_NAME} printable characters")
+
+
+def _make_root(root: Path) -> None:
+    try:
+        root.mkdir(mode=0o700, parents=True)
+        os.chmod(root, 0o700)  # mkdir's mode passes through the umask
+    except FileExistsError:
+        if not root.is_dir():
+            raise InputError(f"{display_path(root)}: not a directory") from None
+    except OSError as exc:
+        raise InputError(f"{display_path(root)}: cannot create the key directory: {exc.strerror}") from None
+
+
+def _refuse_existing(keys: KeySet, *, force: bool) -> None:
+    present = [path for path, _ in files(keys) if os.path.lexists(path)]
+    if present and not force:
+        more = f" and {len(present) - 1} more" if len(present) > 1 else ""
+        raise InputError(
+            f"{display_path(keys.root)}: holds keys already ({present[0].name}{more}); nothing was written "
+            "(--force replaces them, and machines enrolled with the old keys will need the new ones)"
+        )
+    for path in present:
+        if path.is_dir() and not path.is_symlink():
+            raise InputError(f"{display_path(path)}: a directory where a key file belongs")
+
+
+def _write_keys(keys: KeySet, common_name: str) -> None:
+    now = datetime.now(UTC).replace(microsecond=0)
+    for name in X509_KEYS:
+        key = rsa.generate_private_key(public_exponent=65537, key_size=RSA_BITS)
+        cert = _certificate(key, f"{common_name} {name}", name, now)
+        _write(keys.key(name), _private_pem(key), 0o600)
+        _write(keys.cert(name), cert.public_bytes(serialization.Encoding.PEM), 0o644)
+    release = Ed25519PrivateKey.generate()
+    public = release.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    _write(keys.key(RELEASE), _private_pem(release), 0o600)
+    _write(keys.release_public, public, 0o644)
+    _write(keys.owner_guid_file, f"{uuid.uuid4()}\n".encode(), 0o644)
+
+
+def _private_pem(key: rsa.RSAPrivateKey | Ed25519PrivateKey) -> bytes:
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+
+
+def _certificate(key: rsa.RSAPrivateKey, cn: str, name: str, now: datetime) -> x509.Certificate:
+    """Self-signed. PK and KEK are CAs; the module certificate carries what the kernel's sign-file and
+    X.509 parser look for (codeSigning, a subject key identifier)."""
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+    skid = x509.SubjectKeyIdentifier.from_public_key(key.public_key())
+    ca = name in CA_KEYS
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now)
+        .not_valid_after(now + VALIDITY)
+        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+        .add_extension(_key_usage(cert_sign=ca), critical=True)
+        .add_extension(skid, critical=False)
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(skid), critical=False)
+    )
+    if name == "module":
+        builder = builder.add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CODE_SIGNING]), critical=False)
+    return builder.sign(key, hashes.SHA256())
+
+
+def _key_usage(*, cert_sign: bool) -> x509.KeyUsage:
+    return x509.KeyUsage(
+        digital_signature=True,
+        content_commitment=False,
+        key_encipherment=False,
+        data_encipherment=False,
+        key_agreement=False,
+        key_cert_sign=cert_sign,
+        crl_sign=False,
+        encipher_only=False,
+        decipher_only=False,
+    )
+
+
+def _write(path: Path, data: bytes, mode: int) -> None:
+    """A new file with exactly `mode` (not widened by the umask, not left to it), synced to disk."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
+    with open(fd, "wb") as handle:
+        os.fchmod(fd, mode)
+        handle.write(data)
+        handle.flush()
+        os.fsync(fd)
+
+
+def _publish(staged: KeySet, keys: KeySet) -> None:
+    """Rename every staged file onto its place in `keys` (same file system: each rename is atomic)."""
+    for path, _ in files(keys):
+        os.replace(staged.root / path.name, path)
+    fd = os.open(keys.root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

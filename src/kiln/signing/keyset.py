@@ -1,0 +1,77 @@
+"""A key directory: which file holds which key, and the checks before Kiln reads one.
+
+`kiln keys generate DIR` writes this layout; profiles and `--keys` name the directory. The
+private keys (`*.key`) must be regular files only their owner can read: a key others can read is
+refused, since whoever can read it can sign as the user.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+from kiln.core.errors import InputError
+
+# Secure Boot's three levels (platform key, key exchange key, signature database), the kernel
+# module key and the release key. PK/KEK/db/module are RSA-2048 X.509 (what UEFI firmware and the
+# kernel's module loader accept everywhere); release is Ed25519 (deterministic signatures, and Go's
+# standard library verifies it in machined).
+UEFI_KEYS = ("PK", "KEK", "db")
+X509_KEYS = (*UEFI_KEYS, "module")
+RELEASE = "release"
+OWNER_GUID = "owner.guid"  # the EFI signature owner GUID the lists carry, one line
+
+
+@dataclass(frozen=True)
+class KeySet:
+    """The files of one key directory (see the module docstring for the layout)."""
+
+    root: Path
+
+    def key(self, name: str) -> Path:
+        """The private key `name` (PEM, PKCS#8): PK, KEK, db, module or release."""
+        return self.root / f"{name}.key"
+
+    def cert(self, name: str) -> Path:
+        """The X.509 certificate (PEM) of PK, KEK, db or module."""
+        return self.root / f"{name}.crt"
+
+    def esl(self, name: str) -> Path:
+        """The EFI signature list holding `name`'s certificate (PK, KEK or db)."""
+        return self.root / f"{name}.esl"
+
+    def auth(self, name: str) -> Path:
+        """The signed (authenticated) variable update that enrols `name` (PK, KEK or db) from setup mode."""
+        return self.root / f"{name}.auth"
+
+    @property
+    def release_public(self) -> Path:
+        """The release key's public half (PEM SubjectPublicKeyInfo): what verifiers are given."""
+        return self.root / f"{RELEASE}.pub"
+
+    @property
+    def owner_guid_file(self) -> Path:
+        return self.root / OWNER_GUID
+
+    def owner_guid(self) -> str:
+        return self.require(self.owner_guid_file).read_text().strip()
+
+    def require(self, path: Path, *, private: bool = False) -> Path:
+        """`path` if it is a regular file (not a link); a private key must also be unreadable by others."""
+        try:
+            info = os.lstat(path)
+        except FileNotFoundError:
+            raise InputError(f"{path}: missing from the key directory (kiln keys generate writes it)") from None
+        if not stat.S_ISREG(info.st_mode):
+            raise InputError(f"{path}: not a regular file")
+        if private and info.st_mode & 0o077:
+            raise InputError(
+                f"{path}: a private key others can read (mode {stat.S_IMODE(info.st_mode):04o}); chmod 600 it"
+            )
+        return path
+
+    def signing_pair(self, name: str) -> tuple[Path, Path]:
+        """(private key, certificate) of an X.509 key, both checked."""
+        return self.require(self.key(name), private=True), self.require(self.cert(name))

@@ -45,6 +45,7 @@ type machine struct {
 	isReady      chan struct{}  // closed once the machine is ready
 	platform     *platformState // what kiln.platform='s metadata said
 	clock        *ntp.Syncer    // nil when time sync is off
+	firmware     firmwareState  // UEFI or BIOS, and whether Secure Boot is on
 }
 
 // boot brings the machine up as PID 1, in order: kernel filesystems and the read-only root
@@ -63,6 +64,11 @@ func (m *machine) boot() {
 	m.params = readCmdline()
 	m.kernel = kernelRelease()
 	m.con.printf("version %s starting on kernel %s", m.version, m.kernel)
+	if err := mountEFIVars(); err != nil {
+		m.con.printf("firmware: %v", err)
+	}
+	m.firmware = readFirmware(efiDir)
+	m.con.printf("firmware: %s", m.firmware.describe())
 	loadModules(m.kernel, m.con.printf)
 	settleDevices()
 	m.net = network.New(m.con.printf)
@@ -355,6 +361,7 @@ func (m *machine) Status() interface{} {
 		"upgrade":        m.upgrades.snapshot(),
 		"platform":       m.platform.status(),
 		"time":           m.timeStatus(),
+		"firmware":       m.firmware,
 	}
 }
 

@@ -96,7 +96,7 @@ def test_defaults_and_command_line(tmp_path: Path) -> None:
     [
         (
             "platform: metal\noutput: {kind: disk}\n",
-            "p.yaml:2: output kind 'disk' is not one of iso, image, pxe, installer, kernel, initramfs",
+            "p.yaml:2: output kind 'disk' is not one of iso, image, pxe, installer, kernel, initramfs, uki",
         ),
         ("platform: metal\noutptu: {kind: iso}\n", "p.yaml:2: unknown key 'outptu' (did you mean 'output'?)"),
         (
@@ -242,7 +242,7 @@ def test_cli_bad_profile_exits_2_without_traceback(kiln: Callable[..., Result], 
     result = kiln("image", "bad.yaml", "--pkgs", str(ROOT / "pkgs"))
     assert result.code == 2
     assert result.err.strip() == (
-        "bad.yaml:2: output kind 'floppy' is not one of iso, image, pxe, installer, kernel, initramfs"
+        "bad.yaml:2: output kind 'floppy' is not one of iso, image, pxe, installer, kernel, initramfs, uki"
     )
     result = kiln("image", "iso", "--extension", "kmod", "--profiles-dir", str(PROFILES), "--pkgs", str(ROOT / "pkgs"))
     assert result.code == 2 and "apply without profiles" in result.err

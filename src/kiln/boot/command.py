@@ -21,7 +21,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "artifact",
         metavar="ARTIFACT",
         help="a directory with vmlinuz and initramfs.zst (or with boot.ipxe, for arm64 bootaa64.efi: PXE boot), "
-        "an ISO or a disk image",
+        "an ISO, a disk image or an EFI program (a UKI: kiln.efi)",
     )
     parser.add_argument(
         "--arch",
@@ -32,6 +32,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--firmware",
         choices=("bios", "uefi"),
         help="bios (SeaBIOS, amd64 only) or uefi (OVMF on amd64, AAVMF on arm64); default: bios, uefi on arm64",
+    )
+    parser.add_argument(
+        "--secure-boot",
+        metavar="KEYS",
+        type=Path,
+        help="boot OVMF's Secure Boot build with the PK, KEK and db of key directory KEYS enrolled (amd64, UEFI)",
     )
     parser.add_argument("--disk", metavar="SIZE", help="attach a blank virtio disk of SIZE (e.g. 4G)")
     parser.add_argument("--disk-file", metavar="PATH", help="attach this qcow2 disk (created with --disk if missing)")
@@ -57,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
     machine = machine_for(artifact, arch.name)
     machine.cmdline = args.cmdline  # empty: the arch's serial console (ttyS0 on amd64, ttyAMA0 on arm64)
     machine.firmware = args.firmware or ""
+    machine.secure_boot_keys = args.secure_boot
     machine.boot_firmware()  # --firmware bios on arm64 fails here, before a disk is made
     machine.memory = args.memory
     machine.accel = args.accel

@@ -31,6 +31,7 @@ class Platform:
     firmware_package: str
     console: str  # the kernel's serial console when no --cmdline is given
     pxe_bootfile: str  # what QEMU's DHCP offers as the boot file
+    efi_binary: str  # EFI/BOOT/<this>: what UEFI boots from a disk without boot entries
     machine: tuple[str, ...] = ()  # -machine/-cpu for every boot
     uefi_machine: tuple[str, ...] = ()  # added for UEFI boots
     pflash_size: int | None = None  # the size the machine needs both pflash images to be
@@ -46,6 +47,7 @@ PLATFORMS = {
         firmware_package="ovmf",
         console="ttyS0",
         pxe_bootfile="boot.ipxe",  # run by the iPXE in the virtio NIC's option ROM
+        efi_binary="BOOTX64.EFI",
         uefi_machine=("-machine", "q35"),
     ),
     "arm64": Platform(
@@ -58,6 +60,7 @@ PLATFORMS = {
         console="ttyAMA0",  # the virt machine's PL011
         # AAVMF's own PXE client fetches and starts an EFI program: GRUB's arm64-efi netboot image.
         pxe_bootfile="bootaa64.efi",
+        efi_binary="BOOTAA64.EFI",
         # cortex-a72 rather than max: under TCG, max's pointer authentication (QARMA) makes a
         # kernel+initramfs boot about 4x slower (measured 2.3 s vs 8.9 s to userspace with AAVMF).
         machine=("-machine", "virt", "-cpu", "cortex-a72"),

@@ -27,6 +27,7 @@ from kiln.boot.arch import choose_arch
 from kiln.boot.platforms import MIB, Platform, platform_for
 from kiln.boot.platforms import OVMF_CODE as OVMF_CODE  # kept importable from here
 from kiln.boot.platforms import OVMF_VARS as OVMF_VARS
+from kiln.boot.secureboot import SECURE_CODE, SECURE_MACHINE, enrolled_vars, esp_image
 from kiln.core.errors import BuildError, InputError
 
 READY = "machined ready:"
@@ -62,6 +63,9 @@ class Machine:
     extra: list[str] = field(default_factory=list)
     arch: str = "amd64"
     pxe_bootfile: str = ""
+    secure_boot_keys: Path | None = None  # a key directory: OVMF's Secure Boot build with its keys enrolled
+    efi: Path | None = None  # a lone EFI program (a UKI) to boot from a FAT disk made for it
+    efi_disk: Path | None = None  # that disk, made by boot()
 
     def platform(self) -> Platform:
         return platform_for(self.arch)
@@ -69,7 +73,11 @@ class Machine:
     def boot_firmware(self) -> str:
         """bios or uefi: the one asked for, checked against what the arch boots, or the arch's default."""
         platform = self.platform()
-        firmware = self.firmware or platform.firmwares[0]
+        firmware = self.firmware or ("uefi" if self.secure_boot_keys or self.efi else platform.firmwares[0])
+        if (self.secure_boot_keys or self.efi) and firmware != "uefi":
+            raise InputError(f"--firmware {firmware}: Secure Boot and EFI programs boot with UEFI only")
+        if self.secure_boot_keys and self.arch != "amd64":
+            raise InputError(f"--secure-boot: {self.arch} has no Secure Boot firmware build here (amd64's OVMF has)")
         if firmware not in platform.firmwares:
             only = " or ".join(f.upper() for f in platform.firmwares)
             raise InputError(
@@ -114,10 +122,11 @@ class Machine:
         if self.boot_firmware() == "uefi":
             if vars_copy is None:
                 raise BuildError(f"UEFI boots need a writable copy of {platform.vars.name}")
+            code = SECURE_CODE if self.secure_boot_keys else platform.code
             args += [
-                *platform.uefi_machine,
+                *(SECURE_MACHINE if self.secure_boot_keys else platform.uefi_machine),
                 "-drive",
-                f"if=pflash,format=raw,unit=0,readonly=on,file={platform.code}",
+                f"if=pflash,format=raw,unit=0,readonly=on,file={code}",
                 "-drive",
                 f"if=pflash,format=raw,unit=1,file={vars_copy}",
             ]
@@ -147,6 +156,8 @@ class Machine:
             ]
         elif self.disk:
             args += ["-drive", f"file={self.disk},format={self.disk_format},if=virtio,snapshot=on"]
+        if self.efi_disk:
+            args += ["-drive", f"file={self.efi_disk},format=raw,if=virtio,snapshot=on"]
         if self.blank_disk:
             args += ["-drive", f"file={self.blank_disk},format=qcow2,if=virtio"]
         return args
@@ -179,6 +190,8 @@ def machine_for(artifact: Path, arch: str | None = None) -> Machine:
         raise InputError(f"no such artifact: {artifact}")
     if artifact.suffix == ".iso":
         return Machine(cdrom=artifact, arch=arch)
+    if artifact.suffix.lower() == ".efi":
+        return Machine(efi=artifact, arch=arch)
     if artifact.suffix in DISK_FORMATS:
         return Machine(disk=artifact, disk_format=DISK_FORMATS[artifact.suffix], arch=arch)
     raise InputError(f"do not know how to boot {artifact.name}: expected a directory, .iso or a disk image")
@@ -239,9 +252,14 @@ def _prepare(machine: Machine, tmp: Path) -> Path | None:
                 f"UEFI firmware for {machine.arch} is not installed: apt install {platform.firmware_package}"
             )
         vars_copy = tmp / platform.vars.name
-        shutil.copyfile(platform.vars, vars_copy)
+        if machine.secure_boot_keys:
+            enrolled_vars(machine.secure_boot_keys, platform.vars, vars_copy)
+        else:
+            shutil.copyfile(platform.vars, vars_copy)
         if platform.pflash_size is not None:
             _fit_pflash(platform.code, vars_copy, platform.pflash_size)
+    if machine.efi:
+        machine.efi_disk = esp_image(machine.efi, machine.platform().efi_binary, tmp / "esp.img")
     if machine.blank_disk and not machine.blank_disk.exists():
         raise BuildError(f"blank disk {machine.blank_disk} does not exist")
     return vars_copy

@@ -105,7 +105,7 @@ def _messages(error: jsonschema.ValidationError) -> Iterator[tuple[Path_, str]]:
         names = [_TYPE_NAMES.get(str(t), str(t)) for t in (wanted if isinstance(wanted, list) else [wanted])]
         hint = " (quote it)" if wanted == "string" and isinstance(value, bool | int | float) else ""
         yield path, f"{_field(path)} must be {' or '.join(names)}, not {_type_of(value)}{hint}"
-    elif custom and error.validator in ("pattern", "enum", "oneOf"):
+    elif custom and error.validator in ("pattern", "enum", "oneOf", "minProperties", "maxProperties"):
         yield path, custom.format(value=value, field=_field(path))
     else:
         yield path, f"{_field(path)}: {error.message}"

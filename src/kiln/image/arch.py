@@ -12,7 +12,8 @@ from pathlib import Path
 
 from kiln.core.errors import BuildError, InputError, InputErrors, KilnError
 from kiln.image.assets import Loader
-from kiln.image.profile import BOOTED_KINDS, Profile
+from kiln.image.profile import Profile
+from kiln.image.profile_rules import BOOTED_KINDS
 
 
 def loader_for(profile: Profile, trees: Mapping[str, Path]) -> Loader:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kiln.core.hashing import file_sha256
+from kiln.signing.keyset import KeySet
 
 HOST_GRUB = Path("/usr/lib/grub")
 ARCHES = ("amd64", "arm64")
@@ -104,6 +105,7 @@ class BootAssets:
     vmlinuz_sha256: str = ""
     initramfs_sha256: str = ""
     loader: Loader = Loader()
+    keys: KeySet | None = None  # sign the boot chain with these (Secure Boot outputs and UKIs)
 
     @classmethod
     def make(
@@ -115,9 +117,10 @@ class BootAssets:
         epoch: int,
         digests: tuple[str, str] | None = None,
         loader: Loader = Loader(),
+        keys: KeySet | None = None,
     ) -> BootAssets:
-        """Assets whose seed hashes the kernel, the initramfs, the command line, version, epoch and
-        (when it is not amd64's default) the loader's arch and firmware.
+        """Assets whose seed hashes the kernel, the initramfs, the command line, version, epoch,
+        (when it is not amd64's default) the loader's arch and firmware, and the signing certificate.
 
         `digests` (the files' sha256s) lets callers that make many assets of the same files hash them once.
         """
@@ -128,8 +131,19 @@ class BootAssets:
         digest.update(f"\0{cmdline}\0{version}\0{epoch}".encode())
         if loader.identity():
             digest.update(f"\0{loader.identity()}".encode())
+        if keys is not None:
+            digest.update(f"\0db:{file_sha256(keys.require(keys.cert('db')))}".encode())
         return cls(
-            vmlinuz, initramfs, cmdline, version, epoch, digest.hexdigest(), vmlinuz_sha256, initramfs_sha256, loader
+            vmlinuz,
+            initramfs,
+            cmdline,
+            version,
+            epoch,
+            digest.hexdigest(),
+            vmlinuz_sha256,
+            initramfs_sha256,
+            loader,
+            keys,
         )
 
 

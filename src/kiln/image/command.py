@@ -33,6 +33,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="where profile names are looked up (default ./profiles)",
     )
+    parser.add_argument(
+        "--keys",
+        type=Path,
+        metavar="DIR",
+        help="sign with the keys in DIR (kiln keys generate), in place of the profiles' keys:",
+    )
     kernel_initramfs.add_arguments(parser)
 
 
@@ -55,6 +61,7 @@ def run(args: argparse.Namespace, load: Callable[[str], Graph]) -> int:
             )
         return kernel_initramfs.run(load(platforms[0] if platforms else DEFAULT_PLATFORM), args)
     from kiln.image.imager import build_packages, check_packages, make_images, with_release_version
+    from kiln.image.keys import with_keys
     from kiln.image.profile import load_profiles, resolve_platform
 
     if args.extension or args.package or args.output != "kernel,initramfs":
@@ -62,7 +69,7 @@ def run(args: argparse.Namespace, load: Callable[[str], Graph]) -> int:
             "--output, --extension and --package apply without profiles; a profile names its "
             "extensions and packages under input:"
         )
-    loaded = load_profiles(args.profiles, Path(args.profiles_dir))
+    loaded = with_keys(load_profiles(args.profiles, Path(args.profiles_dir)), args.keys)
     if platforms is not None and len(platforms) > 1:
         return run_platforms(args, load, loaded, platforms)
     profiles = resolve_platform(loaded, platforms[0] if platforms else None)

@@ -31,9 +31,11 @@ from kiln.core.schema import suggest
 from kiln.image.arch import check_kernel_arch, check_kernel_files, loader_for
 from kiln.image.assets import BootAssets
 from kiln.image.compress import compress
+from kiln.image.keys import boot_chain_keys, resolve_keys
 from kiln.image.manifest import SbomPackage, load_spdx, write_manifest, write_sbom
 from kiln.image.profile import CONFIG_PATH, Profile
 from kiln.pkg.graph import Graph
+from kiln.signing.release import sign_release
 
 Say = Callable[[str], None]
 MACHINED = "machined"
@@ -156,6 +158,7 @@ class AssetMaker:
             self.built.epoch,
             digests,
             loader_for(profile, self.built.trees),
+            boot_chain_keys(profile),
         )
 
     def _files(self, profile: Profile) -> tuple[Path, Path, tuple[str, str]]:
@@ -231,6 +234,10 @@ def write_output(profile: Profile, assets: BootAssets, dest: Path, built: Built)
             else:
                 convert(raw, profile.disk_format, final, assets)
         compress(final, profile.out_format, assets.epoch)
+    elif kind == "uki":
+        from kiln.image.uki import UKI_NAME, build_uki
+
+        build_uki(assets, dest / UKI_NAME, assets.cmdline, assets.keys, arch=profile.arch)
     elif kind == "installer":
         from kiln.image.outputs.disk import build_raw
         from kiln.image.outputs.installer import build_installer
@@ -310,6 +317,10 @@ def make_profile(profile: Profile, maker: AssetMaker, out: Path, say: Say) -> Re
             "kind": profile.kind,
         }
         manifest = write_manifest(dest, identity, manifest_inputs(profile, assets, maker.built))
+        keys = resolve_keys(profile, None)
+        if keys is not None:
+            say(f"{profile.name}: signing SHA256SUMS with the release key")
+            sign_release(dest, keys)
         replace_dir(dest, final, Path(tmp) / "replaced")
     artifacts = json.loads((final / manifest.name).read_text())["artifacts"]
     seconds = time.monotonic() - began
@@ -324,6 +335,7 @@ _KIND_MODULES = {
     "pxe": ("kiln.image.outputs.pxe",),
     "image": ("kiln.image.outputs.disk", "kiln.image.outputs.formats"),
     "installer": ("kiln.image.outputs.disk", "kiln.image.outputs.installer"),
+    "uki": ("kiln.image.uki",),
 }
 _ASSET_MODULES = ("kiln.rootfs.extension", "kiln.rootfs.assemble")
 

@@ -21,20 +21,19 @@ from typing import Any
 from kiln.core import schema
 from kiln.core.errors import InputError, InputErrors, Location
 from kiln.core.sizes import parse_size
-from kiln.core.yamlfile import Path_, Positioned, read_yaml_file
+from kiln.core.yamlfile import Positioned, read_yaml_file
 from kiln.image.assets import ARCH_FIRMWARE
+from kiln.image.profile_rules import BOOTED_KINDS, DEFAULT_ARCH, arch_rules, rules
 from kiln.pkg.variables import Platform
 from kiln.rootfs.assemble import BASE_ROOTFS
 
 # Where an embedded machine config lands in the rootfs; the command line names it (kiln.config=).
 CONFIG_PATH = "/usr/lib/kiln/machine-config.json"
 _IMAGE_EXTENSIONS = {"raw": "raw", "qcow2": "qcow2", "vhd": "vhd", "vmdk": "vmdk", "ova": "ova"}
-DEFAULT_ARCH = "amd64"
 # The kernel's console when a profile names none: the 8250 UART on amd64, the PL011 on arm64
 # (QEMU's virt machine, most ARM servers and the arm64 clouds but AWS).
 DEFAULT_KERNEL_ARGS = {"amd64": ("console=ttyS0",), "arm64": ("console=ttyAMA0",)}
-# Outputs a boot loader boots: on arm64 they take GRUB's EFI modules from this package.
-BOOTED_KINDS = ("iso", "image", "pxe", "installer")
+# Outputs a boot loader boots take, on arm64, GRUB's EFI modules from this package.
 GRUB_ARM64 = "grub-efi-arm64"
 KernelArgs = tuple[str, ...] | dict[str, tuple[str, ...]]
 
@@ -45,6 +44,14 @@ class Asset:
 
     package: str | None = None
     path: Path | None = None
+
+
+@dataclass(frozen=True)
+class KeysRef:
+    """Where a profile says its signing keys are: a directory, or an environment variable naming one."""
+
+    path: Path | None = None
+    env: str | None = None
 
 
 # input.kernel.path / input.initramfs.path given per arch: (key, ((arch, file), ...)), in the file's order
@@ -74,6 +81,8 @@ class Profile:
     custom_firmware: tuple[str, ...] | None = None  # output.firmware, when the profile sets it
     arch_given: bool = False  # the file says `arch:` (else --platform or the default chose it)
     arch_files: ArchFiles = ()  # file inputs given per arch; kernel.path / initramfs hold this arch's
+    keys: KeysRef | None = None  # the signing keys (kiln image --keys wins)
+    secureboot: bool = False  # boot through the signed chain (kiln.image.outputs.secureboot)
     positions: Positioned = field(compare=False, repr=False, default_factory=lambda: Positioned({}, {}))
 
     def location(self, *path: str | int) -> Location:
@@ -94,8 +103,9 @@ class Profile:
 
     @property
     def firmware(self) -> tuple[str, ...]:
-        """The firmware the output boots from: output.firmware, else all its arch has (amd64 BIOS + UEFI)."""
-        return self.custom_firmware or ARCH_FIRMWARE[self.arch]
+        """The firmware the output boots from: output.firmware, else all its arch has (amd64 BIOS + UEFI);
+        UEFI alone under Secure Boot (BIOS has none)."""
+        return self.custom_firmware or (("uefi",) if self.secureboot else ARCH_FIRMWARE[self.arch])
 
     @property
     def loader_package(self) -> str | None:
@@ -143,43 +153,6 @@ class Profile:
         return list(dict.fromkeys([*names, self.loader_package])) if self.loader_package else names
 
 
-def arch_rules(arch: str, kind: str, firmware: list[str] | None, disk_format: str, why: str) -> list[tuple[Path_, str]]:
-    """What `arch` cannot boot: (path, message) per problem. `why` says where the arch came from."""
-    found: list[tuple[Path_, str]] = []
-    bootable = ARCH_FIRMWARE[arch]
-    for index, name in enumerate(firmware or []):
-        if name not in bootable:
-            found.append(
-                (
-                    ("output", "firmware", index),
-                    f"firmware {name} cannot be built for {arch}{why}: {arch} machines boot "
-                    f"{' and '.join(f.upper() for f in bootable)} only; write firmware: [{', '.join(bootable)}] "
-                    "or leave firmware out",
-                )
-            )
-    if arch == "arm64" and kind in ("image", "installer") and disk_format == "ova":
-        found.append(
-            (
-                ("output", "image", "format"),
-                f"format ova cannot be built for {arch}{why}: its OVF describes a BIOS x86 virtual machine "
-                "(IDE disk, E1000 NIC); arm64 disks can be raw, qcow2, vhd or vmdk",
-            )
-        )
-    return found
-
-
-def _disk_size_problems(text: str) -> list[str]:
-    try:
-        size = parse_size(text)
-    except InputError:
-        return [f"disk_size '{text}' must be a size such as 2GiB, 1536MiB or 4G"]
-    if size < 256 << 20:
-        return [f"disk_size {text} is too small: at least 256MiB (EFI, BOOT and room to grow)"]
-    if size % 512:
-        return [f"disk_size {text} is {size} bytes, not a whole number of 512-byte sectors"]
-    return []
-
-
 def load_profile(file: Path) -> Profile:
     """Read and check one profile; raises InputError(s) with file:line."""
     where = str(file)
@@ -188,62 +161,10 @@ def load_profile(file: Path) -> Profile:
     if not isinstance(data, dict):
         raise InputError("a profile must be a mapping", Location(where, 1))
     problems = schema.validate(data, "profile.schema.json", "kiln.image")
-    problems += [] if problems else _rules(data)
+    problems += [] if problems else rules(data)
     if problems:
         raise InputErrors([InputError(msg, Location(where, positioned.line(path))) for path, msg in problems])
     return _build(data, file, positioned)
-
-
-def _rules(data: dict[str, Any]) -> list[tuple[Path_, str]]:
-    """Checks across fields: options that only make sense for some outputs, files that must exist."""
-    found: list[tuple[Path_, str]] = []
-    output = data["output"]
-    kind = output["kind"]
-    if "image" in output and kind not in ("image", "installer"):
-        found.append((("output", "image"), f"output.image options apply to kinds image and installer, not {kind}"))
-    if kind == "installer" and set(output.get("image", {})) - {"disk_size"}:
-        found.append(
-            (("output", "image"), "an installer takes only output.image.disk_size (it installs a raw disk layout)")
-        )
-    out_format = output.get("out_format", "raw")
-    if out_format != "raw" and kind not in ("image", "iso"):
-        found.append(
-            (("output", "out_format"), f"out_format {out_format} applies to image and iso outputs, not {kind}")
-        )
-    if out_format == ".tar.gz" and kind != "image":
-        found.append((("output", "out_format"), "out_format .tar.gz wraps a disk image: use it with kind image"))
-    image = output.get("image", {})
-    if "disk_size" in image:
-        found += [(("output", "image", "disk_size"), problem) for problem in _disk_size_problems(image["disk_size"])]
-    if "firmware" in output and kind not in BOOTED_KINDS:
-        found.append(
-            (("output", "firmware"), f"output.firmware applies to kinds {', '.join(BOOTED_KINDS)}, not {kind}")
-        )
-    arch = data.get("arch", DEFAULT_ARCH)
-    found += arch_rules(arch, kind, output.get("firmware"), image.get("format", "raw"), "")
-    inputs = data.get("input", {})
-    if "initramfs" in inputs and "package" in inputs["initramfs"]:
-        found.append(
-            (
-                ("input", "initramfs"),
-                "input.initramfs takes a path; the initramfs is otherwise assembled from input.init and input.rootfs",
-            )
-        )
-    if "initramfs" in inputs and ({"packages", "extensions", "rootfs"} & set(inputs)):
-        found.append(
-            (
-                ("input", "initramfs"),
-                "a prebuilt input.initramfs cannot take rootfs, packages or extensions: they go into an assembled one",
-            )
-        )
-    if "machine_config" in data.get("customization", {}) and "initramfs" in inputs:
-        found.append(
-            (
-                ("customization", "machine_config"),
-                "an embedded machine_config needs an assembled initramfs, not input.initramfs",
-            )
-        )
-    return found
 
 
 def _asset_path(value: str, file: Path) -> Path:
@@ -302,11 +223,19 @@ def _build(data: dict[str, Any], file: Path, positioned: Positioned) -> Profile:
         custom_firmware=tuple(output["firmware"]) if "firmware" in output else None,
         arch_given="arch" in data,
         arch_files=tuple(arch_files),
+        keys=_keys_ref(data.get("keys"), file),
+        secureboot=bool(data.get("secureboot", False)),
         positions=positioned,
     )
     profile = profile.for_arch(arch)
     raise_all(profile.missing_files() if "arch" in data else [])
     return profile
+
+
+def _keys_ref(given: dict[str, str] | None, file: Path) -> KeysRef | None:
+    if given is None:
+        return None
+    return KeysRef(path=_asset_path(given["path"], file)) if "path" in given else KeysRef(env=given["env"])
 
 
 def resolve_platform(profiles: list[Profile], platform: str | None) -> list[Profile]:

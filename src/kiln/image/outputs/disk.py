@@ -28,7 +28,9 @@ from pathlib import Path
 from kiln.core import tools
 from kiln.core.errors import BuildError, InputError
 from kiln.image.assets import HOST_GRUB, BootAssets, derived_uuid
+from kiln.image.outputs import secureboot
 from kiln.image.outputs.grub import ENV_NAME, environment_block, mkimage, require_tools, slot_boot_config, slots_config
+from kiln.image.uki import UKI_NAME
 
 MIB = 1 << 20
 SECTOR = 512
@@ -168,33 +170,19 @@ def build_raw(assets: BootAssets, out: Path, size: int) -> Path:
             if loader.bios:
                 mkimage("i386-pc", GRUB_LIB / "i386-pc", "/grub", load_cfg, core, BIOS_MODULES, env)
             efi = work / loader.efi_binary
-            if loader.uefi:
-                mkimage(loader.efi_target, loader.efi_dir, "/grub", load_cfg, efi, EFI_MODULES, env)
             grub_cfg = work / "grub.cfg"
             grub_cfg.write_text(slots_config(serial=loader.serial_console))
             grubenv = work / ENV_NAME
             grubenv.write_bytes(
                 environment_block({"kiln_default": INSTALL_SLOT, f"kiln_version_{INSTALL_SLOT}": assets.version})
             )
-            slot_cfg = work / "boot.cfg"
-            slot_cfg.write_text(slot_boot_config(assets, INSTALL_SLOT, KERNEL_NAME, INITRD_NAME))
-
+            efi_files = _efi_files(assets, load_cfg, efi, work, env)
             _fat(assets, partial, parts["EFI"], "EFI", env)
-            if loader.uefi:
-                _copy_in(partial, parts["EFI"], env, {f"EFI/BOOT/{loader.efi_binary}": efi})
+            if efi_files:
+                _copy_in(partial, parts["EFI"], env, efi_files)
             _fat(assets, partial, parts["BOOT"], "BOOT", env)
-            _copy_in(
-                partial,
-                parts["BOOT"],
-                env,
-                {
-                    f"{INSTALL_SLOT}/{KERNEL_NAME}": assets.vmlinuz,
-                    f"{INSTALL_SLOT}/{INITRD_NAME}": assets.initramfs,
-                    f"{INSTALL_SLOT}/boot.cfg": slot_cfg,
-                    "grub/grub.cfg": grub_cfg,
-                    f"grub/{ENV_NAME}": grubenv,
-                },
-            )
+            boot_files = {"grub/grub.cfg": grub_cfg, f"grub/{ENV_NAME}": grubenv}
+            _copy_in(partial, parts["BOOT"], env, {**boot_files, **_slot_files(assets, work)})
             if loader.bios:
                 install_bios_grub(partial, core, parts["BIOS"])
         partial.chmod(0o644)
@@ -203,6 +191,34 @@ def build_raw(assets: BootAssets, out: Path, size: int) -> Path:
         partial.unlink(missing_ok=True)
         raise
     return out
+
+
+def _efi_files(assets: BootAssets, load_cfg: Path, efi: Path, work: Path, env: dict[str, str]) -> dict[str, Path]:
+    """The EFI partition's files: GRUB as the removable-media loader, or under Secure Boot the signed
+    shim and GRUB (kiln.image.outputs.secureboot); nothing for a BIOS-only disk."""
+    loader = assets.loader
+    if assets.keys is not None:
+        return secureboot.signed_loader(assets, load_cfg, EFI_MODULES, work, env)
+    if not loader.uefi:
+        return {}
+    mkimage(loader.efi_target, loader.efi_dir, "/grub", load_cfg, efi, EFI_MODULES, env)
+    return {f"EFI/BOOT/{loader.efi_binary}": efi}
+
+
+def _slot_files(assets: BootAssets, work: Path) -> dict[str, Path]:
+    """Slot A on BOOT: kernel, initramfs and boot.cfg, or under Secure Boot the signed UKI and a
+    boot.cfg that chainloads it."""
+    slot_cfg = work / "boot.cfg"
+    if assets.keys is not None:
+        uki = secureboot.slot_uki(assets, INSTALL_SLOT, work)
+        slot_cfg.write_text(secureboot.chainload_config(f"/{INSTALL_SLOT}/{UKI_NAME}"))
+        return {f"{INSTALL_SLOT}/{UKI_NAME}": uki, f"{INSTALL_SLOT}/boot.cfg": slot_cfg}
+    slot_cfg.write_text(slot_boot_config(assets, INSTALL_SLOT, KERNEL_NAME, INITRD_NAME))
+    return {
+        f"{INSTALL_SLOT}/{KERNEL_NAME}": assets.vmlinuz,
+        f"{INSTALL_SLOT}/{INITRD_NAME}": assets.initramfs,
+        f"{INSTALL_SLOT}/boot.cfg": slot_cfg,
+    }
 
 
 def install_bios_grub(image: Path, core_img: Path, bios: Partition) -> None:

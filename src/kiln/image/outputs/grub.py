@@ -33,11 +33,21 @@ _CONSOLE = ["serial --unit=0 --speed=115200", "terminal_input console serial", "
 
 
 def mkimage(
-    target: str, modules: Path, prefix: str, load_cfg: Path, out: Path, built_in: list[str], env: dict[str, str]
+    target: str,
+    modules: Path,
+    prefix: str,
+    load_cfg: Path,
+    out: Path,
+    built_in: list[str],
+    env: dict[str, str],
+    sbat: Path | None = None,
 ) -> None:
     """`grub-mkimage` (the host's grub-common) for `target` from the `modules` directory: `built_in`
-    modules linked in, `load_cfg` embedded, `prefix` where GRUB looks for grub.cfg."""
+    modules linked in, `load_cfg` embedded, `prefix` where GRUB looks for grub.cfg; `sbat`: the
+    .sbat section shim checks (Secure Boot)."""
     command = ["grub-mkimage", "-O", target, "-d", str(modules), "-p", prefix, "-c", str(load_cfg), "-o", str(out)]
+    if sbat is not None:
+        command += ["--sbat", str(sbat)]
     tools.run([*command, *built_in], env=env)
 
 
@@ -59,6 +69,22 @@ def grub_config(assets: BootAssets, kernel: str, initrd: str, timeout: int = 1) 
             f'menuentry "Kiln {assets.version}" {{',
             f"    linux {kernel} {assets.cmdline}",
             f"    initrd {initrd}",
+            "}",
+            "",
+        ]
+    )
+
+
+def chainload_menu(assets: BootAssets, efi: str, timeout: int = 1) -> str:
+    """grub.cfg starting the signed UKI `efi` (a GRUB path): Secure Boot media, where GRUB has shim
+    verify it and the firmware start it, command line and initramfs included."""
+    return "\n".join(
+        [
+            *console(serial=assets.loader.serial_console),
+            "set default=0",
+            f"set timeout={timeout}",
+            f'menuentry "Kiln {assets.version}" {{',
+            f"    chainloader {efi}",
             "}",
             "",
         ]

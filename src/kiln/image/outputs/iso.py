@@ -24,7 +24,9 @@ from pathlib import Path
 
 from kiln.core import tools
 from kiln.image.assets import HOST_GRUB, BootAssets, derived_uuid
-from kiln.image.outputs.grub import grub_config, mkimage, require_tools
+from kiln.image.outputs import secureboot
+from kiln.image.outputs.grub import chainload_menu, grub_config, mkimage, require_tools
+from kiln.image.uki import UKI_NAME, build_uki
 
 GRUB_LIB = HOST_GRUB
 # Modules built into the GRUB core images: nothing is loaded from the ISO but grub.cfg, so the
@@ -102,9 +104,7 @@ def build_iso(assets: BootAssets, out: Path) -> Path:
             ]
             grafts.append(f"/boot/grub/i386-pc/eltorito.img={bios}")
         if loader.uefi:
-            efi_binary = work / loader.efi_binary
-            mkimage(loader.efi_target, loader.efi_dir, "/boot/grub", load_cfg, efi_binary, EFI_MODULES, env)
-            efi_image = _efi_image(assets, efi_binary, work, env)
+            efi_image = _efi_image(assets, _efi_files(assets, load_cfg, work, env), work, env)
             boot_options += [
                 # UEFI: El Torito EFI image, exposed in GPT as the EFI system partition for USB.
                 "--efi-boot",
@@ -114,7 +114,13 @@ def build_iso(assets: BootAssets, out: Path) -> Path:
             ]
             grafts.append(f"/efi.img={efi_image}")
         grub_cfg = work / "grub.cfg"
-        grub_cfg.write_text(grub_config(assets, "/boot/vmlinuz", "/boot/initramfs.zst"))
+        if assets.keys is not None:
+            # Secure Boot: the ISO carries the signed UKI; GRUB has shim verify it and chainloads it.
+            payload = {f"/boot/{UKI_NAME}": build_uki(assets, work / UKI_NAME, assets.cmdline, assets.keys)}
+            grub_cfg.write_text(chainload_menu(assets, f"/boot/{UKI_NAME}"))
+        else:
+            payload = {"/boot/vmlinuz": assets.vmlinuz, "/boot/initramfs.zst": assets.initramfs}
+            grub_cfg.write_text(grub_config(assets, "/boot/vmlinuz", "/boot/initramfs.zst"))
         partial = out.with_name(out.name + ".partial")
         partial.unlink(missing_ok=True)
         date = iso_date(assets.epoch)
@@ -138,8 +144,7 @@ def build_iso(assets: BootAssets, out: Path) -> Path:
                 "-r",
                 "-o",
                 str(partial),
-                f"/boot/vmlinuz={assets.vmlinuz}",
-                f"/boot/initramfs.zst={assets.initramfs}",
+                *(f"{name}={path}" for name, path in payload.items()),
                 f"/boot/grub/grub.cfg={grub_cfg}",
                 *grafts,
             ],
@@ -150,17 +155,29 @@ def build_iso(assets: BootAssets, out: Path) -> Path:
     return out
 
 
-def _efi_image(assets: BootAssets, efi_binary: Path, work: Path, env: dict[str, str]) -> Path:
-    """FAT image holding EFI/BOOT/<BOOTX64|BOOTAA64>.EFI: serial from the seed, times from SOURCE_DATE_EPOCH."""
+def _efi_files(assets: BootAssets, load_cfg: Path, work: Path, env: dict[str, str]) -> dict[str, Path]:
+    """The EFI image's files: GRUB as EFI/BOOT/<BOOTX64|BOOTAA64>.EFI, or under Secure Boot the
+    signed shim there and the signed GRUB beside it (kiln.image.outputs.secureboot)."""
+    loader = assets.loader
+    if assets.keys is not None:
+        return secureboot.signed_loader(assets, load_cfg, EFI_MODULES, work, env)
+    efi_binary = work / loader.efi_binary
+    mkimage(loader.efi_target, loader.efi_dir, "/boot/grub", load_cfg, efi_binary, EFI_MODULES, env)
+    return {f"EFI/BOOT/{loader.efi_binary}": efi_binary}
+
+
+def _efi_image(assets: BootAssets, files: dict[str, Path], work: Path, env: dict[str, str]) -> Path:
+    """FAT image holding `files` (EFI/BOOT/...): serial from the seed, times from SOURCE_DATE_EPOCH."""
     image = work / "efi.img"
-    # Room for the binary plus FAT overhead, in whole MiB (a FAT12/16 size mkfs.fat accepts).
-    size_kib = ((efi_binary.stat().st_size // 1024 + 512) // 1024 + 1) * 1024
+    # Room for the files plus FAT overhead, in whole MiB (a FAT12/16 size mkfs.fat accepts).
+    size_kib = ((sum(f.stat().st_size for f in files.values()) // 1024 + 512) // 1024 + 1) * 1024
     serial = derived_uuid(assets.seed, "iso-efi-fat").hex[:8]
     # --invariant first: it fixes the remaining time-based fields; -i after it sets our serial.
     _run(["mkfs.fat", "-C", "--invariant", "-i", serial, "-n", "KILN_EFI", str(image), str(size_kib)], env)
-    os.utime(efi_binary, (assets.epoch, assets.epoch))
     _run(["mmd", "-i", str(image), "::/EFI", "::/EFI/BOOT"], env)
-    _run(["mcopy", "-m", "-i", str(image), str(efi_binary), f"::/EFI/BOOT/{assets.loader.efi_binary}"], env)
+    for name, path in sorted(files.items()):
+        os.utime(path, (assets.epoch, assets.epoch))
+        _run(["mcopy", "-m", "-i", str(image), str(path), f"::/{name}"], env)
     return image
 
 

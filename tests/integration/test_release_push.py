@@ -41,7 +41,11 @@ def registry() -> Iterator[tuple[str, Path]]:
 
 @pytest.fixture(scope="module")
 def layout(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    base = tmp_path_factory.mktemp("release")
+    return small_installer(tmp_path_factory.mktemp("release"))
+
+
+def small_installer(base: Path) -> tuple[Path, Path]:
+    """An installer layout and tar from fake inputs (see the module docstring)."""
     (base / "vmlinuz").write_bytes(b"fake kernel " * 1000)
     (base / "initramfs.zst").write_bytes(b"fake initramfs " * 1000)
     (base / "disk.raw").write_bytes(os.urandom(2 << 20))

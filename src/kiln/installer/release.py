@@ -38,6 +38,8 @@ from kiln.image.outputs.installer import INDEX_TYPE, MANIFEST_TYPE, image_tag
 from kiln.installer.image_layout import VERSION_KEY, Blob, Layout, open_layout, read_image, read_images
 
 if TYPE_CHECKING:  # kiln.core.registry imports requests: not at every CLI start
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
     from kiln.core.registry import Ref
     from kiln.pkg.graph import Graph
 
@@ -198,6 +200,7 @@ class Pushed:
     replaced: str | None  # the digest the tag named before, when it was another
     manifests: dict[str, str] = field(default_factory=dict)  # architecture -> its manifest's digest
     media_type: str = MANIFEST_TYPE
+    signatures: dict[str, str] = field(default_factory=dict)  # signed digest -> its signature's tag (--sign)
 
     @property
     def uploaded_bytes(self) -> int:
@@ -230,6 +233,7 @@ class Pushed:
             "uploaded": {"blobs": len(self.uploaded), "bytes": self.uploaded_bytes},
             "skipped": {"blobs": len(self.skipped), "bytes": self.skipped_bytes},
             "replaced": self.replaced,
+            "signatures": self.signatures,
         }
 
 
@@ -332,6 +336,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="VERSION",
         help="the oldest version that may upgrade to this release (a semantic version)",
     )
+    parser.add_argument(
+        "--sign",
+        type=Path,
+        metavar="KEYDIR",
+        help="sign every pushed manifest with KEYDIR's release key (kiln keys generate): a sha256-<hex>.sig tag "
+        "each, which kiln verify IMAGE and machined (release_keys) check",
+    )
     parser.add_argument("--out", metavar="DIR", help="where a profile's output is written (default _out)")
     parser.add_argument("--profiles-dir", default="profiles", metavar="DIR", help="where profile names are looked up")
     parser.add_argument("--jobs", "-j", type=int, default=2, metavar="N", help="packages built at once")
@@ -343,6 +354,7 @@ def run(args: argparse.Namespace, load: Callable[[str], Graph]) -> int:
 
     ref = Ref.parse(args.to)
     upgrade_from = check_upgrade_from(args.upgrade_from)
+    signing_key = _signing_key(args.sign)
     source = Path(args.source)
     if source.exists():
         if args.out:
@@ -354,13 +366,37 @@ def run(args: argparse.Namespace, load: Callable[[str], Graph]) -> int:
         path = build_profile(args, load)
     with open_layout(path) as layout:
         pushed = push_releases(read_releases(layout), ref, args.channel, upgrade_from)
+    if signing_key is not None:
+        pushed.signatures = sign_pushed(pushed, signing_key)
     if args.json:
         print(json.dumps(pushed.summary(), indent=2))
     else:
         print(pushed.line())
         if pushed.replaced:
             print(f"  the tag {pushed.tag} named {pushed.replaced} before")
+        for digest, tag in pushed.signatures.items():
+            print(f"  signed {digest}: {pushed.ref}:{tag}")
     return 0
+
+
+def _signing_key(keys_dir: Path | None) -> Ed25519PrivateKey | None:
+    """The release key of --sign's directory, checked before anything is built or pushed."""
+    if keys_dir is None:
+        return None
+    from kiln.signing.keyset import RELEASE, KeySet
+    from kiln.signing.release import load_private_key
+
+    return load_private_key(KeySet(keys_dir).key(RELEASE))
+
+
+def sign_pushed(pushed: Pushed, key: Ed25519PrivateKey) -> dict[str, str]:
+    """Sign each pushed manifest (and a multi-arch release's index): digest -> its signature's tag."""
+    from kiln.core.registry import Client
+    from kiln.signing.image_signature import push_signature
+
+    client = Client(pushed.ref)
+    digests = list(dict.fromkeys([*pushed.manifests.values(), pushed.digest]))
+    return {digest: push_signature(client, digest, key) for digest in digests}
 
 
 def build_profile(args: argparse.Namespace, load: Callable[[str], Graph]) -> Path:

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"crypto/ed25519"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
@@ -10,6 +11,7 @@ import (
 	"strings"
 
 	"kiln/machined/internal/network"
+	"kiln/machined/internal/oci"
 	"kiln/machined/internal/supervisor"
 	"kiln/machined/internal/yaml"
 )
@@ -26,6 +28,9 @@ type Config struct {
 	// Registries says how to reach the registries (and tarball hosts) upgrades pull from.
 	Registries []RegistryConfig `json:"registries,omitempty"`
 	Time       TimeConfig       `json:"time,omitempty"`
+	// ReleaseKeys are the Ed25519 public keys (PEM, PKIX) an upgrade's image must be signed by,
+	// one of them; without any, images are not checked for a signature.
+	ReleaseKeys []string `json:"release_keys,omitempty"`
 }
 
 // TimeConfig names the NTP servers; without them the platform's (a cloud's own time service)
@@ -158,12 +163,31 @@ func (c *Config) validate() error {
 		}
 		hosts[r.Host] = true
 	}
+	if _, err := c.releaseKeys(); err != nil {
+		return err
+	}
 	if c.API.Enabled() {
 		if _, err := c.API.tlsConfig(); err != nil {
 			return fmt.Errorf("api: %v", err)
 		}
 	}
 	return nil
+}
+
+// releaseKeys parses release_keys: each an Ed25519 public key in PEM, at most 16 of them.
+func (c *Config) releaseKeys() ([]ed25519.PublicKey, error) {
+	if len(c.ReleaseKeys) > oci.MaxTrustedKeys {
+		return nil, fmt.Errorf("release_keys: %d keys, at most %d are allowed", len(c.ReleaseKeys), oci.MaxTrustedKeys)
+	}
+	var keys []ed25519.PublicKey
+	for i, text := range c.ReleaseKeys {
+		k, err := oci.ParsePublicKeyPEM(text)
+		if err != nil {
+			return nil, fmt.Errorf("release_keys[%d]: %v", i, err)
+		}
+		keys = append(keys, k)
+	}
+	return keys, nil
 }
 
 // tlsConfig builds the API's mutual-TLS server config: clients must present a certificate

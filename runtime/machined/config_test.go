@@ -1,6 +1,13 @@
 package main
 
 import (
+	"bytes"
+	"crypto/ed25519"
+	"crypto/rand"
+	"crypto/rsa"
+	"crypto/x509"
+	"encoding/json"
+	"encoding/pem"
 	"reflect"
 	"strings"
 	"testing"
@@ -131,5 +138,54 @@ func TestEmptyConfigAndLenientUserData(t *testing.T) {
 	cfg, err = parseConfig("user-data", []byte(userData), false)
 	if err != nil || cfg.Hostname != "from-user-data" {
 		t.Fatalf("lenient user-data: %+v %v", cfg, err)
+	}
+}
+
+func TestReleaseKeys(t *testing.T) {
+	pub := seededKey(1).Public().(ed25519.PublicKey)
+	key := releaseKeyPEM(t, pub)
+	yamlDoc := "release_keys:\n  - |\n    " + strings.ReplaceAll(strings.TrimSpace(key), "\n", "\n    ") + "\n"
+	cfg, err := parseConfig("c.yaml", []byte(yamlDoc), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys, err := cfg.releaseKeys()
+	if err != nil || len(keys) != 1 || !bytes.Equal(keys[0], pub) {
+		t.Fatalf("%x %v", keys, err)
+	}
+	js, _ := json.Marshal(map[string][]string{"release_keys": {key}})
+	fromJSON, err := parseConfig("c.json", js, true)
+	if err != nil || !reflect.DeepEqual(fromJSON, cfg) {
+		t.Fatalf("JSON: %+v %v", fromJSON, err)
+	}
+
+	rsaKey, err := rsa.GenerateKey(rand.Reader, 1024)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rsaDER, _ := x509.MarshalPKIXPublicKey(&rsaKey.PublicKey)
+	rsaPEM := string(pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: rsaDER}))
+	many := make([]string, 17)
+	for i := range many {
+		many[i] = key
+	}
+	for name, tc := range map[string]struct {
+		keys []string
+		want string
+	}{
+		"not PEM":  {[]string{key, "ssh-ed25519 AAAAC3Nza..."}, "release_keys[1]: not a PEM public key"},
+		"RSA":      {[]string{rsaPEM}, "release_keys[0]: an RSA key: release keys are Ed25519"},
+		"17 keys":  {many, "release_keys: 17 keys, at most 16 are allowed"},
+		"cert":     {[]string{strings.ReplaceAll(key, "PUBLIC KEY", "CERTIFICATE")}, `release_keys[0]: PEM block is "CERTIFICATE"`},
+		"two in 1": {[]string{key + key}, "release_keys[0]: more than one PEM block"},
+	} {
+		js, _ := json.Marshal(map[string][]string{"release_keys": tc.keys})
+		_, err := parseConfig("c.json", js, true)
+		if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.HasPrefix(err.Error(), "c.json: ") {
+			t.Errorf("%s: got %v, want an error containing %q", name, err, tc.want)
+		}
+	}
+	if _, err := parseConfig("c.yaml", []byte("release_keys: [nope]\n"), true); err == nil || !strings.Contains(err.Error(), "release_keys[0]") {
+		t.Errorf("YAML: %v", err)
 	}
 }

@@ -1,12 +1,13 @@
 package main
 
 // POST /v1/upgrade: pull an installer image (a registry reference, a release channel of a
-// repository, or an OCI layout tarball at a URL), check it, stop the services, unmount what
-// lives on the owned disk, and run the image's own machined (`install --upgrade`) in an
-// isolated root that holds only the image and the owned disk's device nodes. It writes the
-// other slot and puts it on trial; machined reboots into it. Every step before the reboot
-// that fails leaves the machine on its current version with its services running again,
-// and says why in the status and the log. docs/upgrades.md tells the whole story.
+// repository, or an OCI layout tarball at a URL), check it (and its signature, when the config
+// names release keys), stop the services, unmount what lives on the owned disk, and run the
+// image's own machined (`install --upgrade`) in an isolated root that holds only the image and
+// the owned disk's device nodes. It writes the other slot and puts it on trial; machined
+// reboots into it. Every step before the reboot that fails leaves the machine on its current
+// version with its services running again, and says why in the status and the log.
+// docs/upgrades.md tells the whole story.
 
 import (
 	"bufio"
@@ -127,6 +128,7 @@ type upgradeStatus struct {
 	TotalBytes     int64   `json:"total_bytes"`
 	PullSeconds    float64 `json:"pull_seconds,omitempty"`
 	InstallSeconds float64 `json:"install_seconds,omitempty"`
+	SignedBy       string  `json:"signed_by,omitempty"` // the release key's fingerprint; empty when not checked
 	Error          string  `json:"error,omitempty"`
 }
 
@@ -233,11 +235,15 @@ func (m *machine) pullAndInstall(req upgradeRequest, slot string) (bool, error) 
 	if err != nil {
 		return false, err
 	}
+	signer, err := m.checkSignature(ctx, src, img.Digest)
+	if err != nil {
+		return false, err
+	}
 	rel := oci.ReleaseOf(ref, img)
 	if err := m.acceptable(rel, req.AllowDowngrade); err != nil {
 		return false, err
 	}
-	m.upgrades.update(func(s *upgradeStatus) { s.Digest, s.Version = img.Digest, rel.Version })
+	m.upgrades.update(func(s *upgradeStatus) { s.Digest, s.Version, s.SignedBy = img.Digest, rel.Version, signer })
 	root := filepath.Join(upgradeWork, "root")
 	if err := m.unpackImage(ctx, src, img, root); err != nil {
 		return false, err
@@ -262,6 +268,25 @@ func (m *machine) pullAndInstall(req upgradeRequest, slot string) (bool, error) 
 	}
 	m.upgrades.update(func(s *upgradeStatus) { s.InstallSeconds = time.Since(installStart).Seconds() })
 	return true, nil
+}
+
+// checkSignature verifies the image's signature when the config names release keys, and
+// returns the fingerprint of the key that made it; without release keys it checks nothing and
+// returns "".
+func (m *machine) checkSignature(ctx context.Context, src oci.Source, digest string) (string, error) {
+	if m.cfg == nil || len(m.cfg.ReleaseKeys) == 0 {
+		return "", nil
+	}
+	keys, err := m.cfg.releaseKeys()
+	if err != nil {
+		return "", err
+	}
+	signer, err := oci.VerifySignature(ctx, src, digest, keys)
+	if err != nil {
+		return "", err
+	}
+	m.con.printf("upgrade: signature of %s by release key %s", digest, signer)
+	return signer, nil
 }
 
 // upgradeSource returns where the image comes from and the reference to resolve there.

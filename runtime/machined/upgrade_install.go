@@ -124,10 +124,16 @@ func writeSlotInto(dir, bootDir, slot string, tries int, say func(string, ...int
 		// the default slot is what GRUB falls back to: overwriting it could strand the machine
 		return refuse("slot %s is the default; boot the default slot (the other one) before upgrading", slot)
 	}
+	uki := filepath.Join(dir, slot+".efi")
+	signed := regularFile(uki)
+	if !signed && regularFile(filepath.Join(bootDir, st.Default, ukiName)) {
+		// the disk boots signed UKIs through shim and GRUB: a bare kernel would fail verification
+		return refuse("this disk boots signed UKIs (Secure Boot) and the image has none for slot %s: build it with secureboot", slot)
+	}
 	say("writing slot %s: Kiln %s", slot, rel.Version)
 	target := filepath.Join(bootDir, slot)
 	// what the slot held goes first: BOOT has room for two slots, not three
-	for _, name := range []string{"boot.cfg", "vmlinuz", "initramfs.zst"} {
+	for _, name := range []string{"boot.cfg", "vmlinuz", "initramfs.zst", ukiName} {
 		if err := os.Remove(filepath.Join(target, name)); err != nil && !os.IsNotExist(err) {
 			return failed("clearing slot %s: %v", slot, err)
 		}
@@ -135,14 +141,10 @@ func writeSlotInto(dir, bootDir, slot string, tries int, say func(string, ...int
 	if err := os.MkdirAll(target, 0o755); err != nil {
 		return failed("slot %s: %v", slot, err)
 	}
-	for _, name := range []string{"vmlinuz", "initramfs.zst"} {
-		n, err := copyFileSynced(files[name], filepath.Join(target, name))
-		if err != nil {
-			return failed("writing slot %s: %v", slot, err)
-		}
-		say("%s: %d MiB", name, n>>20)
+	cfg, err := writeSlotFiles(dir, target, slot, rel, signed, say)
+	if err != nil {
+		return err
 	}
-	cfg := fmt.Sprintf("linux /%s/vmlinuz %s kiln.slot=%s\ninitrd /%s/initramfs.zst\n", slot, rel.Cmdline, slot, slot)
 	if err := persist.WriteFileAtomic(filepath.Join(target, "boot.cfg"), []byte(cfg), 0o644); err != nil {
 		return failed("writing slot %s: %v", slot, err)
 	}
@@ -155,6 +157,35 @@ func writeSlotInto(dir, bootDir, slot string, tries int, say func(string, ...int
 	syscall.Sync()
 	say("slot %s is on trial for %d boots; slot %s stays the default until it reaches ready", slot, tries, st.Default)
 	return nil
+}
+
+// ukiName is a Secure Boot slot's signed UKI (kernel, initramfs and command line in one PE file).
+const ukiName = "kiln.efi"
+
+// writeSlotFiles copies the slot's boot files and returns its boot.cfg: the kernel and initramfs
+// with release.json's command line, or, for a Secure Boot release, the image's signed UKI for this
+// slot (<slot>.efi, whose command line already names the slot), which GRUB chainloads through shim.
+func writeSlotFiles(dir, target, slot string, rel release, signed bool, say func(string, ...interface{})) (string, error) {
+	names := map[string]string{"vmlinuz": "vmlinuz", "initramfs.zst": "initramfs.zst"}
+	if signed {
+		names = map[string]string{slot + ".efi": ukiName}
+	}
+	for from, to := range names {
+		n, err := copyFileSynced(filepath.Join(dir, from), filepath.Join(target, to))
+		if err != nil {
+			return "", failed("writing slot %s: %v", slot, err)
+		}
+		say("%s: %d MiB", to, n>>20)
+	}
+	if signed {
+		return fmt.Sprintf("chainloader /%s/%s\n", slot, ukiName), nil
+	}
+	return fmt.Sprintf("linux /%s/vmlinuz %s kiln.slot=%s\ninitrd /%s/initramfs.zst\n", slot, rel.Cmdline, slot, slot), nil
+}
+
+func regularFile(path string) bool {
+	st, err := os.Lstat(path)
+	return err == nil && st.Mode().IsRegular() && st.Size() > 0
 }
 
 // copyFileSynced copies src to dst through a temporary name, synced before the rename.

@@ -128,3 +128,42 @@ func TestUpgradeMainNeedsABootAndASlot(t *testing.T) {
 		t.Fatalf("exit %d, stderr %q", code, errs.String())
 	}
 }
+
+func TestWriteSlotOfASecureBootReleaseWritesItsSignedUKI(t *testing.T) {
+	boot := newBoot(t, bootstate.State{Default: "A"})
+	release := newRelease(t, goodRelease())
+	for slot, data := range map[string]string{"A": "uki for A", "B": "uki for B"} {
+		if err := os.WriteFile(filepath.Join(release, slot+".efi"), []byte(data), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(boot, "A", "kiln.efi"), []byte("uki v1"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := writeSlotInto(release, boot, "B", 3, func(string, ...interface{}) {}); err != nil {
+		t.Fatal(err)
+	}
+	for name, want := range map[string]string{"B/kiln.efi": "uki for B", "B/boot.cfg": "chainloader /B/kiln.efi\n"} {
+		got, err := os.ReadFile(filepath.Join(boot, name))
+		if err != nil || string(got) != want {
+			t.Errorf("%s = %q (%v), want %q", name, got, err, want)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(boot, "B", "vmlinuz")); err == nil {
+		t.Error("a Secure Boot slot must not carry a bare kernel")
+	}
+}
+
+func TestWriteSlotRefusesAnUnsignedReleaseOnASecureBootDisk(t *testing.T) {
+	boot := newBoot(t, bootstate.State{Default: "A"})
+	if err := os.WriteFile(filepath.Join(boot, "A", "kiln.efi"), []byte("uki v1"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	err := writeSlotInto(newRelease(t, goodRelease()), boot, "B", 3, func(string, ...interface{}) {})
+	if err == nil || !strings.Contains(err.Error(), "boots signed UKIs (Secure Boot)") {
+		t.Fatalf("error %v, want a refusal naming Secure Boot", err)
+	}
+	if _, err := os.Stat(filepath.Join(boot, "B", "boot.cfg")); err == nil {
+		t.Fatal("slot B was written although refused")
+	}
+}

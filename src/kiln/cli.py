@@ -20,7 +20,7 @@ from kiln.core import console
 from kiln.core.errors import InputError, InputErrors, KilnError
 from kiln.image import command as image_command
 from kiln.installer import command as install_command
-from kiln.installer import release as release_command
+from kiln.installer import release_command
 from kiln.node import command as node_command
 from kiln.pkg.graph import Graph
 from kiln.pkg.loader import Tree, load_tree

@@ -156,6 +156,33 @@ def test_a_changed_slot_uki_on_the_disk_is_refused_by_shim(world: dict[str, Path
     assert READY not in log.read_text(errors="replace")
 
 
+def debian_signed_grub(work: Path) -> Path:
+    """Debian's own signed GRUB (grub-efi-amd64-signed), which shim-unsigned's vendor certificate vouches for."""
+    subprocess.run(["apt-get", "download", "-q", "grub-efi-amd64-signed"], cwd=work, check=True, capture_output=True)
+    [deb] = work.glob("grub-efi-amd64-signed_*.deb")
+    subprocess.run(["dpkg-deb", "-x", str(deb), str(work / "root")], check=True)
+    [grub] = (work / "root").glob("usr/lib/grub/x86_64-efi-signed/grubx64.efi.signed")
+    return grub
+
+
+def test_what_shims_vendor_signed_is_forbidden(world: dict[str, Path], tmp_path: Path) -> None:
+    """shim-unsigned trusts Debian's CA besides db; with it in dbx (as kiln enrols the keys), Debian's
+    signed GRUB put where Kiln's GRUB belongs is refused rather than started."""
+    disk = tmp_path / "disk.raw"
+    shutil.copyfile(world["out"] / "sb-metal" / "disk.raw", disk)
+    table = json.loads(subprocess.run(["sfdisk", "--json", str(disk)], capture_output=True, text=True).stdout)
+    [efi_start] = [p["start"] for p in table["partitiontable"]["partitions"] if p["name"] == "EFI"]
+    env = {"MTOOLS_SKIP_CHECK": "1", "PATH": "/usr/bin:/bin"}
+    grub = debian_signed_grub(tmp_path)
+    subprocess.run(
+        ["mcopy", "-o", "-i", f"{disk}@@{efi_start * 512}", str(grub), "::/EFI/BOOT/grubx64.efi"], env=env, check=True
+    )
+    log = tmp_path / "console.log"
+    result = boot(Machine(disk=disk, secure_boot_keys=world["keys"]), "Binary is forbidden", REFUSED_TIMEOUT, log)
+    assert result.ok, result.reason
+    assert "GNU GRUB" not in log.read_text(errors="replace")
+
+
 def test_same_keys_same_bytes_and_the_release_verifies(world: dict[str, Path], tmp_path: Path) -> None:
     for name in ("sb-metal", "sb-iso", "uki"):
         for file in ("SHA256SUMS", "SHA256SUMS.sig"):

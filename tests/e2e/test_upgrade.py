@@ -73,14 +73,16 @@ class World:
     v2: Release
 
 
-def installer_profile(directory: Path, config_url: str) -> None:
-    """The shipped installer profile with the test's kernel arguments (the config URL, panic=1).
+def installer_profile(directory: Path, config_url: str, keys: Path | None = None) -> None:
+    """The shipped installer profile with the test's kernel arguments (the config URL, panic=1);
+    with `keys`, a Secure Boot one signed with them.
 
     It names no version: each release's version (release.json, the annotations, the menu) is its
     machined package's, which `--set kiln_version=` moves together with machined's ready line."""
     directory.mkdir(parents=True, exist_ok=True)
+    secure = f"keys: {{path: {keys}}}\nsecureboot: true\n" if keys else ""
     (directory / "upgrade.yaml").write_text(
-        "platform: metal\n"
+        secure + "platform: metal\n"
         "customization:\n"
         f'  kernel_args: ["console=ttyS0", "panic=1", "kiln.trial_timeout=120", "kiln.config={config_url}"]\n'
         "output:\n"
@@ -174,8 +176,11 @@ def serve(handler: type[http.server.BaseHTTPRequestHandler]) -> tuple[http.serve
 
 
 @contextlib.contextmanager
-def upgrade_world(work: Path) -> Iterator[World]:
-    """Versions 1 and 2 built, a registry, a corrupting proxy and the config server (bench/upgrade.py too)."""
+def upgrade_world(work: Path, keys: Path | None = None) -> Iterator[World]:
+    """Versions 1 and 2 built, a registry, a corrupting proxy and the config server (bench/upgrade.py too).
+
+    With `keys` (a key directory), both versions are Secure Boot releases signed with them and the
+    machine config trusts only releases signed with their release key (release_keys)."""
     if shutil.which("debugfs") is None or shutil.which("mcopy") is None:
         services.unavailable("debugfs and mtools", "apt-get install e2fsprogs mtools")
     pki = work / "pki"
@@ -197,6 +202,7 @@ def upgrade_world(work: Path) -> Iterator[World]:
             },
             "registries": [{"host": guest_registry, "insecure": True}, {"host": corrupt, "insecure": True}],
         }
+        | ({"release_keys": [(keys / "release.pub").read_text()]} if keys else {})
     ).encode()
 
     class Config(http.server.BaseHTTPRequestHandler):
@@ -212,7 +218,7 @@ def upgrade_world(work: Path) -> Iterator[World]:
     config_server, config_port = serve(Config)
     url = f"http://{GUEST_HOST}:{config_port}/kiln.json#sha256={hashlib.sha256(config).hexdigest()}"
     try:
-        installer_profile(work / "profiles", url)
+        installer_profile(work / "profiles", url, keys)
         v1 = build_release(work / "profiles", work / "v1")
         v2 = build_release(work / "profiles", work / "v2", "--set", f"kiln_version={V2}")
         yield World(work, pki, registry, guest_registry, corrupt, v1, v2)
@@ -253,7 +259,9 @@ def no_qemu_left() -> Iterator[None]:
 class Session:
     """One boot of the disk in QEMU, in a thread, until the guest powers off or reboots."""
 
-    def __init__(self, disk: Path, firmware: str, log: Path, expect: str = READY) -> None:
+    def __init__(
+        self, disk: Path, firmware: str, log: Path, expect: str = READY, secure_boot_keys: Path | None = None
+    ) -> None:
         self.port = free_port()
         self.log = log
         self.pidfile = log.with_suffix(".pid")
@@ -261,6 +269,7 @@ class Session:
         drive = ["-drive", f"file={disk},format=raw,if=virtio"]
         machine = Machine(firmware=firmware, extra=[*drive, "-pidfile", str(self.pidfile)])
         machine.api_port = self.port
+        machine.secure_boot_keys = secure_boot_keys
         self.results: list[BootResult] = []
         self.thread = threading.Thread(
             target=lambda: self.results.append(boot(machine, expect, BOOT_TIMEOUT, log, until_exit=True)),

@@ -22,9 +22,10 @@ from cryptography.hazmat.primitives import serialization
 
 from kiln.core.errors import BuildError
 from kiln.core.tools import run
-from kiln.signing.efivars import EFI_CERT_TYPE_PKCS7, EFI_CERT_X509, parse_signature_list
+from kiln.signing.efivars import DBX, EFI_CERT_TYPE_PKCS7, EFI_CERT_X509, parse_signature_list
 from kiln.signing.generate import generate
 from kiln.signing.keyset import UEFI_KEYS, KeySet
+from kiln.signing.shim import VENDOR_CERT
 
 pytestmark = pytest.mark.integration
 
@@ -32,8 +33,14 @@ VIRT_FW_VARS = str(Path(sys.executable).parent / "virt-fw-vars")
 OVMF_VARS = Path("/usr/share/OVMF/OVMF_VARS_4M.fd")
 EFI_GLOBAL_VARIABLE = "8be4df61-93ca-11d2-aa0d-00e098032b8c"  # PK and KEK live here
 EFI_IMAGE_SECURITY_DATABASE = "d719b2cb-3d3a-4596-a3bc-dad00e67656f"  # db
-SIGNER = {"PK": "PK", "KEK": "PK", "db": "KEK"}  # UEFI: PK signs PK and KEK, KEK signs db
-VENDOR = {"PK": EFI_GLOBAL_VARIABLE, "KEK": EFI_GLOBAL_VARIABLE, "db": EFI_IMAGE_SECURITY_DATABASE}
+SIGNER = {"PK": "PK", "KEK": "PK", "db": "KEK", "dbx": "KEK"}  # UEFI: PK signs PK and KEK, KEK signs db and dbx
+VENDOR = {
+    "PK": EFI_GLOBAL_VARIABLE,
+    "KEK": EFI_GLOBAL_VARIABLE,
+    "db": EFI_IMAGE_SECURITY_DATABASE,
+    "dbx": EFI_IMAGE_SECURITY_DATABASE,
+}
+VARIABLES = (*UEFI_KEYS, DBX)
 # NON_VOLATILE | BOOTSERVICE_ACCESS | RUNTIME_ACCESS | TIME_BASED_AUTHENTICATED_WRITE_ACCESS
 ATTRIBUTES = 0x27
 EFI_TIME = 16
@@ -89,10 +96,12 @@ def test_each_list_holds_its_certificate_with_the_owner_guid(keys: KeySet) -> No
     owner = keys.owner_guid()
     for name in UEFI_KEYS:
         assert parse_signature_list(keys.esl(name).read_bytes()) == [(EFI_CERT_X509, owner, der(keys, name))], name
+    # dbx forbids the certificate shim trusts besides db (Debian's CA in shim-unsigned)
+    assert parse_signature_list(keys.esl(DBX).read_bytes()) == [(EFI_CERT_X509, owner, VENDOR_CERT.read_bytes())]
 
 
 def test_each_update_is_an_authenticated_variable_over_its_list(keys: KeySet) -> None:
-    for name in UEFI_KEYS:
+    for name in VARIABLES:
         timestamp, revision, kind, cert_type, pkcs7, payload = split_auth(keys.auth(name).read_bytes())
         assert (revision, kind, cert_type) == (0x0200, 0x0EF1, EFI_CERT_TYPE_PKCS7), name
         assert struct.unpack_from("<H", timestamp)[0] >= 2024, name  # year of the EFI_TIME
@@ -100,7 +109,7 @@ def test_each_update_is_an_authenticated_variable_over_its_list(keys: KeySet) ->
         assert pkcs7[:1] == b"\x30", name
 
 
-@pytest.mark.parametrize("name", UEFI_KEYS)
+@pytest.mark.parametrize("name", VARIABLES)
 def test_each_update_is_signed_by_the_key_above_it_and_no_other(keys: KeySet, name: str, tmp_path: Path) -> None:
     need("openssl")
     timestamp, _, _, _, pkcs7, payload = split_auth(keys.auth(name).read_bytes())

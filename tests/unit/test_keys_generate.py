@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from kiln.cli import main
 from kiln.core.errors import BuildError, InputError
 from kiln.signing import generate as generate_module
-from kiln.signing.efivars import EFI_CERT_X509, parse_signature_list
+from kiln.signing.efivars import DBX, EFI_CERT_X509, parse_signature_list
 from kiln.signing.generate import files, generate
 from kiln.signing.keyset import RELEASE, UEFI_KEYS, X509_KEYS, KeySet
 
@@ -33,7 +33,7 @@ OWNER = "8f2b5a8e-0c1d-4e0f-9a3b-6c5d4e3f2a1b"
 
 def fake_lists(keys: KeySet) -> None:
     """What write_signature_lists leaves behind, without efitools."""
-    for name in UEFI_KEYS:
+    for name in (*UEFI_KEYS, DBX):
         keys.esl(name).write_bytes(f"esl {name}".encode())
         keys.auth(name).write_bytes(f"auth {name}".encode())
 
@@ -186,7 +186,7 @@ def test_a_directory_with_any_key_file_is_refused_and_left_alone(tmp_path: Path,
 def test_a_second_run_is_refused_without_touching_the_first_set(tmp_path: Path) -> None:
     generate(tmp_path)
     before = listing(tmp_path)
-    with pytest.raises(InputError, match=r"PK\.key and 16 more"):
+    with pytest.raises(InputError, match=r"PK\.key and 18 more"):
         generate(tmp_path)
     assert listing(tmp_path) == before
 

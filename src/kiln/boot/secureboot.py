@@ -1,9 +1,10 @@
 """Booting under Secure Boot in QEMU: OVMF's Secure Boot build with the user's keys enrolled.
 
 The variable store is Debian's empty OVMF_VARS_4M.fd with PK, KEK and db set to the key
-directory's certificates and Secure Boot turned on, written by virt-fw-vars (virt-firmware, the
-tool QEMU's firmware maintainers keep for this). The Secure Boot firmware only runs with SMM and
-its flash marked secure, which QEMU's q35 machine provides.
+directory's certificates, shim's vendor certificate in dbx (kiln.signing.shim) and Secure Boot on,
+written by virt-fw-vars (virt-firmware, the tool QEMU's firmware maintainers keep for this).
+The Secure Boot firmware only runs with SMM and its flash marked secure, which QEMU's q35
+machine provides.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 from kiln.core import tools
 from kiln.core.errors import BuildError, InputError
 from kiln.signing.keyset import UEFI_KEYS, KeySet
+from kiln.signing.shim import VENDOR_CERT, vendor_cert_pem
 
 SECURE_CODE = Path("/usr/share/OVMF/OVMF_CODE_4M.secboot.fd")
 SECURE_MACHINE = ("-machine", "q35,smm=on", "-global", "driver=cfi.pflash01,property=secure,value=on")
@@ -43,6 +45,8 @@ def enrolled_vars(keys_dir: Path, template: Path, out: Path) -> Path:
     argv = [virt_fw_vars(), "-i", str(template)]
     for name in UEFI_KEYS:
         argv += [ENROL_FLAGS[name], owner, str(keys.require(keys.cert(name)))]
+    vendor_cert_pem()  # says what to install when it is missing
+    argv += ["--add-dbx-cert", owner, str(VENDOR_CERT)]  # what shim would trust besides db (kiln.signing.shim)
     tools.run([*argv, "--sb", "-o", str(out)], what="virt-fw-vars (enrolling the keys)")
     return out
 

@@ -1,5 +1,7 @@
 """EFI signature lists and the signed variable updates that enrol a key set's certificates.
 
+Besides the key set's own, `dbx.esl`/`dbx.auth` forbid shim's vendor certificate (kiln.signing.shim).
+
 `PK.esl`, `KEK.esl` and `db.esl` each hold one certificate; `PK.auth`, `KEK.auth` and `db.auth` are
 the same lists wrapped as time-based authenticated updates (PK signs PK and KEK, KEK signs db), which
 is what firmware setup menus, KeyTool and `efi-updatevar` take. Debian's efitools writes both: the
@@ -19,11 +21,13 @@ from pathlib import Path
 from kiln.core.errors import BuildError, InputError
 from kiln.core.tools import run
 from kiln.signing.keyset import UEFI_KEYS, KeySet
+from kiln.signing.shim import vendor_cert_pem
 
 EFI_CERT_X509 = "a5c059a1-94e4-4aa7-87b5-ab155c2bf072"  # EFI_CERT_X509_GUID: the payload is one DER cert
 EFI_CERT_TYPE_PKCS7 = "4aafd29d-68df-49ee-8aa9-347d375665a7"  # an authenticated update's signature type
-# Who signs each variable's update: the platform key signs itself and KEK, KEK signs db.
-SIGNER = {"PK": "PK", "KEK": "PK", "db": "KEK"}
+# Who signs each variable's update: the platform key signs itself and KEK, KEK signs db and dbx.
+SIGNER = {"PK": "PK", "KEK": "PK", "db": "KEK", "dbx": "KEK"}
+DBX = "dbx"  # the forbidden signatures: shim's vendor certificate (kiln.signing.shim)
 
 _HEADER = struct.Struct("<16sIII")  # EFI_SIGNATURE_LIST: type GUID, list size, header size, signature size
 _GUID = 16
@@ -37,7 +41,15 @@ def write_signature_lists(keys: KeySet) -> None:
         with _output(keys.esl(name)) as tmp:
             run(["cert-to-efi-sig-list", "-g", guid, str(cert), str(tmp)], what=f"cert-to-efi-sig-list ({name})")
             _check_list(tmp.read_bytes(), guid, name)
-    for name in UEFI_KEYS:
+    with _output(keys.esl(DBX)) as tmp:
+        vendor = tmp.with_name(tmp.name + ".pem")
+        try:
+            vendor.write_bytes(vendor_cert_pem())
+            run(["cert-to-efi-sig-list", "-g", guid, str(vendor), str(tmp)], what="cert-to-efi-sig-list (dbx)")
+        finally:
+            vendor.unlink(missing_ok=True)
+        _check_list(tmp.read_bytes(), guid, DBX)
+    for name in (*UEFI_KEYS, DBX):
         key, cert = keys.signing_pair(SIGNER[name])
         with _output(keys.auth(name)) as tmp:
             argv = ["sign-efi-sig-list", "-g", guid, "-k", str(key), "-c", str(cert), name]

@@ -21,7 +21,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from kiln.core.errors import InputError, display_path
-from kiln.signing.efivars import SIGNER, write_signature_lists
+from kiln.signing.efivars import DBX, SIGNER, write_signature_lists
 from kiln.signing.keyset import RELEASE, UEFI_KEYS, X509_KEYS, KeySet
 
 RSA_BITS = 2048  # what every UEFI implementation and the kernel's module loader accept
@@ -33,7 +33,7 @@ ROLE = {
     "PK": "platform key (PK): signs updates of PK and KEK",
     "KEK": "key exchange key (KEK): signs updates of db",
     "db": "signature database key (db): signs the EFI binaries the firmware boots",
-    "module": "kernel module key: signs modules, its certificate is built into the kernel",
+    "module": "kernel module key: for signing kernel modules",
 }
 
 
@@ -48,9 +48,10 @@ def files(keys: KeySet) -> list[tuple[Path, str]]:
         (keys.owner_guid_file, "owner GUID the EFI signature lists carry"),
     ]
     listing += [(keys.esl(name), f"EFI signature list of the {name} certificate") for name in UEFI_KEYS]
+    listing.append((keys.esl(DBX), "EFI signature list forbidding shim's vendor certificate (Debian's CA)"))
     listing += [
         (keys.auth(name), f"signed {name} update for firmware setup mode (signed by {SIGNER[name]})")
-        for name in UEFI_KEYS
+        for name in (*UEFI_KEYS, DBX)
     ]
     return listing
 

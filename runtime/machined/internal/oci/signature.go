@@ -147,7 +147,7 @@ func VerifySignature(ctx context.Context, src Source, digest string, keys []ed25
 	}
 	layer, sig, err := parseSignatureManifest(body, digest)
 	if err != nil {
-		return "", fmt.Errorf("malformed signature manifest %s for %s: %v", tag, digest, err)
+		return "", fmt.Errorf("malformed signature manifest for %s: %v", digest, err)
 	}
 	rc, err := src.Blob(ctx, layer)
 	if err != nil {
@@ -175,7 +175,10 @@ func VerifySignature(ctx context.Context, src Source, digest string, keys []ed25
 		return "", fmt.Errorf("signature payload for %s has type %s, not %s", digest, quote(p.Critical.Type), SignatureType)
 	}
 	if got := p.Critical.Image.ManifestDigest; got != digest {
-		return "", fmt.Errorf("signature payload names %s, not the image %s", quote(got), digest)
+		if !ValidDigest(got) {
+			got = quote(got)
+		}
+		return "", fmt.Errorf("signature payload names %s, not the image %s", got, digest)
 	}
 	return signer, nil
 }

@@ -3,7 +3,7 @@
 `docker run --rm --privileged -v /dev:/dev kiln-installer:<version> install --disk /dev/sdX` runs
 `machined install` (runtime/machined/install.go), the same code `kiln install` runs on the host.
 The image holds four layers, each annotated with its role (dev.kiln.layer): the kernel
-(/usr/share/kiln/vmlinuz), the boot layer (initramfs.zst and release.json: version, architecture,
+(/usr/share/kiln/vmlinuz), the boot layer (initramfs.zst, release.json: version, architecture,
 kernel command line), the disk image (/usr/share/kiln/disk.raw.gz) and the static machined as
 /usr/bin/installer. A fresh install uses the disk image; an upgrade pulls every layer but that one
 and runs `installer install --upgrade`, which writes the kernel and initramfs into the other slot.
@@ -42,6 +42,7 @@ from typing import Any
 from kiln.core.errors import BuildError, InputError
 from kiln.core.hashing import CHUNK
 from kiln.image.assets import BootAssets
+from kiln.image.outputs.grub import SLOTS
 
 REPOSITORY = "kiln-installer"
 ENTRYPOINT = "usr/bin/installer"
@@ -120,13 +121,11 @@ def build_installer(
         gzip_with_size(disk_raw, disk_gz)
         release = work / "release.json"
         release.write_bytes(release_info(assets, arch))
+        boot_files = {f"{SHARE}/initramfs.zst": (assets.initramfs, 0o644), RELEASE_MEMBER: (release, 0o644)}
+        boot_files |= slot_ukis(assets, work)
         layer_files = [
             ("kernel", "kernel", {f"{SHARE}/vmlinuz": (assets.vmlinuz, 0o644)}),
-            (
-                "boot",
-                "initramfs and release",
-                {f"{SHARE}/initramfs.zst": (assets.initramfs, 0o644), RELEASE_MEMBER: (release, 0o644)},
-            ),
+            ("boot", "initramfs and release", boot_files),
             ("disk", "disk image", {DISK_MEMBER: (disk_gz, 0o644)}),
             ("installer", "installer (machined install)", {ENTRYPOINT: (machined, 0o755)}),
         ]
@@ -221,6 +220,16 @@ def build_installer_index(layouts: list[Path], out_dir: Path, name: str, epoch: 
         tar_tmp = Path(tmp) / "index.tar"
         _archive(layout, {}, epoch, tar_tmp)
         return _publish(layout, tar_tmp, out_dir / f"{name}-oci", out_dir / f"{name}-index.tar")
+
+
+def slot_ukis(assets: BootAssets, work: Path) -> dict[str, tuple[Path, int]]:
+    """A Secure Boot release's signed UKI for each slot (<slot>.efi, its command line naming the slot):
+    `machined install --upgrade` writes the one of the slot it fills. None without Secure Boot."""
+    if assets.keys is None:
+        return {}
+    from kiln.image.outputs import secureboot
+
+    return {f"{SHARE}/{slot}.efi": (secureboot.slot_uki(assets, slot, work), 0o644) for slot in SLOTS}
 
 
 def _publish(layout: Path, tar: Path, layout_out: Path, tar_out: Path) -> tuple[Path, Path]:

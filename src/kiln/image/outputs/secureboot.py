@@ -8,7 +8,8 @@ and the UKI holds the kernel, the initramfs and the command line, so nothing uns
 Why shim and GRUB rather than a UKI alone: the A/B slots, tries and fallback live in GRUB's menu
 and environment block (docs/upgrades.md), and GRUB under Secure Boot (Debian's 2.06) refuses to
 start anything unless shim's protocol verifies it. shim is Debian's shim-unsigned, signed here
-with the user's key. shim checks GRUB's SBAT generation against the revocations it carries, so
+with the user's key; the certificate it trusts besides db goes into dbx (kiln.signing.shim).
+shim checks GRUB's SBAT generation against the revocations it carries, so
 GRUB's .sbat section says what Debian's signed build of the same GRUB says.
 """
 
@@ -23,8 +24,8 @@ from kiln.image.outputs.grub import mkimage
 from kiln.image.uki import UKI_NAME, build_uki
 from kiln.signing import pe
 from kiln.signing.keyset import KeySet
+from kiln.signing.shim import SHIM
 
-SHIM = Path("/usr/lib/shim/shimx64.efi")
 GRUB_EFI_NAME = "grubx64.efi"  # the second stage shim starts from its own directory
 GRUB_PACKAGE = "grub-efi-amd64-bin"
 # Debian's signed GRUB 2.06-13+deb12u2 declares generation 5 for grub and grub.debian (shim 16.1

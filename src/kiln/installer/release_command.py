@@ -1,0 +1,138 @@
+"""`kiln release push SOURCE --to HOST/REPO --channel C [--sign KEYDIR]`: the verb over kiln.installer.release.
+
+SOURCE is an installer layout (directory or .tar) or an installer profile, built first as `kiln
+image` would build it. With --sign, every pushed manifest gets its signature tag
+(kiln.signing.image_signature), made with the key directory's release key, which is checked
+before anything is built or pushed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from kiln.core.console import say_line
+from kiln.core.errors import InputError
+from kiln.installer.image_layout import open_layout
+from kiln.installer.release import CHANNELS, Pushed, check_upgrade_from, push_releases, read_releases
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from kiln.pkg.graph import Graph
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "source",
+        metavar="LAYOUT_OR_PROFILE",
+        help="an installer OCI layout directory or its .tar (as `kiln image installer` writes them); "
+        "a name that is not an existing path is an installer profile, built first",
+    )
+    parser.add_argument("--to", required=True, metavar="HOST[:PORT]/REPO", help="the repository to push to")
+    parser.add_argument("--channel", required=True, choices=CHANNELS, help="the release channel")
+    parser.add_argument(
+        "--upgrade-from",
+        metavar="VERSION",
+        help="the oldest version that may upgrade to this release (a semantic version)",
+    )
+    parser.add_argument(
+        "--sign",
+        type=Path,
+        metavar="KEYDIR",
+        help="sign every pushed manifest with KEYDIR's release key (kiln keys generate): a sha256-<hex>.sig tag "
+        "each, which kiln verify IMAGE and machined (release_keys) check",
+    )
+    parser.add_argument("--out", metavar="DIR", help="where a profile's output is written (default _out)")
+    parser.add_argument("--profiles-dir", default="profiles", metavar="DIR", help="where profile names are looked up")
+    parser.add_argument("--jobs", "-j", type=int, default=2, metavar="N", help="packages built at once")
+    parser.add_argument("--json", action="store_true", help="print a JSON summary")
+
+
+def run(args: argparse.Namespace, load: Callable[[str], Graph]) -> int:
+    from kiln.core.registry import Ref
+
+    ref = Ref.parse(args.to)
+    upgrade_from = check_upgrade_from(args.upgrade_from)
+    signing_key = _signing_key(args.sign)
+    source = Path(args.source)
+    if source.exists():
+        if args.out:
+            raise InputError("--out applies when a profile is built, not to an existing layout")
+        path = source
+    elif "/" in args.source or args.source.endswith(".tar"):
+        raise InputError(f"{args.source}: no such installer layout or tarball")
+    else:
+        path = build_profile(args, load)
+    with open_layout(path) as layout:
+        pushed = push_releases(read_releases(layout), ref, args.channel, upgrade_from)
+    if signing_key is not None:
+        pushed.signatures = sign_pushed(pushed, signing_key)
+    if args.json:
+        print(json.dumps(pushed.summary(), indent=2))
+    else:
+        print(pushed.line())
+        if pushed.replaced:
+            print(f"  the tag {pushed.tag} named {pushed.replaced} before")
+        for digest, tag in pushed.signatures.items():
+            print(f"  signed {digest}: {pushed.ref}:{tag}")
+    return 0
+
+
+def _signing_key(keys_dir: Path | None) -> Ed25519PrivateKey | None:
+    """The release key of --sign's directory, checked before anything is built or pushed."""
+    if keys_dir is None:
+        return None
+    from kiln.signing.keyset import RELEASE, KeySet
+    from kiln.signing.release import load_private_key
+
+    return load_private_key(KeySet(keys_dir).key(RELEASE))
+
+
+def sign_pushed(pushed: Pushed, key: Ed25519PrivateKey) -> dict[str, str]:
+    """Sign each pushed manifest (and a multi-arch release's index): digest -> its signature's tag."""
+    from kiln.core.registry import Client
+    from kiln.signing.image_signature import push_signature
+
+    client = Client(pushed.ref)
+    digests = list(dict.fromkeys([*pushed.manifests.values(), pushed.digest]))
+    return {digest: push_signature(client, digest, key) for digest in digests}
+
+
+def build_profile(args: argparse.Namespace, load: Callable[[str], Graph]) -> Path:
+    """Build an installer profile as `kiln image PROFILE --out DIR [--platform ...]` does; returns its OCI
+    layout (with several platforms, the layout of their image index)."""
+    from kiln.image.imager import build_packages, check_packages, make_images, with_release_version
+    from kiln.image.multiarch import split_platforms
+    from kiln.image.profile import load_profiles, resolve_platform
+
+    try:
+        profile = load_profiles([args.source], Path(args.profiles_dir))[0]
+    except InputError as exc:
+        if exc.location is not None:
+            raise
+        raise InputError(f"{args.source} is not an existing layout or tar, nor a profile: {exc.message}") from None
+    if profile.kind != "installer":
+        raise InputError(
+            f"profile {profile.name} writes {profile.kind}: kiln release push needs an installer profile "
+            "(output kind installer, such as profiles/installer.yaml)",
+            profile.location("output", "kind"),
+        )
+    platforms = split_platforms(args.platform)
+    out = Path(args.out or "_out")
+    if platforms is not None and len(platforms) > 1:
+        from kiln.image.multiarch import build_platforms, make_platform_images
+
+        parts = build_platforms(load, [profile], platforms, args.jobs, json_output=args.json, say=say_line)
+        results, _ = make_platform_images(parts, out, args.jobs, say_line)
+        return results[0].directory / f"{profile.name}-oci"
+    [profile] = resolve_platform([profile], platforms[0] if platforms else None)
+    graph = load(profile.platform_spec)
+    check_packages([profile], graph)
+    profile = with_release_version([profile], graph)[0]
+    built = build_packages([profile], graph, args.jobs, json_output=args.json)
+    result = make_images([profile], built, out, args.jobs, say_line)[0]
+    return result.directory / profile.name

@@ -309,6 +309,35 @@ def test_two_platforms_write_one_directory_and_one_manifest(tmp_path: Path, grap
     assert again[1].artifacts == results[1].artifacts
 
 
+def test_a_signed_profile_gets_one_sha256sums_over_both_platforms(tmp_path: Path, graphs: dict[str, Graph]) -> None:
+    """Each platform's run signs its own directory; the merged one is signed once, over the merged names."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from kiln.signing.release import verify_directory
+
+    keys = tmp_path / "keys"
+    keys.mkdir(mode=0o700)
+    key = Ed25519PrivateKey.generate()
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    (keys / "release.key").write_bytes(pem)
+    (keys / "release.key").chmod(0o600)
+    public = key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    (keys / "release.pub").write_bytes(public)
+    profile = per_arch_profile(tmp_path / "inputs", "kernel")
+    profile.write_text(profile.read_text() + f"keys: {{path: {keys}}}\n")
+    out = tmp_path / "out"
+    make_platform_images(platform_builds([profile], graphs), out, 1, lambda _: None)
+    assert "SHA256SUMS-amd64" not in tree(out / "kernel")
+    assert sorted(verify_directory(out / "kernel", keys / "release.pub")) == [
+        "manifest.json",
+        "sbom-amd64.spdx.json",
+        "sbom-arm64.spdx.json",
+        "vmlinuz-amd64",
+        "vmlinuz-arm64",
+    ]
+
+
 def fake_single_output(directory: Path, arch: str, files: dict[str, bytes], kind: str) -> Path:
     """A profile's single-platform directory as make_images leaves it: files, manifest.json, the SBOM."""
     directory.mkdir(parents=True, exist_ok=True)

@@ -36,10 +36,12 @@ from kiln.image.imager import (
     replace_dir,
     with_release_version,
 )
+from kiln.image.keys import resolve_keys
 from kiln.image.manifest import MANIFEST, SBOM, artifacts, write_platforms_manifest
 from kiln.image.profile import Profile, raise_all, resolve_platform
 from kiln.pkg.graph import Graph
 from kiln.pkg.variables import Platform
+from kiln.signing.release import SIGNATURE, SUMS, sign_release
 
 Say = Callable[[str], None]
 # Outputs whose files name each other by name: kept together, unchanged, in <kind>-<arch>/.
@@ -231,6 +233,9 @@ def make_platform_images(
         for profile in parts[0].profiles:
             merged = staging / "merged" / profile.name
             listed = merge_profile(profile.name, profile.kind, made[profile.name], merged)
+            keys = resolve_keys(profile, None)
+            if keys is not None:  # each platform's SHA256SUMS was left out of the merge: one for all
+                sign_release(merged, keys)
             final = out / profile.name
             replace_dir(merged, final, staging / f"replaced-{profile.name}")
             results.append(PlatformsResult(profile.name, final, listed, seconds[profile.name]))
@@ -285,6 +290,8 @@ def merge_profile(name: str, kind: str, made: dict[str, Path], dest: Path) -> li
 def _move_outputs(kind: str, arch: str, source: Path, dest: Path) -> dict[str, str]:
     """Move one platform's outputs (not its manifest or SBOM) into dest, named for `arch`; returns
     each top-level name's new path relative to dest."""
+    for signed in (SUMS, SIGNATURE):  # per platform; the merged directory is signed as a whole
+        (source / signed).unlink(missing_ok=True)
     names = sorted(p.name for p in source.iterdir() if p.name not in (MANIFEST, SBOM))
     sbom = arch_name(SBOM, arch)
     if (dest / sbom).exists():

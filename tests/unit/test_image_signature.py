@@ -10,10 +10,12 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from kiln.core.errors import InputError
+from kiln.core.registry import INDEX_TYPE
 from kiln.signing.image_signature import (
     LAYER_TYPE,
     PAYLOAD_TYPE,
     SIGNATURE_KEY,
+    _index_members,
     check_artifact,
     payload_for,
     sign_digest,
@@ -86,3 +88,13 @@ def test_a_non_base64_signature_and_a_bad_digest() -> None:
         check_artifact(json.dumps(manifest).encode(), artifact.payload, DIGEST, [KEY.public_key()])
     with pytest.raises(InputError, match="not a sha256 digest"):
         signature_tag("sha256:xyz")
+
+
+@pytest.mark.parametrize("body", [b"not json", b'{"mediaType": "%s", "manifests": 7}' % INDEX_TYPE.encode()])
+def test_a_malformed_index_is_a_verification_error(body: bytes) -> None:
+    with pytest.raises(VerificationError, match="index is malformed"):
+        _index_members(body)
+
+
+def test_a_plain_manifest_has_no_members() -> None:
+    assert _index_members(b'{"mediaType": "application/vnd.oci.image.manifest.v1+json"}') == []

@@ -178,10 +178,13 @@ def _payload_digest(payload: bytes, digest: str) -> str:
 
 def _index_members(body: bytes) -> list[str]:
     """The manifests a release index lists (none for a plain manifest)."""
-    document = json.loads(body)
-    if document.get("mediaType") != INDEX_TYPE:
-        return []
-    return [str(m["digest"]) for m in document.get("manifests", []) if _DIGEST.fullmatch(str(m.get("digest", "")))]
+    try:
+        document = json.loads(body)
+        if not isinstance(document, dict) or document.get("mediaType") != INDEX_TYPE:
+            return []
+        return [str(m["digest"]) for m in document["manifests"] if _DIGEST.fullmatch(str(m.get("digest", "")))]
+    except (ValueError, KeyError, TypeError, AttributeError):
+        raise VerificationError(["the image's index is malformed"]) from None
 
 
 def _split_reference(reference: str) -> tuple[Ref, str]:

@@ -160,7 +160,7 @@ def _efi_files(assets: BootAssets, load_cfg: Path, work: Path, env: dict[str, st
     signed shim there and the signed GRUB beside it (kiln.image.outputs.secureboot)."""
     loader = assets.loader
     if assets.keys is not None:
-        return secureboot.signed_loader(assets, load_cfg, EFI_MODULES, work, env)
+        return secureboot.signed_loader(assets, load_cfg, EFI_MODULES, work, env, "/boot/grub")
     efi_binary = work / loader.efi_binary
     mkimage(loader.efi_target, loader.efi_dir, "/boot/grub", load_cfg, efi_binary, EFI_MODULES, env)
     return {f"EFI/BOOT/{loader.efi_binary}": efi_binary}

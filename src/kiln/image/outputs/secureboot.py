@@ -64,7 +64,7 @@ def require(assets: BootAssets) -> KeySet:
 
 
 def signed_loader(
-    assets: BootAssets, load_cfg: Path, modules: list[str], work: Path, env: dict[str, str]
+    assets: BootAssets, load_cfg: Path, modules: list[str], work: Path, env: dict[str, str], prefix: str = "/grub"
 ) -> dict[str, Path]:
     """{ESP path: file}: shim as the removable-media loader and GRUB beside it, both signed.
 

@@ -78,7 +78,7 @@ def signed_loader(
     mkimage(
         assets.loader.efi_target,
         assets.loader.efi_dir,
-        "/grub",
+        prefix,
         load_cfg,
         grub,
         [*modules, *SECUREBOOT_MODULES],

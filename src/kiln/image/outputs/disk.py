@@ -15,6 +15,11 @@ arm64 disks (UEFI only) have the same four partitions at the same places, so mac
 partition plan, `machined install` and upgrades treat every Kiln disk alike: EFI holds
 EFI/BOOT/BOOTAA64.EFI (GRUB from the grub-efi-arm64 package), and the BIOS boot partition stays,
 empty, with no GRUB boot code in the protective MBR. BOOT, its A/B menu and grubenv are as on amd64.
+
+Secure Boot disks (assets with keys; UEFI only) have the same layout too: EFI holds the signed shim
+as the removable-media loader and the signed GRUB beside it, and slot A holds the signed UKI
+(A/kiln.efi) with a boot.cfg that chainloads it, in place of the kernel and initramfs
+(kiln.image.outputs.secureboot).
 """
 
 from __future__ import annotations

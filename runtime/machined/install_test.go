@@ -193,7 +193,7 @@ func TestInstallRefusesDiskWithContentUnlessWipe(t *testing.T) {
 			_ = os.Truncate(path, 8<<20)
 			mkfs, err := exec.LookPath("mkfs.ext4")
 			if err != nil {
-				t.Skip("mkfs.ext4 not installed (Debian: e2fsprogs)")
+				testkit.Unavailable(t, "mkfs.ext4 not installed (Debian: e2fsprogs)")
 			}
 			if out, err := supervisor.Run(mkfs, "-q", "-F", path); err != nil {
 				t.Fatalf("mkfs.ext4: %v\n%s", err, out)
@@ -237,7 +237,7 @@ func TestInstallRefusals(t *testing.T) {
 func TestInstallOntoLoopDevice(t *testing.T) {
 	losetup, err := exec.LookPath("losetup")
 	if os.Geteuid() != 0 || err != nil {
-		t.Skip("needs root and losetup for a loop device")
+		testkit.Unavailable(t, "needs root and losetup for a loop device")
 	}
 	dir := t.TempDir()
 	image := gptImage(t, dir, 8<<20)
@@ -248,7 +248,7 @@ func TestInstallOntoLoopDevice(t *testing.T) {
 	f.Close()
 	out, err := supervisor.Run(losetup, "--find", "--show", "--partscan", backing)
 	if err != nil {
-		t.Skipf("losetup: %v (no loop devices here?)", err)
+		testkit.Unavailable(t, "losetup: %v (no loop devices here?)", err)
 	}
 	dev := strings.TrimSpace(out)
 	defer func() { _, _ = supervisor.Run(losetup, "--detach", dev) }()
@@ -312,7 +312,7 @@ func sfdiskPath(t *testing.T) string {
 	t.Helper()
 	sf, err := exec.LookPath("sfdisk")
 	if err != nil {
-		t.Skip("sfdisk not installed (Debian: fdisk)")
+		testkit.Unavailable(t, "sfdisk not installed (Debian: fdisk)")
 	}
 	return sf
 }

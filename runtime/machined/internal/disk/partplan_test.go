@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"kiln/machined/internal/supervisor"
+	"kiln/machined/internal/testkit"
 )
 
 const gib = 1 << 30
@@ -128,7 +129,7 @@ func TestSfdiskScriptAndJSON(t *testing.T) {
 func TestPlanAppliedWithSfdisk(t *testing.T) {
 	sf, err := exec.LookPath("sfdisk")
 	if err != nil {
-		t.Skip("sfdisk not installed (Debian: fdisk)")
+		testkit.Unavailable(t, "sfdisk not installed (Debian: fdisk)")
 	}
 	for _, withImage := range []bool{false, true} {
 		img := filepath.Join(t.TempDir(), "disk.img")

@@ -200,7 +200,7 @@ func TestProbeWithBlkidAlone(t *testing.T) {
 	blkid := LookTool("blkid")
 	mkfs, err := exec.LookPath("mkfs.ext4")
 	if blkid == "" || err != nil {
-		t.Skip("needs blkid and mkfs.ext4")
+		testkit.Unavailable(t, "needs blkid and mkfs.ext4")
 	}
 	dir := t.TempDir()
 	bin := filepath.Join(dir, "bin")

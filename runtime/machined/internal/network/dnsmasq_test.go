@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"kiln/machined/internal/testkit"
 )
 
 // vethPair makes two network namespaces named after prefix and the test's PID (parallel runs
@@ -21,7 +23,7 @@ func vethPair(t *testing.T, ip, prefix string) (srv, cli string) {
 	srv, cli = tag+"s", tag+"c"
 	for _, ns := range []string{srv, cli} {
 		if out, err := exec.Command(ip, "netns", "add", ns).CombinedOutput(); err != nil {
-			t.Skipf("no named network namespaces here (%v): %s", err, out)
+			testkit.Unavailable(t, "no named network namespaces here (%v): %s", err, out)
 		}
 		ns := ns
 		t.Cleanup(func() { _ = exec.Command(ip, "netns", "del", ns).Run() })
@@ -185,18 +187,18 @@ func TestDnsmasqDHCP6ClientHelper(t *testing.T) {
 func needNetnsTools(t *testing.T) (ip, dnsmasq string) {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		t.Skip("needs root for network namespaces")
+		testkit.Unavailable(t, "needs root for network namespaces")
 	}
 	ip, err := exec.LookPath("ip")
 	if err != nil {
-		t.Skip("needs ip (iproute2) to set up network namespaces")
+		testkit.Unavailable(t, "needs ip (iproute2) to set up network namespaces")
 	}
 	for _, p := range []string{"/usr/sbin/dnsmasq", "dnsmasq"} {
 		if dnsmasq, err = exec.LookPath(p); err == nil {
 			return ip, dnsmasq
 		}
 	}
-	t.Skip("needs dnsmasq (Debian: dnsmasq-base)")
+	testkit.Unavailable(t, "needs dnsmasq (Debian: dnsmasq-base)")
 	return "", ""
 }
 

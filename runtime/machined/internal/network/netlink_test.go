@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"kiln/machined/internal/dhcp"
+	"kiln/machined/internal/testkit"
 )
 
 // inNetns runs fn on a thread in a fresh network namespace, so the host's network is
@@ -22,7 +23,7 @@ import (
 func inNetns(t *testing.T, fn func(nl *netlinkConn)) {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		t.Skip("needs root for a network namespace")
+		testkit.Unavailable(t, "needs root for a network namespace")
 	}
 	done := make(chan struct{})
 	skip := ""
@@ -44,7 +45,7 @@ func inNetns(t *testing.T, fn func(nl *netlinkConn)) {
 	}()
 	<-done
 	if skip != "" {
-		t.Skip(skip)
+		testkit.Unavailable(t, "%s", skip)
 	}
 }
 

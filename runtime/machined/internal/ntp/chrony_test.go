@@ -12,6 +12,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"kiln/machined/internal/testkit"
 )
 
 // lockedBuffer collects chronyd's log while it runs.
@@ -41,7 +43,7 @@ func startChronyd(t *testing.T) string {
 	if err != nil {
 		bin = "/usr/sbin/chronyd"
 		if _, err := os.Stat(bin); err != nil {
-			t.Skip("chronyd is not installed (Debian package chrony); skipping the test against a real NTP server")
+			testkit.Unavailable(t, "chronyd is not installed (Debian package chrony): the test against a real NTP server cannot run")
 		}
 	}
 	dir := t.TempDir()

@@ -60,32 +60,11 @@ func (r *Registry) endpoint(suffix string) (string, error) {
 	return scheme + "://" + r.Host + "/v2/" + r.Repo + "/" + suffix, nil
 }
 
-// get performs a GET with the distribution API's anonymous token dance: on a 401 carrying a
-// Bearer challenge it fetches a token from the realm and retries once. The token is kept for
-// later requests and replaced when one is refused. Non-2xx answers become errors.
+// get performs a GET through authorized; non-2xx answers become errors.
 func (r *Registry) get(ctx context.Context, u, accept string) (*http.Response, error) {
-	r.mu.Lock()
-	tok := r.token
-	r.mu.Unlock()
-	resp, err := r.send(ctx, u, accept, tok)
+	resp, err := r.authorized(ctx, u, accept)
 	if err != nil {
 		return nil, err
-	}
-	if resp.StatusCode == http.StatusUnauthorized {
-		ch, ok := bearerChallenge(resp.Header)
-		drainClose(resp)
-		if !ok {
-			return nil, fmt.Errorf("GET %s: 401 Unauthorized without a Bearer challenge (machined pulls anonymously)", stripQuery(u))
-		}
-		if tok, err = r.fetchToken(ctx, ch); err != nil {
-			return nil, err
-		}
-		r.mu.Lock()
-		r.token = tok
-		r.mu.Unlock()
-		if resp, err = r.send(ctx, u, accept, tok); err != nil {
-			return nil, err
-		}
 	}
 	if resp.StatusCode/100 != 2 {
 		err := statusError(resp)
@@ -93,6 +72,31 @@ func (r *Registry) get(ctx context.Context, u, accept string) (*http.Response, e
 		return nil, err
 	}
 	return resp, nil
+}
+
+// authorized performs a GET with the distribution API's anonymous token dance: on a 401 carrying
+// a Bearer challenge it fetches a token from the realm and retries once. The token is kept for
+// later requests and replaced when one is refused. Any other status is the caller's to judge.
+func (r *Registry) authorized(ctx context.Context, u, accept string) (*http.Response, error) {
+	r.mu.Lock()
+	tok := r.token
+	r.mu.Unlock()
+	resp, err := r.send(ctx, u, accept, tok)
+	if err != nil || resp.StatusCode != http.StatusUnauthorized {
+		return resp, err
+	}
+	ch, ok := bearerChallenge(resp.Header)
+	drainClose(resp)
+	if !ok {
+		return nil, fmt.Errorf("GET %s: 401 Unauthorized without a Bearer challenge (machined pulls anonymously)", stripQuery(u))
+	}
+	if tok, err = r.fetchToken(ctx, ch); err != nil {
+		return nil, err
+	}
+	r.mu.Lock()
+	r.token = tok
+	r.mu.Unlock()
+	return r.send(ctx, u, accept, tok)
 }
 
 func (r *Registry) send(ctx context.Context, u, accept, tok string) (*http.Response, error) {

@@ -230,8 +230,7 @@ func parseSignatureManifest(body []byte, digest string) (Descriptor, []byte, err
 }
 
 // ManifestByTag fetches /v2/<repo>/manifests/<tag> as an OCI image manifest, at most max
-// bytes; a 404 is ErrNoTag. It makes the same anonymous token exchange as get, which turns
-// every non-2xx answer into an error and so cannot tell a missing tag from a failure.
+// bytes; a 404 is ErrNoTag (authorized, not get: get turns a 404 into an error like any other).
 func (r *Registry) ManifestByTag(ctx context.Context, tag string, max int64) ([]byte, error) {
 	if !tagPattern.MatchString(tag) {
 		return nil, fmt.Errorf("tag %s is not [A-Za-z0-9_][A-Za-z0-9_.-]{0,127}", quote(tag))
@@ -240,28 +239,9 @@ func (r *Registry) ManifestByTag(ctx context.Context, tag string, max int64) ([]
 	if err != nil {
 		return nil, err
 	}
-	r.mu.Lock()
-	tok := r.token
-	r.mu.Unlock()
-	resp, err := r.send(ctx, u, MediaTypeManifest, tok)
+	resp, err := r.authorized(ctx, u, MediaTypeManifest)
 	if err != nil {
 		return nil, err
-	}
-	if resp.StatusCode == http.StatusUnauthorized {
-		ch, ok := bearerChallenge(resp.Header)
-		drainClose(resp)
-		if !ok {
-			return nil, fmt.Errorf("GET %s: 401 Unauthorized without a Bearer challenge (machined pulls anonymously)", stripQuery(u))
-		}
-		if tok, err = r.fetchToken(ctx, ch); err != nil {
-			return nil, err
-		}
-		r.mu.Lock()
-		r.token = tok
-		r.mu.Unlock()
-		if resp, err = r.send(ctx, u, MediaTypeManifest, tok); err != nil {
-			return nil, err
-		}
 	}
 	if resp.StatusCode == http.StatusNotFound {
 		drainClose(resp)

@@ -46,6 +46,7 @@ type machine struct {
 	platform     *platformState // what kiln.platform='s metadata said
 	clock        *ntp.Syncer    // nil when time sync is off
 	firmware     firmwareState  // UEFI or BIOS, and whether Secure Boot is on
+	lockdown     string         // the kernel's lockdown mode ("" without the lockdown LSM)
 }
 
 // boot brings the machine up as PID 1, in order: kernel filesystems and the read-only root
@@ -70,6 +71,11 @@ func (m *machine) boot() {
 	m.firmware = readFirmware(efiDir)
 	m.con.printf("firmware: %s", m.firmware.describe())
 	loadModules(m.kernel, m.con.printf)
+	if err := mountSecurityFS(); err != nil {
+		m.con.printf("%v", err)
+	}
+	m.lockdown = readLockdown(lockdownFile)
+	m.con.printf("%s", describeModules(loadedModules(modulesFile), m.lockdown))
 	settleDevices()
 	m.net = network.New(m.con.printf)
 
@@ -362,6 +368,8 @@ func (m *machine) Status() interface{} {
 		"platform":       m.platform.status(),
 		"time":           m.timeStatus(),
 		"firmware":       m.firmware,
+		"lockdown":       m.lockdown,
+		"modules":        loadedModules(modulesFile),
 	}
 }
 

@@ -65,8 +65,9 @@ func loadModules(release string, say func(string, ...interface{})) {
 		}
 		for _, batch := range batches(fresh, 256) {
 			// a non-zero exit usually means some alias had no module; modprobe -q says nothing
+			// what it does print is a module the kernel refused (an unsigned one under lockdown)
 			if out, err := supervisor.Run(modprobe, append([]string{"-b", "-q", "-a"}, batch...)...); err != nil && strings.TrimSpace(out) != "" {
-				say("modprobe: %v", err)
+				say("modprobe: %v: %s", err, strings.TrimSpace(out))
 			}
 		}
 	}

@@ -2,7 +2,10 @@
 
 The real kernel and initramfs from the graph, in a signed metal disk (shim, GRUB, the slot's UKI)
 and a signed UKI alone. The signed disk reaches ready and machined reports Secure Boot on from the
-EFI variable; a UKI with one byte changed (in its command line or its kernel), or signed with
+EFI variable, the kernel locked down and its modules, signed with the module key (a trusted
+Machine Owner Key), loaded; the same disk with its modules left unsigned boots with every module
+refused by the kernel, and so does the lone UKI, whose kernel has no MOK (no shim ran) to check
+them with. A UKI with one byte changed (in its command line or its kernel), or signed with
 another key, is refused by the firmware ("Access Denied"); a changed UKI in the disk's slot is
 refused by shim when GRUB asks it ("bad shim signature"). Two builds with the same keys give the
 same bytes, and `kiln verify` accepts the signed release and refuses a changed one.
@@ -20,8 +23,10 @@ import pefile
 import pytest
 
 from kiln.boot.qemu import READY, BootResult, Machine, boot
+from kiln.cli import main
 from kiln.signing.generate import generate
 from kiln.signing.keyset import KeySet
+from kiln.signing.modules import ModuleSigner
 from tests.e2e.conftest import KILN, ROOT, kiln
 from tests.e2e.test_platforms import eventually
 from tests.e2e.test_system import client_context, console, free_port, make_ca, make_cert, request, wait_for_line
@@ -30,6 +35,8 @@ pytestmark = pytest.mark.e2e
 
 BOOT_TIMEOUT = 240
 REFUSED_TIMEOUT = 120
+UNSIGNED_REFUSED = "Loading of unsigned module is rejected"  # the kernel's words (module.sig_enforce=1)
+UNKNOWN_KEY_REFUSED = "Loading of module with unavailable key is rejected"
 PROFILE = """\
 name: {name}
 platform: metal
@@ -112,6 +119,11 @@ def test_the_signed_disk_boots_with_secure_boot_on(world: dict[str, Path], tmp_p
         )
         assert status["firmware"] == {"uefi": True, "secure_boot": True, "setup_mode": False}, status["firmware"]
         assert status["boot"]["slot"] == "A", status["boot"]
+        # locked down, the module key trusted from the MOK list shim passed on, and modules loaded with it
+        assert status["lockdown"] == "integrity", status
+        assert any("Kiln e2e module" in line and "Loaded X.509 cert" in line for line in lines), lines[:80]
+        assert status["modules"], "no module was loaded: the QEMU machine's devices need some"
+        assert not any("is rejected" in line for line in lines), [line for line in lines if "rejected" in line]
         assert request(port, context, "POST", "/v1/poweroff")[0] == 202
     finally:
         thread.join(BOOT_TIMEOUT)
@@ -129,6 +141,10 @@ def test_the_signed_uki_boots_and_a_changed_or_foreign_one_is_refused(world: dic
     uki, keys = world["out"] / "uki" / "kiln.efi", world["keys"]
     good = boot(Machine(efi=uki, secure_boot_keys=keys), READY, BOOT_TIMEOUT, tmp_path / "good.log")
     assert good.ok, good.reason
+    # no shim ran, so no MOK list reached the kernel: its modules' key is unknown to it and refused
+    lines = console(tmp_path / "good.log")
+    assert any(UNKNOWN_KEY_REFUSED in line for line in lines), lines[-60:]
+    assert any("kernel: lockdown integrity; 0 modules loaded" in line for line in lines), lines[-60:]
     for name, efi in {
         "command line": flip_byte(uki, ".cmdline", tmp_path / "cmdline.efi"),
         "kernel": flip_byte(uki, ".linux", tmp_path / "kernel.efi"),
@@ -137,6 +153,24 @@ def test_the_signed_uki_boots_and_a_changed_or_foreign_one_is_refused(world: dic
         result = refused(efi, keys, "Access Denied", tmp_path / f"{name.replace(' ', '-')}.log")
         assert result.ok, f"{name}: the firmware did not refuse it: {result.reason}"
         assert READY not in (tmp_path / f"{name.replace(' ', '-')}.log").read_text(errors="replace")
+
+
+def test_unsigned_modules_are_refused_by_the_kernel(
+    world: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Stub: the disk is built in this process with ModuleSigner.sign_tree replaced by one that signs
+    nothing, so its modules are left unsigned; the rest is the real signed chain, and the refusal is
+    the real kernel's. The signed disk test above runs the real signing path."""
+    monkeypatch.setattr(ModuleSigner, "sign_tree", lambda self, root: 0)
+    monkeypatch.chdir(ROOT)
+    assert main(["image", str(world["root"] / "sb-metal.yaml"), "--out", str(tmp_path / "out")]) == 0
+    log = tmp_path / "console.log"
+    guest = Machine(disk=tmp_path / "out" / "sb-metal" / "disk.raw", secure_boot_keys=world["keys"])
+    result = boot(guest, READY, BOOT_TIMEOUT, log)
+    assert result.ok, result.reason
+    lines = console(log)
+    assert any(UNSIGNED_REFUSED in line for line in lines), lines[-60:]
+    assert any("kernel: lockdown integrity; 0 modules loaded" in line for line in lines), lines[-60:]
 
 
 def test_a_changed_slot_uki_on_the_disk_is_refused_by_shim(world: dict[str, Path], tmp_path: Path) -> None:

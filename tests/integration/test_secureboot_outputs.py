@@ -86,9 +86,11 @@ def test_secure_boot_disk_holds_the_signed_chain_and_no_bare_kernel(
     fat_file(image, efi, "EFI/BOOT/BOOTX64.EFI", shim)
     grub = tmp_path / "grub.efi"
     fat_file(image, efi, f"EFI/BOOT/{GRUB_EFI_NAME}", grub)
+    mok_manager = tmp_path / "mmx64.efi"
+    fat_file(image, efi, "EFI/BOOT/mmx64.efi", mok_manager)
     uki = tmp_path / "slot.efi"
     fat_file(image, boot, "A/kiln.efi", uki)
-    for signed in (shim, grub, uki):
+    for signed in (shim, grub, mok_manager, uki):
         assert verifies(signed, keys.cert("db")), signed.name
         assert not verifies(signed, other_keys.cert("db")), signed.name
     assert f"grub,{SBAT_GENERATION},".encode() in section(grub, ".sbat")

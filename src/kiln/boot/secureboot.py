@@ -1,7 +1,8 @@
 """Booting under Secure Boot in QEMU: OVMF's Secure Boot build with the user's keys enrolled.
 
 The variable store is Debian's empty OVMF_VARS_4M.fd with PK, KEK and db set to the key
-directory's certificates, shim's vendor certificate in dbx (kiln.signing.shim) and Secure Boot on,
+directory's certificates, shim's vendor certificate in dbx (kiln.signing.shim), the module
+certificate as a trusted Machine Owner Key (MokList, MokListTrusted) and Secure Boot on,
 written by virt-fw-vars (virt-firmware, the tool QEMU's firmware maintainers keep for this).
 The Secure Boot firmware only runs with SMM and its flash marked secure, which QEMU's q35
 machine provides.
@@ -47,6 +48,10 @@ def enrolled_vars(keys_dir: Path, template: Path, out: Path) -> Path:
         argv += [ENROL_FLAGS[name], owner, str(keys.require(keys.cert(name)))]
     vendor_cert_pem()  # says what to install when it is missing
     argv += ["--add-dbx-cert", owner, str(VENDOR_CERT)]  # what shim would trust besides db (kiln.signing.shim)
+    # The module key as a Machine Owner Key that the kernel may trust for modules: what
+    # `mokutil --import module.der` and `mokutil --trust-mok` arrange through MokManager on a real
+    # machine. shim hands both to the kernel, which puts the key in its .machine keyring.
+    argv += ["--add-mok", owner, str(keys.require(keys.cert("module"))), "--set-true", "MokListTrusted"]
     tools.run([*argv, "--sb", "-o", str(out)], what="virt-fw-vars (enrolling the keys)")
     return out
 

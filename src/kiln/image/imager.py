@@ -31,7 +31,7 @@ from kiln.core.schema import suggest
 from kiln.image.arch import check_kernel_arch, check_kernel_files, loader_for
 from kiln.image.assets import BootAssets
 from kiln.image.compress import compress
-from kiln.image.keys import boot_chain_keys, resolve_keys
+from kiln.image.keys import boot_chain_keys, module_signer, resolve_keys
 from kiln.image.manifest import SbomPackage, load_spdx, write_manifest, write_sbom
 from kiln.image.profile import CONFIG_PATH, Profile
 from kiln.pkg.graph import Graph
@@ -144,6 +144,7 @@ class AssetMaker:
             "extensions": profile.extensions,
             "config": profile.machine_config,
             "keys": {n: self.built.keys[n] for n in profile.asset_packages()},
+            "module_key": signer.fingerprint if (signer := module_signer(profile)) else None,
         }
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
@@ -194,7 +195,7 @@ class AssetMaker:
         packages = self.built.graph.tree.packages
         manifests = [(extension.manifest_for(packages[name]), name) for name in profile.extensions]
         self.say(f"{profile.name}: assembling kernel + initramfs")
-        assemble(Inputs(trees, rootfs, manifests), where, self.built.epoch, self.say)
+        assemble(Inputs(trees, rootfs, manifests, module_signer(profile)), where, self.built.epoch, self.say)
         return where / "vmlinuz", where / "initramfs.zst"
 
     def _kernel_tree(self, profile: Profile, where: Path) -> Path:

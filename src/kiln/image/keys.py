@@ -14,6 +14,7 @@ from pathlib import Path
 from kiln.core.errors import InputError
 from kiln.image.profile import KeysRef, Profile
 from kiln.signing.keyset import KeySet
+from kiln.signing.modules import ModuleSigner
 
 
 def resolve_keys(profile: Profile, override: Path | None, environ: Mapping[str, str] = os.environ) -> KeySet | None:
@@ -60,4 +61,11 @@ def with_keys(profiles: list[Profile], override: Path | None) -> list[Profile]:
 def boot_chain_keys(profile: Profile) -> KeySet | None:
     """The keys the boot chain is signed with: a Secure Boot output's or a UKI's; None for the rest
     (their keys, if any, sign only the release's SHA256SUMS)."""
-    return resolve_keys(profile, None) if profile.secureboot or profile.kind == "uki" else None
+    return resolve_keys(profile, None) if profile.signed_boot else None
+
+
+def module_signer(profile: Profile) -> ModuleSigner | None:
+    """What signs the kernel's and the extensions' modules: the module key of a profile whose boot
+    chain is signed (its kernel runs under lockdown and loads only signed modules); None otherwise."""
+    keys = boot_chain_keys(profile)
+    return ModuleSigner.from_keys(keys) if keys else None

@@ -32,6 +32,9 @@ CONFIG_PATH = "/usr/lib/kiln/machine-config.json"
 _IMAGE_EXTENSIONS = {"raw": "raw", "qcow2": "qcow2", "vhd": "vhd", "vmdk": "vmdk", "ova": "ova"}
 # The kernel's console when a profile names none: the 8250 UART on amd64, the PL011 on arm64
 # (QEMU's virt machine, most ARM servers and the arm64 clouds but AWS).
+# A signed boot chain is only as strong as the kernel it starts: locked down (no unsigned code into
+# the kernel, no raw memory or MSR access) and loading only modules signed with the module key.
+LOCKDOWN_ARGS = ["lockdown=integrity", "module.sig_enforce=1"]
 DEFAULT_KERNEL_ARGS = {"amd64": ("console=ttyS0",), "arm64": ("console=ttyAMA0",)}
 # Outputs a boot loader boots take, on arm64, GRUB's EFI modules from this package.
 GRUB_ARM64 = "grub-efi-arm64"
@@ -112,9 +115,17 @@ class Profile:
         """The package the boot loader's modules come from: none on amd64 (the host's GRUB)."""
         return GRUB_ARM64 if self.arch == "arm64" and self.kind in BOOTED_KINDS else None
 
+    @property
+    def signed_boot(self) -> bool:
+        """Whether the firmware verifies this profile's boot chain (a Secure Boot output or a UKI):
+        its kernel then runs locked down and its modules are signed."""
+        return self.secureboot or self.kind == "uki"
+
     def cmdline(self) -> str:
         """The kernel command line: the profile's arguments, the platform, the embedded config."""
         args = [*self.kernel_args, f"kiln.platform={self.platform}"]
+        if self.signed_boot:
+            args += LOCKDOWN_ARGS
         if self.machine_config is not None:
             args.append(f"kiln.config={CONFIG_PATH}")
         return " ".join(args)

@@ -17,6 +17,7 @@ from kiln.core.errors import BuildError
 from kiln.rootfs import extension
 from kiln.rootfs.archive import cpio_newc, mksquashfs
 from kiln.rootfs.tree import Part, check_minimal, largest_files, merge, prune, strip_binaries
+from kiln.signing.modules import ModuleSigner
 
 # What a base Kiln rootfs is made of (the kernel adds its modules).
 BASE_ROOTFS = ("fhs", "ca-certificates", "util-linux", "e2fsprogs", "dosfstools", "kmod", "machined")
@@ -26,11 +27,13 @@ INIT = "init"
 
 @dataclass
 class Inputs:
-    """Store trees by package name, and which of them are extensions (in layer order)."""
+    """Store trees by package name, which of them are extensions (in layer order), and the key
+    that signs every kernel module of the rootfs and the extensions (Secure Boot images only)."""
 
     trees: dict[str, Path]
     rootfs: list[str]
     extensions: list[tuple[extension.Manifest, str]] = field(default_factory=list)
+    module_signer: ModuleSigner | None = None
 
 
 @dataclass
@@ -38,6 +41,7 @@ class Report:
     sizes: dict[str, int]
     largest: list[tuple[int, str]]
     stripped: int
+    signed_modules: int = 0
 
 
 def kernel_parts(tree: Path, work: Path) -> tuple[Path, Path]:
@@ -59,26 +63,32 @@ def build_rootfs(inputs: Inputs, modules: Path, work: Path, epoch: int) -> tuple
     parts = [Part(name, inputs.trees[name]) for name in inputs.rootfs]
     merge([*parts, Part(KERNEL, modules)], root)
     prune(root)
-    stripped = strip_binaries(root)
+    stripped = strip_binaries(root)  # before signing: strip drops what follows a module's sections
+    signed = inputs.module_signer.sign_tree(root) if inputs.module_signer else 0
     check_minimal(root)
     image = mksquashfs(root, work / "rootfs.sqsh", epoch)
-    return root, image, Report({"rootfs.sqsh": image.stat().st_size}, largest_files(root), stripped)
+    return root, image, Report({"rootfs.sqsh": image.stat().st_size}, largest_files(root), stripped, signed)
 
 
-def build_layers(inputs: Inputs, rootfs: Path, work: Path, epoch: int) -> list[Path]:
-    """One squashfs per extension, plus a regenerated modules index layer when they carry modules."""
+def build_layers(inputs: Inputs, rootfs: Path, work: Path, epoch: int) -> tuple[list[Path], int]:
+    """One squashfs per extension, plus a regenerated modules index layer when they carry modules;
+    and how many extension modules were signed."""
     trees = []
+    signed = 0
     for index, (manifest, name) in enumerate(inputs.extensions, start=1):
         extension.check_compatible(manifest)
         extension.check_paths(name, inputs.trees[name])
-        trees.append((f"{index:02d}-{name}", extension.layer_tree(inputs.trees[name], manifest, work / "ext" / name)))
+        tree = extension.layer_tree(inputs.trees[name], manifest, work / "ext" / name)
+        if inputs.module_signer:
+            signed += inputs.module_signer.sign_tree(tree)
+        trees.append((f"{index:02d}-{name}", tree))
     index_tree = extension.modules_layer(rootfs, [t for _, t in trees], work / "ext" / "modules-index")
     if index_tree is not None:
         trees.append((f"{len(trees) + 1:02d}-modules-index", index_tree))
     layers = []
     for label, tree in trees:
         layers.append(mksquashfs(tree, work / "layers" / f"{label}.sqsh", epoch))
-    return layers
+    return layers, signed
 
 
 def assemble(inputs: Inputs, out: Path, epoch: int, say: Callable[[str], None]) -> Report:
@@ -90,7 +100,10 @@ def assemble(inputs: Inputs, out: Path, epoch: int, say: Callable[[str], None]) 
         vmlinuz, modules = kernel_parts(inputs.trees[KERNEL], work)
         say(f"rootfs: merging {len(inputs.rootfs)} packages")
         root, squash, report = build_rootfs(inputs, modules, work, epoch)
-        layers = build_layers(inputs, root, work, epoch)
+        layers, signed = build_layers(inputs, root, work, epoch)
+        report.signed_modules += signed
+        if inputs.module_signer:
+            say(f"modules: {report.signed_modules} signed with the module key")
         initramfs = work / "initramfs"
         (initramfs / "extensions").mkdir(parents=True)
         init = inputs.trees[INIT] / "init"

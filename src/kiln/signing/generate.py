@@ -43,6 +43,7 @@ def files(keys: KeySet) -> list[tuple[Path, str]]:
     for name in X509_KEYS:
         listing += [(keys.key(name), f"private {ROLE[name]}"), (keys.cert(name), f"certificate of the {name} key")]
     listing += [
+        (keys.module_der, "module certificate (DER) to enrol as a MOK: mokutil --import"),
         (keys.key(RELEASE), "private release key (Ed25519): signs release checksums"),
         (keys.release_public, "release public key: what machines verify releases with"),
         (keys.owner_guid_file, "owner GUID the EFI signature lists carry"),
@@ -112,6 +113,8 @@ def _write_keys(keys: KeySet, common_name: str) -> None:
         cert = _certificate(key, f"{common_name} {name}", name, now)
         _write(keys.key(name), _private_pem(key), 0o600)
         _write(keys.cert(name), cert.public_bytes(serialization.Encoding.PEM), 0o644)
+        if name == "module":
+            _write(keys.module_der, cert.public_bytes(serialization.Encoding.DER), 0o644)
     release = Ed25519PrivateKey.generate()
     public = release.public_key().public_bytes(
         serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo

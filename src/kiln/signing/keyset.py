@@ -47,6 +47,11 @@ class KeySet:
         return self.root / f"{name}.auth"
 
     @property
+    def module_der(self) -> Path:
+        """The module certificate in DER: what `mokutil --import` enrols as a Machine Owner Key."""
+        return self.root / "module.der"
+
+    @property
     def release_public(self) -> Path:
         """The release key's public half (PEM SubjectPublicKeyInfo): what verifiers are given."""
         return self.root / f"{RELEASE}.pub"

@@ -17,6 +17,9 @@ from cryptography.hazmat.primitives import serialization
 from kiln.core.errors import BuildError
 
 SHIM = Path("/usr/lib/shim/shimx64.efi")
+# shim's MokManager, which shim starts from its own directory when a MOK change waits for the
+# console's confirmation (mokutil --import, --trust-mok): how the module key gets enrolled.
+MOK_MANAGER = Path("/usr/lib/shim/mmx64.efi")
 VENDOR_CERT = Path("/usr/share/shim/debian-uefi-ca.der")
 
 

@@ -24,7 +24,7 @@ from kiln.image.outputs.grub import mkimage
 from kiln.image.uki import UKI_NAME, build_uki
 from kiln.signing import pe
 from kiln.signing.keyset import KeySet
-from kiln.signing.shim import SHIM
+from kiln.signing.shim import MOK_MANAGER, SHIM
 
 GRUB_EFI_NAME = "grubx64.efi"  # the second stage shim starts from its own directory
 GRUB_PACKAGE = "grub-efi-amd64-bin"
@@ -58,15 +58,16 @@ def require(assets: BootAssets) -> KeySet:
     keys = assets.keys
     if keys is None or assets.loader.arch != "amd64" or assets.loader.bios:
         raise BuildError("a Secure Boot output needs keys, amd64 and UEFI only")
-    if not SHIM.exists():
-        raise BuildError(f"Secure Boot outputs need shim ({SHIM}): apt install shim-unsigned")
+    for part in (SHIM, MOK_MANAGER):
+        if not part.exists():
+            raise BuildError(f"Secure Boot outputs need shim ({part}): apt install shim-unsigned")
     return keys
 
 
 def signed_loader(
     assets: BootAssets, load_cfg: Path, modules: list[str], work: Path, env: dict[str, str], prefix: str = "/grub"
 ) -> dict[str, Path]:
-    """{ESP path: file}: shim as the removable-media loader and GRUB beside it, both signed.
+    """{ESP path: file}: shim as the removable-media loader, GRUB and MokManager beside it, all signed.
 
     `load_cfg` is GRUB's embedded first config (find the boot filesystem, set the prefix).
     """
@@ -88,6 +89,7 @@ def signed_loader(
     return {
         f"EFI/BOOT/{assets.loader.efi_binary}": pe.sign(SHIM, work / "shim.efi", key, cert, assets.epoch),
         f"EFI/BOOT/{GRUB_EFI_NAME}": pe.sign(grub, work / GRUB_EFI_NAME, key, cert, assets.epoch),
+        f"EFI/BOOT/{MOK_MANAGER.name}": pe.sign(MOK_MANAGER, work / MOK_MANAGER.name, key, cert, assets.epoch),
     }
 
 

@@ -6,7 +6,8 @@ PACKAGES="python3-venv bubblewrap debootstrap util-linux tar xz-utils zstd cpio 
   grub-common grub-pc-bin grub-efi-amd64-bin xorriso mtools dosfstools e2fsprogs fdisk gdisk ipxe-qemu gzip
   lvm2 mdadm ntfs-3g exfatprogs f2fs-tools lzip dnsmasq-base chrony iproute2 socat
   qemu-system-arm qemu-efi-aarch64 qemu-user-static binutils-aarch64-linux-gnu
-  osslsigncode sbsigntool efitools systemd-boot-efi shim-unsigned swtpm swtpm-tools binutils"
+  osslsigncode sbsigntool efitools systemd-boot-efi shim-unsigned swtpm swtpm-tools binutils
+  libtss2-esys-3.0.2-0 libtss2-tcti-swtpm0"
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
 

@@ -47,6 +47,7 @@ type machine struct {
 	clock        *ntp.Syncer    // nil when time sync is off
 	firmware     firmwareState  // UEFI or BIOS, and whether Secure Boot is on
 	lockdown     string         // the kernel's lockdown mode ("" without the lockdown LSM)
+	tpm          *tpmState      // PCR 11 of the TPM 2.0, nil without one
 }
 
 // boot brings the machine up as PID 1, in order: kernel filesystems and the read-only root
@@ -76,6 +77,8 @@ func (m *machine) boot() {
 	}
 	m.lockdown = readLockdown(lockdownFile)
 	m.con.printf("%s", describeModules(loadedModules(modulesFile), m.lockdown))
+	m.tpm = readTPM(tpmDir)
+	m.con.printf("tpm: %s", m.tpm.describe())
 	settleDevices()
 	m.net = network.New(m.con.printf)
 
@@ -369,6 +372,7 @@ func (m *machine) Status() interface{} {
 		"time":           m.timeStatus(),
 		"firmware":       m.firmware,
 		"lockdown":       m.lockdown,
+		"tpm":            m.tpm,
 		"modules":        loadedModules(modulesFile),
 	}
 }

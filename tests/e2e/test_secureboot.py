@@ -27,9 +27,11 @@ from kiln.cli import main
 from kiln.signing.generate import generate
 from kiln.signing.keyset import KeySet
 from kiln.signing.modules import ModuleSigner
+from kiln.signing.pcr import policy_digest
 from tests.e2e.conftest import KILN, ROOT, kiln
 from tests.e2e.test_platforms import eventually
 from tests.e2e.test_system import client_context, console, free_port, make_ca, make_cert, request, wait_for_line
+from tests.integration.test_secureboot_outputs import predicted_pcr11, section
 
 pytestmark = pytest.mark.e2e
 
@@ -103,7 +105,7 @@ def flip_byte(efi: Path, section: str, out: Path) -> Path:
 def test_the_signed_disk_boots_with_secure_boot_on(world: dict[str, Path], tmp_path: Path) -> None:
     disk = world["out"] / "sb-metal" / "disk.raw"
     port, log = free_port(), tmp_path / "console.log"
-    guest = Machine(disk=disk, secure_boot_keys=world["keys"], api_port=port)
+    guest = Machine(disk=disk, secure_boot_keys=world["keys"], api_port=port, tpm=True)
     results: list[BootResult] = []
     thread = threading.Thread(target=lambda: results.append(boot(guest, READY, BOOT_TIMEOUT, log, until_exit=True)))
     thread.daemon = True
@@ -124,6 +126,15 @@ def test_the_signed_disk_boots_with_secure_boot_on(world: dict[str, Path], tmp_p
         assert any("Kiln e2e module" in line and "Loaded X.509 cert" in line for line in lines), lines[:80]
         assert status["modules"], "no module was loaded: the QEMU machine's devices need some"
         assert not any("is rejected" in line for line in lines), [line for line in lines if "rejected" in line]
+        # measured boot: systemd-stub extended the TPM's PCR 11 with the slot UKI's sections, to exactly
+        # the value systemd-measure predicts, and the policy the UKI carries, signed with the PCR key,
+        # allows that value and no other
+        uki = tmp_path / "slot.efi"
+        boot_partition_file(disk, "A/kiln.efi", uki)
+        measured = status["tpm"]["pcr11_sha256"]
+        assert measured == predicted_pcr11(uki, tmp_path).hex(), status["tpm"]
+        [policy] = json.loads(section(uki, ".pcrsig"))["sha256"]
+        assert policy["pol"] == policy_digest(bytes.fromhex(measured)).hex()
         assert request(port, context, "POST", "/v1/poweroff")[0] == 202
     finally:
         thread.join(BOOT_TIMEOUT)
@@ -173,17 +184,27 @@ def test_unsigned_modules_are_refused_by_the_kernel(
     assert any("kernel: lockdown integrity; 0 modules loaded" in line for line in lines), lines[-60:]
 
 
+def boot_partition_file(disk: Path, name: str, out: Path, *, put: bool = False) -> Path:
+    """Copy file `name` of the disk's BOOT partition to `out` (or, with `put`, `out` onto it)."""
+    table = json.loads(subprocess.run(["sfdisk", "--json", str(disk)], capture_output=True, text=True).stdout)
+    [boot_start] = [p["start"] for p in table["partitiontable"]["partitions"] if p["name"] == "BOOT"]
+    env = {"MTOOLS_SKIP_CHECK": "1", "PATH": "/usr/bin:/bin"}
+    image = f"{disk}@@{boot_start * 512}"
+    copy = (
+        ["mcopy", "-o", "-i", image, str(out), f"::/{name}"]
+        if put
+        else ["mcopy", "-n", "-i", image, f"::/{name}", str(out)]
+    )
+    subprocess.run(copy, check=True, env=env)
+    return out
+
+
 def test_a_changed_slot_uki_on_the_disk_is_refused_by_shim(world: dict[str, Path], tmp_path: Path) -> None:
     disk = tmp_path / "disk.raw"
     shutil.copyfile(world["out"] / "sb-metal" / "disk.raw", disk)
-    table = json.loads(subprocess.run(["sfdisk", "--json", str(disk)], capture_output=True, text=True).stdout)
-    [boot_start] = [p["start"] for p in table["partitiontable"]["partitions"] if p["name"] == "BOOT"]
-    slot = tmp_path / "slot.efi"
-    env = {"MTOOLS_SKIP_CHECK": "1", "PATH": "/usr/bin:/bin"}
-    image = f"{disk}@@{boot_start * 512}"
-    subprocess.run(["mcopy", "-n", "-i", image, "::/A/kiln.efi", str(slot)], check=True, env=env)
+    slot = boot_partition_file(disk, "A/kiln.efi", tmp_path / "slot.efi")
     changed = flip_byte(slot, ".cmdline", tmp_path / "changed.efi")
-    subprocess.run(["mcopy", "-o", "-i", image, str(changed), "::/A/kiln.efi"], check=True, env=env)
+    boot_partition_file(disk, "A/kiln.efi", changed, put=True)
     log = tmp_path / "console.log"
     result = boot(Machine(disk=disk, secure_boot_keys=world["keys"]), "bad shim signature", REFUSED_TIMEOUT, log)
     assert result.ok, result.reason

@@ -5,6 +5,8 @@ tested here is what wraps and signs them; tests/e2e/test_secureboot.py boots the
 
 from __future__ import annotations
 
+import base64
+import json
 import subprocess
 from pathlib import Path
 
@@ -17,6 +19,7 @@ from kiln.image.outputs.secureboot import GRUB_EFI_NAME, SBAT_GENERATION
 from kiln.image.uki import build_uki, os_release
 from kiln.signing.generate import generate
 from kiln.signing.keyset import KeySet
+from kiln.signing.pcr import MEASURED, SYSTEMD_MEASURE, policy_digest
 from tests.integration.test_disk import EPOCH, SIZE, fake_assets, fat_file, partitions, sha
 
 pytestmark = pytest.mark.integration
@@ -36,6 +39,16 @@ def secure_assets(root: Path, keys: KeySet, epoch: int = EPOCH) -> BootAssets:
     plain = fake_assets(root, epoch)
     loader = Loader.for_arch("amd64", ("uefi",))
     return BootAssets.make(plain.vmlinuz, plain.initramfs, plain.cmdline, plain.version, epoch, None, loader, keys)
+
+
+def predicted_pcr11(uki: Path, work: Path) -> bytes:
+    """PCR 11 after systemd-stub measured `uki`'s sections, as `systemd-measure calculate` predicts it."""
+    argv = [str(SYSTEMD_MEASURE), "calculate", "--bank=sha256", "--phase="]
+    for name in MEASURED:
+        (work / name.lstrip(".")).write_bytes(section(uki, name))
+        argv.append(f"--{name.lstrip('.')}={work / name.lstrip('.')}")
+    out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+    return bytes.fromhex(out.split("sha256=")[1].split()[0])
 
 
 def verifies(efi: Path, cert: Path) -> bool:
@@ -60,6 +73,16 @@ def test_uki_holds_kernel_initramfs_cmdline_and_os_release_and_is_signed_by_db(
     assert section(uki, ".initrd") == assets.initramfs.read_bytes()
     assert section(uki, ".cmdline") == b"console=ttyS0 kiln.slot=A"
     assert section(uki, ".osrel") == os_release("0.1.0").encode()
+    # measured boot: the PCR key and the PCR 11 policy systemd-measure signed with it
+    assert section(uki, ".pcrpkey") == keys.pcr_public.read_bytes()
+    [policy] = json.loads(section(uki, ".pcrsig"))["sha256"]
+    assert policy["pcrs"] == [11]
+    expected = predicted_pcr11(uki, tmp_path)
+    assert policy["pol"] == policy_digest(expected).hex(), "the signed policy allows another PCR 11 value"
+    (tmp_path / "pol").write_bytes(bytes.fromhex(policy["pol"]))
+    (tmp_path / "sig").write_bytes(base64.b64decode(policy["sig"]))
+    check = ["openssl", "dgst", "-sha256", "-verify", str(keys.pcr_public), "-signature", str(tmp_path / "sig")]
+    assert subprocess.run([*check, str(tmp_path / "pol")], capture_output=True).returncode == 0
     assert verifies(uki, keys.cert("db"))
     assert not verifies(uki, other_keys.cert("db")), "another db key must not verify it"
     unsigned = build_uki(assets, tmp_path / "unsigned.efi", "console=ttyS0")

@@ -39,6 +39,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=Path,
         help="boot OVMF's Secure Boot build with the PK, KEK and db of key directory KEYS enrolled (amd64, UEFI)",
     )
+    parser.add_argument(
+        "--tpm",
+        action="store_true",
+        help="give the machine a TPM 2.0 (swtpm, fresh each boot): a UKI's sections are measured into PCR 11",
+    )
     parser.add_argument("--disk", metavar="SIZE", help="attach a blank virtio disk of SIZE (e.g. 4G)")
     parser.add_argument("--disk-file", metavar="PATH", help="attach this qcow2 disk (created with --disk if missing)")
     parser.add_argument("--cmdline", default="", help="kernel command line (kernel+initramfs boots)")
@@ -64,6 +69,7 @@ def run(args: argparse.Namespace) -> int:
     machine.cmdline = args.cmdline  # empty: the arch's serial console (ttyS0 on amd64, ttyAMA0 on arm64)
     machine.firmware = args.firmware or ""
     machine.secure_boot_keys = args.secure_boot
+    machine.tpm = args.tpm
     machine.boot_firmware()  # --firmware bios on arm64 fails here, before a disk is made
     machine.memory = args.memory
     machine.accel = args.accel

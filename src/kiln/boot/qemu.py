@@ -19,6 +19,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -29,6 +30,7 @@ from kiln.boot.platforms import OVMF_CODE as OVMF_CODE  # kept importable from h
 from kiln.boot.platforms import OVMF_VARS as OVMF_VARS
 from kiln.boot.secureboot import SECURE_CODE, SECURE_MACHINE, enrolled_vars, esp_image
 from kiln.core.errors import BuildError, InputError
+from kiln.signing.pcr import software_tpm
 
 READY = "machined ready:"
 PANIC = re.compile(r"Kernel panic|end Kernel panic|kiln-init: fatal")
@@ -66,6 +68,8 @@ class Machine:
     secure_boot_keys: Path | None = None  # a key directory: OVMF's Secure Boot build with its keys enrolled
     efi: Path | None = None  # a lone EFI program (a UKI) to boot from a FAT disk made for it
     efi_disk: Path | None = None  # that disk, made by boot()
+    tpm: bool = False  # a TPM 2.0 (swtpm, fresh per boot): systemd-stub measures a UKI into its PCR 11
+    tpm_socket: Path | None = None  # swtpm's control socket, set by boot()
 
     def platform(self) -> Platform:
         return platform_for(self.arch)
@@ -114,6 +118,12 @@ class Machine:
             args += ["-append", self.cmdline or f"console={platform.console}"]
         args += self._drive_args()
         args += self._net_args(platform)
+        if self.tpm:
+            if self.tpm_socket is None:
+                raise BuildError("a TPM needs its swtpm started first (boot() does)")
+            device = "tpm-tis" if self.arch == "amd64" else "tpm-tis-device"
+            args += ["-chardev", f"socket,id=chrtpm,path={self.tpm_socket}"]
+            args += ["-tpmdev", "emulator,id=tpm0,chardev=chrtpm", "-device", f"{device},tpmdev=tpm0"]
         return args + self.extra
 
     def _machine_args(self, platform: Platform, vars_copy: Path | None) -> list[str]:
@@ -237,7 +247,9 @@ def boot(
     With `until_exit`, a found line is not the end: the guest must also stop QEMU (power off)
     before the timeout, and the result carries QEMU's exit code.
     """
-    with tempfile.TemporaryDirectory(prefix="kiln-boot-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="kiln-boot-") as tmp, ExitStack() as stack:
+        if machine.tpm:
+            machine.tpm_socket = Path(f"{stack.enter_context(software_tpm(Path(tmp) / 'tpm'))}.ctrl")
         command = machine.command(_prepare(machine, Path(tmp)))
         return watch(command, expect, timeout, log, echo, until_exit=until_exit)
 

@@ -6,7 +6,8 @@ with `init=/bin/sh` or another initramfs. The stub is Debian's systemd-boot-efi 
 the sections are added with objcopy at page-aligned addresses after the stub's own (ukify, which
 does the same, came with systemd 253 and is not in Debian 12). Same inputs, same bytes: the PE
 timestamp objcopy writes is replaced by SOURCE_DATE_EPOCH, and signing (kiln.signing.pe) is
-deterministic.
+deterministic. A signed UKI also carries its PCR 11 policy, signed with the PCR key (.pcrsig), and
+that key (.pcrpkey): see kiln.signing.pcr.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pathlib import Path
 from kiln.core import tools
 from kiln.core.errors import BuildError, InputError
 from kiln.image.assets import BootAssets
-from kiln.signing import pe
+from kiln.signing import pcr, pe
 from kiln.signing.keyset import KeySet
 
 STUBS = {"amd64": Path("/usr/lib/systemd/boot/efi/linuxx64.efi.stub")}
@@ -50,12 +51,14 @@ def build_uki(assets: BootAssets, out: Path, cmdline: str, keys: KeySet | None =
         work = Path(tmp)
         (work / "osrel").write_text(os_release(assets.version))
         (work / "cmdline").write_text(cmdline)
-        sections = [
-            (".osrel", work / "osrel"),
-            (".cmdline", work / "cmdline"),
-            (".initrd", assets.initramfs),
-            (".linux", assets.vmlinuz),  # last, as ukify places it: the kernel may use the room after it
-        ]
+        sections = [(".osrel", work / "osrel"), (".cmdline", work / "cmdline")]
+        if keys is not None:  # measured boot: PCR 11's value signed for the TPM (kiln.signing.pcr)
+            measured = {".osrel": work / "osrel", ".cmdline": work / "cmdline", ".initrd": assets.initramfs}
+            measured |= {".linux": assets.vmlinuz, ".pcrpkey": keys.require(keys.pcr_public)}
+            (work / "pcrsig").write_bytes(pcr.sign_policy(measured, keys))
+            sections += [(".pcrpkey", measured[".pcrpkey"]), (".pcrsig", work / "pcrsig")]
+        # .linux last, as ukify places it: the kernel may use the room after it
+        sections += [(".initrd", assets.initramfs), (".linux", assets.vmlinuz)]
         unsigned = work / "unsigned.efi"
         _objcopy(stub, sections, unsigned)
         pe.set_timestamp(unsigned, assets.epoch)

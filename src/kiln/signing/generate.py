@@ -22,7 +22,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from kiln.core.errors import InputError, display_path
 from kiln.signing.efivars import DBX, SIGNER, write_signature_lists
-from kiln.signing.keyset import RELEASE, UEFI_KEYS, X509_KEYS, KeySet
+from kiln.signing.keyset import PCR, RELEASE, UEFI_KEYS, X509_KEYS, KeySet
 
 RSA_BITS = 2048  # what every UEFI implementation and the kernel's module loader accept
 VALIDITY = timedelta(days=3652)  # ten years, leap days included
@@ -44,6 +44,8 @@ def files(keys: KeySet) -> list[tuple[Path, str]]:
         listing += [(keys.key(name), f"private {ROLE[name]}"), (keys.cert(name), f"certificate of the {name} key")]
     listing += [
         (keys.module_der, "module certificate (DER) to enrol as a MOK: mokutil --import"),
+        (keys.key(PCR), "private PCR key (RSA-2048): signs the PCR 11 policy of each UKI (measured boot)"),
+        (keys.pcr_public, "PCR public key: a UKI's .pcrpkey, what TPM-sealed secrets name"),
         (keys.key(RELEASE), "private release key (Ed25519): signs release checksums"),
         (keys.release_public, "release public key: what machines verify releases with"),
         (keys.owner_guid_file, "owner GUID the EFI signature lists carry"),
@@ -115,6 +117,9 @@ def _write_keys(keys: KeySet, common_name: str) -> None:
         _write(keys.cert(name), cert.public_bytes(serialization.Encoding.PEM), 0o644)
         if name == "module":
             _write(keys.module_der, cert.public_bytes(serialization.Encoding.DER), 0o644)
+    pcr = rsa.generate_private_key(public_exponent=65537, key_size=RSA_BITS)
+    _write(keys.key(PCR), _private_pem(pcr), 0o600)
+    _write(keys.pcr_public, _public_pem(pcr), 0o644)
     release = Ed25519PrivateKey.generate()
     public = release.public_key().public_bytes(
         serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
@@ -122,6 +127,10 @@ def _write_keys(keys: KeySet, common_name: str) -> None:
     _write(keys.key(RELEASE), _private_pem(release), 0o600)
     _write(keys.release_public, public, 0o644)
     _write(keys.owner_guid_file, f"{uuid.uuid4()}\n".encode(), 0o644)
+
+
+def _public_pem(key: rsa.RSAPrivateKey) -> bytes:
+    return key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
 
 
 def _private_pem(key: rsa.RSAPrivateKey | Ed25519PrivateKey) -> bytes:

@@ -21,6 +21,7 @@ from kiln.core.errors import InputError
 UEFI_KEYS = ("PK", "KEK", "db")
 X509_KEYS = (*UEFI_KEYS, "module")
 RELEASE = "release"
+PCR = "pcr"  # RSA-2048 (what TPM2 PolicyAuthorize and systemd check): signs PCR 11 policies
 OWNER_GUID = "owner.guid"  # the EFI signature owner GUID the lists carry, one line
 
 
@@ -31,7 +32,7 @@ class KeySet:
     root: Path
 
     def key(self, name: str) -> Path:
-        """The private key `name` (PEM, PKCS#8): PK, KEK, db, module or release."""
+        """The private key `name` (PEM, PKCS#8): PK, KEK, db, module, pcr or release."""
         return self.root / f"{name}.key"
 
     def cert(self, name: str) -> Path:
@@ -50,6 +51,11 @@ class KeySet:
     def module_der(self) -> Path:
         """The module certificate in DER: what `mokutil --import` enrols as a Machine Owner Key."""
         return self.root / "module.der"
+
+    @property
+    def pcr_public(self) -> Path:
+        """The PCR key's public half (PEM): the UKI's .pcrpkey, what a TPM policy names."""
+        return self.root / f"{PCR}.pub"
 
     @property
     def release_public(self) -> Path:

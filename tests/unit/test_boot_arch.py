@@ -325,6 +325,16 @@ def test_amd64_command_lines_are_unchanged(fake_qemu: None) -> None:
     assert Machine().boot_firmware() == "bios"
 
 
+def test_a_tpm_is_swtpms_control_socket_on_a_tis_device(fake_qemu: None) -> None:
+    tpm = ["-chardev", "socket,id=chrtpm,path=/t/tpm.ctrl", "-tpmdev", "emulator,id=tpm0,chardev=chrtpm"]
+    amd64 = Machine(kernel=Path("k"), tpm=True, tpm_socket=Path("/t/tpm.ctrl"), extra=["-x"]).command()
+    assert amd64[-7:] == [*tpm, "-device", "tpm-tis,tpmdev=tpm0", "-x"]
+    arm64 = Machine(kernel=Path("k"), arch="arm64", tpm=True, tpm_socket=Path("/t/tpm.ctrl"))
+    assert arm64.command(Path("/t/VARS.fd"))[-6:] == [*tpm, "-device", "tpm-tis-device,tpmdev=tpm0"]
+    with pytest.raises(BuildError, match="swtpm started first"):
+        Machine(kernel=Path("k"), tpm=True).command()
+
+
 def test_arm64_boots_the_virt_machine_with_aavmf(fake_qemu: None) -> None:
     machine = Machine(kernel=Path("k"), initrd=Path("i"), arch="arm64", api_port=5555, net_options="net=10.9.0.0/24")
     assert machine.boot_firmware() == "uefi"

@@ -2,7 +2,7 @@
 
 The variable store is Debian's empty OVMF_VARS_4M.fd with PK, KEK and db set to the key
 directory's certificates, shim's vendor certificate in dbx (kiln.signing.shim), the module
-certificate as a trusted Machine Owner Key (MokList, MokListTrusted) and Secure Boot on,
+certificate as a Machine Owner Key (MokList) and Secure Boot on,
 written by virt-fw-vars (virt-firmware, the tool QEMU's firmware maintainers keep for this).
 The Secure Boot firmware only runs with SMM and its flash marked secure, which QEMU's q35
 machine provides.
@@ -48,10 +48,11 @@ def enrolled_vars(keys_dir: Path, template: Path, out: Path) -> Path:
         argv += [ENROL_FLAGS[name], owner, str(keys.require(keys.cert(name)))]
     vendor_cert_pem()  # says what to install when it is missing
     argv += ["--add-dbx-cert", owner, str(VENDOR_CERT)]  # what shim would trust besides db (kiln.signing.shim)
-    # The module key as a Machine Owner Key that the kernel may trust for modules: what
-    # `mokutil --import module.der` and `mokutil --trust-mok` arrange through MokManager on a real
-    # machine. shim hands both to the kernel, which puts the key in its .machine keyring.
-    argv += ["--add-mok", owner, str(keys.require(keys.cert("module"))), "--set-true", "MokListTrusted"]
+    # The module key as a Machine Owner Key, what `mokutil --import module.der` arranges through
+    # MokManager on a real machine. shim (15.6 and later) passes MOKs on as trusted for the
+    # kernel's own use unless MokListTrusted exists (`mokutil --untrust-mok` creates it), so it is
+    # left unset, and the kernel puts the key in its .machine keyring.
+    argv += ["--add-mok", owner, str(keys.require(keys.cert("module")))]
     tools.run([*argv, "--sb", "-o", str(out)], what="virt-fw-vars (enrolling the keys)")
     return out
 

@@ -1,4 +1,4 @@
-"""The boot harness's console judge (kiln.boot.qemu.watch), on a stand-in for QEMU.
+"""The boot harness's console judge (kiln.boot.console.watch, which kiln.boot.qemu re-exports), on a stand-in for QEMU.
 
 Stub: a small Python program plays QEMU's serial console (lines on stdout, an exit code), so each
 verdict (found, panic, exit, timeout, power-off) is checked in a second. The real path, QEMU booting

@@ -30,11 +30,11 @@ from kiln.rootfs.assemble import BASE_ROOTFS
 # Where an embedded machine config lands in the rootfs; the command line names it (kiln.config=).
 CONFIG_PATH = "/usr/lib/kiln/machine-config.json"
 _IMAGE_EXTENSIONS = {"raw": "raw", "qcow2": "qcow2", "vhd": "vhd", "vmdk": "vmdk", "ova": "ova"}
-# The kernel's console when a profile names none: the 8250 UART on amd64, the PL011 on arm64
-# (QEMU's virt machine, most ARM servers and the arm64 clouds but AWS).
 # A signed boot chain is only as strong as the kernel it starts: locked down (no unsigned code into
 # the kernel, no raw memory or MSR access) and loading only modules signed with the module key.
 LOCKDOWN_ARGS = ["lockdown=integrity", "module.sig_enforce=1"]
+# The kernel's console when a profile names none: the 8250 UART on amd64, the PL011 on arm64
+# (QEMU's virt machine, most ARM servers and the arm64 clouds but AWS).
 DEFAULT_KERNEL_ARGS = {"amd64": ("console=ttyS0",), "arm64": ("console=ttyAMA0",)}
 # Outputs a boot loader boots take, on arm64, GRUB's EFI modules from this package.
 GRUB_ARM64 = "grub-efi-arm64"

@@ -32,12 +32,18 @@ func mountEFIVars() error {
 	if _, err := os.Stat(efiDir); err != nil {
 		return nil
 	}
-	if _, ok := mountedAt(readMounts(), efivarsDir); ok {
+	return mountKernelFS("efivarfs", efivarsDir)
+}
+
+// mountKernelFS mounts a kernel pseudo-filesystem (efivarfs, securityfs) read-only at target,
+// unless something is mounted there already.
+func mountKernelFS(fstype, target string) error {
+	if _, ok := mountedAt(readMounts(), target); ok {
 		return nil
 	}
 	flags := uintptr(syscall.MS_RDONLY | syscall.MS_NOSUID | syscall.MS_NODEV | syscall.MS_NOEXEC)
-	if err := syscall.Mount("efivarfs", efivarsDir, "efivarfs", flags, ""); err != nil {
-		return fmt.Errorf("mount efivarfs on %s: %v", efivarsDir, err)
+	if err := syscall.Mount(fstype, target, fstype, flags, ""); err != nil {
+		return fmt.Errorf("mount %s on %s: %v", fstype, target, err)
 	}
 	return nil
 }

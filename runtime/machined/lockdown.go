@@ -6,7 +6,6 @@ import (
 	"os"
 	"sort"
 	"strings"
-	"syscall"
 )
 
 // The kernel's lockdown mode and the modules it accepted: on a Secure Boot image the kernel runs
@@ -22,14 +21,7 @@ const (
 
 // mountSecurityFS mounts securityfs (read-only) where the lockdown LSM publishes its mode.
 func mountSecurityFS() error {
-	if _, ok := mountedAt(readMounts(), securityDir); ok {
-		return nil
-	}
-	flags := uintptr(syscall.MS_RDONLY | syscall.MS_NOSUID | syscall.MS_NODEV | syscall.MS_NOEXEC)
-	if err := syscall.Mount("securityfs", securityDir, "securityfs", flags, ""); err != nil {
-		return fmt.Errorf("mount securityfs on %s: %v", securityDir, err)
-	}
-	return nil
+	return mountKernelFS("securityfs", securityDir)
 }
 
 // readLockdown is the active mode ("none", "integrity" or "confidentiality") from a file that

@@ -35,6 +35,7 @@ from kiln.image.keys import boot_chain_keys, module_signer, resolve_keys
 from kiln.image.manifest import SbomPackage, load_spdx, write_manifest, write_sbom
 from kiln.image.profile import CONFIG_PATH, Profile
 from kiln.pkg.graph import Graph
+from kiln.signing.modules import ModuleSigner
 from kiln.signing.release import sign_release
 
 Say = Callable[[str], None]
@@ -130,7 +131,7 @@ class AssetMaker:
         self._lock = threading.Lock()
         self._made: dict[str, tuple[Path, Path, tuple[str, str]]] = {}
 
-    def identity(self, profile: Profile) -> str:
+    def identity(self, profile: Profile, signer: ModuleSigner | None) -> str:
         data = {
             "kernel": self.built.keys[profile.kernel.package]
             if profile.kernel.package
@@ -144,7 +145,7 @@ class AssetMaker:
             "extensions": profile.extensions,
             "config": profile.machine_config,
             "keys": {n: self.built.keys[n] for n in profile.asset_packages()},
-            "module_key": signer.fingerprint if (signer := module_signer(profile)) else None,
+            "module_key": signer.fingerprint if signer else None,
         }
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
@@ -164,14 +165,15 @@ class AssetMaker:
 
     def _files(self, profile: Profile) -> tuple[Path, Path, tuple[str, str]]:
         """vmlinuz, initramfs and their sha256s: made and hashed once per input set."""
-        identity = self.identity(profile)
+        signer = module_signer(profile)  # read once: it is in the identity and signs the modules
+        identity = self.identity(profile, signer)
         with self._lock:
             if identity not in self._made:
-                vmlinuz, initramfs = self._make(profile, self.work / identity[:16])
+                vmlinuz, initramfs = self._make(profile, self.work / identity[:16], signer)
                 self._made[identity] = (vmlinuz, initramfs, (file_sha256(vmlinuz), file_sha256(initramfs)))
             return self._made[identity]
 
-    def _make(self, profile: Profile, where: Path) -> tuple[Path, Path]:
+    def _make(self, profile: Profile, where: Path, signer: ModuleSigner | None) -> tuple[Path, Path]:
         from kiln.rootfs import extension
         from kiln.rootfs.assemble import INIT, KERNEL, Inputs, assemble
 
@@ -195,7 +197,7 @@ class AssetMaker:
         packages = self.built.graph.tree.packages
         manifests = [(extension.manifest_for(packages[name]), name) for name in profile.extensions]
         self.say(f"{profile.name}: assembling kernel + initramfs")
-        assemble(Inputs(trees, rootfs, manifests, module_signer(profile)), where, self.built.epoch, self.say)
+        assemble(Inputs(trees, rootfs, manifests, signer), where, self.built.epoch, self.say)
         return where / "vmlinuz", where / "initramfs.zst"
 
     def _kernel_tree(self, profile: Profile, where: Path) -> Path:

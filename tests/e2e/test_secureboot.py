@@ -132,7 +132,7 @@ def test_the_signed_disk_boots_with_secure_boot_on(world: dict[str, Path], tmp_p
         # the value systemd-measure predicts, and the policy the UKI carries, signed with the PCR key,
         # allows that value and no other
         uki = tmp_path / "slot.efi"
-        boot_partition_file(disk, "A/kiln.efi", uki)
+        partition_file(disk, "A/kiln.efi", uki)
         measured = status["tpm"]["pcr11_sha256"]
         assert measured == predicted_pcr11(uki, tmp_path).hex(), status["tpm"]
         [policy] = json.loads(section(uki, ".pcrsig"))["sha256"]
@@ -190,12 +190,12 @@ def test_unsigned_modules_are_refused_by_the_kernel(
     assert any("kernel: lockdown integrity; 0 modules loaded" in line for line in lines), lines[-60:]
 
 
-def boot_partition_file(disk: Path, name: str, out: Path, *, put: bool = False) -> Path:
-    """Copy file `name` of the disk's BOOT partition to `out` (or, with `put`, `out` onto it)."""
+def partition_file(disk: Path, name: str, out: Path, *, put: bool = False, partition: str = "BOOT") -> Path:
+    """Copy file `name` of the disk's FAT `partition` to `out` (or, with `put`, `out` onto it)."""
     table = json.loads(subprocess.run(["sfdisk", "--json", str(disk)], capture_output=True, text=True).stdout)
-    [boot_start] = [p["start"] for p in table["partitiontable"]["partitions"] if p["name"] == "BOOT"]
+    [start] = [p["start"] for p in table["partitiontable"]["partitions"] if p["name"] == partition]
     env = {"MTOOLS_SKIP_CHECK": "1", "PATH": "/usr/bin:/bin"}
-    image = f"{disk}@@{boot_start * 512}"
+    image = f"{disk}@@{start * 512}"
     copy = (
         ["mcopy", "-o", "-i", image, str(out), f"::/{name}"]
         if put
@@ -208,9 +208,9 @@ def boot_partition_file(disk: Path, name: str, out: Path, *, put: bool = False) 
 def test_a_changed_slot_uki_on_the_disk_is_refused_by_shim(world: dict[str, Path], tmp_path: Path) -> None:
     disk = tmp_path / "disk.raw"
     shutil.copyfile(world["out"] / "sb-metal" / "disk.raw", disk)
-    slot = boot_partition_file(disk, "A/kiln.efi", tmp_path / "slot.efi")
+    slot = partition_file(disk, "A/kiln.efi", tmp_path / "slot.efi")
     changed = flip_byte(slot, ".cmdline", tmp_path / "changed.efi")
-    boot_partition_file(disk, "A/kiln.efi", changed, put=True)
+    partition_file(disk, "A/kiln.efi", changed, put=True)
     log = tmp_path / "console.log"
     result = boot(Machine(disk=disk, secure_boot_keys=world["keys"]), "bad shim signature", REFUSED_TIMEOUT, log)
     assert result.ok, result.reason
@@ -231,13 +231,7 @@ def test_what_shims_vendor_signed_is_forbidden(world: dict[str, Path], tmp_path:
     signed GRUB put where Kiln's GRUB belongs is refused rather than started."""
     disk = tmp_path / "disk.raw"
     shutil.copyfile(world["out"] / "sb-metal" / "disk.raw", disk)
-    table = json.loads(subprocess.run(["sfdisk", "--json", str(disk)], capture_output=True, text=True).stdout)
-    [efi_start] = [p["start"] for p in table["partitiontable"]["partitions"] if p["name"] == "EFI"]
-    env = {"MTOOLS_SKIP_CHECK": "1", "PATH": "/usr/bin:/bin"}
-    grub = debian_signed_grub(tmp_path)
-    subprocess.run(
-        ["mcopy", "-o", "-i", f"{disk}@@{efi_start * 512}", str(grub), "::/EFI/BOOT/grubx64.efi"], env=env, check=True
-    )
+    partition_file(disk, "EFI/BOOT/grubx64.efi", debian_signed_grub(tmp_path), put=True, partition="EFI")
     log = tmp_path / "console.log"
     result = boot(Machine(disk=disk, secure_boot_keys=world["keys"]), "Binary is forbidden", REFUSED_TIMEOUT, log)
     assert result.ok, result.reason

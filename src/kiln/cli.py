@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from kiln import __version__
 from kiln.boot import command as boot_command
@@ -233,8 +235,17 @@ def cmd_release(args: argparse.Namespace) -> int:
     return release_command.run(args, load)
 
 
-def _common() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
+class Parser(argparse.ArgumentParser):
+    """argparse without prefix matching: `--js` is an error, not `--json`, so an abbreviation in a
+    script cannot start meaning another option when one is added. Subparsers inherit the class."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+
+def _common() -> Parser:
+    common = Parser(add_help=False)
     common.add_argument("--pkgs", default="pkgs", metavar="DIR", help="package tree (default: ./pkgs)")
     common.add_argument(
         "--platform",
@@ -256,7 +267,7 @@ def _common() -> argparse.ArgumentParser:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="kiln",
         description="Build minimal, immutable Linux images from a declarative package graph.",
     )
@@ -438,6 +449,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except BrokenPipeError:
+        # the reader went away (`kiln ls --json | head -1`): not an error of Kiln's, and nothing more
+        # can be printed; stdout goes to /dev/null so the interpreter's final flush stays quiet
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
+
+
+def _main(argv: list[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "handler", None):

@@ -435,7 +435,7 @@ def run_kiln_boot(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> list[Mach
     boot_command.add_arguments(parser)
     booted: list[Machine] = []
 
-    def fake_boot(machine: Machine, expect: str, timeout: float, log: Path, echo: object) -> BootResult:
+    def fake_boot(machine: Machine, expect: str, timeout: float, log: Path, echo: object, **_: object) -> BootResult:
         booted.append(machine)
         return BootResult(True, 1.0, expect, [], "found")
 
@@ -458,3 +458,23 @@ def test_kiln_boot_says_which_arch_and_why(
     assert "booting as amd64 (given by --arch)" in capsys.readouterr().err
     with pytest.raises(InputError, match="UEFI only"):
         run_kiln_boot([str(arm), "--firmware", "bios", "--log", log], monkeypatch)
+
+
+def test_kiln_boot_keeps_the_machine_running_with_api_or_keep_running(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fake_qemu: None
+) -> None:
+    """Stub: boot() is replaced, to see what kiln boot asks of it; tests/unit/test_console_watch.py
+    runs the real wait with a stand-in guest."""
+    parser = argparse.ArgumentParser()
+    boot_command.add_arguments(parser)
+    asked: list[dict[str, object]] = []
+
+    def fake_boot(machine: Machine, expect: str, timeout: float, log: Path, echo: object, **kw: object) -> BootResult:
+        asked.append(kw)
+        return BootResult(True, 1.0, expect, [], "found")
+
+    monkeypatch.setattr(boot_command, "boot", fake_boot)
+    kernel = kernel_dir(tmp_path / "k", arm64_image())
+    for extra in ([], ["--api", "50001"], ["--keep-running"]):
+        assert boot_command.run(parser.parse_args([str(kernel), "--log", str(tmp_path / "l"), "--quiet", *extra])) == 0
+    assert [kw["until_exit"] for kw in asked] == [False, True, True]

@@ -7,9 +7,13 @@ Kiln's images, is what tests/e2e exercises through the same function.
 
 from __future__ import annotations
 
+import argparse
+import math
 import sys
 import time
 from pathlib import Path
+
+import pytest
 
 from kiln.boot.qemu import watch
 
@@ -57,6 +61,37 @@ def test_until_exit_waits_for_power_off_and_reports_it(tmp_path: Path) -> None:
     assert ok.ok and ok.reason == "powered off" and ok.exit_code == 0 and ok.tail[-1] == "bye"
     stuck = watch(guest("print('ready'); time.sleep(60)"), "ready", 2, tmp_path / "b", until_exit=True)
     assert not stuck.ok and stuck.reason == "the guest did not power off"
+
+
+def test_keep_running_hears_of_the_line_at_once_and_waits_past_the_boot_timeout(tmp_path: Path) -> None:
+    """What `kiln boot --api` and `--keep-running` do: the machine outlives the boot timeout."""
+    heard: list[float] = []
+    started = time.monotonic()
+    script = "print('ready'); sys.stdout.flush(); time.sleep(2.5); print('bye')"
+    result = watch(
+        guest(script),
+        "ready",
+        1.0,
+        tmp_path / "l",
+        until_exit=True,
+        on_found=lambda found: heard.append(time.monotonic() - started),
+        exit_timeout=math.inf,
+    )
+    assert result.ok and result.reason == "powered off" and result.tail[-1] == "bye"
+    assert heard and heard[0] < 2.0, "on_found came only after the guest stopped"
+    assert time.monotonic() - started >= 2.5
+
+
+def test_kiln_boot_blank_disk_and_its_old_name(capsys: pytest.CaptureFixture[str]) -> None:
+    from kiln.boot.command import blank_disk_size
+    from kiln.core.errors import InputError
+
+    assert blank_disk_size(argparse.Namespace(blank_disk="4G", old_disk=None)) == "4G"
+    assert blank_disk_size(argparse.Namespace(blank_disk=None, old_disk=None)) is None
+    assert blank_disk_size(argparse.Namespace(blank_disk=None, old_disk="2G")) == "2G"
+    assert "--disk SIZE is now --blank-disk SIZE" in capsys.readouterr().err
+    with pytest.raises(InputError, match="give one of them"):
+        blank_disk_size(argparse.Namespace(blank_disk="4G", old_disk="2G"))
 
 
 def test_network_options_join_the_user_network_after_the_api_forward() -> None:

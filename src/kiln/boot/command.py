@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import math
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 from kiln.boot.arch import ARCHES, choose_arch
-from kiln.boot.qemu import READY, boot, machine_for
+from kiln.boot.qemu import READY, BootResult, boot, machine_for
 from kiln.core.errors import BuildError, InputError
 from kiln.core.paths import cache_dir
 
@@ -44,12 +45,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="give the machine a TPM 2.0 (swtpm, fresh each boot): a UKI's sections are measured into PCR 11",
     )
-    parser.add_argument("--disk", metavar="SIZE", help="attach a blank virtio disk of SIZE (e.g. 4G)")
-    parser.add_argument("--disk-file", metavar="PATH", help="attach this qcow2 disk (created with --disk if missing)")
+    parser.add_argument("--blank-disk", metavar="SIZE", help="attach a blank virtio disk of SIZE (e.g. 4G)")
+    # the old spelling; `--disk` names the target device in kiln install, so here it is only accepted
+    parser.add_argument("--disk", dest="old_disk", metavar="SIZE", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--disk-file", metavar="PATH", help="attach this qcow2 disk (created with --blank-disk SIZE if missing)"
+    )
     parser.add_argument("--cmdline", default="", help="kernel command line (kernel+initramfs boots)")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds to wait (default 120)")
     parser.add_argument("--expect", default=READY, help=f"console text that means success (default {READY!r})")
-    parser.add_argument("--api", type=int, metavar="PORT", help="forward machined's API to 127.0.0.1:PORT")
+    parser.add_argument(
+        "--api",
+        type=int,
+        metavar="PORT",
+        help="forward machined's API to 127.0.0.1:PORT; the machine then keeps running after the expected line",
+    )
+    parser.add_argument(
+        "--keep-running",
+        action="store_true",
+        help="after the expected line, keep the machine running until it powers off (or Ctrl-C)",
+    )
     parser.add_argument("--memory", default="1024", help="guest memory in MiB (default 1024)")
     parser.add_argument(
         "--accel",
@@ -59,6 +74,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--log", metavar="PATH", help="console log (default: in the cache, printed at the end)")
     parser.add_argument("--quiet", action="store_true", help="do not stream the console")
+
+
+def blank_disk_size(args: argparse.Namespace) -> str | None:
+    """--blank-disk SIZE, or the old --disk SIZE with a word on the new name."""
+    if args.old_disk is not None:
+        if args.blank_disk is not None:
+            raise InputError("--disk is the old name of --blank-disk: give one of them")
+        print("kiln boot: --disk SIZE is now --blank-disk SIZE (kiln install's --disk names a device)", file=sys.stderr)
+        return str(args.old_disk)
+    return str(args.blank_disk) if args.blank_disk is not None else None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -74,23 +99,38 @@ def run(args: argparse.Namespace) -> int:
     machine.memory = args.memory
     machine.accel = args.accel
     machine.api_port = args.api
+    size = blank_disk_size(args)
+    keep = args.keep_running or args.api is not None
     with tempfile.TemporaryDirectory(prefix="kiln-disk-") as tmp:
-        if args.disk or args.disk_file:
+        if size or args.disk_file:
             disk = Path(args.disk_file) if args.disk_file else Path(tmp) / "disk.qcow2"
             if not disk.exists():
-                if not args.disk:
-                    raise InputError(f"--disk-file {disk} does not exist: give --disk SIZE to create it")
+                if not size:
+                    raise InputError(f"--disk-file {disk} does not exist: give --blank-disk SIZE to create it")
                 made = subprocess.run(
-                    ["qemu-img", "create", "-q", "-f", "qcow2", str(disk), args.disk], capture_output=True, text=True
+                    ["qemu-img", "create", "-q", "-f", "qcow2", str(disk), size], capture_output=True, text=True
                 )
                 if made.returncode != 0:
-                    raise InputError(f"--disk {args.disk}: {made.stderr.strip()}")
+                    raise InputError(f"--blank-disk {size}: {made.stderr.strip()}")
             machine.blank_disk = disk
         log = Path(args.log) if args.log else cache_dir() / "boot" / "last-console.log"
         echo = None if args.quiet else (lambda line: print(line, flush=True))
-        result = boot(machine, args.expect, args.timeout, log, echo)
+
+        def running(found: BootResult) -> None:
+            api = f"; machined's API on https://127.0.0.1:{args.api}" if args.api is not None else ""
+            print(
+                f"kiln boot: {args.expect!r} after {found.seconds:.1f} s{api}; the machine runs until it powers "
+                "off (Ctrl-C stops it)",
+                file=sys.stderr,
+                flush=True,
+            )
+
+        result = boot(
+            machine, args.expect, args.timeout, log, echo, until_exit=keep, on_found=running, exit_timeout=math.inf
+        )
     if result.ok:
-        print(f"kiln boot: {args.expect!r} after {result.seconds:.1f} s (console log: {log})", file=sys.stderr)
+        what = "powered off" if keep else f"{args.expect!r} after {result.seconds:.1f} s"
+        print(f"kiln boot: {what} (console log: {log})", file=sys.stderr)
         return 0
     tail = "\n".join(result.tail)
     raise BuildError(f"boot failed: {result.reason}; last {len(result.tail)} console lines (full log: {log}):\n{tail}")

@@ -4,6 +4,7 @@ timeout, and keep the last lines to show why (kiln.boot.qemu runs QEMU through i
 from __future__ import annotations
 
 import collections
+import math
 import os
 import re
 import selectors
@@ -37,11 +38,15 @@ def watch(
     echo: Callable[[str], None] | None = None,
     *,
     until_exit: bool = False,
+    on_found: Callable[[BootResult], None] | None = None,
+    exit_timeout: float | None = None,
 ) -> BootResult:
     """Run `command` (QEMU, its serial console on stdout) and judge its console as `boot` describes.
 
     Every console line goes to `log` (after the command line) and `echo`; the process is stopped
-    at the end whatever happened.
+    at the end whatever happened. With `until_exit`, `on_found` hears of the expected line at once,
+    and the wait for the guest to power off lasts what is left of `timeout`, or `exit_timeout`
+    seconds when given (math.inf: until it powers off, or the caller is interrupted).
     """
     log.parent.mkdir(parents=True, exist_ok=True)
     tail: collections.deque[str] = collections.deque(maxlen=TAIL)
@@ -52,7 +57,10 @@ def watch(
         try:
             result = _until_expected(process, _Lines(out, tail, echo), expect, timeout, start)
             if result.ok and until_exit:
-                result = _wait_exit(process, out, tail, echo, result, timeout - (time.monotonic() - start))
+                if on_found:
+                    on_found(result)
+                left = timeout - (time.monotonic() - start) if exit_timeout is None else exit_timeout
+                result = _wait_exit(process, out, tail, echo, result, left)
         finally:
             _stop(process)
     return result
@@ -124,11 +132,10 @@ def _wait_exit(
     """After the expected line: read the console until QEMU exits on its own."""
     assert process.stdout is not None
     os.set_blocking(process.stdout.fileno(), True)
-    deadline = time.monotonic() + max(left, 0)
     reader = threading.Thread(target=_drain, args=(process.stdout, out, tail, echo), daemon=True)
     reader.start()
     try:
-        code = process.wait(timeout=max(deadline - time.monotonic(), 0.1))
+        code = process.wait(timeout=None if math.isinf(left) else max(left, 0.1))
     except subprocess.TimeoutExpired:
         return BootResult(False, found.seconds, found.line, list(tail), "the guest did not power off")
     reader.join(timeout=2)

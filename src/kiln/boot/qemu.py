@@ -224,17 +224,21 @@ def boot(
     echo: Callable[[str], None] | None = None,
     *,
     until_exit: bool = False,
+    on_found: Callable[[BootResult], None] | None = None,
+    exit_timeout: float | None = None,
 ) -> BootResult:
     """Run QEMU until `expect` shows on the console, a panic, QEMU's exit, or the timeout.
 
     With `until_exit`, a found line is not the end: the guest must also stop QEMU (power off)
-    before the timeout, and the result carries QEMU's exit code.
+    before the timeout (or `exit_timeout`, see console.watch), and the result carries QEMU's exit code.
     """
     with tempfile.TemporaryDirectory(prefix="kiln-boot-") as tmp, ExitStack() as stack:
         if machine.tpm:
             machine.tpm_socket = Path(f"{stack.enter_context(software_tpm(Path(tmp) / 'tpm'))}.ctrl")
         command = machine.command(_prepare(machine, Path(tmp)))
-        return watch(command, expect, timeout, log, echo, until_exit=until_exit)
+        return watch(
+            command, expect, timeout, log, echo, until_exit=until_exit, on_found=on_found, exit_timeout=exit_timeout
+        )
 
 
 def _prepare(machine: Machine, tmp: Path) -> Path | None:

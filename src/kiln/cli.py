@@ -45,10 +45,30 @@ def _load(args: argparse.Namespace) -> Graph:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    graph = _load(args)
-    compute_keys(graph)
-    print(f"ok: {len(graph.order)} packages valid for {graph.tree.platform}")
+    try:
+        graph = _load(args)
+        compute_keys(graph)
+    except KilnError as exc:
+        if not args.json:
+            raise
+        errors = exc.errors if isinstance(exc, InputErrors) else [exc]
+        print(json.dumps({"ok": False, "errors": [error_json(e) for e in errors]}, indent=2))
+        return exc.exit_code
+    if args.json:
+        print(json.dumps({"ok": True, "platform": str(graph.tree.platform), "packages": len(graph.order)}, indent=2))
+    else:
+        print(f"ok: {len(graph.order)} packages valid for {graph.tree.platform}")
     return 0
+
+
+def error_json(error: KilnError) -> dict[str, Any]:
+    """One error as `--json` prints it: the file and line apart from the message."""
+    where = error.location
+    return {
+        "file": where.file if where else None,
+        "line": where.line if where and where.line else None,
+        "message": error.message,
+    }
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
@@ -113,7 +133,10 @@ def cmd_fetch(args: argparse.Namespace) -> int:
     graph = _load(args)
     names = graph.closure(args.targets) if args.targets else graph.order
     fetched = Session.open(graph).fetch(names)
-    print(f"fetched {fetched} source(s) for {len(names)} package(s)")
+    if args.json:
+        print(json.dumps({"fetched": fetched, "packages": names}, indent=2))
+    else:
+        print(f"fetched {fetched} source(s) for {len(names)} package(s)")
     return 0
 
 
@@ -280,12 +303,16 @@ def build_parser() -> argparse.ArgumentParser:
         sub.set_defaults(handler=handler)
         return sub
 
-    verb("validate", cmd_validate, "check every pkg.yaml of the tree; print all errors as file:line: message")
+    validate = verb(
+        "validate", cmd_validate, "check every pkg.yaml of the tree; print all errors as file:line: message"
+    )
+    validate.add_argument("--json", action="store_true", help="the result, or every error, as JSON")
     ls = verb("ls", cmd_ls, "list packages with variant, version, what they need and their cache key")
     ls.add_argument("--json", action="store_true", help="machine-readable output")
     graph = verb("graph", cmd_graph, "print the dependency graph (build order), optionally of TARGETs only")
     graph.add_argument("targets", nargs="*", metavar="TARGET", help="limit to these packages and their needs")
     graph.add_argument("--format", choices=GRAPH_FORMATS, default="dot", help="output format (default: dot)")
+    graph.add_argument("--json", action="store_const", dest="format", const="json", help="the same as --format json")
     graph.add_argument("--keys", action="store_true", help="label nodes with their cache keys")
     ev = verb("eval", cmd_eval, "render a Jinja2 template with TARGET's variables, e.g. kiln eval musl '{{ target }}'")
     ev.add_argument("target", metavar="TARGET")
@@ -297,6 +324,7 @@ def build_parser() -> argparse.ArgumentParser:
     verb("bootstrap", cmd_bootstrap, "make the stage0 seed root (debootstrap, or --from-tar PATH) and store it")
     fetch = verb("fetch", cmd_fetch, "download and verify the sources of TARGETs (default: all packages)")
     fetch.add_argument("targets", nargs="*", metavar="TARGET")
+    fetch.add_argument("--json", action="store_true", help="machine-readable summary")
     build = verb("build", cmd_build, "build TARGETs and what they need, in parallel, skipping stored keys")
     build.add_argument("targets", nargs="*", metavar="TARGET")
     build.add_argument("--all", action="store_true", help="build every package of the tree")

@@ -478,3 +478,32 @@ def test_kiln_boot_keeps_the_machine_running_with_api_or_keep_running(
     for extra in ([], ["--api", "50001"], ["--keep-running"]):
         assert boot_command.run(parser.parse_args([str(kernel), "--log", str(tmp_path / "l"), "--quiet", *extra])) == 0
     assert [kw["until_exit"] for kw in asked] == [False, True, True]
+
+
+def test_kiln_boot_json_prints_the_result_and_fails_with_1(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], fake_qemu: None
+) -> None:
+    """Stub: boot() is replaced by canned results; the console judge itself is tested in test_console_watch."""
+    parser = argparse.ArgumentParser()
+    boot_command.add_arguments(parser)
+    results = [
+        BootResult(True, 4.321, "machined ready: v1", ["machined ready: v1"], "found"),
+        BootResult(False, 9.0, "Kernel panic - x", ["a", "Kernel panic - x"], "kernel panic"),
+    ]
+    monkeypatch.setattr(boot_command, "boot", lambda *a, **kw: results.pop(0))
+    kernel = kernel_dir(tmp_path / "k", arm64_image())
+    argv = [str(kernel), "--log", str(tmp_path / "l"), "--json"]
+    assert boot_command.run(parser.parse_args(argv)) == 0
+    good = json.loads(capsys.readouterr().out)
+    assert good == {
+        "ok": True,
+        "seconds": 4.32,
+        "line": "machined ready: v1",
+        "reason": "found",
+        "exit_code": None,
+        "log": str(tmp_path / "l"),
+        "tail": [],
+    }
+    assert boot_command.run(parser.parse_args(argv)) == 1
+    bad = json.loads(capsys.readouterr().out)
+    assert bad["ok"] is False and bad["reason"] == "kernel panic" and bad["tail"] == ["a", "Kernel panic - x"]

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -55,3 +57,38 @@ def test_a_reader_that_goes_away_ends_kiln_quietly(tmp_path: Path) -> None:
     os.close(write)
     assert "Traceback" not in child.stderr and "BrokenPipe" not in child.stderr, child.stderr
     assert child.returncode == 128 + signal.SIGPIPE
+
+
+FIXTURE = ROOT / "tests/fixtures/buildgraph/pkgs"
+
+
+def run_kiln(*argv: str, cache: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "KILN_CACHE": str(cache)}
+    return subprocess.run(
+        [sys.executable, "-m", "kiln.cli", *argv], capture_output=True, text=True, env=env, timeout=120
+    )
+
+
+def test_validate_json_gives_the_result_or_every_error(tmp_path: Path) -> None:
+    good = run_kiln("validate", "--json", "--pkgs", str(FIXTURE), cache=tmp_path / "c")
+    assert good.returncode == 0 and json.loads(good.stdout) == {"ok": True, "platform": "linux/amd64", "packages": 5}
+    bad = tmp_path / "pkgs"
+    shutil.copytree(FIXTURE, bad)
+    (bad / "greet-lib/pkg.yaml").write_text("name: greet-lib\nsteps: 5\n")
+    result = run_kiln("validate", "--json", "--pkgs", str(bad), cache=tmp_path / "c")
+    assert result.returncode == 2 and result.stderr == ""
+    assert json.loads(result.stdout) == {
+        "ok": False,
+        "errors": [
+            {"file": str(bad / "greet-lib/pkg.yaml"), "line": 2, "message": "steps must be a list, not a number"}
+        ],
+    }
+
+
+def test_graph_json_is_format_json_and_fetch_json_names_its_packages(tmp_path: Path) -> None:
+    as_flag = run_kiln("graph", "--json", "--pkgs", str(FIXTURE), cache=tmp_path / "c")
+    as_format = run_kiln("graph", "--format", "json", "--pkgs", str(FIXTURE), cache=tmp_path / "c")
+    assert as_flag.returncode == 0 and as_flag.stdout == as_format.stdout and json.loads(as_flag.stdout)["order"]
+    fetched = run_kiln("fetch", "greet-lib", "--json", "--pkgs", str(FIXTURE), cache=tmp_path / "c")
+    assert fetched.returncode == 0, fetched.stderr
+    assert json.loads(fetched.stdout) == {"fetched": 0, "packages": ["greet-lib"]}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import subprocess
 import sys
@@ -74,6 +75,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--log", metavar="PATH", help="console log (default: in the cache, printed at the end)")
     parser.add_argument("--quiet", action="store_true", help="do not stream the console")
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="print the result as JSON on stdout (ok, seconds, line, reason, exit_code, log, tail); implies --quiet",
+    )
 
 
 def blank_disk_size(args: argparse.Namespace) -> str | None:
@@ -114,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
                     raise InputError(f"--blank-disk {size}: {made.stderr.strip()}")
             machine.blank_disk = disk
         log = Path(args.log) if args.log else cache_dir() / "boot" / "last-console.log"
-        echo = None if args.quiet else (lambda line: print(line, flush=True))
+        echo = None if args.quiet or args.json else (lambda line: print(line, flush=True))
 
         def running(found: BootResult) -> None:
             api = f"; machined's API on https://127.0.0.1:{args.api}" if args.api is not None else ""
@@ -128,6 +134,11 @@ def run(args: argparse.Namespace) -> int:
         result = boot(
             machine, args.expect, args.timeout, log, echo, until_exit=keep, on_found=running, exit_timeout=math.inf
         )
+    if args.json:
+        fields = {"ok": result.ok, "seconds": round(result.seconds, 2), "line": result.line, "reason": result.reason}
+        fields |= {"exit_code": result.exit_code, "log": str(log), "tail": [] if result.ok else result.tail}
+        print(json.dumps(fields, indent=2))
+        return 0 if result.ok else 1
     if result.ok:
         what = "powered off" if keep else f"{args.expect!r} after {result.seconds:.1f} s"
         print(f"kiln boot: {what} (console log: {log})", file=sys.stderr)

@@ -135,7 +135,8 @@ def run(args: argparse.Namespace) -> int:
             machine, args.expect, args.timeout, log, echo, until_exit=keep, on_found=running, exit_timeout=math.inf
         )
     if args.json:
-        fields = {"ok": result.ok, "seconds": round(result.seconds, 2), "line": result.line, "reason": result.reason}
+        fields: dict[str, object] = {"ok": result.ok, "seconds": round(result.seconds, 2), "line": result.line}
+        fields["reason"] = result.reason
         fields |= {"exit_code": result.exit_code, "log": str(log), "tail": [] if result.ok else result.tail}
         print(json.dumps(fields, indent=2))
         return 0 if result.ok else 1

@@ -473,7 +473,26 @@ def build_parser() -> argparse.ArgumentParser:
     )
     verify_command.add_arguments(verify)
     verify.set_defaults(handler=verify_command.run)
+
+    completion = verbs.add_parser(
+        "completion",
+        help="print a shell completion script: source <(kiln completion bash)",
+        description="print a completion script for SHELL (made from this parser by shtab), e.g. "
+        "`kiln completion bash > /etc/bash_completion.d/kiln` or `source <(kiln completion bash)`",
+    )
+    completion.add_argument("shell", choices=COMPLETION_SHELLS, metavar="SHELL", help=", ".join(COMPLETION_SHELLS))
+    completion.set_defaults(handler=cmd_completion)
     return parser
+
+
+COMPLETION_SHELLS = ("bash", "zsh", "tcsh")
+
+
+def cmd_completion(args: argparse.Namespace) -> int:
+    import shtab
+
+    print(shtab.complete(build_parser(), shell=args.shell), end="")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -92,3 +92,25 @@ def test_graph_json_is_format_json_and_fetch_json_names_its_packages(tmp_path: P
     fetched = run_kiln("fetch", "greet-lib", "--json", "--pkgs", str(FIXTURE), cache=tmp_path / "c")
     assert fetched.returncode == 0, fetched.stderr
     assert json.loads(fetched.stdout) == {"fetched": 0, "packages": ["greet-lib"]}
+
+
+def test_bash_completion_completes_verbs_and_options(tmp_path: Path) -> None:
+    """The script `kiln completion bash` prints, sourced into a real bash and asked as the shell would."""
+    script = tmp_path / "kiln.bash"
+    made = run_kiln("completion", "bash", cache=tmp_path / "c")
+    assert made.returncode == 0, made.stderr
+    script.write_text(made.stdout)
+
+    def complete(*words: str) -> list[str]:
+        line = " ".join(["kiln", *words])
+        probe = (
+            f"source {script}; COMP_WORDS=(kiln {' '.join(words)}); COMP_CWORD={len(words)}; "
+            f"COMP_LINE='{line}'; COMP_POINT={len(line)}; _shtab_kiln; printf '%s\\n' \"${{COMPREPLY[@]}}\""
+        )
+        result = subprocess.run(["bash", "-c", probe], capture_output=True, text=True, timeout=30)
+        return result.stdout.split()
+
+    assert set(complete("b")) == {"boot", "bootstrap", "build"}
+    assert complete("comp") == ["completion"]
+    assert "--keep-running" in complete("boot", "--ke")
+    assert "--json" in complete("validate", "--j")

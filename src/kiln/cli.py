@@ -267,25 +267,39 @@ class Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
 
-def _common() -> Parser:
-    common = Parser(add_help=False)
-    common.add_argument("--pkgs", default="pkgs", metavar="DIR", help="package tree (default: ./pkgs)")
-    common.add_argument(
+def _add_common(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
+    """The options of every verb that reads the package tree. The root parser holds them with their
+    defaults (so they may come before the verb: `kiln --pkgs DIR build`); each verb holds them with
+    no default, so one given after the verb wins and one given before it is not reset."""
+
+    def default(value: object) -> object:
+        return value if defaults else argparse.SUPPRESS
+
+    parser.add_argument("--pkgs", default=default("pkgs"), metavar="DIR", help="package tree (default: ./pkgs)")
+    parser.add_argument(
         "--platform",
-        default=None,
+        default=default(None),
         help="target platform: linux/amd64 (default; for kiln image, the profiles' arch) or linux/arm64; "
         "kiln image and kiln release push take a comma-separated list (linux/amd64,linux/arm64)",
     )
-    common.add_argument(
+    parser.add_argument(
         "--set",
         action="append",
-        default=[],
+        default=default([]),
         metavar="KEY=VALUE",
         help="override a template variable (string value); repeatable, wins over vars.yaml",
     )
-    common.add_argument(
-        "--from-tar", metavar="PATH", help="use this root tarball or OCI archive as stage0 instead of debootstrap"
+    parser.add_argument(
+        "--from-tar",
+        default=default(None),
+        metavar="PATH",
+        help="use this root tarball or OCI archive as stage0 instead of debootstrap",
     )
+
+
+def _common() -> Parser:
+    common = Parser(add_help=False)
+    _add_common(common, defaults=False)
     return common
 
 
@@ -295,6 +309,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Build minimal, immutable Linux images from a declarative package graph.",
     )
     parser.add_argument("--version", action="version", version=f"kiln {__version__}")
+    _add_common(parser, defaults=True)
     verbs = parser.add_subparsers(dest="verb", metavar="VERB")
     common = _common()
 

@@ -114,3 +114,25 @@ def test_bash_completion_completes_verbs_and_options(tmp_path: Path) -> None:
     assert complete("comp") == ["completion"]
     assert "--keep-running" in complete("boot", "--ke")
     assert "--json" in complete("validate", "--j")
+
+
+@pytest.mark.parametrize(
+    ("argv", "pkgs", "platform"),
+    [
+        (["ls"], "pkgs", None),
+        (["--pkgs", "X", "ls"], "X", None),
+        (["ls", "--pkgs", "Y"], "Y", None),
+        (["--pkgs", "X", "--platform", "linux/arm64", "ls", "--pkgs", "Y"], "Y", "linux/arm64"),
+        (["--platform", "linux/arm64", "image", "metal"], "pkgs", "linux/arm64"),
+    ],
+)
+def test_tree_options_may_come_before_the_verb_and_after_it_win(
+    argv: list[str], pkgs: str, platform: str | None
+) -> None:
+    args = build_parser().parse_args(argv)
+    assert (args.pkgs, args.platform) == (pkgs, platform)
+
+
+def test_tree_options_before_the_verb_reach_the_handler(tmp_path: Path) -> None:
+    result = run_kiln("--pkgs", str(FIXTURE), "validate", "--json", cache=tmp_path / "c")
+    assert result.returncode == 0 and json.loads(result.stdout)["packages"] == 5

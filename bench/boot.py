@@ -6,7 +6,7 @@ in the same run, alternately, three times each. Sizes of init, machined, rootfs.
 initramfs are printed too (target: initramfs at most 12 MB; Talos's is about 56 MB).
 
 Run: `.venv/bin/python bench/boot.py ARTIFACT_DIR [ARM64_DIR]` where ARTIFACT_DIR holds vmlinuz and
-initramfs.zst from `kiln image --output kernel,initramfs`; ARM64_DIR, the same from
+initramfs.zst from `kiln image --kind kernel,initramfs`; ARM64_DIR, the same from
 `--platform linux/arm64`, adds the arm64 image booted in qemu-system-aarch64 (TCG, AAVMF) beside it.
 """
 

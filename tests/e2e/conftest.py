@@ -1,6 +1,6 @@
 """End-to-end: the real image, built through the graph, booted in QEMU (TCG).
 
-The kernel + initramfs come from `kiln image --output kernel,initramfs` on the shipped pkgs/
+The kernel + initramfs come from `kiln image --kind kernel,initramfs` on the shipped pkgs/
 tree, built once per session into the default store (KILN_CACHE or ~/.cache/kiln), so a
 machine that already ran `make image` reuses its packages. On a cold machine this builds the
 seed, toolchain-seed, the kernel, Go and the userland: about 35 minutes on 2 cores.
@@ -37,7 +37,7 @@ def kiln(*args: str, timeout: float = 3600) -> subprocess.CompletedProcess[str]:
 def image_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """vmlinuz + initramfs.zst of the base image (no extensions)."""
     out = tmp_path_factory.mktemp("image")
-    kiln("image", "--output", "kernel,initramfs", "--out", str(out), timeout=5400)
+    kiln("image", "--kind", "kernel,initramfs", "--out", str(out), timeout=5400)
     return out
 
 

@@ -36,7 +36,7 @@ DISK_SIZE = 2 << 30
 def arm64_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The arm64 kernel + initramfs (the first arm64 test builds the arm64 packages: cold, 20+ minutes)."""
     out = tmp_path_factory.mktemp("arm64-kernel")
-    kiln("image", "--platform", "linux/arm64", "--output", "kernel,initramfs", "--out", str(out), timeout=5400)
+    kiln("image", "--platform", "linux/arm64", "--kind", "kernel,initramfs", "--out", str(out), timeout=5400)
     return out
 
 

@@ -114,7 +114,7 @@ def probe_image(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "image",
         "--pkgs",
         str(project / "pkgs"),
-        "--output",
+        "--kind",
         "kernel,initramfs",
         "--extension",
         "e2e-probe",

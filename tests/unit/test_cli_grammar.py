@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
     [
         ["ls", "--js"],  # --json
         ["build", "--all", "--no-ca"],  # --no-cache
-        ["image", "metal", "--ou", "x"],  # --out / --output: which one was never clear
+        ["image", "metal", "--ou", "x"],  # --out (or the old --output)
         ["cache", "ls", "--js"],
         ["boot", "x.iso", "--keep"],  # --keep-running
     ],
@@ -136,3 +136,16 @@ def test_tree_options_may_come_before_the_verb_and_after_it_win(
 def test_tree_options_before_the_verb_reach_the_handler(tmp_path: Path) -> None:
     result = run_kiln("--pkgs", str(FIXTURE), "validate", "--json", cache=tmp_path / "c")
     assert result.returncode == 0 and json.loads(result.stdout)["packages"] == 5
+
+
+def test_image_kind_and_its_old_name(capsys: pytest.CaptureFixture[str]) -> None:
+    from kiln.core.errors import InputError
+    from kiln.image.kernel_initramfs import kinds
+
+    parse = build_parser().parse_args
+    assert kinds(parse(["image", "--kind", "kernel"])) == "kernel"
+    assert kinds(parse(["image"])) == "kernel,initramfs"
+    assert kinds(parse(["image", "--output", "initramfs"])) == "initramfs"
+    assert "--output is now --kind" in capsys.readouterr().err
+    with pytest.raises(InputError, match="give one of them"):
+        kinds(parse(["image", "--kind", "kernel", "--output", "kernel"]))

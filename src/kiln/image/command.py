@@ -1,4 +1,4 @@
-"""`kiln image PROFILE...` (profiles) and `kiln image --output kernel,initramfs` (no profile)."""
+"""`kiln image PROFILE...` (profiles) and `kiln image --kind kernel,initramfs` (no profile)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         nargs="*",
         metavar="PROFILE",
         help="profiles by name (in --profiles-dir) or path: iso metal aws ...; without one, "
-        "--output kernel,initramfs is written",
+        "--kind kernel,initramfs is written",
     )
     parser.add_argument(
         "--profiles-dir",
@@ -64,10 +64,10 @@ def run(args: argparse.Namespace, load: Callable[[str], Graph]) -> int:
     from kiln.image.keys import with_keys
     from kiln.image.profile import load_profiles, resolve_platform
 
-    if args.extension or args.package or args.output != "kernel,initramfs":
+    if args.extension or args.package or args.kind is not None or args.old_output is not None:
         raise InputError(
-            "--output, --extension and --package apply without profiles; a profile names its "
-            "extensions and packages under input:"
+            "--kind, --extension and --package apply without profiles; a profile names its "
+            "kind under output: and its extensions and packages under input:"
         )
     loaded = with_keys(load_profiles(args.profiles, Path(args.profiles_dir)), args.keys)
     if platforms is not None and len(platforms) > 1:

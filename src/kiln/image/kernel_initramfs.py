@@ -1,4 +1,4 @@
-"""`kiln image` without a profile (`--output kernel,initramfs`): build what is missing, then assemble."""
+"""`kiln image` without a profile (`--kind kernel,initramfs`): build what is missing, then assemble."""
 
 from __future__ import annotations
 
@@ -12,12 +12,18 @@ from kiln.core.errors import BuildError, InputError
 from kiln.pkg.graph import Graph
 
 OUTPUTS = ("kernel", "initramfs")
+DEFAULT_KINDS = ",".join(OUTPUTS)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--output", default="kernel,initramfs", help="what to write, comma-separated: kernel,initramfs (default both)"
+        "--kind",
+        default=None,
+        help="without a profile, what to write, comma-separated: kernel,initramfs (default both; the same "
+        "names as a profile's output kinds)",
     )
+    # the old spelling, beside --out in the same verb; accepted with a word on the new one
+    parser.add_argument("--output", dest="old_output", default=None, help=argparse.SUPPRESS)
     parser.add_argument(
         "--extension",
         action="append",
@@ -39,17 +45,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print sizes as JSON")
 
 
+def kinds(args: argparse.Namespace) -> str:
+    """--kind, or the old --output with a word on the new name; default kernel,initramfs."""
+    if args.old_output is not None:
+        if args.kind is not None:
+            raise InputError("--output is the old name of --kind: give one of them")
+        print("kiln image: --output is now --kind (--out names the directory)", file=sys.stderr)
+        return str(args.old_output)
+    return str(args.kind) if args.kind is not None else DEFAULT_KINDS
+
+
 def run(graph: Graph, args: argparse.Namespace) -> int:
     # Imported here: `kiln validate` and friends should not pay for the build machinery.
     from kiln.build.session import Session, choose_progress, failures
     from kiln.rootfs import extension
     from kiln.rootfs.assemble import BASE_ROOTFS, INIT, KERNEL, Inputs, assemble
 
-    outputs = [o.strip() for o in args.output.split(",") if o.strip()]
+    outputs = [o.strip() for o in kinds(args).split(",") if o.strip()]
     unknown = [o for o in outputs if o not in OUTPUTS]
     if unknown:
         raise InputError(
-            f"unknown --output {', '.join(unknown)}: choose from {', '.join(OUTPUTS)} "
+            f"unknown --kind {', '.join(unknown)}: choose from {', '.join(OUTPUTS)} "
             "(iso, disk images and the rest come with profiles)"
         )
     packages = graph.tree.packages

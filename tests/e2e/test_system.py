@@ -107,8 +107,9 @@ def probe_image(tmp_path_factory: pytest.TempPathFactory) -> Path:
     shutil.copytree(ROOT / "pkgs", project / "pkgs", symlinks=True)
     shutil.copytree(ROOT / "runtime", project / "runtime", symlinks=True)
     shutil.copytree(FIXTURES / "e2e-probe", project / "pkgs" / "e2e-probe", symlinks=True)
-    if (ROOT / "kiln.yaml").is_file():  # source mirrors, should the store miss a package
-        shutil.copy2(ROOT / "kiln.yaml", project / "kiln.yaml")
+    for name in ("kiln-project.yaml", "kiln.yaml"):  # source mirrors, should the store miss a package
+        if (ROOT / name).is_file():
+            shutil.copy2(ROOT / name, project / name)
     out = project / "image"
     kiln(
         "image",

@@ -31,7 +31,7 @@ def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def test_musl_comes_from_debian_with_upstreams_hash(cache: Path, tmp_path: Path) -> None:
-    mirrors = load_mirrors(tmp_path)  # no kiln.yaml: the default is [debian]
+    mirrors = load_mirrors(tmp_path)  # no kiln-project.yaml: the default is [debian]
     assert mirrors == [Mirror("debian")]
     path = Fetcher(cache, mirrors, retries=0).fetch(musl())
     assert path == cache / "sources" / MUSL_SHA

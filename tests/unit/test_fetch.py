@@ -209,10 +209,10 @@ def test_http_mirror_hit_with_upstream_unreachable(server: Server, cache: Path) 
     assert server.hits == ["/m/d.tar", "/m/" + sha(data)]
 
 
-def test_load_mirrors_from_kiln_yaml(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_load_mirrors_from_the_project_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("KILN_MIRRORS", raising=False)
     assert load_mirrors(tmp_path) == [Mirror("debian")]  # nothing configured
-    (tmp_path / "kiln.yaml").write_text(
+    (tmp_path / "kiln-project.yaml").write_text(
         "mirrors:\n  - mirrors/local\n  - file:///srv/sources\n  - https://example.org/src/\n  - debian\n"
     )
     assert load_mirrors(tmp_path) == [
@@ -221,26 +221,38 @@ def test_load_mirrors_from_kiln_yaml(tmp_path: Path, monkeypatch: pytest.MonkeyP
         Mirror("http", "https://example.org/src"),
         Mirror("debian"),
     ]
-    (tmp_path / "kiln.yaml").write_text("mirrors: []\n")
+    (tmp_path / "kiln-project.yaml").write_text("mirrors: []\n")
     assert load_mirrors(tmp_path) == []
-    (tmp_path / "kiln.yaml").write_text("other: 1\n")
+    (tmp_path / "kiln-project.yaml").write_text("other: 1\n")
     assert load_mirrors(tmp_path) == [Mirror("debian")]
 
 
-def test_bad_kiln_yaml_points_at_the_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_bad_project_file_points_at_the_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("KILN_MIRRORS", raising=False)
-    (tmp_path / "kiln.yaml").write_text("mirrors:\n  - debian\n  - ftp://example.org/pub\n")
+    (tmp_path / "kiln-project.yaml").write_text("mirrors:\n  - debian\n  - ftp://example.org/pub\n")
     with pytest.raises(InputError) as info:
         load_mirrors(tmp_path)
-    assert info.value.location == Location(str(tmp_path / "kiln.yaml"), 3)
+    assert info.value.location == Location(str(tmp_path / "kiln-project.yaml"), 3)
     assert "ftp://example.org/pub" in info.value.message
-    (tmp_path / "kiln.yaml").write_text("mirrors:\n  - 3\n  - s3://bucket\n")
+    (tmp_path / "kiln-project.yaml").write_text("mirrors:\n  - 3\n  - s3://bucket\n")
     with pytest.raises(InputErrors) as many:
         load_mirrors(tmp_path)
     assert [e.location.line for e in many.value.errors if e.location] == [2, 3]
-    (tmp_path / "kiln.yaml").write_text("mirrors: debian\n")
+    (tmp_path / "kiln-project.yaml").write_text("mirrors: debian\n")
     with pytest.raises(InputError, match="mirrors must be a list"):
         load_mirrors(tmp_path)
+
+
+def test_the_old_project_file_name_is_read_with_a_word(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("KILN_MIRRORS", raising=False)
+    (tmp_path / "kiln.yaml").write_text("mirrors: []\n")
+    assert load_mirrors(tmp_path) == []
+    assert "rename it kiln-project.yaml" in capsys.readouterr().err
+    (tmp_path / "kiln-project.yaml").write_text("mirrors: [debian]\n")
+    assert load_mirrors(tmp_path) == [Mirror("debian")], "the new name wins over the old one"
+    assert capsys.readouterr().err == ""
 
 
 def test_kiln_mirrors_overrides_kiln_yaml(cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

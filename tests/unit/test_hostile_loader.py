@@ -424,7 +424,7 @@ def test_shipped_tree_still_validates(kiln: Callable[..., Result], monkeypatch: 
         assert result.code == 0, result.err
 
 
-# --- the other YAML readers: profiles and kiln.yaml ---------------------------------------------------
+# --- the other YAML readers: profiles and kiln-project.yaml ---------------------------------------------------
 
 
 def test_profile_with_alias_is_an_input_error(tmp_path: Path) -> None:
@@ -442,13 +442,13 @@ def test_profile_fifo_is_refused(tmp_path: Path) -> None:
         load_profile(file)
 
 
-def test_kiln_yaml_is_read_through_the_hardened_reader(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_project_file_is_read_through_the_hardened_reader(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("KILN_MIRRORS", raising=False)
-    (tmp_path / "kiln.yaml").write_bytes(b"mirrors: [\xff]\n")
-    with pytest.raises(InputError, match=r"kiln.yaml:1: kiln.yaml is not valid UTF-8"):
+    (tmp_path / "kiln-project.yaml").write_bytes(b"mirrors: [\xff]\n")
+    with pytest.raises(InputError, match=r"kiln-project.yaml:1: kiln-project.yaml is not valid UTF-8"):
         load_mirrors(tmp_path)
-    (tmp_path / "kiln.yaml").write_text("mirrors: " + "[" * 200 + "]" * 200 + "\n")
-    with pytest.raises(InputError, match=r"kiln.yaml:1: nested more than 64 levels deep"):
+    (tmp_path / "kiln-project.yaml").write_text("mirrors: " + "[" * 200 + "]" * 200 + "\n")
+    with pytest.raises(InputError, match=r"kiln-project.yaml:1: nested more than 64 levels deep"):
         load_mirrors(tmp_path)
 
 

@@ -4,7 +4,7 @@ PyYAML's node graph knows each value's line; plain `safe_load` forgets it. We wa
 the parser's event stream (libyaml when available) and build plain Python values
 plus a map from value path to line, so validation can name `file:line`.
 
-Every file Kiln reads as YAML (pkg.yaml, vars.yaml, stage0.yaml, profiles, kiln.yaml)
+Every file Kiln reads as YAML (pkg.yaml, vars.yaml, stage0.yaml, profiles, kiln-project.yaml)
 is written by someone else and read as root, so the walk is bounded: no aliases or
 anchors (an alias bomb grows memory without bound and the files never need them),
 nesting at most MAX_DEPTH deep (checked while events arrive, before the parser's own

@@ -1,9 +1,10 @@
-"""Where sources are looked for before their upstream URL: kiln.yaml's `mirrors:` or $KILN_MIRRORS."""
+"""Where sources are looked for before their upstream URL: kiln-project.yaml's `mirrors:` or $KILN_MIRRORS."""
 
 from __future__ import annotations
 
 import os
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -12,7 +13,9 @@ from urllib.parse import urlsplit
 from kiln.core.errors import InputError, InputErrors, KilnError, Location
 from kiln.core.yamlfile import read_yaml_file
 
-CONFIG_FILE = "kiln.yaml"
+CONFIG_FILE = "kiln-project.yaml"
+# its name before machines' config files took "kiln.yaml" (docs/machine-config.md); still read
+LEGACY_CONFIG_FILE = "kiln.yaml"
 MIRRORS_ENV = "KILN_MIRRORS"
 
 
@@ -35,7 +38,7 @@ class Mirror:
 
     @classmethod
     def parse(cls, text: str, base: Path, where: Location | None = None) -> Mirror:
-        """One mirror as written in kiln.yaml or KILN_MIRRORS; relative paths are taken from `base`."""
+        """One mirror as written in kiln-project.yaml or KILN_MIRRORS; relative paths are taken from `base`."""
         value = text.strip()
         if value in ("debian", "debian:"):
             return cls("debian")
@@ -60,7 +63,7 @@ DEFAULT_MIRRORS = (Mirror("debian"),)
 
 
 def load_mirrors(project_root: Path) -> list[Mirror]:
-    """Mirrors from $KILN_MIRRORS if set (even empty), else kiln.yaml's `mirrors:`, else [debian].
+    """Mirrors from $KILN_MIRRORS if set (even empty), else kiln-project.yaml's `mirrors:`, else [debian].
 
     The environment wins so CI or one shell can point at a different cache without
     editing the project; an empty KILN_MIRRORS means upstream URLs only.
@@ -71,19 +74,27 @@ def load_mirrors(project_root: Path) -> list[Mirror]:
         return [Mirror.parse(token, Path.cwd(), where) for token in re.split(r"[\s,]+", configured) if token]
     config = project_root / CONFIG_FILE
     if not config.is_file():
-        return list(DEFAULT_MIRRORS)
+        legacy = project_root / LEGACY_CONFIG_FILE
+        if not legacy.is_file():
+            return list(DEFAULT_MIRRORS)
+        print(
+            f"kiln: {legacy} is read as the project file; rename it {CONFIG_FILE} "
+            f"({LEGACY_CONFIG_FILE} is the name of a machine's config)",
+            file=sys.stderr,
+        )
+        config = legacy
     return _mirrors_from_file(config, project_root)
 
 
 def _mirrors_from_file(config: Path, project_root: Path) -> list[Mirror]:
-    """kiln.yaml's `mirrors:` (absent: the default; null: none), every bad entry reported at its line."""
+    """The project file's `mirrors:` (absent: the default; null: none), every bad entry reported at its line."""
     file = str(config)
-    positioned = read_yaml_file(config, what=CONFIG_FILE)
+    positioned = read_yaml_file(config, what=config.name)
     data = positioned.value
     if data is None:
         return list(DEFAULT_MIRRORS)
     if not isinstance(data, dict):
-        raise InputError(f"{CONFIG_FILE} must be a mapping (for example 'mirrors: [...]')", Location(file, 1))
+        raise InputError(f"{config.name} must be a mapping (for example 'mirrors: [...]')", Location(file, 1))
     if "mirrors" not in data:
         return list(DEFAULT_MIRRORS)
     entries = data["mirrors"]

@@ -1,4 +1,6 @@
-"""The parts every output shares: out_format compression, manifest.json and the SPDX SBOM (real tools)."""
+"""The parts every output shares: out_format compression, manifest.json and the SBOMs (SPDX, CycloneDX).
+
+Real tools throughout."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import pytest
 
 from kiln.image.compress import compress
 from kiln.image.manifest import SbomPackage, write_manifest, write_sbom
+from kiln.image.sbom_cyclonedx import write_cyclonedx
 from kiln.pkg.loader import load_tree
 from kiln.pkg.variables import Platform
 
@@ -79,11 +82,51 @@ def test_sbom_validates_lists_the_packages_and_is_reproducible(tmp_path: Path) -
     document = parse_file(str(outputs[0]))
     assert validate_full_spdx_document(document) == []
     names = {p.name: p for p in document.packages}
-    assert set(names) == {"kiln-metal", "kmod", "e2fsprogs", "kernel"}
+    built = {"kiln-metal", "kmod", "e2fsprogs", "kernel"}
+    assert built <= set(names)
+    assert {n for n in names if n not in built} == {
+        f"{name} source {s.destination}"
+        for name in ("kmod", "e2fsprogs", "kernel")
+        for step in tree.packages[name].steps
+        for s in step.sources
+        if s.url
+    }, "every remote source is listed, each as its own package"
     assert names["kmod"].version == tree.packages["kmod"].version
     assert names["e2fsprogs"].checksums[0].value == tree.packages["e2fsprogs"].steps[0].sources[0].sha256
+    assert str(names["kernel"].license_declared) == "GPL-2.0-only WITH Linux-syscall-note"
+    refs = {(r.reference_type, r.locator) for r in names["kernel"].external_references}
+    assert ("cpe23Type", tree.packages["kernel"].cpe) in refs
+    assert any(kind == "purl" and locator.startswith("pkg:deb/debian/linux@") for kind, locator in refs)
+    relationships = {(r.spdx_element_id, r.relationship_type.name) for r in document.relationships}
+    assert ("SPDXRef-Package-kernel", "GENERATED_FROM") in relationships
     data = json.loads(outputs[0].read_text())
     assert data["spdxVersion"] == "SPDX-2.3" and data["creationInfo"]["created"] == "2023-11-14T22:13:20Z"
+
+
+def test_cyclonedx_sbom_validates_names_purls_cpes_licenses_and_is_reproducible(tmp_path: Path) -> None:
+    from cyclonedx.schema import SchemaVersion
+    from cyclonedx.validation.json import JsonStrictValidator
+
+    tree = load_tree(ROOT / "pkgs", Platform.parse("linux/amd64"))
+    chosen = [SbomPackage(tree.packages[n], f"{i:064x}", "rootfs") for i, n in enumerate(["util-linux", "kmod"])]
+    chosen.append(SbomPackage(tree.packages["kernel"], "f" * 64, "kernel"))
+    outputs = []
+    for run in ("a", "b"):
+        (tmp_path / run).mkdir()
+        outputs.append(write_cyclonedx(tmp_path / run, "metal", "0.1.0", "ab" * 32, EPOCH, chosen))
+    assert outputs[0].name == "sbom.cdx.json" and outputs[0].read_bytes() == outputs[1].read_bytes()
+    text = outputs[0].read_text()
+    assert JsonStrictValidator(SchemaVersion.V1_5).validate_str(text) is None
+    data = json.loads(text)
+    assert data["specVersion"] == "1.5" and data["metadata"]["timestamp"].startswith("2023-11-14T22:13:20")
+    components = {c["name"]: c for c in data["components"]}
+    assert set(components) == {"util-linux", "kmod", "kernel"}
+    kernel = components["kernel"]
+    assert kernel["cpe"] == tree.packages["kernel"].cpe and kernel["purl"].startswith("pkg:deb/debian/linux@")
+    assert kernel["licenses"] == [{"expression": "GPL-2.0-only WITH Linux-syscall-note"}]
+    [reference] = kernel["externalReferences"]
+    assert reference["hashes"] == [{"alg": "SHA-256", "content": tree.packages["kernel"].steps[0].sources[0].sha256}]
+    assert "cpe" not in components["kmod"] and components["kmod"]["purl"].startswith("pkg:deb/debian/kmod@")
 
 
 def test_manifest_lists_every_artifact_with_hash_and_size(tmp_path: Path) -> None:

@@ -93,6 +93,7 @@ def per_arch_profile(directory: Path, kind: str, name: str | None = None) -> Pat
         ("kiln-arm64.iso", "arm64", "kiln-arm64.iso"),  # names its arch already
         ("kiln-amd64.iso", "amd64", "kiln-amd64.iso"),
         ("sbom.spdx.json", "arm64", "sbom-arm64.spdx.json"),
+        ("sbom.cdx.json", "arm64", "sbom-arm64.cdx.json"),
         ("vmlinuz", "arm64", "vmlinuz-arm64"),
         ("initramfs.zst", "amd64", "initramfs-amd64.zst"),
         ("installer.tar", "amd64", "installer-amd64.tar"),
@@ -257,7 +258,9 @@ def test_two_platforms_write_one_directory_and_one_manifest(tmp_path: Path, grap
     assert [r.name for r in results] == ["kernel", "initramfs"]
     assert sorted(tree(out / "kernel")) == [
         "manifest.json",
+        "sbom-amd64.cdx.json",
         "sbom-amd64.spdx.json",
+        "sbom-arm64.cdx.json",
         "sbom-arm64.spdx.json",
         "vmlinuz-amd64",
         "vmlinuz-arm64",
@@ -266,7 +269,9 @@ def test_two_platforms_write_one_directory_and_one_manifest(tmp_path: Path, grap
         "initramfs-amd64.zst",
         "initramfs-arm64.zst",
         "manifest.json",
+        "sbom-amd64.cdx.json",
         "sbom-amd64.spdx.json",
+        "sbom-arm64.cdx.json",
         "sbom-arm64.spdx.json",
     ]
     assert (out / "kernel/vmlinuz-arm64").read_bytes() == (inputs / "vmlinuz-arm64").read_bytes()
@@ -331,7 +336,9 @@ def test_a_signed_profile_gets_one_sha256sums_over_both_platforms(tmp_path: Path
     assert "SHA256SUMS-amd64" not in tree(out / "kernel")
     assert sorted(verify_directory(out / "kernel", keys / "release.pub")) == [
         "manifest.json",
+        "sbom-amd64.cdx.json",
         "sbom-amd64.spdx.json",
+        "sbom-arm64.cdx.json",
         "sbom-arm64.spdx.json",
         "vmlinuz-amd64",
         "vmlinuz-arm64",
@@ -493,5 +500,10 @@ def test_the_cli_writes_both_platforms_and_says_how_long_each_took(
     # One platform: the single-platform layout, as before.
     result = kiln("image", "k.yaml", "--platform", "linux/arm64", "--pkgs", str(ROOT / "pkgs"), "--out", "one")
     assert result.code == 0, result.err
-    assert sorted(p.name for p in (tmp_path / "one/k").iterdir()) == ["manifest.json", "sbom.spdx.json", "vmlinuz"]
+    assert sorted(p.name for p in (tmp_path / "one/k").iterdir()) == [
+        "manifest.json",
+        "sbom.cdx.json",
+        "sbom.spdx.json",
+        "vmlinuz",
+    ]
     assert json.loads((tmp_path / "one/k/manifest.json").read_text())["profile"]["arch"] == "arm64"

@@ -3,7 +3,7 @@
 Order of work: load and check every profile (all errors at once), build the union of their
 packages through the graph, assemble kernel + initramfs once per distinct set of inputs, then
 write the outputs of all profiles concurrently (they are independent and mostly wait on
-tools), each into DIR/<name>/ with manifest.json and an SPDX SBOM. A profile's directory is
+tools), each into DIR/<name>/ with manifest.json and SBOMs (SPDX and CycloneDX). A profile's directory is
 written under a temporary name and renamed into place, so a failed run leaves the previous
 output intact.
 """
@@ -34,6 +34,7 @@ from kiln.image.compress import compress
 from kiln.image.keys import boot_chain_keys, module_signer, resolve_keys
 from kiln.image.manifest import SbomPackage, load_spdx, write_manifest, write_sbom
 from kiln.image.profile import CONFIG_PATH, Profile
+from kiln.image.sbom_cyclonedx import write_cyclonedx
 from kiln.pkg.graph import Graph
 from kiln.signing.modules import ModuleSigner
 from kiln.signing.release import sign_release
@@ -311,7 +312,9 @@ def make_profile(profile: Profile, maker: AssetMaker, out: Path, say: Say) -> Re
         dest.mkdir()
         say(f"{profile.name}: writing {profile.kind} output")
         write_output(profile, assets, dest, maker.built)
-        write_sbom(dest, profile.name, profile.version, assets.seed, assets.epoch, sbom_packages(profile, maker.built))
+        contents = sbom_packages(profile, maker.built)
+        write_sbom(dest, profile.name, profile.version, assets.seed, assets.epoch, contents)
+        write_cyclonedx(dest, profile.name, profile.version, assets.seed, assets.epoch, contents)
         identity = {
             "name": profile.name,
             "arch": profile.arch,

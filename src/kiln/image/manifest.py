@@ -1,4 +1,5 @@
-"""What an output directory holds: manifest.json (artifacts and the inputs that made them) and an SPDX SBOM.
+"""What an output directory holds: manifest.json (artifacts and the inputs that made them) and the SBOMs
+(SPDX 2.3 here; CycloneDX 1.5 in kiln.image.sbom_cyclonedx).
 
 The SBOM lists the packages in the rootfs with their versions, store keys and pinned sources;
 spdx-tools builds and validates it, so a malformed document fails the image build rather than
@@ -16,16 +17,20 @@ from typing import Any
 
 from kiln.core.errors import BuildError
 from kiln.core.hashing import file_sha256
+from kiln.image import sbom_refs
 from kiln.image.assets import derived_uuid
 from kiln.pkg.model import Package
 
 MANIFEST = "manifest.json"
 SBOM = "sbom.spdx.json"
+CYCLONEDX = "sbom.cdx.json"  # kiln.image.sbom_cyclonedx
+SBOMS = (SBOM, CYCLONEDX)
 
 # What write_sbom imports. spdx-tools costs about 0.5 s to import, so only image making pays for
 # it; and concurrent first imports of one package from worker threads race inside importlib
 # (KeyError: 'spdx_tools.spdx.model', seen about one run in six), so load_spdx() runs first.
 _SPDX_MODULES = (
+    "spdx_tools.common.spdx_licensing",
     "spdx_tools.spdx.model.actor",
     "spdx_tools.spdx.model.checksum",
     "spdx_tools.spdx.model.document",
@@ -53,14 +58,14 @@ class SbomPackage:
 
 
 def artifacts(directory: Path, under: tuple[str, ...] | None = None) -> list[dict[str, Any]]:
-    """Every file under directory (but the manifest and SBOM), sorted, with sha256 and size; with
+    """Every file under directory (but the manifest and SBOMs), sorted, with sha256 and size; with
     `under`, only those files and the files in those directories (names relative to directory)."""
     found = []
     roots = [directory / name for name in under] if under is not None else [directory]
     files = {p for root in roots for p in ([root] if root.is_file() else root.rglob("*")) if p.is_file()}
     for path in sorted(files):
         rel = path.relative_to(directory).as_posix()
-        if rel in (MANIFEST, SBOM):
+        if rel == MANIFEST or rel in SBOMS:
             continue
         found.append({"path": rel, "sha256": file_sha256(path), "size": path.stat().st_size})
     return found
@@ -104,6 +109,7 @@ def write_sbom(directory: Path, name: str, version: str, seed: str, epoch: int, 
 
     From worker threads, call load_spdx() in the main thread first (see _SPDX_MODULES).
     """
+    from spdx_tools.common.spdx_licensing import spdx_licensing
     from spdx_tools.spdx.model.actor import Actor, ActorType
     from spdx_tools.spdx.model.checksum import Checksum, ChecksumAlgorithm
     from spdx_tools.spdx.model.document import CreationInfo, Document
@@ -138,9 +144,15 @@ def write_sbom(directory: Path, name: str, version: str, seed: str, epoch: int, 
     relationships = [Relationship("SPDXRef-DOCUMENT", RelationshipType.DESCRIBES, "SPDXRef-image")]
     for item in sorted(packages, key=lambda p: p.package.name):
         pkg = item.package
-        sources = [s for step in pkg.steps for s in step.sources if s.url and s.sha256]
+        sources = sbom_refs.sources(pkg)
         spdx_id = "SPDXRef-Package-" + "".join(c if c.isalnum() or c in ".-" else "-" for c in pkg.name)
-        location: str | SpdxNoAssertion = sources[0].url if sources and sources[0].url else SpdxNoAssertion()
+        location: str | SpdxNoAssertion = sources[0].url if sources else SpdxNoAssertion()
+        refs = [ExternalPackageRef(ExternalPackageRefCategory.OTHER, "kiln-store-key", item.key)]
+        if sources:
+            refs.append(ExternalPackageRef(ExternalPackageRefCategory.PACKAGE_MANAGER, "purl", sources[0].purl))
+        if pkg.cpe:
+            refs.append(ExternalPackageRef(ExternalPackageRefCategory.SECURITY, "cpe23Type", pkg.cpe))
+        declared = spdx_licensing.parse(pkg.license) if pkg.license else SpdxNoAssertion()
         spdx_packages.append(
             SpdxPackage(
                 spdx_id,
@@ -148,16 +160,35 @@ def write_sbom(directory: Path, name: str, version: str, seed: str, epoch: int, 
                 location,
                 version=pkg.version or None,
                 files_analyzed=False,
-                checksums=[Checksum(ChecksumAlgorithm.SHA256, s.sha256) for s in sources[:1] if s.sha256],
+                checksums=[Checksum(ChecksumAlgorithm.SHA256, s.sha256) for s in sources[:1]],
                 source_info=f"built by Kiln ({item.role}); store key {item.key}",
                 license_concluded=SpdxNoAssertion(),
-                license_declared=SpdxNoAssertion(),
+                license_declared=declared,
                 copyright_text=SpdxNoAssertion(),
                 description=pkg.description or None,
-                external_references=[ExternalPackageRef(ExternalPackageRefCategory.OTHER, "kiln-store-key", item.key)],
+                external_references=refs,
             )
         )
         relationships.append(Relationship("SPDXRef-image", RelationshipType.CONTAINS, spdx_id))
+        for index, source in enumerate(sources):  # every source, each with its own purl and sha256
+            source_id = f"{spdx_id}-source-{index}"
+            spdx_packages.append(
+                SpdxPackage(
+                    source_id,
+                    f"{pkg.name} source {source.destination}",
+                    source.url,
+                    files_analyzed=False,
+                    checksums=[Checksum(ChecksumAlgorithm.SHA256, source.sha256)],
+                    primary_package_purpose=PackagePurpose.SOURCE,
+                    license_concluded=SpdxNoAssertion(),
+                    license_declared=declared,
+                    copyright_text=SpdxNoAssertion(),
+                    external_references=[
+                        ExternalPackageRef(ExternalPackageRefCategory.PACKAGE_MANAGER, "purl", source.purl)
+                    ],
+                )
+            )
+            relationships.append(Relationship(spdx_id, RelationshipType.GENERATED_FROM, source_id))
     document = Document(info, packages=spdx_packages, relationships=relationships)
     problems = validate_full_spdx_document(document)
     if problems:

@@ -37,7 +37,7 @@ from kiln.image.imager import (
     with_release_version,
 )
 from kiln.image.keys import resolve_keys
-from kiln.image.manifest import MANIFEST, SBOM, artifacts, write_platforms_manifest
+from kiln.image.manifest import MANIFEST, SBOMS, artifacts, write_platforms_manifest
 from kiln.image.profile import Profile, raise_all, resolve_platform
 from kiln.pkg.graph import Graph
 from kiln.pkg.variables import Platform
@@ -48,9 +48,7 @@ Say = Callable[[str], None]
 GROUPED_KINDS = ("pxe",)
 # What counts as an extension when the arch goes into a name (disk.raw.xz -> disk-amd64.raw.xz;
 # kiln-1.0.raw -> kiln-1.0-amd64.raw: "0" is no extension).
-EXTENSIONS = frozenset(
-    ("raw", "qcow2", "vhd", "vmdk", "ova", "iso", "img", "xz", "zst", "gz", "tar", "json", "spdx", "efi", "cfg", "ipxe")
-)
+EXTENSIONS = frozenset("raw qcow2 vhd vmdk ova iso img xz zst gz tar json spdx cdx efi cfg ipxe".split())
 
 
 def arch_name(name: str, arch: str) -> str:
@@ -288,15 +286,16 @@ def merge_profile(name: str, kind: str, made: dict[str, Path], dest: Path) -> li
 
 
 def _move_outputs(kind: str, arch: str, source: Path, dest: Path) -> dict[str, str]:
-    """Move one platform's outputs (not its manifest or SBOM) into dest, named for `arch`; returns
+    """Move one platform's outputs (not its manifest or SBOMs) into dest, named for `arch`; returns
     each top-level name's new path relative to dest."""
     for signed in (SUMS, SIGNATURE):  # per platform; the merged directory is signed as a whole
         (source / signed).unlink(missing_ok=True)
-    names = sorted(p.name for p in source.iterdir() if p.name not in (MANIFEST, SBOM))
-    sbom = arch_name(SBOM, arch)
-    if (dest / sbom).exists():
-        raise BuildError(f"{dest.name}: the {arch} SBOM would be named {sbom}, which is taken")
-    (source / SBOM).rename(dest / sbom)
+    names = sorted(p.name for p in source.iterdir() if p.name != MANIFEST and p.name not in SBOMS)
+    for document in (d for d in SBOMS if (source / d).exists()):
+        sbom = arch_name(document, arch)
+        if (dest / sbom).exists():
+            raise BuildError(f"{dest.name}: the {arch} SBOM would be named {sbom}, which is taken")
+        (source / document).rename(dest / sbom)
     if kind in GROUPED_KINDS:
         group = dest / grouped_dir(kind, arch)
         group.mkdir()

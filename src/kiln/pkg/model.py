@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -73,6 +74,8 @@ class Package:
     template_line: Any = field(repr=False, default=None)
     description: str = ""
     version: str = ""
+    license: str = ""  # an SPDX license expression (checked), for the SBOMs; not part of the key
+    cpe: str = ""  # a CPE 2.3 name, for the SBOMs; not part of the key
     dependencies: tuple[Dependency, ...] = ()
     steps: tuple[Step, ...] = ()
     finalize: tuple[Finalize, ...] = ()
@@ -94,6 +97,10 @@ class Package:
         that is too loose can never let a path through to the runners.
         """
         _check_paths(spec, file, positions, template_line)
+        if "license" in spec and (problem := license_problem(spec["license"])):
+            line = positions.line(("license",))
+            where = Location(str(file), int(template_line(line)) if template_line else line)
+            raise InputError(f"license {spec['license']!r}: {problem}", where)
         deps = tuple(
             Dependency(d["stage"], d.get("from", "/"), d.get("to", "/"), bool(d.get("runtime", False)))
             for d in spec.get("dependencies", [])
@@ -126,6 +133,8 @@ class Package:
             template_line=template_line,
             description=spec.get("description", ""),
             version=str(spec.get("version", "")),
+            license=spec.get("license", ""),
+            cpe=spec.get("cpe", ""),
             dependencies=deps,
             steps=steps,
             finalize=finalize,
@@ -203,6 +212,32 @@ def _check_paths(spec: dict[str, Any], file: Path, positions: Positioned, templa
 
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+MAX_LICENSE = 1000
+
+
+@functools.cache
+def _spdx_licensing() -> Any:
+    """SPDX's license list, as license-expression knows it (loaded once, on first use)."""
+    from license_expression import get_spdx_licensing
+
+    return get_spdx_licensing()
+
+
+def license_problem(expression: str) -> str | None:
+    """What is wrong with an SPDX license expression (an unknown id, bad syntax), or None."""
+    if len(expression) > MAX_LICENSE:
+        return f"over {MAX_LICENSE} characters"
+    try:
+        info = _spdx_licensing().validate(expression, strict=True)
+    except Exception:
+        return "not a well-formed SPDX license expression (https://spdx.org/licenses/)"
+    if info.errors:
+        return "; ".join(info.errors) + " (an SPDX license expression: https://spdx.org/licenses/)"
+    if info.normalized_expression != expression:
+        return f"write it as SPDX does: {info.normalized_expression!r}"
+    return None
 
 
 def _env_value(value: Any) -> str:

@@ -1,0 +1,72 @@
+"""The CycloneDX 1.5 SBOM beside the SPDX one: the same packages, purls, CPEs, licenses and sources.
+
+Made with cyclonedx-python-lib and checked against the 1.5 JSON schema before it is written, so a
+malformed document fails the image build. Reproducible: the serial number derives from the
+outputs' seed and the timestamp is SOURCE_DATE_EPOCH. Imported only where images are made (the
+imager loads it in the main thread before its workers start, as it does spdx-tools).
+"""
+
+from __future__ import annotations
+
+import datetime
+from pathlib import Path
+
+from cyclonedx.model import ExternalReference, ExternalReferenceType, HashAlgorithm, HashType, Property, XsUri
+from cyclonedx.model.bom import Bom
+from cyclonedx.model.component import Component, ComponentType
+from cyclonedx.model.license import LicenseExpression
+from cyclonedx.model.tool import Tool
+from cyclonedx.output.json import JsonV1Dot5
+from cyclonedx.schema import SchemaVersion
+from cyclonedx.validation.json import JsonStrictValidator
+from packageurl import PackageURL
+
+from kiln.core.errors import BuildError
+from kiln.image import sbom_refs
+from kiln.image.assets import derived_uuid
+from kiln.image.manifest import CYCLONEDX, SbomPackage
+
+
+def write_cyclonedx(
+    directory: Path, name: str, version: str, seed: str, epoch: int, packages: list[SbomPackage]
+) -> Path:
+    """Write directory/sbom.cdx.json describing the image `name` and its packages."""
+    bom = Bom(serial_number=derived_uuid(seed, "cyclonedx"))
+    bom.metadata.timestamp = datetime.datetime.fromtimestamp(epoch, tz=datetime.UTC)
+    bom.metadata.tools.tools.add(Tool(vendor="Kiln", name="kiln", version=version))
+    image = Component(
+        name=f"kiln-{name}", version=version, type=ComponentType.OPERATING_SYSTEM, bom_ref=f"image:{name}"
+    )
+    bom.metadata.component = image
+    for item in sorted(packages, key=lambda p: p.package.name):
+        pkg = item.package
+        sources = sbom_refs.sources(pkg)
+        component = Component(
+            name=pkg.name,
+            version=pkg.version or None,
+            type=ComponentType.OPERATING_SYSTEM if item.role == "kernel" else ComponentType.APPLICATION,
+            bom_ref=f"package:{pkg.name}",
+            description=pkg.description or None,
+            purl=PackageURL.from_string(sources[0].purl) if sources else None,
+            cpe=pkg.cpe or None,
+            licenses=[LicenseExpression(pkg.license)] if pkg.license else [],
+            properties=[Property(name="kiln:role", value=item.role), Property(name="kiln:store-key", value=item.key)],
+            external_references=[
+                ExternalReference(
+                    type=ExternalReferenceType.DISTRIBUTION,
+                    url=XsUri(source.url),
+                    comment=f"source {source.destination} ({source.purl})",
+                    hashes=[HashType(alg=HashAlgorithm.SHA_256, content=source.sha256)],
+                )
+                for source in sources
+            ],
+        )
+        bom.components.add(component)
+        bom.register_dependency(image, [component])
+    text = JsonV1Dot5(bom).output_as_string(indent=2)
+    problem = JsonStrictValidator(SchemaVersion.V1_5).validate_str(text)
+    if problem is not None:
+        raise BuildError(f"the CycloneDX SBOM does not validate: {problem}")
+    path = directory / CYCLONEDX
+    path.write_text(text + "\n")
+    return path

@@ -48,7 +48,10 @@ Say = Callable[[str], None]
 GROUPED_KINDS = ("pxe",)
 # What counts as an extension when the arch goes into a name (disk.raw.xz -> disk-amd64.raw.xz;
 # kiln-1.0.raw -> kiln-1.0-amd64.raw: "0" is no extension).
-EXTENSIONS = frozenset("raw qcow2 vhd vmdk ova iso img xz zst gz tar json spdx cdx efi cfg ipxe".split())
+EXTENSIONS = frozenset(
+    {"raw", "qcow2", "vhd", "vmdk", "ova", "iso", "img", "xz", "zst", "gz", "tar", "json", "spdx", "cdx"}
+    | {"efi", "cfg", "ipxe"}
+)
 
 
 def arch_name(name: str, arch: str) -> str:

@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 KILN := $(BIN)/kiln
 
-.PHONY: setup image test unit lint bench bench-runners release clean
+.PHONY: setup services image test unit lint bench bench-runners release clean
 
 $(BIN)/kiln: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -29,8 +29,25 @@ release: setup
 	$(KILN) validate --set toolchain=toolchain
 	$(KILN) image $(RELEASE_PROFILES) --set toolchain=toolchain --out _release
 
-test: setup
+# Everything the tests need runs first: the host tools (setup), and the Docker engine and OCI
+# registry the runner, cache and installer tests use (services). Then the Python tests, and
+# machined's Go tests and fuzz targets.
+test: setup services
 	$(BIN)/pytest -q
+	cd runtime/machined && go test ./...
+	cd runtime/machined && for target in $(GO_FUZZ); do \
+		go test -run='^$$' -fuzz="^$${target#*:}$$" -fuzztime=$(FUZZTIME) ./$${target%%:*} || exit 1; \
+	done
+
+# machined's fuzz targets, PACKAGE:Target (PACKAGE . is machined itself), each run FUZZTIME.
+GO_FUZZ := internal/yaml:FuzzParseYAML .:FuzzParseConfig internal/bootstate:FuzzParse \
+	internal/oci:FuzzParseReference internal/oci:FuzzUnpack internal/dhcp:FuzzParseLease \
+	internal/platform:FuzzParse internal/ntp:FuzzParsePacket internal/dhcp6:FuzzParseDHCP6
+FUZZTIME ?= 13s
+
+# The Docker engine and the OCI registry on 127.0.0.1:5000 (installed and started if missing).
+services:
+	./scripts/ci-services.sh
 
 unit: $(BIN)/kiln
 	$(BIN)/pytest -q tests/unit
@@ -42,6 +59,8 @@ lint: $(BIN)/kiln
 	$(BIN)/mypy tests bench scripts
 	$(BIN)/lint-imports --no-logo --no-cache
 	$(BIN)/python scripts/rooms.py --check
+	cd runtime/machined && unformatted=$$(gofmt -l .) && [ -z "$$unformatted" ] || { echo "gofmt: $$unformatted" >&2; exit 1; }
+	cd runtime/machined && go vet ./...
 
 bench: $(BIN)/kiln
 	$(BIN)/python bench/graph.py

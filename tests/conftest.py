@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -9,7 +10,15 @@ from pathlib import Path
 
 import pytest
 
+from kiln import __version__
 from kiln.cli import main
+from kiln.core.release_version import VERSION_ENV
+
+# One release version for every test, whatever commit is checked out: without it the version is
+# the git describe of this repository (core.release_version), which moves with every commit and
+# would rebuild machined, init and fhs in every run. tests/unit/test_release_version.py tests the
+# git describe default in a repository of its own.
+os.environ.setdefault(VERSION_ENV, __version__)
 
 SHA = "7d5b0b6062521e4627e099e4c9dc8248d32a30285e959b7eecaa780cf8cfd4a4"
 

@@ -20,6 +20,9 @@ from kiln.build import cancel
 from kiln.build.keys import compute_keys
 from kiln.core import console
 from kiln.core.errors import InputError, InputErrors, KilnError
+from kiln.core.project import PACKAGE_TREE, PROFILES_DIR, Project
+from kiln.core.project import current as current_project
+from kiln.core.release_version import VERSION_ENV, VERSION_VARIABLE, release_version
 from kiln.image import command as image_command
 from kiln.installer import command as install_command
 from kiln.installer import release_command
@@ -37,11 +40,39 @@ Handler = Callable[[argparse.Namespace], int]
 DEFAULT_PLATFORM = "linux/amd64"
 
 
+def _overrides(args: argparse.Namespace) -> dict[str, str]:
+    """--set's variables, with kiln_version set to the release's one version (core.release_version)."""
+    project: Project = args.project
+    overrides = parse_overrides(args.set)
+    overrides[VERSION_VARIABLE] = release_version(
+        project.root, args.release_version, overrides, project.version, project.location("version")
+    )
+    return overrides
+
+
 def _load(args: argparse.Namespace) -> Graph:
     from_tar = Path(args.from_tar) if args.from_tar else None
     platform = Platform.parse(args.platform or DEFAULT_PLATFORM)
-    tree: Tree = load_tree(Path(args.pkgs), platform, parse_overrides(args.set), from_tar)
+    tree: Tree = load_tree(Path(args.pkgs), platform, _overrides(args), from_tar)
     return Graph(tree)
+
+
+# What a flag left unset takes when the project file does not say either.
+BUILTIN_DEFAULTS: dict[str, object] = {"jobs": 2, "runner": "sandbox", "cache_from": None, "cache_to": None}
+
+
+def apply_project(args: argparse.Namespace) -> None:
+    """Fill what the command line left unset: from kiln-project.yaml (found by walking up from the
+    working directory), then the built-in defaults. The tree and profiles are the project's."""
+    project = current_project()
+    args.project = project
+    if args.pkgs is None:
+        args.pkgs = str(project.root / PACKAGE_TREE)
+    if getattr(args, "profiles_dir", "") is None:
+        args.profiles_dir = str(project.root / PROFILES_DIR)
+    for name, builtin in BUILTIN_DEFAULTS.items():
+        if hasattr(args, name) and getattr(args, name) is None:
+            setattr(args, name, getattr(project, name) or builtin)
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -220,9 +251,7 @@ def cmd_kernel(args: argparse.Namespace) -> int:
     from kiln.kernel import tool
 
     arch = args.arch or Platform.parse(args.platform or DEFAULT_PLATFORM).arch
-    tree = load_tree(
-        Path(args.pkgs), host_platform(), parse_overrides(args.set), Path(args.from_tar) if args.from_tar else None
-    )
+    tree = load_tree(Path(args.pkgs), host_platform(), _overrides(args), Path(args.from_tar) if args.from_tar else None)
     output = Path(args.output) if args.output else None
     result = tool.run(Session.open(Graph(tree)), args.kernel_verb, arch, output)
     if result.written is None:
@@ -275,7 +304,13 @@ def _add_common(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
     def default(value: object) -> object:
         return value if defaults else argparse.SUPPRESS
 
-    parser.add_argument("--pkgs", default=default("pkgs"), metavar="DIR", help="package tree (default: ./pkgs)")
+    parser.add_argument(
+        "--pkgs",
+        default=default(None),
+        metavar="DIR",
+        help="package tree (default: the project's pkgs/; the project is the nearest directory up holding "
+        "kiln-project.yaml, else pkgs/)",
+    )
     parser.add_argument(
         "--platform",
         default=default(None),
@@ -288,6 +323,13 @@ def _add_common(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
         default=default([]),
         metavar="KEY=VALUE",
         help="override a template variable (string value); repeatable, wins over vars.yaml",
+    )
+    parser.add_argument(
+        "--release-version",
+        default=default(None),
+        metavar="VERSION",
+        help=f"the release's one version (os-release, machined, manifests, SBOMs, installer tag, ISO label); "
+        f"default ${VERSION_ENV}, the project's version:, else the git describe of the project",
     )
     parser.add_argument(
         "--from-tar",
@@ -343,22 +385,24 @@ def build_parser() -> argparse.ArgumentParser:
     build = verb("build", cmd_build, "build TARGETs and what they need, in parallel, skipping stored keys")
     build.add_argument("targets", nargs="*", metavar="TARGET")
     build.add_argument("--all", action="store_true", help="build every package of the tree")
-    build.add_argument("--jobs", "-j", type=int, default=2, metavar="N", help="packages built at once (default 2)")
+    build.add_argument(
+        "--jobs", "-j", type=int, metavar="N", help="packages built at once (default 2, or the project's jobs:)"
+    )
     build.add_argument("--no-cache", action="store_true", help="rebuild even what is stored (not stage0)")
     build.add_argument("--keep-going", "-k", action="store_true", help="after a failure, build what does not need it")
     build.add_argument("--out", metavar="DIR", help="export each target's output to DIR/<name>/")
     build.add_argument("--json", action="store_true", help="print a JSON summary of every package at the end")
     build.add_argument(
         "--runner",
-        default="sandbox",
         choices=["sandbox", "docker", "buildkit"],
-        help="where steps run: sandbox (bubblewrap, default), docker (an engine at DOCKER_HOST), "
+        help="where steps run (default sandbox, or the project's runner:): sandbox (bubblewrap), "
+        "docker (an engine at DOCKER_HOST), "
         "buildkit (the graph as one Dockerfile)",
     )
     build.add_argument("--cache-from", metavar="oci://HOST/REPO", help="pull needed entries from this registry first")
     build.add_argument("--cache-to", metavar="oci://HOST/REPO", help="push the closure's entries to this registry")
     sh = verb("shell", cmd_shell, "open a shell in TARGET's build root (dependencies merged, sources in place)")
-    sh.add_argument("--runner", default="sandbox", choices=["sandbox", "docker"], help="where the root is made")
+    sh.add_argument("--runner", choices=["sandbox", "docker"], help="where the root is made (default sandbox)")
     sh.add_argument("target", metavar="TARGET")
     sh.add_argument("command", nargs="*", metavar="COMMAND", help="run this instead of an interactive bash")
     export = verbs.add_parser(
@@ -527,6 +571,7 @@ def _main(argv: list[str] | None) -> int:
         parser.print_help()
         return 2
     try:
+        apply_project(args)
         with cancel.handlers():  # SIGINT/SIGTERM stop running steps; nothing half done is stored
             return int(args.handler(args))
     except cancel.Interrupted as exc:

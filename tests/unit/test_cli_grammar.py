@@ -119,17 +119,17 @@ def test_bash_completion_completes_verbs_and_options(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("argv", "pkgs", "platform"),
     [
-        (["ls"], "pkgs", None),
+        (["ls"], None, None),
         (["--pkgs", "X", "ls"], "X", None),
         (["ls", "--pkgs", "Y"], "Y", None),
         (["--pkgs", "X", "--platform", "linux/arm64", "ls", "--pkgs", "Y"], "Y", "linux/arm64"),
-        (["--platform", "linux/arm64", "image", "metal"], "pkgs", "linux/arm64"),
+        (["--platform", "linux/arm64", "image", "metal"], None, "linux/arm64"),
     ],
 )
 def test_tree_options_may_come_before_the_verb_and_after_it_win(
     argv: list[str], pkgs: str, platform: str | None
 ) -> None:
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args(argv)  # None: the project's pkgs/ (cli.apply_project)
     assert (args.pkgs, args.platform) == (pkgs, platform)
 
 

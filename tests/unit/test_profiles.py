@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from kiln.core import schema
-from kiln.core.errors import InputError, InputErrors
+from kiln.core.errors import InputError, InputErrors, Location
 from kiln.core.sizes import parse_size
 from kiln.image.imager import check_packages, with_release_version
 from kiln.image.profile import CONFIG_PATH, Profile, find_profile, load_profile, load_profiles, resolve_platform
@@ -264,14 +264,20 @@ def test_install_refuses_a_profile_that_is_not_a_raw_disk(kiln: Callable[..., Re
     assert "openstack.yaml:8: profile openstack writes image (qcow2, raw): kiln install needs a raw" in result.err
 
 
-def test_a_profile_without_a_version_takes_the_machined_package_version(tmp_path: Path) -> None:
+def test_every_profile_takes_the_release_version_and_one_that_differs_is_refused(tmp_path: Path) -> None:
     """Release metadata must agree with what machined reports (`--set kiln_version=` included),
-    or upgrades compare the wrong numbers."""
+    or upgrades compare the wrong numbers: a release has one version."""
     graph = Graph(load_tree(ROOT / "pkgs", Platform.parse("linux/amd64"), {"kiln_version": "7.1.0"}))
+    assert graph.tree.packages["machined"].version == "7.1.0"
     bare = load_profile(write(tmp_path, "platform: metal\noutput: {kind: iso}\n", "bare.yaml"))
-    pinned = load_profile(write(tmp_path, "platform: metal\nversion: 9.9.9\noutput: {kind: iso}\n", "pinned.yaml"))
+    same = load_profile(write(tmp_path, "platform: metal\nversion: 7.1.0\noutput: {kind: iso}\n", "same.yaml"))
+    other = load_profile(write(tmp_path, "platform: metal\nversion: 9.9.9\noutput: {kind: iso}\n", "other.yaml"))
     assert bare.version == ""
-    assert [p.version for p in with_release_version([bare, pinned], graph)] == ["7.1.0", "9.9.9"]
+    assert [p.version for p in with_release_version([bare, same], graph)] == ["7.1.0", "7.1.0"]
+    with pytest.raises(InputError) as info:
+        with_release_version([bare, other], graph)
+    assert info.value.location == Location(str(tmp_path / "other.yaml"), 2)
+    assert "version 9.9.9 differs from the release's version 7.1.0" in str(info.value)
 
 
 ARM64_CLOUDS = ("aws", "gcp", "azure", "hcloud", "openstack", "nocloud")

@@ -24,14 +24,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "profiles",
         nargs="*",
         metavar="PROFILE",
-        help="profiles by name (in --profiles-dir) or path: iso metal aws ...; without one, "
-        "--kind kernel,initramfs is written",
+        help="profiles by name (in --profiles-dir) or path: iso metal aws ...; without one, the project "
+        "file's profiles:, else --kind kernel,initramfs is written",
     )
     parser.add_argument(
         "--profiles-dir",
-        default="profiles",
         metavar="DIR",
-        help="where profile names are looked up (default ./profiles)",
+        help="where profile names are looked up (default: the project's profiles/)",
     )
     parser.add_argument(
         "--keys",
@@ -53,6 +52,9 @@ def run(args: argparse.Namespace, load: Callable[[str], Graph]) -> int:
     from kiln.image.multiarch import split_platforms
 
     platforms = split_platforms(args.platform)
+    project_profiles = list(args.project.profiles) if hasattr(args, "project") else []
+    if not args.profiles and project_profiles and args.kind is None and args.old_output is None:
+        args.profiles = project_profiles  # the project file's `profiles:`, when the command names none
     if not args.profiles:
         if platforms is not None and len(platforms) > 1:
             raise InputError(

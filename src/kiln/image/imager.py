@@ -27,6 +27,7 @@ from typing import Any
 from kiln import __version__
 from kiln.core.errors import BuildError, InputError, InputErrors, KilnError
 from kiln.core.hashing import file_sha256
+from kiln.core.release_version import VERSION_VARIABLE
 from kiln.core.schema import suggest
 from kiln.image.arch import check_kernel_arch, check_kernel_files, loader_for
 from kiln.image.assets import BootAssets
@@ -89,14 +90,26 @@ def check_packages(profiles: list[Profile], graph: Graph) -> None:
 
 
 def with_release_version(profiles: list[Profile], graph: Graph) -> list[Profile]:
-    """Profiles without `version:` take their machined package's version.
+    """Every profile takes the release's one version: the tree's kiln_version (core.release_version:
+    --release-version, $KILN_VERSION, the project's version: or git describe), which machined is built with.
 
-    That is the version the running machine reports and compares upgrades against, so
-    release.json, the registry tag and machined agree unless a profile says otherwise.
+    That is the version the running machine reports and compares upgrades against, so os-release,
+    machined, release.json, the registry tag, the ISO label, the manifest and the SBOMs agree. A
+    profile's own `version:` may only repeat it: a release that mixes versions is refused at its line.
     """
-    package = graph.tree.packages.get(MACHINED)
-    default = package.version if package is not None and package.version else __version__
-    return [profile if profile.version else replace(profile, version=default) for profile in profiles]
+    release = str(graph.tree.variables.get(VERSION_VARIABLE) or __version__)
+    errors: list[KilnError] = [
+        InputError(
+            f"version {profile.version} differs from the release's version {release}: a release has one version, "
+            "set with --release-version, $KILN_VERSION or the project file's version: (remove this line)",
+            profile.location("version"),
+        )
+        for profile in profiles
+        if profile.version and profile.version != release
+    ]
+    if errors:
+        raise errors[0] if len(errors) == 1 else InputErrors(errors)
+    return [replace(profile, version=release) for profile in profiles]
 
 
 def build_packages(

@@ -41,7 +41,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--out", metavar="DIR", help="where to write (default _out/<profile>/ with profiles, else _out/image)"
     )
-    parser.add_argument("--jobs", "-j", type=int, default=2, metavar="N", help="packages built at once")
+    parser.add_argument(
+        "--jobs", "-j", type=int, metavar="N", help="packages built at once (default 2, or the project's jobs:)"
+    )
     parser.add_argument("--json", action="store_true", help="print sizes as JSON")
 
 

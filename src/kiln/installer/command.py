@@ -25,10 +25,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="PROFILE",
         help="the raw-disk profile whose layout is installed (default metal)",
     )
-    parser.add_argument("--profiles-dir", default="profiles", metavar="DIR", help="where profile names are looked up")
+    parser.add_argument(
+        "--profiles-dir", metavar="DIR", help="where profile names are looked up (default: the project's profiles/)"
+    )
     parser.add_argument("--image", metavar="FILE", help="install this raw disk image instead of building the profile")
     parser.add_argument("--out", default="_out", metavar="DIR", help="where the profile's output is written")
-    parser.add_argument("--jobs", "-j", type=int, default=2, metavar="N", help="packages built at once")
+    parser.add_argument(
+        "--jobs", "-j", type=int, metavar="N", help="packages built at once (default 2, or the project's jobs:)"
+    )
 
 
 def run(args: argparse.Namespace, load: Callable[[str], Graph]) -> int:

@@ -47,8 +47,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "each, which kiln verify IMAGE and machined (release_keys) check",
     )
     parser.add_argument("--out", metavar="DIR", help="where a profile's output is written (default _out)")
-    parser.add_argument("--profiles-dir", default="profiles", metavar="DIR", help="where profile names are looked up")
-    parser.add_argument("--jobs", "-j", type=int, default=2, metavar="N", help="packages built at once")
+    parser.add_argument(
+        "--profiles-dir", metavar="DIR", help="where profile names are looked up (default: the project's profiles/)"
+    )
+    parser.add_argument(
+        "--jobs", "-j", type=int, metavar="N", help="packages built at once (default 2, or the project's jobs:)"
+    )
     parser.add_argument("--json", action="store_true", help="print a JSON summary")
 
 

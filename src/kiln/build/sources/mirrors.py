@@ -4,18 +4,15 @@ from __future__ import annotations
 
 import os
 import re
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 from urllib.parse import urlsplit
 
 from kiln.core.errors import InputError, InputErrors, KilnError, Location
+from kiln.core.project import project_file
 from kiln.core.yamlfile import read_yaml_file
 
-CONFIG_FILE = "kiln-project.yaml"
-# its name before machines' config files took "kiln.yaml" (docs/machine-config.md); still read
-LEGACY_CONFIG_FILE = "kiln.yaml"
 MIRRORS_ENV = "KILN_MIRRORS"
 
 
@@ -72,17 +69,9 @@ def load_mirrors(project_root: Path) -> list[Mirror]:
     if configured is not None:
         where = Location(f"${MIRRORS_ENV}")
         return [Mirror.parse(token, Path.cwd(), where) for token in re.split(r"[\s,]+", configured) if token]
-    config = project_root / CONFIG_FILE
-    if not config.is_file():
-        legacy = project_root / LEGACY_CONFIG_FILE
-        if not legacy.is_file():
-            return list(DEFAULT_MIRRORS)
-        print(
-            f"kiln: {legacy} is read as the project file; rename it {CONFIG_FILE} "
-            f"({LEGACY_CONFIG_FILE} is the name of a machine's config)",
-            file=sys.stderr,
-        )
-        config = legacy
+    config = project_file(project_root)
+    if config is None:
+        return list(DEFAULT_MIRRORS)
     return _mirrors_from_file(config, project_root)
 
 

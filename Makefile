@@ -17,7 +17,7 @@ setup: $(BIN)/kiln
 
 # Kiln's main job: the default image, a bare-metal raw disk (profiles/metal.yaml) and the live ISO
 # (profiles/iso.yaml), building every package they need through the graph, into _out/metal/ and
-# _out/iso/. `kiln boot _out/metal/disk.raw` boots it.
+# _out/iso/. `kiln boot _out/metal/metal-amd64.raw.zst` boots it.
 image: setup
 	$(KILN) validate
 	$(KILN) image metal iso --out _out

@@ -197,7 +197,7 @@ def fake_cloud(platform: str, user_data: bytes) -> Iterator[tuple[Cloud, str]]:
 def bootable_disk(outputs: Path, platform: str, work: Path) -> tuple[Path, str]:
     """The platform's shipped artifact as QEMU opens it: decompressed or unpacked where needed."""
     directory = outputs / platform
-    [artifact] = [p for p in directory.iterdir() if p.name.startswith("disk.")]
+    [artifact] = [p for p in directory.iterdir() if p.name.startswith(f"{platform}-amd64.")]
     raw = work / f"{platform}.raw"
     if artifact.name.endswith(".zst"):
         subprocess.run(["zstd", "-q", "-d", "-f", str(artifact), "-o", str(raw)], check=True)

@@ -62,6 +62,8 @@ customization:
   kernel_args: ["console=ttyS0,115200n8"]
 output: {{kind: iso}}
 """
+SB_DISK = "metal-amd64-secureboot.raw"  # <platform>-<arch>-secureboot.<format>
+UKI = "metal-amd64-uki.efi"
 UKI_PROFILE = "name: uki\nplatform: metal\nkeys: {{path: {keys}}}\noutput: {{kind: uki}}\n"
 
 
@@ -105,7 +107,7 @@ def flip_byte(efi: Path, section: str, out: Path) -> Path:
 
 
 def test_the_signed_disk_boots_with_secure_boot_on(world: dict[str, Path], tmp_path: Path) -> None:
-    disk = world["out"] / "sb-metal" / "disk.raw"
+    disk = world["out"] / "sb-metal" / SB_DISK
     port, log = free_port(), tmp_path / "console.log"
     guest = Machine(disk=disk, secure_boot_keys=world["keys"], api_port=port, tpm=True, extra=MODULE_DEVICE)
     results: list[BootResult] = []
@@ -144,14 +146,14 @@ def test_the_signed_disk_boots_with_secure_boot_on(world: dict[str, Path], tmp_p
 
 
 def test_the_signed_iso_boots_with_secure_boot_on(world: dict[str, Path], tmp_path: Path) -> None:
-    iso, log = world["out"] / "sb-iso" / "kiln-amd64.iso", tmp_path / "console.log"
+    iso, log = world["out"] / "sb-iso" / "metal-amd64-secureboot.iso", tmp_path / "console.log"
     result = boot(Machine(cdrom=iso, secure_boot_keys=world["keys"]), READY, BOOT_TIMEOUT, log)
     assert result.ok, result.reason
     assert any("machined: firmware: UEFI, Secure Boot on" in line for line in console(log))
 
 
 def test_the_signed_uki_boots_and_a_changed_or_foreign_one_is_refused(world: dict[str, Path], tmp_path: Path) -> None:
-    uki, keys = world["out"] / "uki" / "kiln.efi", world["keys"]
+    uki, keys = world["out"] / "uki" / UKI, world["keys"]
     good = boot(
         Machine(efi=uki, secure_boot_keys=keys, extra=MODULE_DEVICE), READY, BOOT_TIMEOUT, tmp_path / "good.log"
     )
@@ -163,7 +165,7 @@ def test_the_signed_uki_boots_and_a_changed_or_foreign_one_is_refused(world: dic
     for name, efi in {
         "command line": flip_byte(uki, ".cmdline", tmp_path / "cmdline.efi"),
         "kernel": flip_byte(uki, ".linux", tmp_path / "kernel.efi"),
-        "another key": world["out"] / "other" / "kiln.efi",
+        "another key": world["out"] / "other" / UKI,
     }.items():
         result = refused(efi, keys, "Access Denied", tmp_path / f"{name.replace(' ', '-')}.log")
         assert result.ok, f"{name}: the firmware did not refuse it: {result.reason}"
@@ -180,9 +182,7 @@ def test_unsigned_modules_are_refused_by_the_kernel(
     monkeypatch.chdir(ROOT)
     assert main(["image", str(world["root"] / "sb-metal.yaml"), "--out", str(tmp_path / "out")]) == 0
     log = tmp_path / "console.log"
-    guest = Machine(
-        disk=tmp_path / "out" / "sb-metal" / "disk.raw", secure_boot_keys=world["keys"], extra=MODULE_DEVICE
-    )
+    guest = Machine(disk=tmp_path / "out" / "sb-metal" / SB_DISK, secure_boot_keys=world["keys"], extra=MODULE_DEVICE)
     result = boot(guest, READY, BOOT_TIMEOUT, log)
     assert result.ok, result.reason
     lines = console(log)
@@ -207,7 +207,7 @@ def partition_file(disk: Path, name: str, out: Path, *, put: bool = False, parti
 
 def test_a_changed_slot_uki_on_the_disk_is_refused_by_shim(world: dict[str, Path], tmp_path: Path) -> None:
     disk = tmp_path / "disk.raw"
-    shutil.copyfile(world["out"] / "sb-metal" / "disk.raw", disk)
+    shutil.copyfile(world["out"] / "sb-metal" / SB_DISK, disk)
     slot = partition_file(disk, "A/kiln.efi", tmp_path / "slot.efi")
     changed = flip_byte(slot, ".cmdline", tmp_path / "changed.efi")
     partition_file(disk, "A/kiln.efi", changed, put=True)
@@ -230,7 +230,7 @@ def test_what_shims_vendor_signed_is_forbidden(world: dict[str, Path], tmp_path:
     """shim-unsigned trusts Debian's CA besides db; with it in dbx (as kiln enrols the keys), Debian's
     signed GRUB put where Kiln's GRUB belongs is refused rather than started."""
     disk = tmp_path / "disk.raw"
-    shutil.copyfile(world["out"] / "sb-metal" / "disk.raw", disk)
+    shutil.copyfile(world["out"] / "sb-metal" / SB_DISK, disk)
     partition_file(disk, "EFI/BOOT/grubx64.efi", debian_signed_grub(tmp_path), put=True, partition="EFI")
     log = tmp_path / "console.log"
     result = boot(Machine(disk=disk, secure_boot_keys=world["keys"]), "Binary is forbidden", REFUSED_TIMEOUT, log)
@@ -246,11 +246,11 @@ def test_same_keys_same_bytes_and_the_release_verifies(world: dict[str, Path], t
     assert "verified" in kiln("verify", str(world["out"] / "uki"), "--key", str(release)).stdout
     copy = tmp_path / "uki"
     shutil.copytree(world["out"] / "uki", copy)
-    flip_byte(copy / "kiln.efi", ".cmdline", copy / "kiln.efi")
+    flip_byte(copy / UKI, ".cmdline", copy / UKI)
     result = subprocess.run(
         [*KILN, "verify", str(copy), "--key", str(release)],
         capture_output=True,
         text=True,
         cwd=ROOT,
     )
-    assert result.returncode == 1 and "kiln.efi: checksum differs" in result.stderr + result.stdout, result
+    assert result.returncode == 1 and f"{UKI}: checksum differs" in result.stderr + result.stdout, result

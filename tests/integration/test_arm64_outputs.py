@@ -290,7 +290,7 @@ def test_the_imager_writes_arm64_outputs_from_the_grub_package(grub_tree: Path, 
         results = make_images(profiles, built, tmp_path / run, 2, lambda _: None)
         runs.append({r.profile.name: r.artifacts for r in results})
     assert runs[0] == runs[1]
-    assert [a["path"] for a in runs[0]["arm-iso"]] == ["kiln-arm64.iso"]
+    assert [a["path"] for a in runs[0]["arm-iso"]] == ["metal-arm64.iso"]
     assert [a["path"] for a in runs[0]["arm-pxe"]] == [
         "boot.ipxe",
         "bootaa64.efi",
@@ -306,5 +306,5 @@ def test_the_imager_writes_arm64_outputs_from_the_grub_package(grub_tree: Path, 
     [grub] = [p for p in sbom["packages"] if p["name"] == "grub-efi-arm64"]
     assert grub["versionInfo"] == "2.06-13+deb12u2" and "(bootloader)" in grub["sourceInfo"]
     assert grub["downloadLocation"].endswith("grub-efi-arm64-bin_2.06-13+deb12u2_arm64.deb")
-    disk = tmp_path / "one/arm-image/disk.raw"
+    disk = tmp_path / "one/arm-image/metal-arm64.raw"
     assert sh("mdir", "-b", "-i", f"{disk}@@{MIB}", "::/EFI/BOOT").split() == ["::/EFI/BOOT/BOOTAA64.EFI"]

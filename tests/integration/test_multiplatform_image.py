@@ -93,9 +93,15 @@ def test_both_platforms_in_one_directory_per_profile(parts: list[PlatformBuild],
     assert [r.name for r in results] == list(OUTPUTS)
     assert [t.platform for t in times] == PLATFORMS
     assert top(out) == ["installer/", "iso/", "metal/", "pxe/"]
-    sboms = ["manifest.json", "sbom-amd64.spdx.json", "sbom-arm64.spdx.json"]
-    assert top(out / "iso") == ["kiln-amd64.iso", "kiln-arm64.iso", *sboms]
-    assert top(out / "metal") == ["disk-amd64.raw", "disk-arm64.raw", *sboms]
+    sboms = [
+        "manifest.json",
+        "sbom-amd64.cdx.json",
+        "sbom-amd64.spdx.json",
+        "sbom-arm64.cdx.json",
+        "sbom-arm64.spdx.json",
+    ]
+    assert top(out / "iso") == ["manifest.json", "metal-amd64.iso", "metal-arm64.iso", *sboms[1:]]
+    assert top(out / "metal") == ["manifest.json", "metal-amd64.raw", "metal-arm64.raw", *sboms[1:]]
     assert top(out / "pxe") == [*sboms[:1], "pxe-amd64/", "pxe-arm64/", *sboms[1:]]
     assert top(out / "pxe/pxe-arm64") == ["boot.ipxe", "bootaa64.efi", "grub.cfg", "initramfs.zst", "vmlinuz"]
     assert top(out / "pxe/pxe-amd64") == ["boot.ipxe", "initramfs.zst", "vmlinuz"]
@@ -122,15 +128,15 @@ def test_both_platforms_in_one_directory_per_profile(parts: list[PlatformBuild],
 
     # What `kiln boot` reads: the manifest's arch per artifact, and the artifacts' own bytes agree.
     for arch in ("amd64", "arm64"):
-        for path in (f"iso/kiln-{arch}.iso", f"metal/disk-{arch}.raw", f"pxe/pxe-{arch}"):
+        for path in (f"iso/metal-{arch}.iso", f"metal/metal-{arch}.raw", f"pxe/pxe-{arch}"):
             found = detect(out / path)
             assert found is not None and found.name == arch and "manifest.json" in found.why, path
-        own = content_arch(out / f"metal/disk-{arch}.raw")  # its EFI system partition's loader
+        own = content_arch(out / f"metal/metal-{arch}.raw")  # its EFI system partition's loader
         assert own is not None and own.name == arch
     manifest = json.loads((out / "metal/manifest.json").read_text())
     assert [(a["path"], a["arch"]) for a in manifest["artifacts"]] == [
-        ("disk-amd64.raw", "amd64"),
-        ("disk-arm64.raw", "arm64"),
+        ("metal-amd64.raw", "amd64"),
+        ("metal-arm64.raw", "arm64"),
     ]
     assert manifest["platforms"]["linux/arm64"]["packages"] == {"grub-efi-arm64": parts[1].built.keys["grub-efi-arm64"]}
     assert manifest["platforms"]["linux/amd64"]["packages"] == {}

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import subprocess
 import tarfile
 import textwrap
 from collections.abc import Callable
@@ -257,13 +258,13 @@ def test_two_platforms_write_one_directory_and_one_manifest(tmp_path: Path, grap
     assert sorted(p.name for p in out.iterdir()) == ["initramfs", "kernel"]  # no staging left, the old one gone
     assert [r.name for r in results] == ["kernel", "initramfs"]
     assert sorted(tree(out / "kernel")) == [
+        "kernel-amd64",
+        "kernel-arm64",
         "manifest.json",
         "sbom-amd64.cdx.json",
         "sbom-amd64.spdx.json",
         "sbom-arm64.cdx.json",
         "sbom-arm64.spdx.json",
-        "vmlinuz-amd64",
-        "vmlinuz-arm64",
     ]
     assert sorted(tree(out / "initramfs")) == [
         "initramfs-amd64.zst",
@@ -274,7 +275,7 @@ def test_two_platforms_write_one_directory_and_one_manifest(tmp_path: Path, grap
         "sbom-arm64.cdx.json",
         "sbom-arm64.spdx.json",
     ]
-    assert (out / "kernel/vmlinuz-arm64").read_bytes() == (inputs / "vmlinuz-arm64").read_bytes()
+    assert (out / "kernel/kernel-arm64").read_bytes() == (inputs / "vmlinuz-arm64").read_bytes()
     assert [t.platform for t in times] == PLATFORMS
     assert "linux/arm64: writing images" in said and "arm64: kernel: writing kernel output" in said
     assert any(line.startswith("linux/amd64: ") and "(packages 0.0 s, images " in line for line in said)
@@ -288,8 +289,8 @@ def test_two_platforms_write_one_directory_and_one_manifest(tmp_path: Path, grap
         "platform": "metal",
         "version": "0.1.0",
     }
-    amd = {"path": "vmlinuz-amd64", "arch": "amd64"}
-    arm = {"path": "vmlinuz-arm64", "arch": "arm64"}
+    amd = {"path": "kernel-amd64", "arch": "amd64"}
+    arm = {"path": "kernel-arm64", "arch": "arm64"}
     assert [{k: a[k] for k in ("path", "arch")} for a in manifest["artifacts"]] == [amd, arm]
     assert manifest["artifacts"] == results[0].artifacts
     assert sorted(manifest["platforms"]) == PLATFORMS
@@ -335,13 +336,13 @@ def test_a_signed_profile_gets_one_sha256sums_over_both_platforms(tmp_path: Path
     make_platform_images(platform_builds([profile], graphs), out, 1, lambda _: None)
     assert "SHA256SUMS-amd64" not in tree(out / "kernel")
     assert sorted(verify_directory(out / "kernel", keys / "release.pub")) == [
+        "kernel-amd64",
+        "kernel-arm64",
         "manifest.json",
         "sbom-amd64.cdx.json",
         "sbom-amd64.spdx.json",
         "sbom-arm64.cdx.json",
         "sbom-arm64.spdx.json",
-        "vmlinuz-amd64",
-        "vmlinuz-arm64",
     ]
 
 
@@ -482,9 +483,25 @@ def test_the_cli_writes_both_platforms_and_says_how_long_each_took(
     assert result.code == 0, result.err
     lines = result.out.splitlines()
     assert lines[0].startswith("k: out/k/ (linux/amd64 ") and ", linux/arm64 " in lines[0]
-    assert "  amd64  vmlinuz-amd64  " in lines[1] and "  arm64  vmlinuz-arm64  " in lines[2]
+    assert "  amd64  kernel-amd64  " in lines[1] and "  arm64  kernel-arm64  " in lines[2]
     assert lines[3].startswith("linux/amd64: ") and "(packages " in lines[3] and lines[4].startswith("linux/arm64: ")
+    assert lines[5] == "checksums of every artifact in out/: out/SHA256SUMS"
     assert "linux/arm64: packages ready in " in result.err
+    # one SHA256SUMS at the top of --out: every artifact, manifest and SBOM, checked by coreutils itself
+    listed = [line.split("  ", 1)[1] for line in (tmp_path / "out/SHA256SUMS").read_text().splitlines()]
+    assert listed == [
+        "k/kernel-amd64",
+        "k/kernel-arm64",
+        "k/manifest.json",
+        "k/sbom-amd64.cdx.json",
+        "k/sbom-amd64.spdx.json",
+        "k/sbom-arm64.cdx.json",
+        "k/sbom-arm64.spdx.json",
+    ]
+    checked = subprocess.run(["sha256sum", "--strict", "-c", "SHA256SUMS"], cwd=tmp_path / "out", capture_output=True)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    (tmp_path / "out/k/kernel-arm64").write_bytes(b"changed")
+    assert subprocess.run(["sha256sum", "-c", "SHA256SUMS"], cwd=tmp_path / "out", capture_output=True).returncode
 
     result = kiln("image", "k.yaml", *both, "--out", "out", "--json")
     assert result.code == 0, result.err
@@ -492,8 +509,8 @@ def test_the_cli_writes_both_platforms_and_says_how_long_each_took(
     assert list(summary) == ["k"]
     assert sorted(summary["k"]["platforms"]) == PLATFORMS
     assert [(a["path"], a["arch"]) for a in summary["k"]["artifacts"]] == [
-        ("vmlinuz-amd64", "amd64"),
-        ("vmlinuz-arm64", "arm64"),
+        ("kernel-amd64", "amd64"),
+        ("kernel-arm64", "arm64"),
     ]
     assert summary["k"]["artifacts"] == json.loads((tmp_path / "out/k/manifest.json").read_text())["artifacts"]
 
@@ -501,9 +518,9 @@ def test_the_cli_writes_both_platforms_and_says_how_long_each_took(
     result = kiln("image", "k.yaml", "--platform", "linux/arm64", "--pkgs", str(ROOT / "pkgs"), "--out", "one")
     assert result.code == 0, result.err
     assert sorted(p.name for p in (tmp_path / "one/k").iterdir()) == [
+        "kernel-arm64",
         "manifest.json",
         "sbom.cdx.json",
         "sbom.spdx.json",
-        "vmlinuz",
     ]
     assert json.loads((tmp_path / "one/k/manifest.json").read_text())["profile"]["arch"] == "arm64"

@@ -68,7 +68,11 @@ def test_shipped_cloud_profiles_have_their_platform_format_and_console() -> None
         assert profile.platform == name
         assert f"kiln.platform={name}" in profile.cmdline().split()
         assert any(a.startswith("console=ttyS0") for a in profile.cmdline().split()), name
-    assert load_profile(PROFILES / "gcp.yaml").file_name == "disk.raw"
+    # <platform>-<arch>.<format>, then out_format's suffix (the tarball holds disk.raw, imager.GCP_MEMBER)
+    assert load_profile(PROFILES / "gcp.yaml").file_name == "gcp-amd64.raw"
+    assert load_profile(PROFILES / "azure.yaml").for_arch("arm64").file_name == "azure-arm64.vhd"
+    metal = load_profile(PROFILES / "metal.yaml")
+    assert (metal.file_name, metal.out_format) == ("metal-amd64.raw", ".zst")
 
 
 def test_defaults_and_command_line(tmp_path: Path) -> None:

@@ -3,6 +3,7 @@ CPEs in the CPE 2.3 form, and bad values reported at their pkg.yaml line."""
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
@@ -77,9 +78,22 @@ def test_a_bad_license_or_cpe_is_an_error_at_its_line(tmp_path: Path) -> None:
     for line, message in (
         ("license: GPL2", "license 'GPL2': Unknown license key(s): GPL2"),
         ("cpe: cpe:2.3:a:foo", "cpe must be a CPE 2.3 formatted string"),
+        # a Debian revision's '+' unescaped: what spdx-tools' validation would refuse at image time
+        ("cpe: 'cpe:2.3:a:gnu:grub2:2.06-13+deb12u2:*:*:*:*:*:*:*'", "cpe must be a CPE 2.3 formatted string"),
     ):
         spec.write_text("\n".join([*lines[:at], line, *lines[at:]]) + "\n")
         with pytest.raises(KilnError) as info:
             load_tree(pkgs, AMD64)
         errors = info.value.errors if isinstance(info.value, InputErrors) else [info.value]
         assert [(e.location.line if e.location else 0, message in e.message) for e in errors] == [(at + 1, True)]
+
+
+def test_every_shipped_cpe_is_one_spdx_tools_accepts() -> None:
+    """The schema's CPE pattern is stricter than a colon count; spdx-tools' own one is the judge."""
+    from spdx_tools.spdx.validation.external_package_ref_validator import CPE23TYPE_REGEX
+
+    for platform in (AMD64, Platform.parse("linux/arm64")):
+        tree = load_tree(ROOT / "pkgs", platform)
+        cpes = {p.name: p.cpe for p in tree.packages.values() if p.cpe}
+        assert "grub-efi-arm64" in cpes or platform == AMD64
+        assert [name for name, cpe in cpes.items() if not re.match(CPE23TYPE_REGEX, cpe)] == []

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from kiln.boot.arch import ARCHES, choose_arch
 from kiln.boot.qemu import READY, BootResult, boot, machine_for
+from kiln.boot.unpack import is_compressed, uncompressed
 from kiln.core.errors import BuildError, InputError
 from kiln.core.paths import cache_dir
 
@@ -23,7 +24,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "artifact",
         metavar="ARTIFACT",
         help="a directory with vmlinuz and initramfs.zst (or with boot.ipxe, for arm64 bootaa64.efi: PXE boot), "
-        "an ISO, a disk image or an EFI program (a UKI: kiln.efi)",
+        "an ISO, a disk image (also compressed: .raw.zst, .raw.xz, .raw.gz) or an EFI program (a UKI)",
     )
     parser.add_argument(
         "--arch",
@@ -96,7 +97,14 @@ def run(args: argparse.Namespace) -> int:
     artifact = Path(args.artifact)
     arch = choose_arch(artifact, args.arch)
     print(f"kiln boot: booting as {arch.name} ({arch.why})", file=sys.stderr)
-    machine = machine_for(artifact, arch.name)
+    with tempfile.TemporaryDirectory(prefix="kiln-boot-") as work:
+        if is_compressed(artifact):
+            print(f"kiln boot: unpacking {artifact.name}", file=sys.stderr)
+        return _boot(args, uncompressed(artifact, Path(work)), arch.name)
+
+
+def _boot(args: argparse.Namespace, artifact: Path, arch: str) -> int:
+    machine = machine_for(artifact, arch)
     machine.cmdline = args.cmdline  # empty: the arch's serial console (ttyS0 on amd64, ttyAMA0 on arm64)
     machine.firmware = args.firmware or ""
     machine.secure_boot_keys = args.secure_boot

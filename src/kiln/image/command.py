@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from kiln.core.console import say_line
 from kiln.core.errors import InputError
 from kiln.image import kernel_initramfs
+from kiln.image.manifest import write_release_sums
 from kiln.pkg.graph import Graph
 
 if TYPE_CHECKING:
@@ -85,7 +86,9 @@ def run(args: argparse.Namespace, load: Callable[[str], Graph]) -> int:
     check_packages(profiles, graph)
     profiles = with_release_version(profiles, graph)
     built = build_packages(profiles, graph, args.jobs, json_output=args.json)
-    results = make_images(profiles, built, Path(args.out or "_out"), args.jobs, say_line)
+    out = Path(args.out or "_out")
+    results = make_images(profiles, built, out, args.jobs, say_line)
+    sums = write_release_sums(out)
     if args.json:
         print(
             json.dumps(
@@ -105,6 +108,7 @@ def run(args: argparse.Namespace, load: Callable[[str], Graph]) -> int:
         print(f"{result.profile.name}: {result.directory}/ ({result.seconds:.1f} s)")
         for artifact in result.artifacts:
             print(f"  {artifact['size'] / 1048576:10.2f} MiB  {artifact['path']}  {artifact['sha256'][:16]}")
+    print(f"checksums of every artifact in {out}/: {sums}")
     return 0
 
 
@@ -115,7 +119,9 @@ def run_platforms(
     from kiln.image.multiarch import build_platforms, make_platform_images
 
     parts = build_platforms(load, profiles, platforms, args.jobs, json_output=args.json, say=say_line)
-    results, times = make_platform_images(parts, Path(args.out or "_out"), args.jobs, say_line)
+    out = Path(args.out or "_out")
+    results, times = make_platform_images(parts, out, args.jobs, say_line)
+    sums = write_release_sums(out)
     if args.json:
         summary = {
             r.name: {
@@ -136,4 +142,5 @@ def run_platforms(
             print(f"  {artifact['size'] / 1048576:10.2f} MiB  {arch:5}  {artifact['path']}  {artifact['sha256'][:16]}")
     for line in times:
         print(line.line())
+    print(f"checksums of every artifact in {out}/: {sums}")
     return 0

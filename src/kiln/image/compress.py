@@ -23,13 +23,17 @@ def _run(command: list[str], what: str, stdout: Path | None = None) -> None:
         tools.run(command, what=what, stdout=out)
 
 
-def compress(path: Path, out_format: str, epoch: int) -> Path:
-    """Turn path into its out_format next to it; the uncompressed file is removed. Returns the result."""
+def compress(path: Path, out_format: str, epoch: int, target: Path | None = None) -> Path:
+    """Turn path into its out_format, at `target` (default: next to it, the suffix added); the
+    uncompressed file is removed. Returns the result. A .tar.gz holds `path` under its own name."""
     if out_format == "raw":
+        if target is not None and target != path:
+            path.rename(target)
+            return target
         return path
+    target = target or path.with_name(path.name + out_format)
     if out_format == ".tar.gz":
         # GNU format with sparse members: what GCP asks for (disk.raw inside), and small.
-        target = path.with_name(path.name + ".tar.gz")
         tar = path.with_name(path.name + ".tar")
         _run(
             [
@@ -53,14 +57,11 @@ def compress(path: Path, out_format: str, epoch: int) -> Path:
         _run(["gzip", "-n", "-6", "-c", str(tar)], f"gzip of {tar.name}", stdout=target)
         tar.unlink()
     elif out_format == ".gz":
-        target = path.with_name(path.name + ".gz")
         _run(["gzip", "-n", "-6", "-c", str(path)], f"gzip of {path.name}", stdout=target)
     elif out_format == ".xz":
         # One thread count and block size, so the bytes do not depend on the machine's cores.
-        target = path.with_name(path.name + ".xz")
         _run(["xz", "-6", "-T2", "--block-size=64MiB", "-c", str(path)], f"xz of {path.name}", stdout=target)
     elif out_format == ".zst":
-        target = path.with_name(path.name + ".zst")
         _run(["zstd", "-q", "-10", "-T2", "-f", "-o", str(target), str(path)], f"zstd of {path.name}")
     else:
         raise BuildError(f"unknown out_format {out_format}: choose from {', '.join(OUT_FORMATS)}")

@@ -228,13 +228,13 @@ def write_output(profile: Profile, assets: BootAssets, dest: Path, built: Built)
     """The profile's output kind, in dest (an empty directory)."""
     kind = profile.kind
     if kind == "kernel":
-        shutil.copyfile(assets.vmlinuz, dest / "vmlinuz")
+        shutil.copyfile(assets.vmlinuz, dest / f"kernel-{profile.arch}")
     elif kind == "initramfs":
-        shutil.copyfile(assets.initramfs, dest / "initramfs.zst")
+        shutil.copyfile(assets.initramfs, dest / f"initramfs-{profile.arch}.zst")
     elif kind == "iso":
         from kiln.image.outputs.iso import build_iso
 
-        compress(build_iso(assets, dest / f"kiln-{profile.arch}.iso"), profile.out_format, assets.epoch)
+        compress(build_iso(assets, dest / f"{profile.artifact_stem}.iso"), profile.out_format, assets.epoch)
     elif kind == "pxe":
         from kiln.image.outputs.pxe import build_pxe
 
@@ -244,17 +244,19 @@ def write_output(profile: Profile, assets: BootAssets, dest: Path, built: Built)
         from kiln.image.outputs.formats import convert
 
         with tempfile.TemporaryDirectory(prefix="disk-", dir=dest.parent) as tmp:
-            raw = build_raw(assets, Path(tmp) / "disk.raw", profile.disk_size)
+            raw = build_raw(assets, Path(tmp) / GCP_MEMBER, profile.disk_size)
             final = dest / profile.file_name
-            if profile.disk_format == "raw":
-                raw.rename(final)
-            else:
+            if profile.disk_format != "raw":
                 convert(raw, profile.disk_format, final, assets)
-        compress(final, profile.out_format, assets.epoch)
+                compress(final, profile.out_format, assets.epoch)
+            elif profile.out_format == ".tar.gz":  # the tarball holds the disk as disk.raw, as GCP wants
+                compress(raw, profile.out_format, assets.epoch, dest / f"{profile.file_name}.tar.gz")
+            else:
+                compress(raw, profile.out_format, assets.epoch, dest / f"{profile.file_name}{_suffix(profile)}")
     elif kind == "uki":
-        from kiln.image.uki import UKI_NAME, build_uki
+        from kiln.image.uki import build_uki
 
-        build_uki(assets, dest / UKI_NAME, assets.cmdline, assets.keys, arch=profile.arch)
+        build_uki(assets, dest / f"{profile.artifact_stem}-uki.efi", assets.cmdline, assets.keys, arch=profile.arch)
     elif kind == "installer":
         from kiln.image.outputs.disk import build_raw
         from kiln.image.outputs.installer import build_installer
@@ -262,9 +264,16 @@ def write_output(profile: Profile, assets: BootAssets, dest: Path, built: Built)
         machined = built.trees[MACHINED] / "usr/sbin/machined"
         with tempfile.TemporaryDirectory(prefix="disk-", dir=dest.parent) as tmp:
             raw = build_raw(assets, Path(tmp) / "disk.raw", profile.disk_size)
-            build_installer(assets, raw, machined, dest, profile.name, profile_arch=profile.arch)
+            build_installer(assets, raw, machined, dest, profile.installer_name, profile_arch=profile.arch)
     else:  # the schema allows nothing else
         raise InputError(f"unknown output kind {kind}", profile.location("output", "kind"))
+
+
+GCP_MEMBER = "disk.raw"  # the name of the disk inside a .tar.gz (GCP takes no other)
+
+
+def _suffix(profile: Profile) -> str:
+    return "" if profile.out_format == "raw" else profile.out_format
 
 
 def manifest_inputs(profile: Profile, assets: BootAssets, built: Built) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime
 import importlib
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from kiln.image.assets import derived_uuid
 from kiln.pkg.model import Package
 
 MANIFEST = "manifest.json"
+RELEASE_SUMS = "SHA256SUMS"  # at the top of `kiln image --out`: write_release_sums
 SBOM = "sbom.spdx.json"
 CYCLONEDX = "sbom.cdx.json"  # kiln.image.sbom_cyclonedx
 SBOMS = (SBOM, CYCLONEDX)
@@ -77,6 +79,31 @@ def write_manifest(directory: Path, profile: dict[str, Any], inputs: dict[str, A
     path = directory / MANIFEST
     path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
     return path
+
+
+def write_release_sums(out: Path) -> Path:
+    """out/SHA256SUMS: every artifact of every profile directory in `out`, with each directory's
+    manifest and SBOMs, as `<sha256>  <profile>/<path>` lines sorted by path (coreutils' format, so
+    `sha256sum -c SHA256SUMS` in `out` checks the whole release).
+
+    Artifacts' hashes come from their manifests, which were written from the files a moment ago,
+    so a 1 GiB disk is not read again; the manifests and SBOMs themselves are hashed here.
+    """
+    sums: dict[str, str] = {}
+    for manifest in sorted(out.glob(f"*/{MANIFEST}")):
+        directory = manifest.parent
+        if directory.name.startswith("."):  # another run's staging directory
+            continue
+        for artifact in json.loads(manifest.read_text())["artifacts"]:
+            sums[f"{directory.name}/{artifact['path']}"] = artifact["sha256"]
+        for document in sorted(directory.glob("*.json")):  # manifest.json and the SBOMs (per arch too)
+            sums[f"{directory.name}/{document.name}"] = file_sha256(document)
+    text = "".join(f"{sums[path]}  {path}\n" for path in sorted(sums, key=lambda p: p.encode()))
+    target = out / RELEASE_SUMS
+    partial = out / f".{RELEASE_SUMS}.{os.getpid()}"
+    partial.write_text(text)
+    partial.replace(target)  # a reader sees the old list or the new one
+    return target
 
 
 def write_platforms_manifest(

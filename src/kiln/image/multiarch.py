@@ -276,8 +276,8 @@ def merge_profile(name: str, kind: str, made: dict[str, Path], dest: Path) -> li
         inputs[platform] = manifest["inputs"]
         identity = {k: v for k, v in manifest["profile"].items() if k != "arch"}
         epoch = epoch or int(manifest["inputs"].get("source_date_epoch", 0))
-        if kind == "installer":
-            layouts.append(dest / renamed[name])
+        if kind == "installer":  # the platform's OCI layout (installer-<arch>/), not its .tar
+            layouts += [dest / new for new in renamed.values() if (dest / new / "oci-layout").is_file()]
     if kind == "installer":
         from kiln.image.outputs.installer import build_installer_index
 

@@ -79,7 +79,7 @@ class Profile:
     kind: str
     disk_size: int
     disk_format: str
-    file_name: str
+    custom_file_name: str | None  # output.image.file_name; default: artifact_name
     out_format: str
     custom_firmware: tuple[str, ...] | None = None  # output.firmware, when the profile sets it
     arch_given: bool = False  # the file says `arch:` (else --platform or the default chose it)
@@ -129,6 +129,22 @@ class Profile:
         if self.machine_config is not None:
             args.append(f"kiln.config={CONFIG_PATH}")
         return " ".join(args)
+
+    @property
+    def artifact_stem(self) -> str:
+        """`<platform>-<arch>[-secureboot]`: what this profile's artifacts are named after, as the peers
+        name theirs (metal-amd64.raw.zst, aws-arm64.raw.zst, metal-amd64-secureboot.iso)."""
+        return f"{self.platform}-{self.arch}" + ("-secureboot" if self.secureboot else "")
+
+    @property
+    def installer_name(self) -> str:
+        """The installer's OCI layout directory (and, with .tar, its archive): installer-<arch>[-secureboot]."""
+        return f"installer-{self.arch}" + ("-secureboot" if self.secureboot else "")
+
+    @property
+    def file_name(self) -> str:
+        """The disk file's name before out_format's compression: `<stem>.<format>` unless the profile names it."""
+        return self.custom_file_name or f"{self.artifact_stem}.{_IMAGE_EXTENSIONS[self.disk_format]}"
 
     def for_arch(self, arch: str) -> Profile:
         """This profile for `arch`: its file inputs given per arch become that arch's file (None when the
@@ -229,7 +245,7 @@ def _build(data: dict[str, Any], file: Path, positioned: Positioned) -> Profile:
         kind=output["kind"],
         disk_size=parse_size(image.get("disk_size", "1GiB")),
         disk_format=disk_format,
-        file_name=image.get("file_name", f"disk.{_IMAGE_EXTENSIONS[disk_format]}"),
+        custom_file_name=image.get("file_name"),
         out_format=output.get("out_format", "raw"),
         custom_firmware=tuple(output["firmware"]) if "firmware" in output else None,
         arch_given="arch" in data,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from kiln.core.console import say_line
@@ -42,12 +43,13 @@ def run(args: argparse.Namespace, load: Callable[[str], Graph]) -> int:
     from kiln.installer.install import install_disk
 
     profile = load_profiles([args.profile], Path(args.profiles_dir))[0]
-    if profile.kind != "image" or profile.disk_format != "raw" or profile.out_format != "raw":
+    if profile.kind != "image" or profile.disk_format != "raw":
         raise InputError(
             f"profile {profile.name} writes {profile.kind} ({profile.disk_format}, {profile.out_format}):"
-            " kiln install needs a raw, uncompressed disk image profile such as metal",
+            " kiln install needs a raw disk image profile such as metal",
             profile.location("output"),
         )
+    profile = replace(profile, out_format="raw")  # what is written to the disk, not what a release ships
     graph = load(profile.platform_spec)
     check_packages([profile], graph)
     profile = with_release_version([profile], graph)[0]

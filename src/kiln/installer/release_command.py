@@ -139,4 +139,4 @@ def build_profile(args: argparse.Namespace, load: Callable[[str], Graph]) -> Pat
     profile = with_release_version([profile], graph)[0]
     built = build_packages([profile], graph, args.jobs, json_output=args.json)
     result = make_images([profile], built, out, args.jobs, say_line)[0]
-    return result.directory / profile.name
+    return result.directory / profile.installer_name

@@ -36,7 +36,8 @@ def _pyplot() -> Any:
         import matplotlib
     except ImportError:
         raise InputError(
-            "drawing charts needs matplotlib, which is not installed: pip install -c constraints.txt matplotlib"
+            "drawing charts needs matplotlib, which is not installed: pip install 'kiln-os[report]' "
+            "(in a checkout: pip install -c constraints.txt -e '.[report]')"
         ) from None
     matplotlib.use("Agg", force=True)
     params: Any = matplotlib.rcParams  # typed by literal keys; _STYLE's are checked by matplotlib itself
@@ -46,10 +47,10 @@ def _pyplot() -> Any:
     return plt
 
 
-def figure(width: float, height: float) -> Figure:
-    """A new figure of width x height inches."""
+def figure(width: float, height: float, layout: str | None = None) -> Figure:
+    """A new figure of width x height inches (layout "constrained" lets a legend sit outside the axes)."""
     plt = _pyplot()
-    fig: Figure = plt.figure(figsize=(width, height))
+    fig: Figure = plt.figure(figsize=(width, height), layout=layout)
     return fig
 
 

@@ -5,7 +5,9 @@ finished (seconds since the build began) and what it needed. Each package built 
 a bar; cached packages took no time and are counted in the title, not drawn. The critical path
 is the chain that decided when the build ended: from the package that finished last, step to the
 need that finished last among those built in this run, and so on back; shortening anything off
-it would not have ended the build sooner.
+it would not have ended the build sooner. It follows dependency edges only: a package whose needs
+were done but which waited for a free job (`--jobs`) shows that wait as a thin grey lead-in to its
+bar, from the moment it was ready.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ class Bar:
     started: float
     finished: float
     needs: tuple[str, ...]
+    ready: float = 0.0  # when its last need of this run finished: it could have started then
 
     @property
     def seconds(self) -> float:
@@ -65,6 +68,11 @@ def load(path: Path) -> Timeline:
 def timeline(packages: dict[str, Any], where: str = "build JSON") -> Timeline:
     bars: list[Bar] = []
     cached: list[str] = []
+    done = {
+        name: float(record["finished"])
+        for name, record in packages.items()
+        if isinstance(record, dict) and isinstance(record.get("finished"), int | float)
+    }
     for name, record in packages.items():
         if not isinstance(record, dict):
             raise InputError(f"{where}: package {name!r} is not a mapping")
@@ -80,8 +88,9 @@ def timeline(packages: dict[str, Any], where: str = "build JSON") -> Timeline:
                 f"{where}: package {name!r} has no start and finish times; "
                 "they are recorded by kiln build --json since this version: build again"
             )
-        needs = record.get("needs", [])
-        bars.append(Bar(name, status, float(started), float(finished), tuple(str(n) for n in needs)))
+        needs = tuple(str(n) for n in record.get("needs", []))
+        ready = max((done[n] for n in needs if n in done), default=0.0)
+        bars.append(Bar(name, status, float(started), float(finished), needs, min(ready, float(started))))
     bars.sort(key=lambda b: (b.started, b.finished, b.name))
     return Timeline(bars, sorted(cached), critical_path(bars))
 
@@ -125,15 +134,17 @@ def draw(line: Timeline, fmt: str, title: str | None = None) -> bytes:
     from matplotlib.patches import Patch
 
     rows = len(line.bars)
-    fig = plot.figure(10, 1.6 + 0.28 * rows)
+    fig = plot.figure(10, 1.8 + 0.3 * rows, layout="constrained")
     ax = fig.add_subplot()
     critical = set(line.critical)
     for row, bar in enumerate(line.bars):
         on_path = bar.name in critical
+        if bar.started - bar.ready > line.end / 400:
+            ax.barh(row, bar.started - bar.ready, left=bar.ready, height=0.18, color=plot.GREY)
         colour = plot.RED if on_path else plot.BLUE if bar.status == "built" else plot.GREY
         (patch,) = ax.barh(
             row,
-            max(bar.seconds, line.end / 1000),
+            max(bar.seconds, line.end / 400),
             left=bar.started,
             height=0.7,
             color=colour,
@@ -154,14 +165,9 @@ def draw(line: Timeline, fmt: str, title: str | None = None) -> bytes:
         handles.append(Patch(color=plot.RED, label=textwrap.fill(f"critical path: {path}", 90)))
     if any(b.status != "built" for b in line.bars):
         handles.append(Patch(facecolor=plot.GREY, hatch="//", label="failed or cancelled"))
-    ax.legend(
-        handles=handles,
-        loc="upper center",
-        bbox_to_anchor=(0.5, -0.9 / (1.6 + 0.28 * rows) - 0.08),
-        frameon=False,
-        ncol=1,
-        fontsize=8,
-    )
+    if any(b.started - b.ready > line.end / 400 for b in line.bars):
+        handles.append(Patch(color=plot.GREY, label="ready, waiting for a free job"))
+    fig.legend(handles=handles, loc="outside lower left", frameon=False, fontsize=8)
     built = sum(1 for b in line.bars if b.status == "built")
     heading = title or "kiln build"
     cached = f", {len(line.cached)} cached (not drawn)" if line.cached else ""

@@ -137,10 +137,10 @@ def test_sizes_chart_and_tables_show_every_package_and_the_largest_files() -> No
 
 
 def test_sizes_refuses_a_directory_without_a_manifest(tmp_path: Path) -> None:
-    with pytest.raises(InputError, match="has no manifest.json"):
+    with pytest.raises(InputError, match=r"has no manifest\.json"):
         sizes.measure(tmp_path)
     (tmp_path / "manifest.json").write_text(json.dumps({"inputs": {"packages": {}}}))
-    with pytest.raises(InputError, match="no inputs.packages"):
+    with pytest.raises(InputError, match=r"no inputs\.packages"):
         sizes.measure(tmp_path)
 
 

@@ -148,7 +148,8 @@ def test_outcomes_record_start_finish_and_needs(graph: Graph, tmp_path: Path) ->
         assert 0 <= outcome.started <= outcome.finished <= elapsed + 0.01
         assert outcome.finished - outcome.started >= 0.05
         for need in outcome.needs:
-            assert outcomes[need].finished is not None and outcomes[need].finished <= outcome.started
+            done = outcomes[need].finished
+            assert done is not None and done <= outcome.started
     assert set(outcomes["top"].needs) == {"c", "y"} and outcomes["a"].needs == ()
     again = run(builder, ["top"], jobs=2)
     assert all(o.status == "cached" and o.started == o.finished for o in again.values())

@@ -178,3 +178,19 @@ def test_report_and_graph_arguments_parse() -> None:
     assert (args.format, args.out, args.targets) == ("png", "g.png", ["kmod"])
     with pytest.raises(SystemExit):
         parser.parse_args(["report", "timeline", "b.json"])  # -o is required: a chart is a file
+
+
+def test_a_multi_platform_output_needs_an_arch(tmp_path: Path) -> None:
+    manifest = {
+        "profile": {"name": "metal", "arches": ["amd64", "arm64"]},
+        "inputs": {"source_date_epoch": 7},
+        "platforms": {
+            "linux/amd64": {"packages": {"kernel": "k1"}},
+            "linux/arm64": {"packages": {"kernel": "k2", "grub-efi-arm64": "g"}},
+        },
+    }
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(InputError, match=r"choose one with --arch \(amd64, arm64\)"):
+        sizes.read_output(tmp_path)
+    _, inputs = sizes.read_output(tmp_path, "arm64")
+    assert inputs == {"source_date_epoch": 7, "packages": {"kernel": "k2", "grub-efi-arm64": "g"}}

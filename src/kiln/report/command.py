@@ -36,6 +36,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sizes.add_argument("-o", "--out", metavar="FILE", type=Path, help="also draw the sizes as a chart (.svg or .png)")
     sizes.add_argument("--format", choices=FORMATS, help="picture format (default: from FILE's name)")
     sizes.add_argument("--json", action="store_true", help="the sizes as JSON instead of tables")
+    sizes.add_argument(
+        "--arch", choices=("amd64", "arm64"), help="which platform, when DIR holds several (kiln image --platform A,B)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -58,7 +61,7 @@ def _sizes(args: argparse.Namespace) -> int:
     from kiln.report import sizes
 
     fmt = format_for(args.out, args.format) if args.out else None
-    measured = sizes.measure(args.directory)
+    measured = sizes.measure(args.directory, arch=args.arch)
     if fmt is not None:
         write(sizes.draw(measured, fmt), args.out, fmt)
     if args.json:

@@ -64,11 +64,11 @@ class Sizes:
         return asdict(self)
 
 
-def roles(directory: Path, packages: dict[str, str]) -> dict[str, str]:
+def roles(directory: Path, packages: dict[str, str], arch: str | None = None) -> dict[str, str]:
     """Each input package's role, from the CycloneDX SBOM's kiln:role; by name when there is none."""
     found: dict[str, str] = {}
     try:
-        sbom = json.loads((directory / CYCLONEDX).read_bytes())
+        sbom = json.loads((directory / (f"sbom-{arch}.cdx.json" if arch else CYCLONEDX)).read_bytes())
         for component in sbom.get("components", []):
             properties = {p.get("name"): p.get("value") for p in component.get("properties", [])}
             if component.get("name") in packages and properties.get("kiln:role"):
@@ -79,8 +79,9 @@ def roles(directory: Path, packages: dict[str, str]) -> dict[str, str]:
     return {name: found.get(name, guess.get(name, "rootfs")) for name in packages}
 
 
-def read_output(directory: Path) -> tuple[dict[str, Any], dict[str, str]]:
-    """manifest.json of an image output directory, and its input packages (name -> store key)."""
+def read_output(directory: Path, arch: str | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """manifest.json of an image output directory, and the inputs of one platform (`arch` picks it
+    in a multi-platform manifest, whose `platforms` map each one to its inputs)."""
     path = directory / MANIFEST
     try:
         manifest = json.loads(path.read_bytes())
@@ -90,15 +91,29 @@ def read_output(directory: Path) -> tuple[dict[str, Any], dict[str, str]]:
         ) from None
     except (OSError, ValueError) as exc:
         raise InputError(f"{path}: unreadable: {exc}") from None
-    packages = manifest.get("inputs", {}).get("packages") if isinstance(manifest, dict) else None
+    if not isinstance(manifest, dict):
+        raise InputError(f"{path}: not a manifest of kiln image")
+    platforms = manifest.get("platforms")
+    if isinstance(platforms, dict):
+        arches = sorted(str(p).rsplit("/", 1)[-1] for p in platforms)
+        if arch not in arches:
+            raise InputError(f"{path} holds several platforms: choose one with --arch ({', '.join(arches)})")
+        inputs = {**manifest.get("inputs", {}), **platforms[f"linux/{arch}"]}
+    elif arch is not None and manifest.get("profile", {}).get("arch") != arch:
+        raise InputError(f"{path} is an image for {manifest.get('profile', {}).get('arch')}, not {arch}")
+    else:
+        inputs = manifest.get("inputs", {})
+    packages = inputs.get("packages") if isinstance(inputs, dict) else None
     if not isinstance(packages, dict) or not packages:
-        raise InputError(f"{path}: no inputs.packages (a multi-platform manifest? name one platform's directory)")
-    return manifest, {str(k): str(v) for k, v in packages.items()}
+        raise InputError(f"{path}: no inputs.packages: the image was made without packages of the graph")
+    return manifest, inputs
 
 
-def measure(directory: Path, store: Store | None = None) -> Sizes:
-    """The sizes of the image in `directory`, its packages read from the store."""
-    manifest, packages = read_output(directory)
+def measure(directory: Path, store: Store | None = None, arch: str | None = None) -> Sizes:
+    """The sizes of the image in `directory` (for `arch`, if it holds several), its packages read from the store."""
+    manifest, inputs = read_output(directory, arch)
+    packages = {str(name): str(key) for name, key in inputs["packages"].items()}
+    multi = "platforms" in manifest
     store = store or Store()
     trees: dict[str, Path] = {}
     for name, key in packages.items():
@@ -108,11 +123,15 @@ def measure(directory: Path, store: Store | None = None) -> Sizes:
                 "it was collected or built elsewhere; make the image again (kiln image) to rebuild it"
             )
         trees[name] = store.tree(key)
-    role = roles(directory, packages)
+    role = roles(directory, packages, arch if multi else None)
     profile = manifest.get("profile", {})
-    epoch = int(manifest.get("inputs", {}).get("source_date_epoch", 0))
-    sizes = Sizes(str(profile.get("name", directory.name)), str(profile.get("arch", "?")), [], [])
-    sizes.artifacts = {str(a["path"]): int(a["size"]) for a in manifest.get("artifacts", [])}
+    epoch = int(inputs.get("source_date_epoch", 0))
+    sizes = Sizes(str(profile.get("name", directory.name)), str(arch or profile.get("arch", "?")), [], [])
+    sizes.artifacts = {
+        str(a["path"]): int(a["size"])
+        for a in manifest.get("artifacts", [])
+        if not multi or a.get("arch") in (None, arch)
+    }
     with tempfile.TemporaryDirectory(
         prefix="kiln-sizes-", dir=store.tmp_dir if store.tmp_dir.is_dir() else None
     ) as tmp:

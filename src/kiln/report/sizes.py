@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kiln.build.store import Store
+from kiln.build.store import Pins, Store
 from kiln.core.errors import InputError
 from kiln.core.sizes import format_size
 from kiln.report import plot
@@ -113,16 +113,29 @@ def measure(directory: Path, store: Store | None = None, arch: str | None = None
     """The sizes of the image in `directory` (for `arch`, if it holds several), its packages read from the store."""
     manifest, inputs = read_output(directory, arch)
     packages = {str(name): str(key) for name, key in inputs["packages"].items()}
-    multi = "platforms" in manifest
     store = store or Store()
-    trees: dict[str, Path] = {}
-    for name, key in packages.items():
-        if not store.has(key):
-            raise InputError(
-                f"package {name}'s store entry {key[:12]} is not in the store ({store.root}): "
-                "it was collected or built elsewhere; make the image again (kiln image) to rebuild it"
-            )
-        trees[name] = store.tree(key)
+    with Pins(store) as pins:  # a gc running meanwhile leaves the entries being measured alone
+        trees: dict[str, Path] = {}
+        for name, key in packages.items():
+            if not pins.pin(key, wait=True):
+                raise InputError(
+                    f"package {name}'s store entry {key[:12]} is not in the store ({store.root}): "
+                    "it was collected or built elsewhere; make the image again (kiln image) to rebuild it"
+                )
+            trees[name] = store.tree(key)
+        return _measure(directory, manifest, inputs, trees, store, arch)
+
+
+def _measure(
+    directory: Path,
+    manifest: dict[str, Any],
+    inputs: dict[str, Any],
+    trees: dict[str, Path],
+    store: Store,
+    arch: str | None,
+) -> Sizes:
+    packages = {str(name): str(key) for name, key in inputs["packages"].items()}
+    multi = "platforms" in manifest
     role = roles(directory, packages, arch if multi else None)
     profile = manifest.get("profile", {})
     epoch = int(inputs.get("source_date_epoch", 0))
@@ -245,7 +258,7 @@ def draw(sizes: Sizes, fmt: str) -> bytes:
     for row, package in enumerate(packages):
         (patch,) = top.barh(row, package.bytes / mib, color=ROLE_COLOURS.get(package.role, plot.GREY)).patches
         patch.set_gid(f"package-{package.name}")
-        top.text(package.bytes / mib, row, f"  {format_size(package.bytes)}", va="center", fontsize=8)
+        _label(top, package.bytes / mib, row, format_size(package.bytes))
     top.set_yticks(range(len(packages)), [_package_label(p) for p in packages])
     top.invert_yaxis()
     top.set_xlabel("MiB (uncompressed, as in the image)")
@@ -263,9 +276,7 @@ def draw(sizes: Sizes, fmt: str) -> bytes:
             colour = ROLE_COLOURS["modules" if item.package == MODULES else "rootfs"]
             (patch,) = bottom.barh(row, item.bytes / mib, color=colour).patches
             patch.set_gid(f"file-{row}")
-            bottom.text(
-                item.bytes / mib, row, f"  {format_size(item.bytes)}  ({item.package})", va="center", fontsize=8
-            )
+            _label(bottom, item.bytes / mib, row, f"{format_size(item.bytes)}  ({item.package})")
         bottom.set_yticks(range(len(files)), [_short(f.path) for f in files], fontsize=8)
         bottom.invert_yaxis()
         bottom.set_xlabel("MiB")
@@ -297,6 +308,11 @@ def _package_label(package: PackageSize) -> str:
 def _short(path: str) -> str:
     """A module's path without the modules directory, which every one of them shares."""
     return _MODULES_DIR.sub(".../kernel/", path)
+
+
+def _label(ax: Any, x: float, row: int, text: str) -> None:
+    """A bar's value just right of its end (an offset in points: SVG would collapse leading spaces)."""
+    ax.annotate(text, (x, row), xytext=(4, 0), textcoords="offset points", va="center", fontsize=8)
 
 
 def _pad(ax: Any, widest: float) -> None:

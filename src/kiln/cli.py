@@ -32,6 +32,9 @@ from kiln.pkg.loader import Tree, load_tree
 from kiln.pkg.show import GRAPH_FORMATS, dump_yaml, render_graph
 from kiln.pkg.template import render_string
 from kiln.pkg.variables import Platform, host_platform, parse_overrides
+from kiln.report import command as report_command
+from kiln.report.graph import PICTURE_FORMATS, draw_graph
+from kiln.report.output import write
 from kiln.signing import command as keys_command
 from kiln.signing import verify_command
 
@@ -125,7 +128,13 @@ def cmd_graph(args: argparse.Namespace) -> int:
     graph = _load(args)
     names = graph.closure(args.targets) if args.targets else graph.order
     keys = compute_keys(graph) if args.keys else None
-    print(render_graph(graph, names, args.format, keys))
+    out = Path(args.out) if args.out else None
+    if args.format in PICTURE_FORMATS:
+        write(draw_graph(graph, names, args.format, keys), out, args.format)
+    elif out is not None:
+        out.write_text(render_graph(graph, names, args.format, keys) + "\n")
+    else:
+        print(render_graph(graph, names, args.format, keys))
     return 0
 
 
@@ -368,7 +377,13 @@ def build_parser() -> argparse.ArgumentParser:
     ls.add_argument("--json", action="store_true", help="machine-readable output")
     graph = verb("graph", cmd_graph, "print the dependency graph (build order), optionally of TARGETs only")
     graph.add_argument("targets", nargs="*", metavar="TARGET", help="limit to these packages and their needs")
-    graph.add_argument("--format", choices=GRAPH_FORMATS, default="dot", help="output format (default: dot)")
+    graph.add_argument(
+        "--format",
+        choices=GRAPH_FORMATS + PICTURE_FORMATS,
+        default="dot",
+        help="output format (default: dot); svg and png are drawn by Graphviz's dot",
+    )
+    graph.add_argument("-o", "--out", metavar="FILE", help="write to FILE instead of stdout (a png must go to a file)")
     graph.add_argument("--json", action="store_const", dest="format", const="json", help="the same as --format json")
     graph.add_argument("--keys", action="store_true", help="label nodes with their cache keys")
     ev = verb("eval", cmd_eval, "render a Jinja2 template with TARGET's variables, e.g. kiln eval musl '{{ target }}'")
@@ -523,6 +538,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     keys_command.add_arguments(keys)
     keys.set_defaults(handler=keys_command.run)
+
+    report = verbs.add_parser(
+        "report",
+        help="pictures: a build's timeline (kiln build --json) or what takes the space in an image",
+        description="draw a build's timeline from kiln build --json, or measure what takes the space in an image",
+    )
+    report_command.add_arguments(report)
+    report.set_defaults(handler=report_command.run)
 
     verify = verbs.add_parser(
         "verify",

@@ -8,6 +8,7 @@ exercised end to end by tests/integration/test_build.py.
 from __future__ import annotations
 
 import io
+import json
 import threading
 import time
 from collections.abc import Callable
@@ -20,7 +21,7 @@ from rich.console import Console
 from kiln.build.keys import compute_keys
 from kiln.build.progress import LiveProgress, PlainProgress
 from kiln.build.scheduler import Outcome, Scheduler
-from kiln.build.session import NoRunner
+from kiln.build.session import NoRunner, outcome_json
 from kiln.build.store import Entry, Store
 from kiln.core.errors import BuildError
 from kiln.pkg.graph import Graph
@@ -134,6 +135,35 @@ def test_keep_going_builds_what_does_not_need_the_failure(graph: Graph, tmp_path
         "y": "built",
         "top": "skipped",
     }
+
+
+def test_outcomes_record_start_finish_and_needs(graph: Graph, tmp_path: Path) -> None:
+    """Each outcome's times count from the run's origin; a package starts after its needs finish."""
+    builder = StubBuilder(graph, Store(tmp_path / "cache"), fail=set(), delay=0.05)
+    origin = time.monotonic()
+    outcomes = run(builder, ["top"], jobs=2, origin=origin)
+    elapsed = time.monotonic() - origin
+    for outcome in outcomes.values():
+        assert outcome.started is not None and outcome.finished is not None
+        assert 0 <= outcome.started <= outcome.finished <= elapsed + 0.01
+        assert outcome.finished - outcome.started >= 0.05
+        for need in outcome.needs:
+            done = outcomes[need].finished
+            assert done is not None and done <= outcome.started
+    assert set(outcomes["top"].needs) == {"c", "y"} and outcomes["a"].needs == ()
+    again = run(builder, ["top"], jobs=2)
+    assert all(o.status == "cached" and o.started == o.finished for o in again.values())
+    data = json.loads(outcome_json(outcomes))["packages"]
+    assert data["top"]["started"] == outcomes["top"].started
+    assert sorted(data["top"]["needs"]) == ["c", "y"]
+
+
+def test_a_failed_build_has_times_too(graph: Graph, tmp_path: Path) -> None:
+    builder = StubBuilder(graph, Store(tmp_path / "cache"), fail={"a"})
+    outcomes = run(builder, ["b"], jobs=1)
+    failed = outcomes["a"]
+    assert failed.status == "failed" and failed.started is not None and failed.finished is not None
+    assert outcomes["b"].status == "skipped" and outcomes["b"].started is None
 
 
 def test_no_cache_rebuilds(graph: Graph, tmp_path: Path) -> None:

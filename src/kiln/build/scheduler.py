@@ -10,6 +10,10 @@ builds to unwind (their steps killed, nothing committed) and raises Interrupted.
 
 A whole-graph runner (BuildKit) gets the same claims, pins and reports, but all its missing
 packages at once, in one solve.
+
+Each outcome records when its package started and finished, in seconds since the run's origin
+(time.monotonic(), so a clock change cannot bend it), and what it needed: enough to draw the
+run as a timeline (`kiln report timeline`).
 """
 
 from __future__ import annotations
@@ -37,6 +41,9 @@ class Outcome:
     status: str = SKIPPED
     seconds: float = 0.0
     error: KilnError | None = field(default=None, repr=False)
+    started: float | None = None  # seconds since the run's origin; a cached package starts and ends at once
+    finished: float | None = None
+    needs: tuple[str, ...] = ()  # the packages of the run it waited for (its graph edges)
 
 
 class Progress(Protocol):
@@ -64,6 +71,7 @@ class Scheduler:
         keep_going: bool = False,
         pins: Pins | None = None,
         prebuilt: frozenset[str] = frozenset(),
+        origin: float | None = None,
     ) -> None:
         self.builder = builder
         self.progress = progress
@@ -72,6 +80,11 @@ class Scheduler:
         self.keep_going = keep_going
         self.pins = pins
         self.prebuilt = prebuilt  # built by an earlier pass of this run (a cross build's tools): never rebuilt
+        self.origin = time.monotonic() if origin is None else origin  # outcomes' times count from here
+
+    def now(self) -> float:
+        """Seconds since the run's origin, to the millisecond."""
+        return round(time.monotonic() - self.origin, 3)
 
     def run(self, targets: list[str]) -> dict[str, Outcome]:
         """Build targets and everything they need; outcomes in build order.
@@ -89,7 +102,7 @@ class Scheduler:
             return self._run_whole(targets, pins)
         graph, keys = self.builder.graph, self.builder.keys
         names = graph.closure(targets)
-        outcomes = {name: Outcome(name, keys[name]) for name in names}
+        outcomes = {name: Outcome(name, keys[name], needs=tuple(graph.edges[name])) for name in names}
         waiting = {name: {d for d in graph.edges[name] if d in outcomes} for name in names}
         pending = list(names)  # not yet started, in build order
         blocked: set[str] = set()  # a dependency failed
@@ -108,11 +121,12 @@ class Scheduler:
                     if (not self.no_cache or name in self.prebuilt) and pins.pin(keys[name], wait=False):
                         self.builder.store.touch(keys[name])
                         outcomes[name].status = CACHED
+                        outcomes[name].started = outcomes[name].finished = self.now()
                         self.progress.done(outcomes[name])
                         self._release(name, waiting)
                         continue
                     self.progress.started(name)
-                    running[pool.submit(self._build_one, name, pins)] = name
+                    running[pool.submit(self._build_one, outcomes[name], pins)] = name
                 if not running:
                     if not stop and any(not waiting[n] and n not in blocked for n in pending):
                         continue  # a cached package just unblocked more
@@ -174,8 +188,9 @@ class Scheduler:
     def _run_whole(self, targets: list[str], pins: Pins) -> dict[str, Outcome]:
         """On a whole-graph runner: claim every missing key (in one order, so no deadlock), build them at once."""
         store, keys = self.builder.store, self.builder.keys
-        names = self.builder.graph.closure(targets)
-        outcomes = {name: Outcome(name, keys[name]) for name in names}
+        graph = self.builder.graph
+        names = graph.closure(targets)
+        outcomes = {name: Outcome(name, keys[name], needs=tuple(graph.edges[name])) for name in names}
         self.progress.begin(names)
         missing = [n for n in names if not self._cached(n, pins, outcomes[n], wait=False)]
         with contextlib.ExitStack() as stack:
@@ -193,20 +208,29 @@ class Scheduler:
             return False
         self.builder.store.touch(outcome.key)
         outcome.status = CACHED
+        outcome.started = outcome.finished = self.now()
         self.progress.done(outcome)
         return True
 
     def _build_whole(self, missing: list[str], pins: Pins, outcomes: dict[str, Outcome]) -> None:
-        """Build the claimed packages in one go and report each; the failed solve's culprits carry the error."""
+        """Build the claimed packages in one go and report each; the failed solve's culprits carry the error.
+
+        One solve has no per-package start times: each package starts with the solve and ends its
+        own build time later (a failed one when the solve ends).
+        """
+        started = self.now()
         for name in missing:
             self.progress.started(name)
             pins.unpin(outcomes[name].key)  # a --no-cache rebuild replaces the entry under its exclusive lock
         result = self.builder.build_graph(missing, self.progress.phase, no_cache=self.no_cache)
         runner, culprits = self.builder.runner.name, result.failed or missing
+        ended = self.now()
         for name in missing:
             outcome = outcomes[name]
+            outcome.started, outcome.finished = started, ended
             if result.code == 0:
                 outcome.status, outcome.seconds = BUILT, result.seconds[name]
+                outcome.finished = round(started + outcome.seconds, 3)
                 pins.pin(outcome.key)
             elif name in culprits:
                 log = log_path(self.builder.store, name, outcome.key)
@@ -222,12 +246,20 @@ class Scheduler:
         for needs in waiting.values():
             needs.discard(name)
 
-    def _build_one(self, name: str, pins: Pins) -> tuple[str, float]:
+    def _build_one(self, outcome: Outcome, pins: Pins) -> tuple[str, float]:
         """Runs in a worker: build under the key's build lock unless another process just did; pin the entry.
 
         The pin is taken under the build lock, which gc and remove respect, so the entry
-        cannot go between being stored and being pinned.
+        cannot go between being stored and being pinned. The outcome's start and finish are
+        set here, failed or not; the main thread reads them only once this has returned.
         """
+        outcome.started = self.now()
+        try:
+            return self._build_locked(outcome.name, pins)
+        finally:
+            outcome.finished = self.now()
+
+    def _build_locked(self, name: str, pins: Pins) -> tuple[str, float]:
         store, key = self.builder.store, self.builder.keys[name]
         start = time.monotonic()
         TOKEN.check(f"package '{name}'")

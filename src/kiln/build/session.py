@@ -11,6 +11,7 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -129,8 +130,13 @@ class Session:
         keep_going: bool,
         cache_from: str | None = None,
         cache_to: str | None = None,
+        origin: float | None = None,
     ) -> dict[str, Outcome]:
-        """Build targets and their needs; with cache_from, first pull what a registry has that is needed."""
+        """Build targets and their needs; with cache_from, first pull what a registry has that is needed.
+
+        Outcomes' start and finish times count from `origin` (time.monotonic(); default: now).
+        """
+        origin = time.monotonic() if origin is None else origin
         names = self.graph.closure(targets)
         tree = self.graph.tree
         no_tests = cannot_run_reason(tree.platform.carch) if tree.cross else None
@@ -143,7 +149,7 @@ class Session:
             self.pins.release()  # a rebuild locks keys exclusively: our own pins would block it forever
         if cache_from and not no_cache:
             self.pull_needed(targets, cache_from)
-        tools = self.build_tools(names, jobs, progress, no_cache=no_cache, keep_going=keep_going)
+        tools = self.build_tools(names, jobs, progress, no_cache=no_cache, keep_going=keep_going, origin=origin)
         if any(outcome.status == FAILED for outcome in tools.values()):
             return tools
         if self.needs_seed(names) or isinstance(self.builder.runner, GraphRunner):
@@ -156,6 +162,7 @@ class Session:
             keep_going=keep_going,
             pins=self.pins,
             prebuilt=frozenset(tools),
+            origin=origin,
         )
         outcomes = {**scheduler.run(targets), **tools}
         if cache_to:
@@ -163,7 +170,14 @@ class Session:
         return outcomes
 
     def build_tools(
-        self, names: list[str], jobs: int, progress: Progress, *, no_cache: bool, keep_going: bool
+        self,
+        names: list[str],
+        jobs: int,
+        progress: Progress,
+        *,
+        no_cache: bool,
+        keep_going: bool,
+        origin: float | None = None,
     ) -> dict[str, Outcome]:
         """A cross build's tool packages (`tool: true`), built first by the build machine's native graph.
 
@@ -192,7 +206,7 @@ class Session:
         )
         native.pins = self.pins  # one set of pins: they hold until this session closes
         say_line(f"tools for {tree.platform} from the native {tree.builder_platform} build: {', '.join(tools)}")
-        outcomes = native.build(tools, jobs, progress, no_cache=no_cache, keep_going=keep_going)
+        outcomes = native.build(tools, jobs, progress, no_cache=no_cache, keep_going=keep_going, origin=origin)
         return {name: outcomes[name] for name in tools}
 
     def pull_needed(self, targets: list[str], ref: str) -> list[str]:
@@ -281,8 +295,22 @@ def choose_progress(*, json_output: bool) -> Progress:
 
 
 def outcome_json(outcomes: dict[str, Outcome]) -> str:
+    """`kiln build --json`: per package its key, status, build seconds, when it started and finished
+    (seconds since the build began, monotonic; null for a package never started) and what it needed."""
     return json.dumps(
-        {"packages": {o.name: {"key": o.key, "status": o.status, "seconds": o.seconds} for o in outcomes.values()}},
+        {
+            "packages": {
+                o.name: {
+                    "key": o.key,
+                    "status": o.status,
+                    "seconds": o.seconds,
+                    "started": o.started,
+                    "finished": o.finished,
+                    "needs": list(o.needs),
+                }
+                for o in outcomes.values()
+            }
+        },
         indent=2,
     )
 

@@ -18,7 +18,10 @@ from kiln import __version__
 from kiln.boot import command as boot_command
 from kiln.build import cancel
 from kiln.build.keys import compute_keys
+from kiln.build.progress import PROGRESS_ENV, PROGRESS_MODES
+from kiln.build.progress import set_mode as set_progress_mode
 from kiln.core import console
+from kiln.core.environment import help_text as environment_help
 from kiln.core.errors import InputError, InputErrors, KilnError
 from kiln.core.project import PACKAGE_TREE, PROFILES_DIR, Project
 from kiln.core.project import current as current_project
@@ -67,6 +70,7 @@ BUILTIN_DEFAULTS: dict[str, object] = {"jobs": 2, "runner": "sandbox", "cache_fr
 def apply_project(args: argparse.Namespace) -> None:
     """Fill what the command line left unset: from kiln-project.yaml (found by walking up from the
     working directory), then the built-in defaults. The tree and profiles are the project's."""
+    set_progress_mode(args.progress)
     project = current_project()
     args.project = project
     if args.pkgs is None:
@@ -341,6 +345,13 @@ def _add_common(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
         f"default ${VERSION_ENV}, the project's version:, else the git describe of the project",
     )
     parser.add_argument(
+        "--progress",
+        choices=PROGRESS_MODES,
+        default=default(None),
+        help=f"how builds show progress: auto (a live view on a terminal, else lines; default, or ${PROGRESS_ENV}), "
+        "plain (lines) or tty (the live view even into a pipe)",
+    )
+    parser.add_argument(
         "--from-tar",
         default=default(None),
         metavar="PATH",
@@ -358,6 +369,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = Parser(
         prog="kiln",
         description="Build minimal, immutable Linux images from a declarative package graph.",
+        epilog=environment_help() + "\n\ndocs/cli.md: the grammar, the project file and these variables.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"kiln {__version__}")
     _add_common(parser, defaults=True)
@@ -559,18 +572,24 @@ def build_parser() -> argparse.ArgumentParser:
     completion = verbs.add_parser(
         "completion",
         help="print a shell completion script: source <(kiln completion bash)",
-        description="print a completion script for SHELL (made from this parser by shtab), e.g. "
-        "`kiln completion bash > /etc/bash_completion.d/kiln` or `source <(kiln completion bash)`",
+        description="print a completion script for SHELL (made from this parser: by shtab for bash, zsh and "
+        "tcsh), e.g. `kiln completion bash > /etc/bash_completion.d/kiln`, `source <(kiln completion bash)` or "
+        "`kiln completion fish > ~/.config/fish/completions/kiln.fish`",
     )
     completion.add_argument("shell", choices=COMPLETION_SHELLS, metavar="SHELL", help=", ".join(COMPLETION_SHELLS))
     completion.set_defaults(handler=cmd_completion)
     return parser
 
 
-COMPLETION_SHELLS = ("bash", "zsh", "tcsh")
+COMPLETION_SHELLS = ("bash", "zsh", "fish", "tcsh")
 
 
 def cmd_completion(args: argparse.Namespace) -> int:
+    if args.shell == "fish":
+        from kiln.core.fish_completion import fish_script
+
+        print(fish_script(build_parser(), "kiln"), end="")
+        return 0
     import shtab
 
     print(shtab.complete(build_parser(), shell=args.shell), end="")

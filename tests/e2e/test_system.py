@@ -14,6 +14,7 @@ import hashlib
 import http.client
 import http.server
 import json
+import os
 import re
 import shutil
 import socket
@@ -31,7 +32,7 @@ import yaml
 from kiln import __version__
 from kiln.boot.qemu import READY, BootResult, Machine, boot, machine_for
 from kiln.rootfs.archive import cpio_newc
-from tests.e2e.conftest import ROOT, kiln
+from tests.e2e.conftest import KILN, ROOT, kiln
 
 pytestmark = pytest.mark.e2e
 
@@ -144,6 +145,35 @@ def test_diskless_boot_reaches_ready_and_powers_off(image_dir: Path, tmp_path: P
     assert index_of(lines, r"kiln-init: rootfs mounted read-only with 0 extension") < index_of(lines, READY)
     assert index_of(lines, r"machined: disk: none .*/var is a tmpfs") < index_of(lines, READY)
     assert index_of(lines, READY) < index_of(lines, r"machined: poweroff now")
+
+
+def test_kiln_boot_accel_auto_finds_out_once_and_boots(image_dir: Path, tmp_path: Path) -> None:
+    """The real `kiln boot --accel auto`, twice, with a cache of its own: the first run probes KVM with a
+    boot that must show the kernel's banner (here KVM's guests hang, so TCG; where KVM works, KVM),
+    the second reads the answer; both reach the ready line."""
+    env = {**os.environ, "KILN_CACHE": str(tmp_path / "cache")}
+    said = []
+    for _ in range(2):
+        run = subprocess.run(
+            [*KILN, "boot", str(image_dir), "--accel", "auto", "--json", "--log", str(tmp_path / "console.log")],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert run.returncode == 0, run.stdout + run.stderr
+        assert json.loads(run.stdout)["ok"] is True
+        said.append(
+            next(line for line in run.stderr.splitlines() if line.startswith(("kiln boot: tcg", "kiln boot: kvm")))
+        )
+    cached = json.loads((tmp_path / "cache/boot/accel.json").read_text())
+    assert len(cached) == 1
+    works = next(iter(cached.values()))
+    if Path("/dev/kvm").exists():
+        assert "a first boot under KVM" in said[0]
+        assert ("booted Linux on this host before" if works else "hung before the kernel's banner") in said[1]
+    assert said[1].startswith("kiln boot: kvm" if works else "kiln boot: tcg")
 
 
 # --- 2 + 3: a blank disk, first boot partitions it, /var persists; the probe restarts --------

@@ -279,6 +279,12 @@ def test_unreadable_artifacts_default_to_amd64_unless_named_arm64(tmp_path: Path
 # --- QEMU command lines ----------------------------------------------------------------------------------------
 
 
+@pytest.fixture(autouse=True)
+def own_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--accel auto remembers what it found in the cache: never the user's from a test."""
+    monkeypatch.setenv("KILN_CACHE", str(tmp_path / "cache"))
+
+
 @pytest.fixture
 def fake_qemu(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every emulator `is installed` at /usr/bin/<name>: the argv is checked, QEMU never runs."""
@@ -453,14 +459,14 @@ def test_kiln_boot_says_which_arch_and_why(
     assert machine.arch == "arm64" and machine.boot_firmware() == "uefi" and machine.memory == "512"
     assert "console=ttyAMA0" in machine.command(Path("v"))
     assert "kiln boot: booting as arm64 (" in capsys.readouterr().err
-    (forced,) = run_kiln_boot([str(arm), "--arch", "amd64", "--log", log, "--quiet"], monkeypatch)
+    (forced,) = run_kiln_boot([str(arm), "--arch", "amd64", "--log", log, "--quiet", "--accel", "tcg"], monkeypatch)
     assert forced.arch == "amd64" and forced.boot_firmware() == "bios" and "console=ttyS0" in forced.command()
     assert "booting as amd64 (given by --arch)" in capsys.readouterr().err
     with pytest.raises(InputError, match="UEFI only"):
         run_kiln_boot([str(arm), "--firmware", "bios", "--log", log], monkeypatch)
 
 
-def test_kiln_boot_keeps_the_machine_running_with_api_or_keep_running(
+def test_kiln_boot_keeps_the_machine_running_with_api_or_keep(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fake_qemu: None
 ) -> None:
     """Stub: boot() is replaced, to see what kiln boot asks of it; tests/unit/test_console_watch.py
@@ -475,7 +481,7 @@ def test_kiln_boot_keeps_the_machine_running_with_api_or_keep_running(
 
     monkeypatch.setattr(boot_command, "boot", fake_boot)
     kernel = kernel_dir(tmp_path / "k", arm64_image())
-    for extra in ([], ["--api", "50001"], ["--keep-running"]):
+    for extra in ([], ["--api", "50001"], ["--keep"]):
         assert boot_command.run(parser.parse_args([str(kernel), "--log", str(tmp_path / "l"), "--quiet", *extra])) == 0
     assert [kw["until_exit"] for kw in asked] == [False, True, True]
 

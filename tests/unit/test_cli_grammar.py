@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from kiln.cli import build_parser
+from kiln.core.errors import InputError
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -24,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
         ["build", "--all", "--no-ca"],  # --no-cache
         ["image", "metal", "--ou", "x"],  # --out (or the old --output)
         ["cache", "ls", "--js"],
-        ["boot", "x.iso", "--keep"],  # --keep-running
+        ["boot", "x.iso", "--kee"],  # --keep
     ],
 )
 def test_abbreviated_options_are_refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
@@ -37,8 +38,9 @@ def test_abbreviated_options_are_refused(argv: list[str], capsys: pytest.Capture
 def test_full_option_names_still_parse() -> None:
     args = build_parser().parse_args(["ls", "--json"])
     assert args.json is True
-    args = build_parser().parse_args(["boot", "x.iso", "--keep-running", "--blank-disk", "4G"])
-    assert args.keep_running and args.blank_disk == "4G"
+    args = build_parser().parse_args(["boot", "x.iso", "--keep", "--blank-disk", "4G"])
+    assert args.keep and args.blank_disk == "4G" and args.accel == "auto"
+    assert build_parser().parse_args(["boot", "x.iso", "--keep-running"]).keep  # the old name still works
 
 
 def test_a_reader_that_goes_away_ends_kiln_quietly(tmp_path: Path) -> None:
@@ -112,7 +114,7 @@ def test_bash_completion_completes_verbs_and_options(tmp_path: Path) -> None:
 
     assert set(complete("b")) == {"boot", "bootstrap", "build"}
     assert complete("comp") == ["completion"]
-    assert "--keep-running" in complete("boot", "--ke")
+    assert "--keep" in complete("boot", "--ke")
     assert "--json" in complete("validate", "--j")
 
 
@@ -149,3 +151,50 @@ def test_image_kind_and_its_old_name(capsys: pytest.CaptureFixture[str]) -> None
     assert "--output is now --kind" in capsys.readouterr().err
     with pytest.raises(InputError, match="give one of them"):
         kinds(parse(["image", "--kind", "kernel", "--output", "kernel"]))
+
+
+def test_progress_mode_from_the_flag_else_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--progress plain|tty|auto decides between the live view and lines; stderr's terminal-ness is
+    stubbed (isatty), the two renderers themselves are tested in test_progress."""
+    from kiln.build import progress
+    from kiln.build.session import choose_progress
+
+    monkeypatch.delenv(progress.PROGRESS_ENV, raising=False)
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    for argv, live in ((["build", "x"], True), (["--progress", "plain", "build", "x"], False)):
+        progress.set_mode(build_parser().parse_args(argv).progress)
+        assert progress.live() is live
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: False)
+    progress.set_mode(build_parser().parse_args(["build", "x", "--progress", "tty"]).progress)
+    assert progress.live() and type(choose_progress(json_output=False)).__name__ == "LiveProgress"
+    assert type(choose_progress(json_output=True)).__name__ == "PlainProgress"  # beside --json: lines
+    monkeypatch.setenv(progress.PROGRESS_ENV, "tty")
+    progress.set_mode(None)
+    assert progress.live()
+    monkeypatch.setenv(progress.PROGRESS_ENV, "fancy")
+    with pytest.raises(InputError, match="KILN_PROGRESS='fancy': choose from auto, plain, tty"):
+        progress.set_mode(None)
+    progress.set_mode("auto")
+
+
+def test_fish_completion_from_the_parser_in_a_real_fish(tmp_path: Path) -> None:
+    """shtab has no fish: core.fish_completion makes the script, and fish itself completes with it."""
+    script = tmp_path / "kiln.fish"
+    result = subprocess.run(
+        [sys.executable, "-m", "kiln.cli", "completion", "fish"], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    script.write_text(result.stdout)
+
+    def complete(line: str) -> list[str]:
+        probe = f"source {script}; complete -C {json.dumps(line)}"
+        done = subprocess.run(["fish", "-c", probe], capture_output=True, text=True, timeout=30)
+        assert done.returncode == 0, done.stderr
+        return [entry.split("\t")[0] for entry in done.stdout.splitlines()]
+
+    assert set(complete("kiln b")) == {"boot", "bootstrap", "build"}
+    assert complete("kiln boot --acc") == ["--accel"]
+    assert sorted(complete("kiln boot --accel ")) == ["auto", "kvm", "tcg"]
+    assert {"gc", "ls", "push", "pull"} <= set(complete("kiln cache "))
+    assert "--json" in complete("kiln cache ls --j")
+    assert "--keep-running" not in complete("kiln boot --kee")  # hidden old names are not offered

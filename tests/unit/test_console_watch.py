@@ -64,7 +64,7 @@ def test_until_exit_waits_for_power_off_and_reports_it(tmp_path: Path) -> None:
 
 
 def test_keep_running_hears_of_the_line_at_once_and_waits_past_the_boot_timeout(tmp_path: Path) -> None:
-    """What `kiln boot --api` and `--keep-running` do: the machine outlives the boot timeout."""
+    """What `kiln boot --api` and `--keep` do: the machine outlives the boot timeout."""
     heard: list[float] = []
     started = time.monotonic()
     script = "print('ready'); sys.stdout.flush(); time.sleep(2.5); print('bye')"

@@ -10,13 +10,13 @@ import sys
 import tempfile
 from pathlib import Path
 
+from kiln.boot.accel import ACCELS, BANNER
+from kiln.boot.accel import choose as choose_accel
 from kiln.boot.arch import ARCHES, choose_arch
-from kiln.boot.qemu import READY, BootResult, boot, machine_for
+from kiln.boot.qemu import READY, BootResult, Machine, boot, machine_for
 from kiln.boot.unpack import is_compressed, uncompressed
 from kiln.core.errors import BuildError, InputError
 from kiln.core.paths import cache_dir
-
-ACCELS = ("tcg", "kvm")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -63,16 +63,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="forward machined's API to 127.0.0.1:PORT; the machine then keeps running after the expected line",
     )
     parser.add_argument(
-        "--keep-running",
+        "--keep",
         action="store_true",
-        help="after the expected line, keep the machine running until it powers off (or Ctrl-C)",
+        help="after the expected line, keep the machine running (its API forwarded with --api) until it powers "
+        "off or Ctrl-C",
     )
+    parser.add_argument("--keep-running", dest="keep", action="store_true", help=argparse.SUPPRESS)  # the old name
     parser.add_argument("--memory", default="1024", help="guest memory in MiB (default 1024)")
     parser.add_argument(
         "--accel",
         choices=ACCELS,
-        default="tcg",
-        help="tcg (default; KVM initialises on some hosts but its guests hang) or kvm",
+        default="auto",
+        help="auto (default: KVM when this host's KVM has booted Linux, found out once by a first boot and "
+        "cached; else TCG), tcg or kvm",
     )
     parser.add_argument("--log", metavar="PATH", help="console log (default: in the cache, printed at the end)")
     parser.add_argument("--quiet", action="store_true", help="do not stream the console")
@@ -81,6 +84,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="print the result as JSON on stdout (ok, seconds, line, reason, exit_code, log, tail); implies --quiet",
     )
+
+
+def _shows_banner(machine: Machine, seconds: float) -> bool:
+    """The accel probe: boot `machine` until the kernel's banner (or give up after `seconds`)."""
+    with tempfile.TemporaryDirectory(prefix="kiln-accel-") as tmp:
+        return boot(machine, BANNER, seconds, Path(tmp) / "console.log").ok
 
 
 def blank_disk_size(args: argparse.Namespace) -> str | None:
@@ -111,10 +120,12 @@ def _boot(args: argparse.Namespace, artifact: Path, arch: str) -> int:
     machine.tpm = args.tpm
     machine.boot_firmware()  # --firmware bios on arm64 fails here, before a disk is made
     machine.memory = args.memory
-    machine.accel = args.accel
+    accel = choose_accel(args.accel, machine, _shows_banner)
+    machine.accel = accel.accel
+    print(f"kiln boot: {accel.accel} ({accel.why})", file=sys.stderr)
     machine.api_port = args.api
     size = blank_disk_size(args)
-    keep = args.keep_running or args.api is not None
+    keep = args.keep or args.api is not None
     with tempfile.TemporaryDirectory(prefix="kiln-disk-") as tmp:
         if size or args.disk_file:
             disk = Path(args.disk_file) if args.disk_file else Path(tmp) / "disk.qcow2"

@@ -1,7 +1,13 @@
-"""Showing a build: a rich live view on a terminal, plain lines otherwise (CI, pipes)."""
+"""Showing a build: a rich live view on a terminal, plain lines otherwise (CI, pipes).
+
+`--progress` (or $KILN_PROGRESS) decides: auto (the live view when stderr is a terminal), plain
+(lines, even on a terminal: a screen reader, a terminal recorder) or tty (the live view even into a
+pipe: a CI system that renders terminal output).
+"""
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
@@ -14,6 +20,27 @@ from kiln.build.scheduler import BUILT, CACHED, CANCELLED, FAILED, SKIPPED, Outc
 if TYPE_CHECKING:  # rich is imported only for a terminal: plain runs (CI, no-op builds) skip its cost
     from rich.console import Console, Group
     from rich.table import Table
+
+
+PROGRESS_MODES = ("auto", "plain", "tty")
+PROGRESS_ENV = "KILN_PROGRESS"
+_mode = {"value": "auto"}
+
+
+def set_mode(given: str | None) -> None:
+    """--progress's value, else $KILN_PROGRESS's, else auto."""
+    from kiln.core.errors import InputError
+
+    mode = given or os.environ.get(PROGRESS_ENV) or "auto"
+    if mode not in PROGRESS_MODES:
+        raise InputError(f"${PROGRESS_ENV}={mode!r}: choose from {', '.join(PROGRESS_MODES)}")
+    _mode["value"] = mode
+
+
+def live() -> bool:
+    """Draw the live view (a terminal's) rather than plain lines?"""
+    mode = _mode["value"]
+    return mode == "tty" or (mode == "auto" and sys.stderr.isatty())
 
 
 def summary_table(outcomes: dict[str, Outcome]) -> Table:
@@ -195,4 +222,4 @@ class Cancellable:
 
 
 def download_progress() -> Cancellable:
-    return Cancellable(DownloadBars() if sys.stderr.isatty() else DownloadLines())
+    return Cancellable(DownloadBars() if live() else DownloadLines())

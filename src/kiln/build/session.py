@@ -22,6 +22,7 @@ from kiln.build.dockerfile import Export, Exporter
 from kiln.build.emulation import cannot_run_reason
 from kiln.build.keys import compute_keys, stage0_key
 from kiln.build.progress import LiveProgress, PlainProgress, download_progress
+from kiln.build.progress import live as progress_live
 from kiln.build.rootplan import RootPlan
 from kiln.build.runners.base import BuildRoot, GraphRunner, Runner
 from kiln.build.runners.buildkit import BuildKitRunner
@@ -289,7 +290,8 @@ class Session:
 
 
 def choose_progress(*, json_output: bool) -> Progress:
-    if sys.stderr.isatty() and not json_output:
+    """The live view or plain lines (progress.live: --progress); plain beside --json's output."""
+    if progress_live() and not json_output:
         return LiveProgress()
     return PlainProgress(sys.stderr)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -31,6 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--image", metavar="FILE", help="install this raw disk image instead of building the profile")
     parser.add_argument("--out", default="_out", metavar="DIR", help="where the profile's output is written")
+    parser.add_argument("--json", action="store_true", help="what was installed where, as JSON")
     parser.add_argument(
         "--jobs", "-j", type=int, metavar="N", help="packages built at once (default 2, or the project's jobs:)"
     )
@@ -62,5 +64,8 @@ def run(args: argparse.Namespace, load: Callable[[str], Graph]) -> int:
         result = make_images([profile], built, Path(args.out), args.jobs, say_line)[0]
         image = result.directory / profile.file_name
     install_disk(built.trees[MACHINED] / "usr/sbin/machined", image, Path(args.disk), wipe=args.wipe)
-    print(f"installed {image} onto {args.disk}")
+    if args.json:
+        print(json.dumps({"image": str(image), "disk": args.disk, "profile": profile.name, "version": profile.version}))
+    else:
+        print(f"installed {image} onto {args.disk}")
     return 0

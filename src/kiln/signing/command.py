@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 from kiln.core.errors import display_path, printable
@@ -23,10 +24,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         f"up to {MAX_NAME} characters)",
     )
     gen.add_argument("--force", action="store_true", help="replace the keys DIR holds already")
+    gen.add_argument("--json", action="store_true", help="list the files written as JSON")
 
 
 def run(args: argparse.Namespace) -> int:
     keys = generate(Path(args.dir), common_name=args.name, force=args.force)
+    if args.json:
+        print(json.dumps({"files": [{"path": str(path), "what": what} for path, what in files(keys)]}, indent=2))
+        return 0
     for path, what in files(keys):
         print(f"wrote {printable(display_path(path))}: {what}")
     print("keep the private keys (*.key) offline, readable only by you; docs/secure-boot.md explains how to enrol them")

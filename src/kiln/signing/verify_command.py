@@ -8,11 +8,13 @@ fails the check; 2 when the command is wrong (no key named, a key file that is n
 from __future__ import annotations
 
 import argparse
+import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
-from kiln.core.errors import InputError, display_path, printable
+from kiln.core.errors import InputError, KilnError, display_path, printable
 from kiln.signing.release import SUMS, fingerprint, load_public_key, verify_directory
 
 ENV = "KILN_RELEASE_KEY"  # the release public key when --key is absent
@@ -26,25 +28,41 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "HOST[:PORT]/REPO:TAG or HOST[:PORT]/REPO@sha256:... (kiln release push --sign)",
     )
     parser.add_argument("--key", metavar="FILE", help=f"the release public key, release.pub (default: ${ENV})")
+    parser.add_argument(
+        "--json", action="store_true", help="the result as JSON: ok, and what was verified or the error"
+    )
 
 
 def run(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> int:
+    try:
+        result = _verify(args, environ)
+    except KilnError as exc:
+        if not getattr(args, "json", False):
+            raise
+        print(json.dumps({"ok": False, "error": exc.message, "exit_code": exc.exit_code}, indent=2))
+        return exc.exit_code
+    if getattr(args, "json", False):
+        print(json.dumps({"ok": True, **result}, indent=2))
+    elif "files" in result:
+        shown = printable(display_path(Path(args.directory)))
+        print(f"verified {result['files']} files in {shown} ({SUMS} signed by {result['signer']})")
+    else:
+        for each in result["images"]:
+            print(f"verified {printable(args.directory)}: {each['digest']} signed by {each['signer']}")
+    return 0
+
+
+def _verify(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[str, Any]:
+    """What was verified: a directory's file count and signer, or an image's digests and signers."""
     key = key_path(args.key, environ)
     directory = Path(args.directory)
     if not directory.exists() and "/" in args.directory and (":" in args.directory or "@" in args.directory):
-        return verify_image_command(args.directory, key)
+        from kiln.signing.image_signature import verify_image
+
+        found = verify_image(args.directory, [load_public_key(key)])
+        return {"image": args.directory, "images": [{"digest": d, "signer": s} for d, s in found]}
     names = verify_directory(directory, key)
-    signer = fingerprint(load_public_key(key))
-    print(f"verified {len(names)} files in {printable(display_path(directory))} ({SUMS} signed by {signer})")
-    return 0
-
-
-def verify_image_command(reference: str, key: Path) -> int:
-    from kiln.signing.image_signature import verify_image
-
-    for digest, signer in verify_image(reference, [load_public_key(key)]):
-        print(f"verified {printable(reference)}: {digest} signed by {signer}")
-    return 0
+    return {"directory": str(directory), "files": len(names), "signer": fingerprint(load_public_key(key))}
 
 
 def key_path(flag: str | None, environ: Mapping[str, str]) -> Path:

@@ -19,7 +19,7 @@ from kiln.boot.qemu import Machine
 @pytest.fixture(autouse=True)
 def own_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("KILN_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(accel.platform, "machine", lambda: "x86_64")
+    monkeypatch.setattr("kiln.boot.accel.platform.machine", lambda: "x86_64")
     monkeypatch.setattr(accel, "host_key", lambda machine: "host-A")
     return tmp_path / "cache"
 

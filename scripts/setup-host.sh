@@ -2,7 +2,7 @@
 # Install the host tools Kiln drives (Debian 12) and the deb-src entry the Debian-source
 # mirror needs. Idempotent: installs only what is missing.
 set -eu
-PACKAGES="python3-venv graphviz fonts-dejavu-core fish bubblewrap debootstrap util-linux tar xz-utils zstd cpio squashfs-tools kmod qemu-system-x86 qemu-utils ovmf golang-go
+PACKAGES="python3-venv graphviz fonts-dejavu-core fish diffoscope-minimal bubblewrap debootstrap util-linux tar xz-utils zstd cpio squashfs-tools kmod qemu-system-x86 qemu-utils ovmf golang-go
   grub-common grub-pc-bin grub-efi-amd64-bin xorriso mtools dosfstools e2fsprogs fdisk gdisk ipxe-qemu gzip
   lvm2 mdadm ntfs-3g exfatprogs f2fs-tools lzip dnsmasq-base chrony iproute2 socat
   qemu-system-arm qemu-efi-aarch64 qemu-user-static binutils-aarch64-linux-gnu

@@ -12,7 +12,7 @@ import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kiln import __version__
 from kiln.boot import command as boot_command
@@ -40,6 +40,9 @@ from kiln.report.graph import PICTURE_FORMATS, draw_graph
 from kiln.report.output import write
 from kiln.signing import command as keys_command
 from kiln.signing import verify_command
+
+if TYPE_CHECKING:
+    from kiln.build.session import Session
 
 Handler = Callable[[argparse.Namespace], int]
 # --platform's default. It parses as None so `kiln image` can tell a profile's arch from an explicit --platform.
@@ -193,6 +196,8 @@ def cmd_build(args: argparse.Namespace) -> int:
     targets = list(graph.order) if args.all else args.targets
     graph.closure(targets)  # unknown names fail here, with a suggestion
     session = Session.open(graph, args.runner)
+    if args.check or args.deep:
+        return check_build(session, targets, args)
     outcomes = session.build(
         targets,
         args.jobs,
@@ -210,6 +215,28 @@ def cmd_build(args: argparse.Namespace) -> int:
     if args.json:
         print(outcome_json(outcomes))
     return 1 if failed else 0
+
+
+def check_build(session: Session, targets: list[str], args: argparse.Namespace) -> int:
+    """kiln build --check [--deep]: 1 when a rebuild differs from what is stored."""
+    from kiln.build.check import summary_line
+    from kiln.build.session import choose_progress
+
+    if args.no_cache or args.cache_to or args.out:
+        raise InputError("--check compares rebuilds with the store: it takes no --no-cache, --cache-to or --out")
+    checked = session.check(
+        targets,
+        deep=args.deep,
+        jobs=args.jobs,
+        progress=choose_progress(json_output=args.json),
+        say=lambda line: print(f"kiln check: {line}", file=sys.stderr, flush=True),
+    )
+    if args.json:
+        print(json.dumps({"packages": {c.name: c.as_json() for c in checked}}, indent=2))
+    else:
+        for result in checked:
+            print(summary_line(result))
+    return 0 if all(c.same for c in checked) else 1
 
 
 def cmd_shell(args: argparse.Namespace) -> int:
@@ -417,6 +444,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--jobs", "-j", type=int, metavar="N", help="packages built at once (default 2, or the project's jobs:)"
     )
     build.add_argument("--no-cache", action="store_true", help="rebuild even what is stored (not stage0)")
+    build.add_argument(
+        "--check",
+        action="store_true",
+        help="build TARGETs again in a fresh root and compare with their stored outputs file by file; exit 1 "
+        "when one differs (its files and diffoscope reports kept under $KILN_CACHE/check/)",
+    )
+    build.add_argument("--deep", action="store_true", help="with --check: check every package TARGETs need too")
     build.add_argument("--keep-going", "-k", action="store_true", help="after a failure, build what does not need it")
     build.add_argument("--out", metavar="DIR", help="export each target's output to DIR/<name>/")
     build.add_argument("--json", action="store_true", help="print a JSON summary of every package at the end")

@@ -197,6 +197,19 @@ class Builder:
             _mark(out, f"==> {name}: built in {seconds} s\n")
             return self._commit(name, staging, seconds)
 
+    def rebuild(self, name: str, staging: Path, log: Path, on_phase: Callable[[str], None]) -> Path:
+        """Build `name` again into `staging`/tree and store nothing (kiln build --check): the same root,
+        sources, steps and finalize as `build`. The caller owns `staging` and holds shared locks on
+        the package's inputs; the log goes to `log`, so the stored build's own log stays."""
+        package = self.graph.tree.packages[name]
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with log.open("wb") as out:
+            on_phase("sources")
+            with contextlib.closing(self.prepare_root(package, staging / "work")) as root:
+                self._steps(package, root, staging, log, out, on_phase)
+        shutil.rmtree(staging / "work")
+        return staging / "tree"
+
     def _commit(self, name: str, staging: Path, seconds: float) -> Entry:
         """Store a filled staging dir under the package's key; the caller holds the key's build lock."""
         meta = {

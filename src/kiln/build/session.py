@@ -18,6 +18,7 @@ from pathlib import Path
 
 from kiln.build.bootstrap import ensure_stage0
 from kiln.build.builder import Builder, logs_dir
+from kiln.build.check import Checked, check_package
 from kiln.build.dockerfile import Export, Exporter
 from kiln.build.emulation import cannot_run_reason
 from kiln.build.keys import compute_keys, stage0_key
@@ -169,6 +170,27 @@ class Session:
         if cache_to:
             self.push([self.keys[n] for n in names if self.store.has(self.keys[n])], cache_to)
         return outcomes
+
+    def check(
+        self, targets: list[str], *, deep: bool, jobs: int, progress: Progress, say: Callable[[str], None]
+    ) -> list[Checked]:
+        """kiln build --check: build what is missing first (so there is a stored output to compare
+        with), then build each target (with `deep`, each package of their closure, in build order)
+        again and compare (kiln.build.check)."""
+        if isinstance(self.builder.runner, GraphRunner):
+            raise InputError("--check rebuilds one package at a time: use the sandbox or docker runner")
+        outcomes = self.build(targets, jobs, progress, no_cache=False, keep_going=False)
+        failed = failures(outcomes)
+        if failed:
+            raise BuildError("cannot check what does not build: " + "; ".join(str(o.error) for o in failed))
+        tree = self.graph.tree
+        names = self.graph.closure(targets) if deep else list(dict.fromkeys(targets))
+        names = [n for n in names if not tree.native_tool(n)]  # a cross build's tools are the native tree's
+        checked = []
+        for name in names:
+            say(f"{name}: building again to compare with {self.keys[name][:16]}")
+            checked.append(check_package(self.builder, self.store, name, self.source_date_epoch, lambda _: None))
+        return checked
 
     def build_tools(
         self,

@@ -1,0 +1,186 @@
+"""`kiln build --check TARGET...`: is a stored package what its inputs make? (as Nix's --check)
+
+Each package is built again in a fresh root, from the same stored inputs, and never stored; its
+tree is normalized as the store normalizes one and compared with the stored entry's manifest, file
+by file (type, mode, size, sha256, symlink target). A file that differs is kept beside a copy of the
+stored one under $KILN_CACHE/check/<name>/<key>/, with Debian's diffoscope report when diffoscope is
+installed, else the offset of the first differing byte. `--deep` checks the target's whole closure,
+in build order (every package's rebuild still mounts the stored inputs, so one difference does not
+cascade).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kiln.build.builder import Builder
+from kiln.build.store import Store
+from kiln.build.store.manifest import MANIFEST, FileRecord, TreeScan, differences, read_manifest
+from kiln.core.paths import cache_dir
+
+DIFFOSCOPE_SECONDS = 120  # per file: a report on a huge binary must not hold the check forever
+REPORTED_FILES = 10  # diffoscope reports kept per package; the rest are listed only
+
+
+@dataclass(frozen=True)
+class FileDifference:
+    path: str
+    what: list[str]  # "only in the stored output", "mode 0755, expected 0644", ...
+    first_offset: int | None = None  # of two regular files whose bytes differ
+    report: str | None = None  # diffoscope's text report, beside the kept files
+
+
+@dataclass
+class Checked:
+    """One package's check: the same tree (`same`), or what differs, and where the evidence is kept."""
+
+    name: str
+    key: str
+    seconds: float
+    files: int
+    differences: list[FileDifference] = field(default_factory=list)
+    kept: Path | None = None
+
+    @property
+    def same(self) -> bool:
+        return not self.differences
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "key": self.key,
+            "reproducible": self.same,
+            "seconds": round(self.seconds, 2),
+            "files": self.files,
+            "differences": [
+                {"path": d.path, "what": d.what, "first_offset": d.first_offset, "report": d.report}
+                for d in self.differences
+            ],
+            "kept": str(self.kept) if self.kept else None,
+        }
+
+
+def compare(stored: list[FileRecord], rebuilt: list[FileRecord]) -> list[FileDifference]:
+    """What differs between two manifests, path by path, sorted by path."""
+    want = {r.path: r for r in stored}
+    got = {r.path: r for r in rebuilt}
+    found: list[FileDifference] = []
+    for path in sorted(want.keys() | got.keys()):
+        if path not in got:
+            found.append(FileDifference(path, ["only in the stored output"]))
+        elif path not in want:
+            found.append(FileDifference(path, ["only in the rebuild"]))
+        elif want[path].type != got[path].type:
+            found.append(FileDifference(path, [f"a {got[path].type}, stored as a {want[path].type}"]))
+        else:
+            what = differences(want[path], got[path])
+            if what:
+                found.append(FileDifference(path, what))
+    return found
+
+
+def first_difference(a: Path, b: Path, chunk: int = 1 << 16) -> int | None:
+    """The offset of the first byte where two files differ (the shorter one's end counts), or None."""
+    offset = 0
+    with a.open("rb") as left, b.open("rb") as right:
+        while True:
+            x, y = left.read(chunk), right.read(chunk)
+            if x != y:
+                common = next((i for i, (p, q) in enumerate(zip(x, y, strict=False)) if p != q), min(len(x), len(y)))
+                return offset + common
+            if not x:
+                return None
+            offset += len(x)
+
+
+def diffoscope_report(stored: Path, rebuilt: Path, report: Path) -> str | None:
+    """diffoscope's text report of two files into `report`, or None when diffoscope is not installed."""
+    program = shutil.which("diffoscope")
+    if program is None:
+        return None
+    try:
+        subprocess.run(
+            [program, "--no-progress", "--text", str(report), str(stored), str(rebuilt)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            timeout=DIFFOSCOPE_SECONDS,
+            check=False,  # exit 1 means "they differ": the report is what we want
+        )
+    except subprocess.TimeoutExpired:
+        report.write_text(f"diffoscope did not finish in {DIFFOSCOPE_SECONDS} s\n")
+    return str(report) if report.exists() else None
+
+
+def keep_evidence(name: str, key: str, stored: Path, rebuilt: Path, found: list[FileDifference]) -> Path:
+    """Copy the differing files (stored and rebuilt) under $KILN_CACHE/check/<name>/<key>/ with reports."""
+    where = cache_dir() / "check" / name / key
+    if where.exists():
+        shutil.rmtree(where)
+    reported = 0
+    for index, difference in enumerate(found):
+        a, b = stored / difference.path, rebuilt / difference.path
+        if not (a.is_file() and not a.is_symlink() and b.is_file() and not b.is_symlink()):
+            continue
+        for side, source in (("stored", a), ("rebuilt", b)):
+            target = where / side / difference.path
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(source, target)
+        report = None
+        if reported < REPORTED_FILES:
+            report = diffoscope_report(
+                where / "stored" / difference.path,
+                where / "rebuilt" / difference.path,
+                where / f"{difference.path.replace('/', '_')}.diffoscope.txt",
+            )
+            reported += 1
+        found[index] = FileDifference(difference.path, difference.what, first_difference(a, b), report)
+    where.mkdir(parents=True, exist_ok=True)
+    return where
+
+
+def check_package(
+    builder: Builder, store: Store, name: str, source_date_epoch: int, on_phase: Callable[[str], None]
+) -> Checked:
+    """Build `name` again and compare it with its stored entry (which must exist)."""
+    key = builder.keys[name]
+    package = builder.graph.tree.packages[name]
+    began = time.monotonic()
+    with contextlib.ExitStack() as stack:
+        for input_key in builder.input_keys(package):
+            stack.enter_context(store.use(input_key))
+        entry = stack.enter_context(store.use(key))  # what the rebuild is compared with stays put
+        staging = stack.enter_context(store.fresh_staging(key))
+        log = cache_dir() / "check" / name / f"{key}.log"
+        tree = builder.rebuild(name, staging, log, on_phase)
+        rebuilt = TreeScan(tree, normalize=True, source_date_epoch=source_date_epoch).run()
+        found = compare(read_manifest(entry.path / MANIFEST), rebuilt)
+        kept = keep_evidence(name, key, entry.tree, tree, found) if found else None
+    files = sum(1 for r in rebuilt if r.type != "dir")
+    return Checked(name, key, time.monotonic() - began, files, found, kept)
+
+
+def summary_line(checked: Checked) -> str:
+    if checked.same:
+        return f"{checked.name}: reproducible ({checked.files} files, rebuilt in {checked.seconds:.1f} s)"
+    shown = []
+    for difference in checked.differences[:5]:
+        at = f" (first at byte {difference.first_offset:#x})" if difference.first_offset is not None else ""
+        shown.append(f"  {difference.path}: {'; '.join(difference.what)}{at}")
+    more = len(checked.differences) - len(shown)
+    tail = [f"  ... and {more} more"] if more > 0 else []
+    where = [f"  kept in {checked.kept}" + (" with diffoscope reports" if shutil.which("diffoscope") else "")]
+    return "\n".join(
+        [
+            f"{checked.name}: NOT reproducible: {len(checked.differences)} of {checked.files} files differ",
+            *shown,
+            *tail,
+            *where,
+        ]
+    )

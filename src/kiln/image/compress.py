@@ -59,8 +59,11 @@ def compress(path: Path, out_format: str, epoch: int, target: Path | None = None
     elif out_format == ".gz":
         _run(["gzip", "-n", "-6", "-c", str(path)], f"gzip of {path.name}", stdout=target)
     elif out_format == ".xz":
-        # One thread count and block size, so the bytes do not depend on the machine's cores.
-        _run(["xz", "-6", "-T2", "--block-size=64MiB", "-c", str(path)], f"xz of {path.name}", stdout=target)
+        # One thread count and block size, so the bytes do not depend on the machine's cores. A disk
+        # is mostly zeros around ~20 MiB of already-compressed squashfs and kernel: preset 0 in 16 MiB
+        # blocks made a 1 GiB metal disk in 5.3 s against 29.8 s for preset 6 in 64 MiB blocks, 0.25 %
+        # larger (19.62 against 19.57 MB; 2 loaded cores), so a release no longer waits on xz.
+        _run(["xz", "-0", "-T2", "--block-size=16MiB", "-c", str(path)], f"xz of {path.name}", stdout=target)
     elif out_format == ".zst":
         _run(["zstd", "-q", "-10", "-T2", "-f", "-o", str(target), str(path)], f"zstd of {path.name}")
     else:

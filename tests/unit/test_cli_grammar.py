@@ -40,7 +40,7 @@ def test_full_option_names_still_parse() -> None:
     assert args.json is True
     args = build_parser().parse_args(["boot", "x.iso", "--keep", "--blank-disk", "4G"])
     assert args.keep and args.blank_disk == "4G" and args.accel == "auto"
-    assert build_parser().parse_args(["boot", "x.iso", "--keep-running"]).keep  # the old name still works
+    assert build_parser().parse_args(["boot", "x.iso", "--keep-running"]).old_keep  # the old name still works
 
 
 def test_a_reader_that_goes_away_ends_kiln_quietly(tmp_path: Path) -> None:

@@ -68,7 +68,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="after the expected line, keep the machine running (its API forwarded with --api) until it powers "
         "off or Ctrl-C",
     )
-    parser.add_argument("--keep-running", dest="keep", action="store_true", help=argparse.SUPPRESS)  # the old name
+    parser.add_argument("--keep-running", dest="old_keep", action="store_true", help=argparse.SUPPRESS)  # old name
     parser.add_argument("--memory", default="1024", help="guest memory in MiB (default 1024)")
     parser.add_argument(
         "--accel",
@@ -125,7 +125,9 @@ def _boot(args: argparse.Namespace, artifact: Path, arch: str) -> int:
     print(f"kiln boot: {accel.accel} ({accel.why})", file=sys.stderr)
     machine.api_port = args.api
     size = blank_disk_size(args)
-    keep = args.keep or args.api is not None
+    if args.old_keep:
+        print("kiln boot: --keep-running is now --keep", file=sys.stderr)
+    keep = args.keep or args.old_keep or args.api is not None
     with tempfile.TemporaryDirectory(prefix="kiln-disk-") as tmp:
         if size or args.disk_file:
             disk = Path(args.disk_file) if args.disk_file else Path(tmp) / "disk.qcow2"

@@ -94,8 +94,11 @@ def installer_profile(directory: Path, config_url: str, keys: Path | None = None
 
 def build_release(profiles: Path, out: Path, *extra: str) -> Release:
     kiln("image", "upgrade", "--profiles-dir", str(profiles), "--out", str(out), *extra, timeout=5400)
-    layout = out / "upgrade" / "upgrade"
-    assert (layout / "index.json").is_file(), f"no installer layout in {out / 'upgrade'}"
+    # installer-amd64/ (installer-amd64-secureboot/ for a Secure Boot profile): the OCI layout beside its .tar
+    layouts = [p for p in (out / "upgrade").iterdir() if (p / "oci-layout").is_file()]
+    assert len(layouts) == 1, f"expected one installer layout in {out / 'upgrade'}, got {layouts}"
+    layout = layouts[0]
+    assert layout.name.startswith("installer-amd64") and (layout / "index.json").is_file()
     return Release(layout, extract_disk(layout, out / "disk.raw.gz"))
 
 

@@ -168,7 +168,8 @@ def check_package(
 
 def summary_line(checked: Checked) -> str:
     if checked.same:
-        return f"{checked.name}: reproducible ({checked.files} files, rebuilt in {checked.seconds:.1f} s)"
+        files = f"{checked.files} file{'' if checked.files == 1 else 's'}"
+        return f"{checked.name}: reproducible ({files}, rebuilt in {checked.seconds:.1f} s)"
     shown = []
     for difference in checked.differences[:5]:
         at = f" (first at byte {difference.first_offset:#x})" if difference.first_offset is not None else ""

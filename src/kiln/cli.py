@@ -282,7 +282,7 @@ def cmd_cache(args: argparse.Namespace) -> int:
         graph = _load(args)
         targets = args.names or list(graph.order)
         graph.closure(targets)  # unknown names fail here, with a suggestion
-        return cache_cmd.pull(graph, targets, args.ref)
+        return cache_cmd.pull(graph, targets, args.ref, json_output=args.json)
     return cache_cmd.run(args)
 
 
@@ -502,18 +502,23 @@ def build_parser() -> argparse.ArgumentParser:
     cache_ls.add_argument("--json", action="store_true")
     cache_verify = cache_verbs.add_parser("verify", help="check entries against their recorded file lists")
     cache_verify.add_argument("keys", nargs="*", metavar="KEY|NAME")
+    cache_verify.add_argument("--json", action="store_true", help="the result as JSON: ok, damaged entries")
     cache_gc = cache_verbs.add_parser("gc", help="remove stale temporary dirs; with --max-size evict least used")
     cache_gc.add_argument("--max-size", metavar="SIZE", help="e.g. 20G, 500M")
+    cache_gc.add_argument("--json", action="store_true", help="what was removed, as JSON")
     cache_rm = cache_verbs.add_parser("rm", help="remove entries by key (or prefix) or package name")
     cache_rm.add_argument("keys", nargs="+", metavar="KEY|NAME")
+    cache_rm.add_argument("--json", action="store_true", help="what was removed, as JSON")
     cache_push = cache_verbs.add_parser("push", help="upload store entries to an OCI registry (default: all)")
     cache_push.add_argument("ref", metavar="oci://HOST/REPO")
     cache_push.add_argument("names", nargs="*", metavar="KEY|NAME")
+    cache_push.add_argument("--json", action="store_true", help="how many entries were pushed, as JSON")
     cache_pull = cache_verbs.add_parser(
         "pull", parents=[common], help="fetch what TARGETs (default: all packages) need from an OCI registry"
     )
     cache_pull.add_argument("ref", metavar="oci://HOST/REPO")
     cache_pull.add_argument("names", nargs="*", metavar="TARGET")
+    cache_pull.add_argument("--json", action="store_true", help="the keys pulled, as JSON")
     cache.set_defaults(handler=cmd_cache)
 
     kernel = verbs.add_parser(

@@ -38,10 +38,14 @@ def test_verify_reports_damage_and_exits_1(store: Store, kiln: Callable[..., Res
     assert result.code == 1
     assert result.err.startswith("zlib aaaaaaaaaaaaaaaa: ")
     assert kiln("cache", "verify", "musl").code == 0
+    as_json = kiln("cache", "verify", "--json")
+    report = json.loads(as_json.out)
+    assert as_json.code == 1 and report["ok"] is False and report["entries"] == 2
+    assert {(d["name"], d["key"]) for d in report["damaged"]} == {("zlib", "a" * 64)} and as_json.err == ""
 
 
 def test_rm_by_name_and_prefix(store: Store, kiln: Callable[..., Result]) -> None:
-    assert kiln("cache", "rm", "zlib").out.strip() == f"removed zlib {'a' * 64}"
+    assert json.loads(kiln("cache", "rm", "zlib", "--json").out) == {"removed": [{"name": "zlib", "key": "a" * 64}]}
     assert not store.has("a" * 64)
     assert kiln("cache", "rm", "bbbbbbbb").code == 0
     assert store.entries() == []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import Any
 
 from kiln.build.sources.cache import remove_stale_partials, verify_sources
 from kiln.build.store import Entry, Store
@@ -49,37 +50,52 @@ def _ls(store: Store, args: argparse.Namespace) -> int:
 def _verify(store: Store, args: argparse.Namespace) -> int:
     """Entries against their manifests; with no KEYs, the downloaded sources too (fully re-hashed)."""
     entries = resolve(store, args.keys) if args.keys else store.entries()
-    bad = 0
+    report: dict[str, Any] = {"entries": len(entries), "damaged": []}
     for entry in entries:
         problems = store.verify(entry.key)
         for problem in problems:
-            console.error(f"{entry.name} {entry.key[:16]}: {problem}")
-        bad += bool(problems)
-    print(f"verified {len(entries)} entries: {bad} damaged")
+            report["damaged"].append({"name": entry.name, "key": entry.key, "problem": problem})
+            if not args.json:
+                console.error(f"{entry.name} {entry.key[:16]}: {problem}")
+    bad = len({d["key"] for d in report["damaged"]})
+    if not args.json:
+        print(f"verified {len(entries)} entries: {bad} damaged")
     if not args.keys:
         checked, damaged = verify_sources(cache_dir())
-        for problem in damaged:
-            console.error(problem)
-        if checked:
-            print(f"verified {checked} sources: {len(damaged)} damaged")
+        report["sources"] = {"checked": checked, "damaged": damaged}
+        if not args.json:
+            for problem in damaged:
+                console.error(problem)
+            if checked:
+                print(f"verified {checked} sources: {len(damaged)} damaged")
         bad += len(damaged)
+    if args.json:
+        print(json.dumps({"ok": not bad, **report}, indent=2))
     return 1 if bad else 0
 
 
 def _gc(store: Store, args: argparse.Namespace) -> int:
     limit = parse_size(args.max_size) if args.max_size else None
     removed = store.gc(limit)
-    print(f"removed {len(removed)} entries")
     partials = remove_stale_partials(cache_dir())
+    if args.json:
+        print(json.dumps({"removed": [str(r) for r in removed], "partial_downloads": len(partials)}, indent=2))
+        return 0
+    print(f"removed {len(removed)} entries")
     if partials:
         print(f"removed {len(partials)} stale partial downloads")
     return 0
 
 
 def _rm(store: Store, args: argparse.Namespace) -> int:
+    removed = []
     for entry in resolve(store, args.keys):
         store.remove(entry.key)
-        print(f"removed {entry.name} {entry.key}")
+        removed.append({"name": entry.name, "key": entry.key})
+        if not args.json:
+            print(f"removed {entry.name} {entry.key}")
+    if args.json:
+        print(json.dumps({"removed": removed}, indent=2))
     return 0
 
 
@@ -89,14 +105,20 @@ def _push(store: Store, args: argparse.Namespace) -> int:
 
     keys = [e.key for e in (resolve(store, args.names) if args.names else store.entries())]
     sent = Registry(Ref.parse(args.ref)).push_all(store, keys)
-    print(f"pushed {sent} of {len(keys)} entries to {args.ref} (the rest were there)")
+    if args.json:
+        print(json.dumps({"ref": args.ref, "entries": len(keys), "pushed": sent}, indent=2))
+    else:
+        print(f"pushed {sent} of {len(keys)} entries to {args.ref} (the rest were there)")
     return 0
 
 
-def pull(graph: Graph, targets: list[str], ref: str) -> int:
+def pull(graph: Graph, targets: list[str], ref: str, *, json_output: bool = False) -> int:
     """`kiln cache pull REF [TARGET...]`: what the targets' closure needs and the store lacks."""
     from kiln.build.session import Session
 
     pulled = Session.open(graph, "none").pull_needed(targets, ref)
-    print(f"pulled {len(pulled)} entries from {ref}")
+    if json_output:
+        print(json.dumps({"ref": ref, "pulled": pulled}, indent=2))
+    else:
+        print(f"pulled {len(pulled)} entries from {ref}")
     return 0

@@ -426,7 +426,11 @@ def build_parser() -> argparse.ArgumentParser:
     graph.add_argument("-o", "--out", metavar="FILE", help="write to FILE instead of stdout (a png must go to a file)")
     graph.add_argument("--json", action="store_const", dest="format", const="json", help="the same as --format json")
     graph.add_argument("--keys", action="store_true", help="label nodes with their cache keys")
-    ev = verb("eval", cmd_eval, "render a Jinja2 template with TARGET's variables, e.g. kiln eval musl '{{ target }}'")
+    ev = verb(
+        "eval",
+        cmd_eval,
+        "render a Jinja2 template with TARGET's variables, e.g. kiln eval toolchain-seed '{{ target }}'",
+    )
     ev.add_argument("target", metavar="TARGET")
     ev.add_argument("template", metavar="TEMPLATE")
     dump = verb("dump", cmd_dump, "print the rendered, canonical spec of every package (or of TARGETs)")

@@ -8,10 +8,11 @@ VARIABLES: dict[str, str] = {
     "KILN_CACHE": "where the store and every cache live (default ~/.cache/kiln)",
     "KILN_MIRRORS": "source mirrors, in place of kiln-project.yaml's mirrors: (empty: upstream URLs only)",
     "KILN_PROGRESS": "auto, plain or tty: how builds show progress, when --progress is not given",
-    "KILN_STATE_DIR": "where parsed package trees are cached (default $XDG_STATE_HOME/kiln)",
+    "KILN_STATE_DIR": "where the key that signs the compiled-template cache is kept (default $XDG_STATE_HOME/kiln)",
     "KILN_INSECURE_REGISTRIES": "registries reached over plain HTTP besides loopback ones (comma-separated)",
     "KILN_DOCKER": "the docker CLI the buildkit runner uses (default: docker on PATH)",
-    "KILN_STAGE0_IMAGE": "the seed as an image in a registry, for a remote BuildKit builder (buildkit runner)",
+    "KILN_STAGE0_IMAGE": "the seed as an image in a registry, for a remote BuildKit builder (buildkit runner, "
+    "docs/distributed.md)",
     "BUILDX_BUILDER": "the buildx builder the buildkit runner builds on (default: docker's current one)",
     "KILN_NODECONFIG": "kiln node's config file (default ~/.config/kiln/nodeconfig.yaml)",
     "KILN_RELEASE_KEY": "the release public key kiln verify trusts when --key is not given",

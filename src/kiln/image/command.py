@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING
 from kiln.core.console import say_line
 from kiln.core.errors import InputError
 from kiln.image import kernel_initramfs
-from kiln.image.manifest import write_release_sums
 from kiln.pkg.graph import Graph
 
 if TYPE_CHECKING:
@@ -65,6 +64,7 @@ def run(args: argparse.Namespace, load: Callable[[str], Graph]) -> int:
         return kernel_initramfs.run(load(platforms[0] if platforms else DEFAULT_PLATFORM), args)
     from kiln.image.imager import build_packages, check_packages, make_images, with_release_version
     from kiln.image.keys import with_keys
+    from kiln.image.manifest import write_release_sums
     from kiln.image.profile import load_profiles, resolve_platform
 
     if args.extension or args.package or args.kind is not None or args.old_output is not None:
@@ -116,6 +116,7 @@ def run_platforms(
     args: argparse.Namespace, load: Callable[[str], Graph], profiles: list[Profile], platforms: list[str]
 ) -> int:
     """`kiln image PROFILE... --platform a,b`: every profile for every platform, one DIR/<profile>/ each."""
+    from kiln.image.manifest import write_release_sums
     from kiln.image.multiarch import build_platforms, make_platform_images
 
     parts = build_platforms(load, profiles, platforms, args.jobs, json_output=args.json, say=say_line)

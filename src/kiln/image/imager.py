@@ -249,9 +249,7 @@ def write_output(profile: Profile, assets: BootAssets, dest: Path, built: Built)
             if profile.disk_format != "raw":
                 convert(raw, profile.disk_format, final, assets)
                 compress(final, profile.out_format, assets.epoch)
-            elif profile.out_format == ".tar.gz":  # the tarball holds the disk as disk.raw, as GCP wants
-                compress(raw, profile.out_format, assets.epoch, dest / f"{profile.file_name}.tar.gz")
-            else:
+            else:  # compressed from its temporary name: a .tar.gz holds it as disk.raw, as GCP wants
                 compress(raw, profile.out_format, assets.epoch, dest / f"{profile.file_name}{_suffix(profile)}")
     elif kind == "uki":
         from kiln.image.uki import build_uki

@@ -54,7 +54,11 @@ BINFMT=/proc/sys/fs/binfmt_misc
 case "$(uname -m)" in x86_64) other=aarch64 ;; aarch64) other=x86_64 ;; *) other="" ;; esac
 if [ -n "$other" ] && [ -f "/usr/lib/binfmt.d/qemu-$other.conf" ] && [ ! -e "$BINFMT/qemu-$other" ]; then
     [ -e "$BINFMT/register" ] || $SUDO mount -t binfmt_misc binfmt_misc "$BINFMT" 2>/dev/null || true
-    if [ -e "$BINFMT/register" ]; then
+    if [ -e "$BINFMT/qemu-$other" ]; then
+        # binfmt_misc is the kernel's, not the container's: in a privileged CI container, mounting it
+        # shows what the host registered already (registering again fails with EEXIST).
+        echo "setup-host: qemu-$other is registered for binfmt_misc already"
+    elif [ -e "$BINFMT/register" ]; then
         echo "setup-host: registering qemu-$other for binfmt_misc"
         $SUDO sh -c "cat /usr/lib/binfmt.d/qemu-$other.conf > $BINFMT/register"
     else

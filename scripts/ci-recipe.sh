@@ -114,6 +114,14 @@ say "debootstrap --variant=minbase bookworm $WORK/root http://deb.debian.org/deb
 debootstrap --variant=minbase --cache-dir="$DOWNLOADS/debootstrap" bookworm "$WORK/root" http://deb.debian.org/debian \
     >"$WORK/debootstrap.log" 2>&1 || { tail -n 30 "$WORK/debootstrap.log" >&2; exit 1; }
 rm -rf "$WORK/root/var/cache/apt/archives/"*.deb "$WORK/root/var/lib/apt/lists/"*
+# A machine behind a TLS-inspecting proxy trusts its CA through /usr/local/share/ca-certificates;
+# so does the root (the job's ca-certificates install adds it), and pip is told to use that bundle.
+CA_ENV=""
+if ls /usr/local/share/ca-certificates/*.crt >/dev/null 2>&1; then
+    say "adding this host's local CA certificates to the root: $(cd /usr/local/share/ca-certificates && echo *.crt)"
+    cp /usr/local/share/ca-certificates/*.crt "$WORK/root/usr/local/share/ca-certificates/"
+    CA_ENV=PIP_CERT=/etc/ssl/certs/ca-certificates.crt
+fi
 say "docker import as $IMAGE"
 tar -C "$WORK/root" --numeric-owner -c . | docker import - "$IMAGE" >/dev/null
 rm -rf --one-file-system "$WORK/root"
@@ -155,6 +163,7 @@ if ! docker run --rm --privileged --network host "$IMAGE" true 2>"$WORK/probe.er
 fi
 say "docker run $* --network host $IMAGE (workspace $WORK/checkout)"
 set -- "$@" -e KILN_PROGRESS=plain -e PYTHONUNBUFFERED=1
+[ -z "$CA_ENV" ] || set -- "$@" -e "$CA_ENV"
 [ -z "${KILN_VERSION:-}" ] || set -- "$@" -e "KILN_VERSION=$KILN_VERSION"
 docker run --name "$CONTAINER" --network host "$@" \
     -v "$WORK/checkout:/workspace" -w /workspace -v "$WORK/job.sh:/ci-job.sh:ro" \

@@ -119,6 +119,7 @@ rm -rf "$WORK/root/var/cache/apt/archives/"*.deb "$WORK/root/var/lib/apt/lists/"
 CA_ENV=""
 if ls /usr/local/share/ca-certificates/*.crt >/dev/null 2>&1; then
     say "adding this host's local CA certificates to the root: $(cd /usr/local/share/ca-certificates && echo *.crt)"
+    mkdir -p "$WORK/root/usr/local/share/ca-certificates"
     cp /usr/local/share/ca-certificates/*.crt "$WORK/root/usr/local/share/ca-certificates/"
     CA_ENV=PIP_CERT=/etc/ssl/certs/ca-certificates.crt
 fi

@@ -153,7 +153,7 @@ class Session:
         tools = self.build_tools(names, jobs, progress, no_cache=no_cache, keep_going=keep_going, origin=origin)
         if any(outcome.status == FAILED for outcome in tools.values()):
             return tools
-        if isinstance(self.builder.runner, GraphRunner) or self.needs_seed(self._to_build(names, no_cache)):
+        if isinstance(self.builder.runner, GraphRunner) or self.needs_seed(self._to_build(names, no_cache=no_cache)):
             self._pinned_seed()  # a whole-graph runner's export names the seed even for scratch packages
         scheduler = Scheduler(
             self.builder,
@@ -170,7 +170,7 @@ class Session:
             self.push([self.keys[n] for n in names if self.store.has(self.keys[n])], cache_to)
         return outcomes
 
-    def _to_build(self, names: list[str], no_cache: bool) -> list[str]:
+    def _to_build(self, names: list[str], *, no_cache: bool) -> list[str]:
         """The packages this build will make: every one with no_cache, else those not stored.
 
         The stored ones are pinned here (the scheduler pins them too), so none can be evicted

@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 KILN := $(BIN)/kiln
 
-.PHONY: setup services image test unit lint bench bench-runners release clean
+.PHONY: setup setup-image services image test unit lint bench bench-runners release clean
 
 $(BIN)/kiln: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -12,8 +12,16 @@ $(BIN)/kiln: pyproject.toml constraints.txt
 	$(BIN)/pip install -q -c constraints.txt -e '.[test]'
 	touch $@
 
-setup: $(BIN)/kiln
+# The host tools first: on a fresh Debian (a CI job's debian:12 container) python3-venv comes from them.
+setup:
 	./scripts/setup-host.sh
+	$(MAKE) --no-print-directory $(BIN)/kiln
+
+# Only what building packages and making the metal and iso images needs, not the tests' tools
+# (QEMU system emulators, firmware, swtpm, signing tools, ...): docs/ci.md's image jobs.
+setup-image:
+	./scripts/setup-host.sh --image
+	$(MAKE) --no-print-directory $(BIN)/kiln
 
 # Kiln's main job: the default image, a bare-metal raw disk (profiles/metal.yaml) and the live ISO
 # (profiles/iso.yaml), building every package they need through the graph, into _out/metal/ and

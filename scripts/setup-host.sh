@@ -1,13 +1,27 @@
 #!/bin/sh
 # Install the host tools Kiln drives (Debian 12) and the deb-src entry the Debian-source
 # mirror needs. Idempotent: installs only what is missing.
+#
+# `setup-host.sh --image` installs only what building packages and making the metal and iso
+# images needs (IMAGE_PACKAGES: the sandbox, debootstrap, the archivers, GRUB, xorriso, mtools,
+# the strip of each arch, qemu-user for arm64's cross-built test steps), for a CI job that builds
+# and uploads images (docs/ci.md); without it, everything the tests need too (QEMU system
+# emulators and firmware, swtpm, the signing tools, the installer's file systems, Go, ...).
 set -eu
+IMAGE_PACKAGES="python3-venv git bubblewrap debootstrap util-linux tar xz-utils zstd lzip gzip cpio
+  squashfs-tools kmod grub-common grub-pc-bin grub-efi-amd64-bin xorriso mtools dosfstools fdisk
+  binutils binutils-aarch64-linux-gnu qemu-user-static"
 PACKAGES="python3-venv graphviz fonts-dejavu-core fish diffoscope-minimal bubblewrap debootstrap util-linux tar xz-utils zstd cpio squashfs-tools kmod qemu-system-x86 qemu-utils ovmf golang-go
   grub-common grub-pc-bin grub-efi-amd64-bin xorriso mtools dosfstools e2fsprogs fdisk gdisk ipxe-qemu gzip
   lvm2 mdadm ntfs-3g exfatprogs f2fs-tools lzip dnsmasq-base chrony iproute2 socat
   qemu-system-arm qemu-efi-aarch64 qemu-user-static binutils-aarch64-linux-gnu
   osslsigncode sbsigntool efitools systemd-boot-efi shim-unsigned swtpm swtpm-tools binutils
   libtss2-esys-3.0.2-0 libtss2-tcti-swtpm0"
+case "${1:-}" in
+    --image) PACKAGES=$IMAGE_PACKAGES ;;
+    "") ;;
+    *) echo "usage: $0 [--image]" >&2; exit 2 ;;
+esac
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
 
@@ -40,7 +54,11 @@ BINFMT=/proc/sys/fs/binfmt_misc
 case "$(uname -m)" in x86_64) other=aarch64 ;; aarch64) other=x86_64 ;; *) other="" ;; esac
 if [ -n "$other" ] && [ -f "/usr/lib/binfmt.d/qemu-$other.conf" ] && [ ! -e "$BINFMT/qemu-$other" ]; then
     [ -e "$BINFMT/register" ] || $SUDO mount -t binfmt_misc binfmt_misc "$BINFMT" 2>/dev/null || true
-    if [ -e "$BINFMT/register" ]; then
+    if [ -e "$BINFMT/qemu-$other" ]; then
+        # binfmt_misc is the kernel's, not the container's: in a privileged CI container, mounting it
+        # shows what the host registered already (registering again fails with EEXIST).
+        echo "setup-host: qemu-$other is registered for binfmt_misc already"
+    elif [ -e "$BINFMT/register" ]; then
         echo "setup-host: registering qemu-$other for binfmt_misc"
         $SUDO sh -c "cat /usr/lib/binfmt.d/qemu-$other.conf > $BINFMT/register"
     else

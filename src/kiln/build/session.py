@@ -154,7 +154,7 @@ class Session:
         tools = self.build_tools(names, jobs, progress, no_cache=no_cache, keep_going=keep_going, origin=origin)
         if any(outcome.status == FAILED for outcome in tools.values()):
             return tools
-        if self.needs_seed(names) or isinstance(self.builder.runner, GraphRunner):
+        if isinstance(self.builder.runner, GraphRunner) or self.needs_seed(self._to_build(names, no_cache=no_cache)):
             self._pinned_seed()  # a whole-graph runner's export names the seed even for scratch packages
         scheduler = Scheduler(
             self.builder,
@@ -191,6 +191,17 @@ class Session:
             say(f"{name}: building again to compare with {self.keys[name][:16]}")
             checked.append(check_package(self.builder, self.store, name, self.source_date_epoch, lambda _: None))
         return checked
+
+    def _to_build(self, names: list[str], *, no_cache: bool) -> list[str]:
+        """The packages this build will make: every one with no_cache, else those not stored.
+
+        The stored ones are pinned here (the scheduler pins them too), so none can be evicted
+        between this check and its use: a build whose every entry is stored or pulled needs no
+        seed, and does not make one (a debootstrap of a few hundred packages in a fresh CI container).
+        """
+        if no_cache:
+            return names
+        return [name for name in names if not self.pins.pin(self.keys[name])]
 
     def build_tools(
         self,

@@ -461,7 +461,13 @@ def zstd_blob(tmp_path: Path, data: bytes) -> Path:
 @pytest.mark.parametrize(
     ("data", "message"),
     [
-        (tar_bytes([entry("etc", tarfile.SYMTYPE, "/etc"), entry("etc/cron.d/x")]), "'etc' is a symlink"),
+        (tar_bytes([entry("etc", tarfile.SYMTYPE, "/etc"), entry("etc/cron.d/x")]), "through the symlink 'etc'"),
+        (
+            tar_bytes([entry("up", tarfile.SYMTYPE, "../.."), entry("x", tarfile.LNKTYPE, "up/etc/shadow")]),
+            "hardlink target 'up/etc/shadow' goes through the symlink 'up'",
+        ),
+        (tar_bytes([entry("/abs")]), "absolute path"),
+        (tar_bytes([entry("a/../../b")]), "'..' component"),
         (
             corrupt_after_first(
                 [entry("a", tarfile.DIRTYPE), entry("b", tarfile.DIRTYPE), entry("c", tarfile.SYMTYPE, "/etc/passwd")]
@@ -470,7 +476,7 @@ def zstd_blob(tmp_path: Path, data: bytes) -> Path:
         ),
         (tar_bytes([entry("dev/sda", tarfile.BLKTYPE)]), "device node"),
     ],
-    ids=["symlink-out", "corrupt-header", "device"],
+    ids=["written-through-symlink", "hardlink-through-symlink", "absolute-name", "dotdot", "corrupt-header", "device"],
 )
 def test_pulled_tree_is_checked_before_it_is_unpacked(tmp_path: Path, data: bytes, message: str) -> None:
     from kiln.build.remote import RemoteError, _unpack
@@ -491,6 +497,9 @@ def test_pack_and_unpack_round_trip_without_a_shell(tmp_path: Path) -> None:
     (staging / "tree" / "bin").mkdir()
     (staging / "tree" / "bin" / "tool").write_bytes(b"tool")
     (staging / "tree" / "lib").symlink_to("bin")
+    # a store tree's own links may point anywhere: toolchain-seed's tools link to the seed's binutils
+    (staging / "tree" / "bin" / "x86_64-kiln-linux-musl-ar").symlink_to("/usr/bin/ar")
+    (staging / "tree" / "bin" / "up").symlink_to("../../..")
     entry_ = store.commit("c" * 64, staging, "tool", {}, 1704067200)
     blob = tmp_path / "tree.tar.zst"
     _pack(entry_, blob)
@@ -498,6 +507,8 @@ def test_pack_and_unpack_round_trip_without_a_shell(tmp_path: Path) -> None:
     tree.mkdir()
     _unpack(blob, tree, tmp_path)
     assert (tree / "bin" / "tool").read_bytes() == b"tool" and os.readlink(tree / "lib") == "bin"
+    assert os.readlink(tree / "bin" / "x86_64-kiln-linux-musl-ar") == "/usr/bin/ar"
+    assert os.readlink(tree / "bin" / "up") == "../../.."
 
 
 def test_verdict_of_the_older_check_is_judged_again(tmp_path: Path, mirror: Path) -> None:

@@ -155,9 +155,10 @@ def _pack(entry: Entry, dest: Path) -> None:
 
 
 def _unpack(blob: Path, tree: Path, work: Path) -> None:
-    """Decompress, refuse what check_archive refuses (read to a clean end, nothing out of the tree,
-    no devices), then unpack with GNU tar into the empty staging tree."""
-    from kiln.build.sources.archives import check_archive
+    """Decompress, refuse what check_tree_archive refuses (read to a clean end, nothing written out
+    of the tree or through its own symlinks, no devices), then unpack with GNU tar into the empty
+    staging tree. Its symlinks may point anywhere: they are the stored tree's own."""
+    from kiln.build.sources.archives import check_tree_archive
     from kiln.build.sources.errors import FetchError
 
     plain = work / "tree.tar"
@@ -167,8 +168,7 @@ def _unpack(blob: Path, tree: Path, work: Path) -> None:
         error=RemoteError,
     )
     try:
-        if check_archive(plain, "pulled tree", strip_components=0) != "tar":
-            raise RemoteError("a pulled tree is not a tar archive")
+        check_tree_archive(plain, "pulled tree")
     except FetchError as exc:
         raise RemoteError(exc.message) from None
     if any(tree.iterdir()):

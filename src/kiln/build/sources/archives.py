@@ -361,6 +361,32 @@ def check_archive(path: Path, name: str | None = None, strip_components: int | N
     return checked
 
 
+def check_tree_archive(path: Path, name: str) -> None:
+    """Refuse a plain tar of a store tree (a pulled cache entry) that could write outside the tree.
+
+    Not the source-archive rules: a store tree holds symlinks to absolute paths on purpose
+    (toolchain-seed's `x86_64-kiln-linux-musl-ar -> /usr/bin/ar`), which mean something inside a
+    build root or an image and are never followed on the host. What is refused: the names
+    check_archive refuses (absolute, `..`, control characters, devices, hardlinks out), and any
+    member or hardlink target whose path goes through one of the archive's own symlinks, the one
+    way a tar's later member is written (or linked) where an earlier symlink points.
+    """
+    if _sniff(path) is not None:
+        raise FetchError(f"unsafe archive {name}: not a plain tar")
+    members = _tar_members(path, None, name)
+    if members is None:
+        raise FetchError(f"unsafe archive {name}: not a tar archive")
+    _check_names(members, name)
+    symlinks = {"/".join(p for p in m.name.split("/") if p not in ("", ".")) for m in members if m.kind == "symlink"}
+    for member in members:
+        paths = [("member", member.name)] + ([("hardlink target", member.link)] if member.kind == "hardlink" else [])
+        for what, text in paths:
+            parts = [p for p in text.split("/") if p not in ("", ".")]
+            through = next(("/".join(parts[:i]) for i in range(1, len(parts)) if "/".join(parts[:i]) in symlinks), None)
+            if through is not None:
+                raise FetchError(f"unsafe archive {name}: {what} {text!r} goes through the symlink {through!r}")
+
+
 def _check_names(members: list[Member], shown: str) -> None:
     """What no extraction should ever write: absolute names, `..`, control characters, devices."""
     for member in members:

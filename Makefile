@@ -3,13 +3,16 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 KILN := $(BIN)/kiln
+# What .venv installs besides Kiln: the test tools (and matplotlib, which the tests draw with) by
+# default; setup-image installs none of them.
+EXTRAS ?= [test]
 
 .PHONY: setup setup-image services image test unit lint bench bench-runners release clean
 
 $(BIN)/kiln: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -c constraints.txt -e '.[test]'
+	$(BIN)/pip install -q -c constraints.txt -e '.$(EXTRAS)'
 	touch $@
 
 # The host tools first: on a fresh Debian (a CI job's debian:12 container) python3-venv comes from them.
@@ -21,7 +24,7 @@ setup:
 # (QEMU system emulators, firmware, swtpm, signing tools, ...): docs/ci.md's image jobs.
 setup-image:
 	./scripts/setup-host.sh --image
-	$(MAKE) --no-print-directory $(BIN)/kiln
+	$(MAKE) --no-print-directory $(BIN)/kiln EXTRAS=
 
 # Kiln's main job: the default image, a bare-metal raw disk (profiles/metal.yaml) and the live ISO
 # (profiles/iso.yaml), building every package they need through the graph, into _out/metal/ and

@@ -100,9 +100,12 @@ def test_the_arm64_nocloud_image_boots_on_its_platform(arm64_profiles: Path, tmp
 
 
 def test_arm64_outputs_are_reproducible(arm64_profiles: Path, tmp_path: Path) -> None:
+    """The arm64 profiles assembled again give the same bytes. The clouds' disks differ from metal's
+    only in their command line and in format and compression code that is not per arch, which the
+    amd64 profiles' two runs check (tests/e2e/test_profiles_outputs.py): not assembled a third time."""
     again = tmp_path / "again"
-    kiln("image", *PROFILES, *CLOUDS, "--platform", "linux/arm64", "--out", str(again), timeout=3600)
-    for profile in (*PROFILES, *CLOUDS):
+    kiln("image", *PROFILES, "--platform", "linux/arm64", "--out", str(again), timeout=3600)
+    for profile in PROFILES:
         first, second = manifest(arm64_profiles / profile), manifest(again / profile)
         assert first["artifacts"] == second["artifacts"], f"{profile}: the two assemblies differ"
         assert first["inputs"] == second["inputs"]

@@ -294,6 +294,16 @@ def cmd_kernel(args: argparse.Namespace) -> int:
     tree = load_tree(Path(args.pkgs), host_platform(), _overrides(args), Path(args.from_tar) if args.from_tar else None)
     output = Path(args.output) if args.output else None
     result = tool.run(Session.open(Graph(tree)), args.kernel_verb, arch, output)
+    if args.json:
+        written = str(result.written) if result.written is not None else None
+        fields = {
+            "arch": arch,
+            "written": written,
+            "changed": result.changed,
+            "output": str(output) if output else None,
+        }
+        print(json.dumps(fields, indent=2))
+        return 0
     if result.written is None:
         print("kernel_fragments is set: the main config was left as it is (fragments stay separate)")
     else:
@@ -503,7 +513,7 @@ def build_parser() -> argparse.ArgumentParser:
     cache = verbs.add_parser("cache", help="inspect and clean the store", description="inspect and clean the store")
     cache_verbs = cache.add_subparsers(dest="cache_verb", metavar="ACTION", required=True)
     cache_ls = cache_verbs.add_parser("ls", help="list store entries")
-    cache_ls.add_argument("--json", action="store_true")
+    cache_ls.add_argument("--json", action="store_true", help="the entries as JSON: key, name, size, files")
     cache_verify = cache_verbs.add_parser("verify", help="check entries against their recorded file lists")
     cache_verify.add_argument("keys", nargs="*", metavar="KEY|NAME")
     cache_verify.add_argument("--json", action="store_true", help="the result as JSON: ok, damaged entries")
@@ -539,6 +549,7 @@ def build_parser() -> argparse.ArgumentParser:
         sub = kernel_verbs.add_parser(action, parents=[common], help=text, description=text)
         sub.add_argument("--arch", choices=["amd64", "arm64"], help="which config (default: --platform's arch)")
         sub.add_argument("--output", metavar="FILE", help="also write the full resolved .config here")
+        sub.add_argument("--json", action="store_true", help="what was written, as JSON")
     kernel.set_defaults(handler=cmd_kernel)
 
     image = verb(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shutil
@@ -198,3 +199,28 @@ def test_fish_completion_from_the_parser_in_a_real_fish(tmp_path: Path) -> None:
     assert {"gc", "ls", "push", "pull"} <= set(complete("kiln cache "))
     assert "--json" in complete("kiln cache ls --j")
     assert "--keep-running" not in complete("kiln boot --kee")  # hidden old names are not offered
+
+
+def every_verb(
+    parser: argparse.ArgumentParser, path: tuple[str, ...] = ()
+) -> list[tuple[tuple[str, ...], argparse.ArgumentParser]]:
+    """Every verb and sub-verb of the parser, with its own parser."""
+    found = [(path, parser)] if path else []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                found += every_verb(sub, (*path, name))
+    return found
+
+
+def test_every_verb_has_help_and_every_json_option_says_what_it_prints(capsys: pytest.CaptureFixture[str]) -> None:
+    verbs = every_verb(build_parser())
+    assert len(verbs) > 30
+    for path, parser in verbs:
+        with pytest.raises(SystemExit) as exit_info:
+            build_parser().parse_args([*path, "--help"])
+        assert exit_info.value.code == 0, path
+        assert capsys.readouterr().out.startswith(f"usage: kiln {' '.join(path)}"), path
+        for action in parser._actions:
+            if "--json" in action.option_strings:
+                assert action.help and action.help != argparse.SUPPRESS, f"kiln {' '.join(path)} --json"

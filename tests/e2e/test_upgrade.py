@@ -305,7 +305,10 @@ class Session:
         return answer
 
     def upgrade(self, pki: Path, request: dict[str, object]) -> dict[str, object]:
-        """POST /v1/upgrade, then poll the status until the upgrade failed or the machine went away."""
+        """POST /v1/upgrade, then poll the status until the upgrade failed or is rebooting, or QEMU ended.
+
+        An API that does not answer while QEMU runs is asked again: on a loaded host a slow answer
+        looks like a refused one, and a machine on its way to reboot ends QEMU (-no-reboot) soon."""
         code, answer = api(self.port, pki, "POST", "/v1/upgrade", request)
         assert code == 202, answer
         last: dict[str, object] = {}
@@ -314,7 +317,8 @@ class Session:
             try:
                 last = self.status(pki)
             except (OSError, http.client.HTTPException):
-                break  # rebooting: the API went away with the network
+                time.sleep(0.5)  # rebooting (QEMU ends, the loop with it) or slow: ask again
+                continue
             upgrade = last.get("upgrade") or {}
             assert isinstance(upgrade, dict)
             if upgrade.get("state") in ("failed", "rebooting"):

@@ -14,6 +14,7 @@ from kiln.cli import main
 from kiln.core import registry
 from kiln.core.errors import InputError
 from kiln.core.registry import Ref
+from kiln.core.semver import SemVer
 from kiln.image.assets import BootAssets
 from kiln.image.outputs.installer import INDEX_TYPE, build_installer, build_installer_index, image_tag
 from kiln.installer.image_layout import VERSION_KEY, open_layout
@@ -21,7 +22,6 @@ from kiln.installer.release import (
     ARCH_KEY,
     CHANNEL_KEY,
     UPGRADE_FROM_KEY,
-    SemVer,
     annotated_manifest,
     push_release,
     push_releases,

@@ -15,7 +15,7 @@ import pytest
 from kiln import __version__
 from kiln.core.errors import InputError
 from kiln.core.release_version import VERSION_ENV, from_describe, git_version, release_version
-from kiln.installer.release import SemVer
+from kiln.core.semver import SemVer
 from tests.conftest import Result, write_tree
 
 

@@ -18,18 +18,15 @@ from pathlib import Path
 
 from kiln import __version__
 from kiln.core.errors import InputError, Location
+from kiln.core.semver import SEMVER
 
 VERSION_ENV = "KILN_VERSION"
 VERSION_VARIABLE = "kiln_version"
-_SEMVER = re.compile(
-    r"(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)"
-    r"(-[0-9A-Za-z-]+(\.[0-9A-Za-z-]+)*)?(\+[0-9A-Za-z-]+(\.[0-9A-Za-z-]+)*)?"
-)
 _DESCRIBE = re.compile(r"v?(?P<tag>\d+\.\d+\.\d+(?:-[0-9A-Za-z.-]+)?)-(?P<distance>\d+)-g(?P<commit>[0-9a-f]+)")
 
 
 def check(version: str, where: str, location: Location | None = None) -> str:
-    if not _SEMVER.fullmatch(version):
+    if not SEMVER.fullmatch(version):
         raise InputError(
             f"{where}: {version!r} is not a semantic version (MAJOR.MINOR.PATCH with an optional -prerelease, "
             "such as 1.4.0 or 1.5.0-rc.1)",

@@ -27,13 +27,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from kiln.core.console import say_line
 from kiln.core.errors import InputError
+from kiln.core.semver import SemVer
 from kiln.image.outputs.installer import INDEX_TYPE, MANIFEST_TYPE, image_tag
 from kiln.installer.image_layout import VERSION_KEY, Blob, Layout, read_image, read_images
 
@@ -46,55 +46,6 @@ ARCH_KEY = "dev.kiln.architecture"
 UPGRADE_FROM_KEY = "dev.kiln.upgrade-from"
 RELEASE_KEYS = (CHANNEL_KEY, ARCH_KEY, UPGRADE_FROM_KEY)  # replaced, never kept from the layout
 MIB = 1 << 20
-
-_ID = r"(?:0|[1-9][0-9]*|[0-9]*[A-Za-z-][0-9A-Za-z-]*)"
-_SEMVER = re.compile(
-    rf"(?P<major>0|[1-9][0-9]*)\.(?P<minor>0|[1-9][0-9]*)\.(?P<patch>0|[1-9][0-9]*)"
-    rf"(?:-(?P<pre>{_ID}(?:\.{_ID})*))?(?:\+(?P<build>[0-9A-Za-z-]+(?:\.[0-9A-Za-z-]+)*))?"
-)
-
-
-# --- semantic versions -----------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class SemVer:
-    """A semantic version (semver.org 2.0.0): X.Y.Z, an optional -prerelease and +build."""
-
-    text: str
-    major: int
-    minor: int
-    patch: int
-    prerelease: tuple[str, ...] = ()
-
-    @classmethod
-    def parse(cls, text: str, what: str = "version") -> SemVer:
-        match = _SEMVER.fullmatch(text)
-        if not match:
-            raise InputError(
-                f"{what} {text!r} is not a semantic version: expected MAJOR.MINOR.PATCH with an optional "
-                "-prerelease and +build (such as 1.4.0, 1.5.0-rc.1 or 1.5.0+g1234abc)"
-            )
-        pre = match.group("pre")
-        return cls(
-            text, int(match["major"]), int(match["minor"]), int(match["patch"]), tuple(pre.split(".")) if pre else ()
-        )
-
-    def key(self) -> tuple[Any, ...]:
-        """Precedence: numbers, then a release above its prereleases, whose identifiers compare one by one
-        (numeric ones as numbers and below alphanumeric ones); build metadata does not count."""
-        pre = tuple((0, int(i), "") if i.isdigit() else (1, 0, i) for i in self.prerelease)
-        return (self.major, self.minor, self.patch, 0 if pre else 1, pre)
-
-    def __lt__(self, other: SemVer) -> bool:
-        return self.key() < other.key()
-
-    def __le__(self, other: SemVer) -> bool:
-        return self.key() <= other.key()
-
-    def __str__(self) -> str:
-        return self.text
-
 
 # --- the release ---------------------------------------------------------------------------------------------------
 

@@ -17,6 +17,7 @@ from kiln.boot.qemu import READY, BootResult, Machine, boot, machine_for
 from kiln.boot.unpack import is_compressed, uncompressed
 from kiln.core.errors import BuildError, InputError
 from kiln.core.paths import cache_dir
+from kiln.core.renamed import renamed
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -94,12 +95,15 @@ def _shows_banner(machine: Machine, seconds: float) -> bool:
 
 def blank_disk_size(args: argparse.Namespace) -> str | None:
     """--blank-disk SIZE, or the old --disk SIZE with a word on the new name."""
-    if args.old_disk is not None:
-        if args.blank_disk is not None:
-            raise InputError("--disk is the old name of --blank-disk: give one of them")
-        print("kiln boot: --disk SIZE is now --blank-disk SIZE (kiln install's --disk names a device)", file=sys.stderr)
-        return str(args.old_disk)
-    return str(args.blank_disk) if args.blank_disk is not None else None
+    size = renamed(
+        "boot",
+        "--disk SIZE",
+        "--blank-disk SIZE",
+        args.old_disk,
+        args.blank_disk,
+        "kiln install's --disk names a device",
+    )
+    return str(size) if size is not None else None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -125,9 +129,8 @@ def _boot(args: argparse.Namespace, artifact: Path, arch: str) -> int:
     print(f"kiln boot: {accel.accel} ({accel.why})", file=sys.stderr)
     machine.api_port = args.api
     size = blank_disk_size(args)
-    if args.old_keep:
-        print("kiln boot: --keep-running is now --keep", file=sys.stderr)
-    keep = args.keep or args.old_keep or args.api is not None
+    old_keep = bool(renamed("boot", "--keep-running", "--keep", args.old_keep or None, None))  # both: no clash
+    keep = args.keep or old_keep or args.api is not None
     with tempfile.TemporaryDirectory(prefix="kiln-disk-") as tmp:
         if size or args.disk_file:
             disk = Path(args.disk_file) if args.disk_file else Path(tmp) / "disk.qcow2"

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from kiln.core.console import say_line
 from kiln.core.errors import BuildError, InputError
+from kiln.core.renamed import renamed
 from kiln.pkg.graph import Graph
 
 OUTPUTS = ("kernel", "initramfs")
@@ -49,12 +50,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def kinds(args: argparse.Namespace) -> str:
     """--kind, or the old --output with a word on the new name; default kernel,initramfs."""
-    if args.old_output is not None:
-        if args.kind is not None:
-            raise InputError("--output is the old name of --kind: give one of them")
-        print("kiln image: --output is now --kind (--out names the directory)", file=sys.stderr)
-        return str(args.old_output)
-    return str(args.kind) if args.kind is not None else DEFAULT_KINDS
+    given = renamed("image", "--output", "--kind", args.old_output, args.kind, "--out names the directory")
+    return str(given) if given is not None else DEFAULT_KINDS
 
 
 def run(graph: Graph, args: argparse.Namespace) -> int:

@@ -582,46 +582,38 @@ def build_parser() -> argparse.ArgumentParser:
     release_command.add_arguments(release_push)
     release_push.set_defaults(handler=cmd_release)
 
-    boot = verbs.add_parser(
-        "boot",
-        help="boot an artifact in QEMU and wait for machined's ready line",
-        description="boot an artifact in QEMU and wait for machined's ready line",
-    )
-    boot_command.add_arguments(boot)
-    boot.set_defaults(handler=boot_command.run)
+    def room_verb(name: str, room: Any, help_text: str, description: str | None = None) -> None:
+        """A verb that reads no package tree: its room's add_arguments and run."""
+        sub = verbs.add_parser(name, help=help_text, description=description or help_text)
+        room.add_arguments(sub)
+        sub.set_defaults(handler=room.run)
 
-    node = verbs.add_parser(
+    room_verb("boot", boot_command, "boot an artifact in QEMU and wait for machined's ready line")
+    room_verb(
         "node",
-        help="talk to running machines over machined's mutual-TLS API: status, logs, rollback, rolling upgrades",
-        description="talk to running machines over machined's mutual-TLS API (docs/node-client.md)",
+        node_command,
+        "talk to running machines over machined's mutual-TLS API: status, logs, rollback, rolling upgrades",
+        "talk to running machines over machined's mutual-TLS API (docs/node-client.md)",
     )
-    node_command.add_arguments(node)
-    node.set_defaults(handler=node_command.run)
-
-    keys = verbs.add_parser(
+    room_verb(
         "keys",
-        help="make your own Secure Boot, kernel module and release keys",
-        description="make your own Secure Boot, kernel module and release keys (docs/secure-boot.md)",
+        keys_command,
+        "make your own Secure Boot, kernel module and release keys",
+        "make your own Secure Boot, kernel module and release keys (docs/secure-boot.md)",
     )
-    keys_command.add_arguments(keys)
-    keys.set_defaults(handler=keys_command.run)
-
-    report = verbs.add_parser(
+    room_verb(
         "report",
-        help="pictures: a build's timeline (kiln build --json) or what takes the space in an image",
-        description="draw a build's timeline from kiln build --json, or measure what takes the space in an image",
+        report_command,
+        "pictures: a build's timeline (kiln build --json) or what takes the space in an image",
+        "draw a build's timeline from kiln build --json, or measure what takes the space in an image",
     )
-    report_command.add_arguments(report)
-    report.set_defaults(handler=report_command.run)
-
-    verify = verbs.add_parser(
+    room_verb(
         "verify",
-        help="check DIR against its SHA256SUMS and the release key's signature over it",
-        description="check that DIR holds exactly the files its SHA256SUMS lists, and that SHA256SUMS.sig "
+        verify_command,
+        "check DIR against its SHA256SUMS and the release key's signature over it",
+        "check that DIR holds exactly the files its SHA256SUMS lists, and that SHA256SUMS.sig "
         "is the release key's signature over it (docs/release-signing.md)",
     )
-    verify_command.add_arguments(verify)
-    verify.set_defaults(handler=verify_command.run)
 
     completion = verbs.add_parser(
         "completion",

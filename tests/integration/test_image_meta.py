@@ -8,6 +8,7 @@ import hashlib
 import json
 import subprocess
 import tarfile
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ import pytest
 from kiln.image.compress import compress
 from kiln.image.manifest import SbomPackage, write_manifest, write_sbom
 from kiln.image.sbom_cyclonedx import write_cyclonedx
-from kiln.pkg.loader import load_tree
+from kiln.pkg.loader import Tree, load_tree
 from kiln.pkg.variables import Platform
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -67,17 +68,23 @@ def test_raw_out_format_leaves_the_file(tmp_path: Path) -> None:
     assert compress(disk, "raw", EPOCH) == disk and disk.exists()
 
 
-def test_sbom_validates_lists_the_packages_and_is_reproducible(tmp_path: Path) -> None:
-    from spdx_tools.spdx.parser.parse_anything import parse_file
-    from spdx_tools.spdx.validation.document_validator import validate_full_spdx_document
-
+def written_twice(write: Callable[..., Path], rootfs: list[str], tmp_path: Path) -> tuple[Tree, list[Path]]:
+    """The shipped tree, and one SBOM writer's document for `rootfs` and the kernel, written twice."""
     tree = load_tree(ROOT / "pkgs", Platform.parse("linux/amd64"))
-    chosen = [SbomPackage(tree.packages[n], f"{i:064x}", "rootfs") for i, n in enumerate(["kmod", "e2fsprogs"])]
+    chosen = [SbomPackage(tree.packages[n], f"{i:064x}", "rootfs") for i, n in enumerate(rootfs)]
     chosen.append(SbomPackage(tree.packages["kernel"], "f" * 64, "kernel"))
     outputs = []
     for run in ("a", "b"):
         (tmp_path / run).mkdir()
-        outputs.append(write_sbom(tmp_path / run, "metal", "0.1.0", "ab" * 32, EPOCH, chosen))
+        outputs.append(write(tmp_path / run, "metal", "0.1.0", "ab" * 32, EPOCH, chosen))
+    return tree, outputs
+
+
+def test_sbom_validates_lists_the_packages_and_is_reproducible(tmp_path: Path) -> None:
+    from spdx_tools.spdx.parser.parse_anything import parse_file
+    from spdx_tools.spdx.validation.document_validator import validate_full_spdx_document
+
+    tree, outputs = written_twice(write_sbom, ["kmod", "e2fsprogs"], tmp_path)
     assert outputs[0].read_bytes() == outputs[1].read_bytes()
     document = parse_file(str(outputs[0]))
     assert validate_full_spdx_document(document) == []
@@ -107,13 +114,7 @@ def test_cyclonedx_sbom_validates_names_purls_cpes_licenses_and_is_reproducible(
     from cyclonedx.schema import SchemaVersion
     from cyclonedx.validation.json import JsonStrictValidator
 
-    tree = load_tree(ROOT / "pkgs", Platform.parse("linux/amd64"))
-    chosen = [SbomPackage(tree.packages[n], f"{i:064x}", "rootfs") for i, n in enumerate(["util-linux", "kmod"])]
-    chosen.append(SbomPackage(tree.packages["kernel"], "f" * 64, "kernel"))
-    outputs = []
-    for run in ("a", "b"):
-        (tmp_path / run).mkdir()
-        outputs.append(write_cyclonedx(tmp_path / run, "metal", "0.1.0", "ab" * 32, EPOCH, chosen))
+    tree, outputs = written_twice(write_cyclonedx, ["util-linux", "kmod"], tmp_path)
     assert outputs[0].name == "sbom.cdx.json" and outputs[0].read_bytes() == outputs[1].read_bytes()
     text = outputs[0].read_text()
     assert JsonStrictValidator(SchemaVersion.V1_5).validate_str(text) is None

@@ -519,6 +519,9 @@ def build_parser() -> argparse.ArgumentParser:
     cache_verify.add_argument("--json", action="store_true", help="the result as JSON: ok, damaged entries")
     cache_gc = cache_verbs.add_parser("gc", help="remove stale temporary dirs; with --max-size evict least used")
     cache_gc.add_argument("--max-size", metavar="SIZE", help="e.g. 20G, 500M")
+    cache_gc.add_argument(
+        "--build-caches", action="store_true", help="also empty the packages' step caches (a step's cache:)"
+    )
     cache_gc.add_argument("--json", action="store_true", help="what was removed, as JSON")
     cache_rm = cache_verbs.add_parser("rm", help="remove entries by key (or prefix) or package name")
     cache_rm.add_argument("keys", nargs="+", metavar="KEY|NAME")

@@ -75,7 +75,8 @@ def runner_of(project: Project) -> set[str]:
 
 
 # A toolchain package and one of variant toolchain; a dependency's sub-tree at a nested `to`; step env
-# with a space; a symlink, an odd mode and file finalize paths.
+# with a space; a step cache (bound by the sandbox, an empty directory on docker, a cache mount on
+# BuildKit); a symlink, an odd mode and file finalize paths.
 TOOLCHAIN = """
 name: toolchain
 variant: stage0
@@ -96,7 +97,9 @@ dependencies:
     to: /usr/include/greet
 steps:
   - env: {GREETING: hi there}
+    cache: [/var/cache/uses-tc]
     build:
+      - test -d /var/cache/uses-tc && touch /var/cache/uses-tc/seen
       - mkdir res && kiln-tool "$GREETING" > res/result
       - test -f /usr/include/greet/greet.h
       - ln -s result res/link && chmod 640 res/result

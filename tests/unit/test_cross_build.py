@@ -11,6 +11,7 @@ from kiln.build.builder import Builder, log_path
 from kiln.build.emulation import cannot_run_reason
 from kiln.build.keys import compute_keys, stage0_key
 from kiln.build.rootplan import RootPlan
+from kiln.build.runners.base import Caches
 from kiln.build.sources.download import Fetcher
 from kiln.build.store import Store
 from kiln.core.errors import BuildError, InputErrors
@@ -195,7 +196,7 @@ class RecordingRoot:
         path.mkdir(parents=True, exist_ok=True)
         return path
 
-    def run(self, script: str, env: dict[str, str], log: IO[bytes], *, network: bool) -> int:
+    def run(self, script: str, env: dict[str, str], log: IO[bytes], *, network: bool, caches: Caches = ()) -> int:
         self.ran.append(script)
         return 0
 

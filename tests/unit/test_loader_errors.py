@@ -154,6 +154,20 @@ CASES: dict[str, tuple[dict[str, str], list[str]]] = {
         {"a/pkg.yaml": "name: a\nvariant: stage0\nsteps:\n  - env:\n      1FOO: x\nfinalize: [{from: /, to: /}]\n"},
         ["pkgs/a/pkg.yaml:4: env name '1FOO' is not a valid shell variable name"],
     ),
+    "cache path that climbs out": (
+        {"a/pkg.yaml": "name: a\nvariant: stage0\nsteps:\n  - cache: [/tmp/../etc]\nfinalize: [{from: /, to: /}]\n"},
+        [
+            "pkgs/a/pkg.yaml:4: cache[0] must be an absolute path of letters, digits and '._+-' "
+            "(a directory inside the build root), not '/tmp/../etc'"
+        ],
+    ),
+    "cache path that is the root": (
+        {"a/pkg.yaml": "name: a\nvariant: stage0\nsteps:\n  - cache: [/]\nfinalize: [{from: /, to: /}]\n"},
+        [
+            "pkgs/a/pkg.yaml:4: cache[0] must be an absolute path of letters, digits and '._+-' "
+            "(a directory inside the build root), not '/'"
+        ],
+    ),
     "bad network": (
         {"a/pkg.yaml": "name: a\nvariant: stage0\nsteps:\n  - network: host\nfinalize: [{from: /, to: /}]\n"},
         ["pkgs/a/pkg.yaml:4: network must be 'none' or 'default', not 'host'"],

@@ -23,6 +23,7 @@ from kiln.build.cancel import TOKEN, Cancelled, Interrupted
 from kiln.build.keys import compute_keys
 from kiln.build.progress import PlainProgress
 from kiln.build.rootplan import RootPlan
+from kiln.build.runners.base import Caches
 from kiln.build.scheduler import Outcome, Scheduler
 from kiln.build.session import NoRunner
 from kiln.build.sources.download import Fetcher
@@ -230,7 +231,7 @@ class NoopRoot:
         path.mkdir(parents=True, exist_ok=True)
         return path
 
-    def run(self, script: str, env: dict[str, str], log: IO[bytes], *, network: bool) -> int:
+    def run(self, script: str, env: dict[str, str], log: IO[bytes], *, network: bool, caches: Caches = ()) -> int:
         self.on_run()
         return 0
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from kiln.build import buildcache
 from kiln.build.cancel import TOKEN
 from kiln.build.emulation import cannot_run_reason
 from kiln.build.keys import local_source_digest, stage0_key, tree_digest
@@ -182,16 +183,26 @@ class Builder:
                 stack.enter_context(self.store.use(dep_key))
             # Made inside the stack, so every way out (error, failure, cancel) discards it unless committed.
             staging = stack.enter_context(self.store.fresh_staging(key))
-            return self._build(package, key, staging, log, on_phase, start)
+            caches = stack.enter_context(
+                buildcache.held(self.store.root, name, self.graph.tree.platform.arch, _cache_paths(package))
+            )
+            return self._build(package, key, staging, log, on_phase, start, caches)
 
     def _build(
-        self, package: Package, key: str, staging: Path, log: Path, on_phase: Callable[[str], None], start: float
+        self,
+        package: Package,
+        key: str,
+        staging: Path,
+        log: Path,
+        on_phase: Callable[[str], None],
+        start: float,
+        caches: dict[str, Path],
     ) -> Entry:
         name = package.name
         with self._open_log(name) as out:
             on_phase("sources")
             with contextlib.closing(self.prepare_root(package, staging / "work")) as root:
-                self._steps(package, root, staging, log, out, on_phase)
+                self._steps(package, root, staging, log, out, on_phase, caches)
             shutil.rmtree(staging / "work")
             seconds = round(time.monotonic() - start, 2)
             _mark(out, f"==> {name}: built in {seconds} s\n")
@@ -199,15 +210,18 @@ class Builder:
 
     def rebuild(self, name: str, staging: Path, log: Path, on_phase: Callable[[str], None]) -> Path:
         """Build `name` again into `staging`/tree and store nothing (kiln build --check): the same root,
-        sources, steps and finalize as `build`. The caller owns `staging` and holds shared locks on
-        the package's inputs; the log goes to `log`, so the stored build's own log stays."""
+        sources, steps and finalize as `build`, but the step caches start empty: an output that
+        depends on them differs. The caller owns `staging` and holds shared locks on the package's
+        inputs; the log goes to `log`, so the stored build's own log stays."""
         package = self.graph.tree.packages[name]
         log.parent.mkdir(parents=True, exist_ok=True)
+        caches = buildcache.empty(staging / "caches", _cache_paths(package))
         with log.open("wb") as out:
             on_phase("sources")
             with contextlib.closing(self.prepare_root(package, staging / "work")) as root:
-                self._steps(package, root, staging, log, out, on_phase)
+                self._steps(package, root, staging, log, out, on_phase, caches)
         shutil.rmtree(staging / "work")
+        shutil.rmtree(staging / "caches", ignore_errors=True)
         return staging / "tree"
 
     def _commit(self, name: str, staging: Path, seconds: float) -> Entry:
@@ -295,13 +309,15 @@ class Builder:
         log: Path,
         out: IO[bytes],
         on_phase: Callable[[str], None],
+        caches: dict[str, Path],
     ) -> None:
-        """Run every snippet in order, then finalize into staging/tree."""
+        """Run every snippet in order, with the step's cache directories, then finalize into staging/tree."""
         name = package.name
         tree = self.graph.tree
         no_tests = cannot_run_reason(tree.platform.carch) if tree.cross else None
         for s_index, step in enumerate(package.steps, start=1):
             env = self.env(step.env)
+            mounts = [(caches[path], path) for path in step.cache]
             for phase, script in step.snippets():
                 if phase == "test" and no_tests:
                     on_phase(f"step {s_index} test skipped")
@@ -312,7 +328,7 @@ class Builder:
                     continue
                 on_phase(f"step {s_index} {phase}")
                 _mark(out, f"==> {name}: step {s_index} {phase}\n{script.rstrip()}\n")
-                code = root.run(script, env, out, network=step.network == "default")
+                code = root.run(script, env, out, network=step.network == "default", caches=mounts)
                 if code != 0:
                     out.flush()
                     raise StepFailed(name, s_index, phase, script, log, code)
@@ -325,6 +341,10 @@ class Builder:
             out.flush()
             tail = log.read_text(errors="replace").splitlines()[-5:]
             raise BuildError(f"package '{name}' failed in finalize:\n" + "\n".join(tail))
+
+
+def _cache_paths(package: Package) -> list[str]:
+    return [path for step in package.steps for path in step.cache]
 
 
 def _mark(out: IO[bytes], text: str) -> None:

@@ -6,6 +6,7 @@ import argparse
 import json
 from typing import Any
 
+from kiln.build import buildcache
 from kiln.build.sources.cache import remove_stale_partials, verify_sources
 from kiln.build.store import Entry, Store
 from kiln.core import console
@@ -44,6 +45,8 @@ def _ls(store: Store, args: argparse.Namespace) -> int:
     rows = [[e.name, e.key[:16], str(e.files), format_size(e.size)] for e in entries]
     total = sum(e.size for e in entries)
     console.print_table(f"store {store.root} ({format_size(total)})", ["name", "key", "files", "size"], rows)
+    if cached := buildcache.size(store.root):
+        print(f"build caches: {format_size(cached)} (kiln cache gc --build-caches empties them)")
     return 0
 
 
@@ -78,12 +81,16 @@ def _gc(store: Store, args: argparse.Namespace) -> int:
     limit = parse_size(args.max_size) if args.max_size else None
     removed = store.gc(limit)
     partials = remove_stale_partials(cache_dir())
+    caches = [str(p.relative_to(store.root)) for p in buildcache.remove_unheld(store.root)] if args.build_caches else []
     if args.json:
-        print(json.dumps({"removed": [str(r) for r in removed], "partial_downloads": len(partials)}, indent=2))
+        report = {"removed": [str(r) for r in removed], "partial_downloads": len(partials), "build_caches": caches}
+        print(json.dumps(report, indent=2))
         return 0
     print(f"removed {len(removed)} entries")
     if partials:
         print(f"removed {len(partials)} stale partial downloads")
+    if args.build_caches:
+        print(f"emptied {len(caches)} build caches")
     return 0
 
 

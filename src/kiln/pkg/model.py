@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,6 +47,7 @@ class Step:
     sources: tuple[Source, ...] = ()
     env: tuple[tuple[str, str], ...] = ()
     network: str = "none"
+    cache: tuple[str, ...] = ()  # directories kept between builds of the package (kiln.build.buildcache)
     prepare: tuple[str, ...] = ()
     build: tuple[str, ...] = ()
     install: tuple[str, ...] = ()
@@ -119,6 +121,7 @@ class Package:
                 ),
                 env=tuple(sorted((str(k), _env_value(v)) for k, v in st.get("env", {}).items())),
                 network=st.get("network", "none"),
+                cache=tuple(st.get("cache", [])),
                 **{phase: tuple(st.get(phase, [])) for phase in SNIPPET_PHASES},
             )
             for st in spec.get("steps", [])
@@ -154,6 +157,8 @@ class Package:
                     "sources": [{k: v for k, v in vars(s).items() if v is not None} for s in st.sources],
                     "env": dict(st.env),
                     "network": st.network,
+                    # Only when declared: keys of steps without caches stay what they were.
+                    **({"cache": list(st.cache)} if st.cache else {}),
                     **{phase: list(getattr(st, phase)) for phase in SNIPPET_PHASES},
                 }
                 for st in self.steps
@@ -175,6 +180,8 @@ def _path_fields(spec: dict[str, Any]) -> list[tuple[Path_, Any, bool, bool]]:
             for key in ("destination", "path"):
                 if key in source:
                     fields.append((("steps", i, "sources", j, key), source[key], False, False))
+        for j, directory in enumerate(step.get("cache", [])):
+            fields.append((("steps", i, "cache", j), directory, True, True))
     for i, fin in enumerate(spec.get("finalize", [])):
         for key in ("from", "to"):
             fields.append((("finalize", i, key), fin.get(key), True, False))
@@ -197,8 +204,11 @@ def _check_paths(spec: dict[str, Any], file: Path, positions: Positioned, templa
             errors.append(InputError(f"{path[-1]} {problem}, not {value!r}", where(path)))
     for path, value, absolute, mount in _path_fields(spec):
         problem = path_problem(value, absolute=absolute, mount=mount)
+        label = path[-1] if isinstance(path[-1], str) else path[-2]  # cache entries are list items
+        if problem is None and label == "cache" and os.path.normpath(value) == "/":
+            problem = "must name a directory below /"
         if problem:
-            errors.append(InputError(f"{path[-1]} {problem}, not {value!r}", where(path)))
+            errors.append(InputError(f"{label} {problem}, not {value!r}", where(path)))
     for i, step in enumerate(spec.get("steps", [])):
         for key in step.get("env", {}):
             if not isinstance(key, str) or not _ENV_NAME.fullmatch(key):

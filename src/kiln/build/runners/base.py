@@ -8,7 +8,7 @@ protocol; every runner ends with kiln.core.treecopy's finalize rules. A `GraphRu
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Protocol, runtime_checkable
@@ -16,6 +16,8 @@ from typing import IO, Protocol, runtime_checkable
 from kiln.build.rootplan import Layer, RootPlan
 from kiln.pkg.graph import Graph
 from kiln.pkg.model import Package
+
+Caches = Sequence[tuple[Path, str]]
 
 
 class BuildRoot(Protocol):
@@ -26,8 +28,12 @@ class BuildRoot(Protocol):
         """Host directory whose contents appear at /tmp/build; filled before the first `run`."""
         ...
 
-    def run(self, script: str, env: dict[str, str], log: IO[bytes], *, network: bool) -> int:
-        """Run one snippet with `set -eu` in /tmp/build, output to the log; returns its exit code."""
+    def run(self, script: str, env: dict[str, str], log: IO[bytes], *, network: bool, caches: Caches = ()) -> int:
+        """Run one snippet with `set -eu` in /tmp/build, output to the log; returns its exit code.
+
+        `caches` are (host directory, path in the root) of the step's `cache:` (kiln.build.buildcache);
+        a runner that cannot mount host directories runs with them empty, which changes no output.
+        """
         ...
 
     def finalize(self, copies: list[tuple[str, str]], out: Path, log: IO[bytes]) -> int:

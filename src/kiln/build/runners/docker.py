@@ -32,6 +32,7 @@ from typing import IO, Any
 
 from kiln.build.cancel import TOKEN
 from kiln.build.rootplan import BUILD_DIR, CAPABILITIES, STEP_WRAPPER, Layer, RootPlan, overlay_order
+from kiln.build.runners.base import Caches
 from kiln.core.errors import BuildError
 from kiln.core.hashing import CHUNK, json_sha256
 from kiln.core.paths import join_inside, spec_parts
@@ -254,10 +255,14 @@ class DockerRoot:
             self.container.remove(force=True)
             self._create(image.id, network=network, started=started)
 
-    def run(self, script: str, env: dict[str, str], log: IO[bytes], *, network: bool) -> int:
+    def run(self, script: str, env: dict[str, str], log: IO[bytes], *, network: bool, caches: Caches = ()) -> int:
+        """One snippet by `docker exec`; `caches` start empty (the engine may not share this host's disk)."""
         TOKEN.check("step")
         self._start(network=network)
         api = self.engine.api
+        if caches:  # the directories exist, as where a runner binds them
+            paths = ["/" + "/".join(spec_parts(inside, "cache path")) for _, inside in caches]
+            self.container.exec_run(["mkdir", "-p", "--", *paths], user="0:0")
         exec_id = api.exec_create(
             self.container.id,
             ["/bin/sh", "-c", STEP_WRAPPER, "kiln-env", script],

@@ -24,6 +24,7 @@ from typing import IO, Any
 
 from kiln.build.cancel import TOKEN, kill_group
 from kiln.build.rootplan import BUILD_DIR, CAPABILITIES, Layer, RootPlan, base_env, overlay_order
+from kiln.build.runners.base import Caches
 from kiln.build.runners.mounter import encode, overlay_options
 from kiln.core.errors import BuildError
 from kiln.core.paths import spec_parts
@@ -128,8 +129,10 @@ _NAMESPACE = ["unshare", "--mount", "--propagation", "private"]
 _MOUNT_ROOT = 'mkdir -p "$2" && mount -t overlay kiln -o "$1" "$2" && shift 2 && exec "$@"'
 
 
-def bwrap_args(root: Path, env: dict[str, str], *, network: bool, interactive: bool = False) -> list[str]:
-    """The bubblewrap command for a process whose / is `root`."""
+def bwrap_args(
+    root: Path, env: dict[str, str], *, network: bool, interactive: bool = False, caches: Caches = ()
+) -> list[str]:
+    """The bubblewrap command for a process whose / is `root`, with the step's cache directories bound in."""
     args = ["bwrap", "--unshare-all", "--die-with-parent", "--hostname", "kiln"]
     if network:
         args += ["--share-net"]
@@ -138,6 +141,8 @@ def bwrap_args(root: Path, env: dict[str, str], *, network: bool, interactive: b
     if not interactive:
         args += ["--new-session"]
     args += ["--uid", "0", "--gid", "0", "--bind", str(root), "/", "--proc", "/proc", "--dev", "/dev"]
+    for host, inside in caches:
+        args += ["--bind", str(host), "/" + "/".join(spec_parts(inside, "cache path"))]
     args += ["--cap-drop", "ALL"]
     for cap in CAPABILITIES:
         args += ["--cap-add", cap]
@@ -157,9 +162,11 @@ class SandboxRunner:
             if shutil.which(tool) is None:
                 raise BuildError(f"the sandbox runner needs '{tool}': run scripts/setup-host.sh")
 
-    def run(self, root: OverlayRoot, script: str, env: dict[str, str], log: IO[bytes], *, network: bool) -> int:
+    def run(
+        self, root: OverlayRoot, script: str, env: dict[str, str], log: IO[bytes], *, network: bool, caches: Caches = ()
+    ) -> int:
         """Run one snippet with `set -eu` in /tmp/build, output to the log; returns its exit code."""
-        inner = [*bwrap_args(root.root, env, network=network), "/bin/sh", "-euc", script, "kiln-step"]
+        inner = [*bwrap_args(root.root, env, network=network, caches=caches), "/bin/sh", "-euc", script, "kiln-step"]
         return _call(root.command(inner), log)
 
     def finalize(self, root: OverlayRoot, copies: list[tuple[str, str]], out: Path, log: IO[bytes]) -> int:
@@ -193,8 +200,8 @@ class SandboxRoot:
     def build_dir(self) -> Path:
         return self.overlay.build_dir
 
-    def run(self, script: str, env: dict[str, str], log: IO[bytes], *, network: bool) -> int:
-        return self.runner.run(self.overlay, script, env, log, network=network)
+    def run(self, script: str, env: dict[str, str], log: IO[bytes], *, network: bool, caches: Caches = ()) -> int:
+        return self.runner.run(self.overlay, script, env, log, network=network, caches=caches)
 
     def finalize(self, copies: list[tuple[str, str]], out: Path, log: IO[bytes]) -> int:
         return self.runner.finalize(self.overlay, copies, out, log)

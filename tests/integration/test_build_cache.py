@@ -1,0 +1,62 @@
+"""A step's `cache:` directories, for real in bubblewrap: kept between builds, empty under --check."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+
+from tests.integration.conftest import Project
+
+pytestmark = pytest.mark.integration
+
+# Counts its builds in the cache and says so in the log; the output holds the count only in `leaky`.
+COUNTER = """\
+name: {name}
+variant: stage0
+version: "1.0"
+steps:
+  - cache:
+      - /var/cache/counter
+    install:
+      - echo x >> /var/cache/counter/builds
+      - 'echo "builds so far: $(wc -l < /var/cache/counter/builds)"' 
+      - mkdir -p /out/share
+      - echo stable > /out/share/stable.txt
+      - '{leak}'
+finalize:
+  - from: /out
+    to: /
+"""
+
+
+def write(project: Project, name: str, leak: str = "true") -> None:  # leak: one shell line, no quote
+    (project.pkgs / name).mkdir()
+    (project.pkgs / name / "pkg.yaml").write_text(textwrap.dedent(COUNTER.format(name=name, leak=leak)))
+
+
+def test_a_cache_outlives_the_build_and_check_starts_it_empty(project: Project) -> None:
+    write(project, "counter")
+    project.kiln("build", "counter", check=True)
+    project.kiln("build", "counter", "--no-cache", check=True)  # the same key again: its cache is kept
+    assert "builds so far: 2" in project.kiln("log", "counter", check=True).out
+    [directory] = (project.cache / "build-caches/counter/amd64").iterdir()
+    assert (directory / "builds").read_text() == "x\nx\n"
+    assert "build caches:" in project.kiln("cache", "ls", check=True).out
+    checked = project.kiln("build", "counter", "--check", "--json", check=True)
+    assert json.loads(checked.out)["packages"]["counter"]["reproducible"] is True
+    assert (directory / "builds").read_text() == "x\nx\n"  # the check's rebuild had a cache of its own
+    emptied = json.loads(project.kiln("cache", "gc", "--build-caches", "--json", check=True).out)
+    assert emptied["build_caches"] == ["build-caches/counter/amd64"]
+    assert not (project.cache / "build-caches/counter/amd64").exists()
+
+
+def test_an_output_that_depends_on_its_cache_fails_the_check(project: Project) -> None:
+    write(project, "leaky", leak="wc -l < /var/cache/counter/builds > /out/share/count")
+    project.kiln("build", "leaky", check=True)
+    project.kiln("build", "leaky", "--no-cache", check=True)  # stored output: count 2
+    result = project.kiln("build", "leaky", "--check", "--json")
+    assert result.code == 1, result.err
+    [difference] = json.loads(result.out)["packages"]["leaky"]["differences"]
+    assert difference["path"] == "share/count"

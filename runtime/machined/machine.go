@@ -48,6 +48,7 @@ type machine struct {
 	firmware     firmwareState  // UEFI or BIOS, and whether Secure Boot is on
 	lockdown     string         // the kernel's lockdown mode ("" without the lockdown LSM)
 	tpm          *tpmState      // PCR 11 of the TPM 2.0, nil without one
+	phases       phases         // how long each part of the boot took
 }
 
 // boot brings the machine up as PID 1, in order: kernel filesystems and the read-only root
@@ -71,7 +72,9 @@ func (m *machine) boot() {
 	}
 	m.firmware = readFirmware(efiDir)
 	m.con.printf("firmware: %s", m.firmware.describe())
+	m.phases.mark("start")
 	loadModules(m.kernel, m.con.printf)
+	m.phases.mark("modules")
 	if err := mountSecurityFS(); err != nil {
 		m.con.printf("%v", err)
 	}
@@ -80,11 +83,13 @@ func (m *machine) boot() {
 	m.tpm = readTPM(tpmDir)
 	m.con.printf("tpm: %s", m.tpm.describe())
 	settleDevices()
+	m.phases.mark("devices")
 	m.net = network.New(m.con.printf)
 
 	m.loadConfig()
 	m.fetchPlatform()
 	m.applyPlatform()
+	m.phases.mark("config")
 	if m.cfg.Hostname != "" {
 		if err := syscall.Sethostname([]byte(m.cfg.Hostname)); err != nil {
 			m.con.printf("hostname %s: %v", m.cfg.Hostname, err)
@@ -94,13 +99,17 @@ func (m *machine) boot() {
 	wg.Add(1)
 	safego.Go("network setup", func() { defer wg.Done(); m.net.Configure(m.cfg.Network, 5*time.Second) })
 	m.setupVar()
+	m.phases.mark("var")
 	wg.Wait()
+	m.phases.mark("network") // the wait for the network beyond /var, which ran beside it
 	m.startClock()
 
 	m.watchTrial()
 	m.extensions = listExtensions(extensionsDir)
 	m.startServices("/var/log")
 	m.startAPI()
+	m.phases.mark("services")
+	m.con.printf("boot: %s", m.phases.describe(uptime()))
 	m.ready()
 	if m.params[paramTest] == actionPoweroff {
 		m.shutdown(actionPoweroff)
@@ -130,8 +139,8 @@ func kernelRelease() string {
 func settleDevices() {
 	count := func() int { entries, _ := os.ReadDir("/sys/class/block"); return len(entries) }
 	last, stable := count(), 0
-	for i := 0; i < 20 && stable < 3; i++ {
-		time.Sleep(100 * time.Millisecond)
+	for i := 0; i < 80 && stable < 4; i++ { // quiet for 100 ms, at most 2 s
+		time.Sleep(25 * time.Millisecond)
 		if n := count(); n == last {
 			stable++
 		} else {
@@ -171,7 +180,6 @@ func (m *machine) loadConfig() {
 // setupVar mounts /var: EPHEMERAL on the owned disk, or a tmpfs when there is none (or
 // the disk cannot be set up, which is said on the console).
 func (m *machine) setupVar() {
-	settleDevices()
 	owned, why := disk.ChooseDisk(disk.ListBlockDevices("/sys"), m.cfg.Install.Disk, m.params[paramDisk], disk.IsBlank)
 	if owned != "" {
 		m.con.printf("disk: using %s (%s)", owned, why)

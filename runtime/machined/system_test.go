@@ -57,11 +57,12 @@ func writeFile(t *testing.T, path, content string) {
 
 func TestCollectModaliases(t *testing.T) {
 	root := t.TempDir()
-	writeFile(t, root+"/pci0000:00/0000:00:02.0/modalias", "pci:v00001AF4d00001000sv*\n")
-	writeFile(t, root+"/pci0000:00/0000:00:02.0/virtio0/modalias", "virtio:d00000001v00001AF4\n")
-	writeFile(t, root+"/pci0000:00/0000:00:03.0/modalias", "pci:v00001AF4d00001000sv*\n") // same device twice
-	writeFile(t, root+"/platform/empty/modalias", "\n")
-	writeFile(t, root+"/platform/other/uevent", "MODALIAS=ignored\n")
+	writeFile(t, root+"/pci/devices/0000:00:02.0/modalias", "pci:v00001AF4d00001000sv*\n")
+	writeFile(t, root+"/virtio/devices/virtio0/modalias", "virtio:d00000001v00001AF4\n")
+	writeFile(t, root+"/pci/devices/0000:00:03.0/modalias", "pci:v00001AF4d00001000sv*\n") // same device twice
+	writeFile(t, root+"/platform/devices/empty/modalias", "\n")
+	writeFile(t, root+"/platform/devices/other/uevent", "MODALIAS=ignored\n")
+	writeFile(t, root+"/platform/devices/other/power/modalias", "deeper:not-a-device\n") // not a device's own
 	got := collectModaliases(root)
 	if strings.Join(got, " ") != "pci:v00001AF4d00001000sv* virtio:d00000001v00001AF4" {
 		t.Fatalf("%v", got)

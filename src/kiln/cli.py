@@ -27,6 +27,7 @@ from kiln.core.project import PACKAGE_TREE, PROFILES_DIR, Project
 from kiln.core.project import current as current_project
 from kiln.core.release_version import VERSION_ENV, VERSION_VARIABLE, release_version
 from kiln.image import command as image_command
+from kiln.image import dev as dev_command
 from kiln.installer import command as install_command
 from kiln.installer import release_command
 from kiln.node import command as node_command
@@ -321,6 +322,10 @@ def cmd_image(args: argparse.Namespace) -> int:
     return image_command.run(args, load)
 
 
+def cmd_dev(args: argparse.Namespace) -> int:
+    return dev_command.run(_load(args), args)
+
+
 def cmd_install(args: argparse.Namespace) -> int:
     def load(platform: str) -> Graph:
         args.platform = platform
@@ -562,6 +567,14 @@ def build_parser() -> argparse.ArgumentParser:
         "aws --out DIR); without a profile, vmlinuz and initramfs.zst",
     )
     image_command.add_arguments(image)
+
+    dev = verb(
+        "dev",
+        cmd_dev,
+        "the inner loop: kiln dev boot rebuilds what changed, writes vmlinuz and initramfs.zst to _out/dev "
+        "and boots them to machined's ready line, with the time of each phase",
+    )
+    dev_command.add_arguments(dev)
 
     install = verb(
         "install",

@@ -21,7 +21,7 @@ steps:
       - /var/cache/counter
     install:
       - echo x >> /var/cache/counter/builds
-      - 'echo "builds so far: $(wc -l < /var/cache/counter/builds)"' 
+      - 'echo "builds so far: $(wc -l < /var/cache/counter/builds)"'
       - mkdir -p /out/share
       - echo stable > /out/share/stable.txt
       - '{leak}'

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from kiln.core.errors import BuildError, InputError, InputErrors
+from kiln.image.arch import split_platforms
 from kiln.image.imager import Built, make_images
 from kiln.image.manifest import write_manifest
 from kiln.image.multiarch import (
@@ -30,7 +31,6 @@ from kiln.image.multiarch import (
     make_platform_images,
     merge_profile,
     resolve_platforms,
-    split_platforms,
 )
 from kiln.image.outputs.installer import INDEX_TYPE, MANIFEST_TYPE
 from kiln.image.profile import load_profile, load_profiles, resolve_platform

@@ -14,6 +14,7 @@ from kiln.core.errors import BuildError, InputError, InputErrors, KilnError
 from kiln.image.assets import Loader
 from kiln.image.profile import Profile
 from kiln.image.profile_rules import BOOTED_KINDS
+from kiln.pkg.variables import Platform
 
 
 def loader_for(profile: Profile, trees: Mapping[str, Path]) -> Loader:
@@ -65,3 +66,18 @@ def check_kernel_files(profiles: list[Profile]) -> None:
                 errors.append(exc)
     if errors:
         raise errors[0] if len(errors) == 1 else InputErrors(errors)
+
+
+def split_platforms(text: str | None) -> list[str] | None:
+    """--platform's value: None when not given, else its comma-separated platforms, each checked, in the
+    order given, each once (`linux/amd64,linux/arm64`)."""
+    if text is None:
+        return None
+    platforms = [part.strip() for part in text.split(",") if part.strip()]
+    if not platforms:
+        raise InputError(
+            f"--platform {text!r} names no platform: give linux/amd64, linux/arm64 or both, comma-separated"
+        )
+    for platform in platforms:
+        Platform.parse(platform)
+    return list(dict.fromkeys(platforms))

@@ -49,7 +49,7 @@ def run(args: argparse.Namespace, load: Callable[[str], Graph]) -> int:
     may list several platforms (linux/amd64,linux/arm64): then every profile is built for each
     (run_platforms); one platform keeps the single-platform layout.
     """
-    from kiln.image.multiarch import split_platforms
+    from kiln.image.arch import split_platforms
 
     platforms = split_platforms(args.platform)
     project_profiles = list(args.project.profiles) if hasattr(args, "project") else []

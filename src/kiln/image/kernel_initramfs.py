@@ -5,12 +5,17 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from kiln.core.console import say_line
 from kiln.core.errors import BuildError, InputError
 from kiln.core.renamed import renamed
 from kiln.pkg.graph import Graph
+
+if TYPE_CHECKING:
+    from kiln.rootfs.assemble import Report
 
 OUTPUTS = ("kernel", "initramfs")
 DEFAULT_KINDS = ",".join(OUTPUTS)
@@ -54,12 +59,50 @@ def kinds(args: argparse.Namespace) -> str:
     return str(given) if given is not None else DEFAULT_KINDS
 
 
-def run(graph: Graph, args: argparse.Namespace) -> int:
+@dataclass
+class Built:
+    """What an assembly needs once its packages are stored: their trees, the rootfs list, the layers."""
+
+    trees: dict[str, Path]
+    rootfs: list[str]
+    extensions: list[tuple[Any, str]]
+    epoch: int
+    outcomes: dict[str, Any]
+
+
+def build(graph: Graph, packages: list[str], extensions: list[str], jobs: int, *, json_output: bool) -> Built:
+    """Build (or find stored) the kernel, init, the rootfs packages and the extensions."""
     # Imported here: `kiln validate` and friends should not pay for the build machinery.
     from kiln.build.session import Session, choose_progress, failures
     from kiln.rootfs import extension
-    from kiln.rootfs.assemble import BASE_ROOTFS, INIT, KERNEL, Inputs, assemble
+    from kiln.rootfs.assemble import BASE_ROOTFS, INIT, KERNEL
 
+    tree = graph.tree.packages
+    rootfs = [name for name in BASE_ROOTFS if name in tree] + list(packages)
+    for name in [*packages, *extensions]:
+        graph.closure([name])  # unknown names fail here, with a suggestion
+    manifests = [(extension.manifest_for(tree[name]), name) for name in extensions]
+    targets = list(dict.fromkeys([KERNEL, INIT, *rootfs, *extensions]))
+    session = Session.open(graph)
+    outcomes = session.build(targets, jobs, choose_progress(json_output=json_output), no_cache=False, keep_going=False)
+    failed = failures(outcomes)
+    if failed:
+        for outcome in failed:
+            print(str(outcome.error), file=sys.stderr)
+        raise BuildError(f"cannot assemble the image: {len(failed)} package(s) failed")
+    trees = {name: session.store.tree(session.keys[name]) for name in targets}
+    return Built(trees, rootfs, manifests, session.source_date_epoch, outcomes)
+
+
+def assemble(built: Built, out: Path) -> Report:
+    """out/vmlinuz and out/initramfs.zst from stored packages."""
+    from kiln.rootfs.assemble import Inputs
+    from kiln.rootfs.assemble import assemble as assemble_parts
+
+    return assemble_parts(Inputs(built.trees, built.rootfs, built.extensions), out, built.epoch, say_line)
+
+
+def run(graph: Graph, args: argparse.Namespace) -> int:
     outputs = [o.strip() for o in kinds(args).split(",") if o.strip()]
     unknown = [o for o in outputs if o not in OUTPUTS]
     if unknown:
@@ -67,23 +110,8 @@ def run(graph: Graph, args: argparse.Namespace) -> int:
             f"unknown --kind {', '.join(unknown)}: choose from {', '.join(OUTPUTS)} "
             "(iso, disk images and the rest come with profiles)"
         )
-    packages = graph.tree.packages
-    rootfs = [name for name in BASE_ROOTFS if name in packages] + list(args.package)
-    for name in [*args.package, *args.extension]:
-        graph.closure([name])  # unknown names fail here, with a suggestion
-    manifests = [(extension.manifest_for(packages[name]), name) for name in args.extension]
-    targets = list(dict.fromkeys([KERNEL, INIT, *rootfs, *args.extension]))
-    session = Session.open(graph)
-    progress = choose_progress(json_output=args.json)
-    outcomes = session.build(targets, args.jobs, progress, no_cache=False, keep_going=False)
-    failed = failures(outcomes)
-    if failed:
-        for outcome in failed:
-            print(str(outcome.error), file=sys.stderr)
-        raise BuildError(f"cannot assemble the image: {len(failed)} package(s) failed")
-    trees = {name: session.store.tree(session.keys[name]) for name in targets}
     out = Path(args.out or "_out/image")
-    report = assemble(Inputs(trees, rootfs, manifests), out, session.source_date_epoch, say_line)
+    report = assemble(build(graph, args.package, args.extension, args.jobs, json_output=args.json), out)
     if "kernel" not in outputs:
         (out / "vmlinuz").unlink()
     if "initramfs" not in outputs:

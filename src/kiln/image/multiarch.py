@@ -106,21 +106,6 @@ class PlatformTime:
         )
 
 
-def split_platforms(text: str | None) -> list[str] | None:
-    """--platform's value: None when not given, else its comma-separated platforms, each checked, in the
-    order given, each once (`linux/amd64,linux/arm64`)."""
-    if text is None:
-        return None
-    platforms = [part.strip() for part in text.split(",") if part.strip()]
-    if not platforms:
-        raise InputError(
-            f"--platform {text!r} names no platform: give linux/amd64, linux/arm64 or both, comma-separated"
-        )
-    for platform in platforms:
-        Platform.parse(platform)
-    return list(dict.fromkeys(platforms))
-
-
 def resolve_platforms(profiles: list[Profile], platforms: list[str]) -> dict[str, list[Profile]]:
     """The profiles for each of several platforms (`--platform linux/amd64,linux/arm64`).
 

@@ -109,8 +109,8 @@ def sign_pushed(pushed: Pushed, key: Ed25519PrivateKey) -> dict[str, str]:
 def build_profile(args: argparse.Namespace, load: Callable[[str], Graph]) -> Path:
     """Build an installer profile as `kiln image PROFILE --out DIR [--platform ...]` does; returns its OCI
     layout (with several platforms, the layout of their image index)."""
+    from kiln.image.arch import split_platforms
     from kiln.image.imager import build_packages, check_packages, make_images, with_release_version
-    from kiln.image.multiarch import split_platforms
     from kiln.image.profile import load_profiles, resolve_platform
 
     try:

@@ -23,8 +23,13 @@ def _need(tool: str, package: str) -> str:
     return path
 
 
-def mksquashfs(tree: Path, out: Path, epoch: int, compression: str = "zstd") -> Path:
-    """A read-only squashfs of `tree`: root-owned, times at `epoch`, no xattrs."""
+def mksquashfs(tree: Path, out: Path, epoch: int, compression: str = "lz4") -> Path:
+    """A read-only squashfs of `tree`: root-owned, times at `epoch`, no xattrs.
+
+    lz4 (high compression): the machine decompresses a block on every first read of a page, and
+    under emulation lz4 brought machined's start from about 0.6 s to 0.35 s against zstd, for a
+    squashfs 12 MB instead of 9 MB.
+    """
     _need("mksquashfs", "squashfs-tools")
     out.unlink(missing_ok=True)
     command = [
@@ -36,6 +41,7 @@ def mksquashfs(tree: Path, out: Path, epoch: int, compression: str = "zstd") -> 
         "-quiet",
         "-comp",
         compression,
+        *(["-Xhc"] if compression == "lz4" else []),
         "-all-root",
         "-no-xattrs",
         "-mkfs-time",
@@ -51,8 +57,12 @@ def mksquashfs(tree: Path, out: Path, epoch: int, compression: str = "zstd") -> 
     return out
 
 
-def cpio_newc(tree: Path, out: Path, epoch: int, level: int = 19) -> Path:
-    """A zstd-compressed newc cpio of `tree`: sorted, owners 0:0, times at `epoch`."""
+def cpio_newc(tree: Path, out: Path, epoch: int, level: int = 3) -> Path:
+    """A zstd-compressed newc cpio of `tree`: sorted, owners 0:0, times at `epoch`.
+
+    Level 3 (zstd's default): nearly all of an initramfs is squashfs, compressed already, so level
+    19 took 2.6 s of every assembly to save 0.3% (9.28 MB against 9.31 MB) and boots no faster.
+    """
     _need("cpio", "cpio")
     _need("zstd", "zstd")
     clamp_times(tree, epoch)

@@ -134,10 +134,13 @@ def elf_machine(header: bytes) -> int | None:
 
 
 def strip_binaries(root: Path) -> int:
-    """Strip debug symbols from ELF files; returns how many were stripped."""
-    count = 0
+    """Strip debug symbols from ELF files; returns how many were stripped.
+
+    One strip process per tool and batch of files, not one per file: a rootfs holds about 150.
+    """
+    found: dict[str, list[tuple[Path, os.stat_result]]] = {}
     for dirpath, _dirnames, filenames in os.walk(root):
-        for name in filenames:
+        for name in sorted(filenames):
             path = Path(dirpath) / name
             info = path.lstat()
             if not stat.S_ISREG(info.st_mode) or info.st_size < 20:
@@ -147,13 +150,20 @@ def strip_binaries(root: Path) -> int:
             if machine is None:
                 continue
             strip = STRIP_FOR_MACHINE.get(machine)
-            where = f"/{path.relative_to(root)}"
             if strip is None:
+                where = f"/{path.relative_to(root)}"
                 raise BuildError(f"{where}: an ELF file for machine {machine:#x}, which Kiln does not build for")
-            tools.run([strip, "--strip-unneeded", str(path)], what=f"strip of {where}")
-            os.utime(path, ns=(info.st_atime_ns, info.st_mtime_ns))
-            count += 1
-    return count
+            found.setdefault(strip, []).append((path, info))
+    for strip, files in found.items():
+        for start in range(0, len(files), STRIP_BATCH):
+            batch = files[start : start + STRIP_BATCH]
+            tools.run([strip, "--strip-unneeded", *(str(path) for path, _ in batch)], what=f"{strip} in {root}")
+            for path, info in batch:
+                os.utime(path, ns=(info.st_atime_ns, info.st_mtime_ns))
+    return sum(len(files) for files in found.values())
+
+
+STRIP_BATCH = 200
 
 
 def largest_files(root: Path, count: int = 10) -> list[tuple[int, str]]:

@@ -48,18 +48,18 @@ def trees() -> dict[str, Path]:
     return {name: store.tree(keys[name]) for name in names}
 
 
-def floor_script(parts: dict[str, Path], work: Path, epoch: int) -> str:
-    """The same tools as Kiln's imager, in sequence, with their options and nothing else."""
+def base_lines(parts: dict[str, Path], work: Path, epoch: int) -> list[str]:
+    """The rootfs, initramfs and ISO with the same tools and options as Kiln's imager, nothing else."""
     q = shlex.quote
     lines = ["set -eu", f"cd {q(str(work))}", "export TZ=UTC MTOOLS_SKIP_CHECK=1", "mkdir -p root initrd"]
     lines += [f"cp -a {q(str(parts[n]))}/. root/" for n in BASE_ROOTFS]
     lines.append(f"cp -a {q(str(parts['kernel']))}/usr/. root/usr/ && rm -rf root/boot")
     lines += [
-        f"mksquashfs root initrd/rootfs.sqsh -noappend -no-progress -quiet -comp zstd -all-root -no-xattrs "
+        f"mksquashfs root initrd/rootfs.sqsh -noappend -no-progress -quiet -comp lz4 -Xhc -all-root -no-xattrs "
         f"-mkfs-time {epoch} -all-time {epoch} -processors {os.cpu_count() or 1}",
         f"cp {q(str(parts['init']))}/init initrd/init",
         "(cd initrd && find . -mindepth 1 | sed 's|^./||' | sort | cpio --create --format=newc --reproducible "
-        "--owner=0:0 --quiet) | zstd -19 -q --no-check -o initramfs.zst",
+        "--owner=0:0 --quiet) | zstd -3 -q --no-check -o initramfs.zst",
         f"cp {q(str(parts['kernel']))}/boot/vmlinuz vmlinuz",
         f"export SOURCE_DATE_EPOCH={epoch}",
         "printf 'search --no-floppy --set=root --fs-uuid 1234-5678\\nset prefix=($root)/grub\\n' > load.cfg",
@@ -76,26 +76,36 @@ def floor_script(parts: dict[str, Path], work: Path, epoch: int) -> str:
         "--protective-msdos-label -r -o kiln.iso /boot/vmlinuz=vmlinuz /boot/initramfs.zst=initramfs.zst "
         "/boot/grub/grub.cfg=grub.cfg /boot/grub/i386-pc/eltorito.img=eltorito.img /efi.img=efi.img "
         "2>/dev/null",
-        # raw disk: GPT, two FAT32 filesystems filled with mtools, GRUB for BIOS and UEFI
-        "truncate -s 1G disk.raw",
+    ]
+    return lines
+
+
+def disk_lines(disk: str, grub_cfg: str = "grub.cfg") -> list[str]:
+    """A raw disk as the imager makes it: GPT, two FAT32 filesystems filled with mtools, GRUB for BIOS and UEFI."""
+    return [
+        f"truncate -s 1G {disk}",
         "printf 'label: gpt\\nstart=2048,size=204800,type=C12A7328-F81F-11D2-BA4B-00A0C93EC93B,name=EFI\\n"
         "size=2048,type=21686148-6449-6E6F-744E-656564454649,name=BIOS\\n"
         "size=262144,type=0FC63DAF-8483-4772-8E79-3D69D8477DE4,name=BOOT\\n"
         "size=2048,type=0FC63DAF-8483-4772-8E79-3D69D8477DE4,name=META\\n' "
-        "| sfdisk --quiet --no-reread --no-tell-kernel disk.raw",
+        f"| sfdisk --quiet --no-reread --no-tell-kernel {disk}",
         f"grub-mkimage -O i386-pc -d {GRUB}/i386-pc -p /grub -c load.cfg -o core.img biosdisk {MODULES}",
         f"grub-mkimage -O x86_64-efi -d {GRUB}/x86_64-efi -p /grub -c load.cfg -o BOOTX64.EFI efi_gop {MODULES}",
-        "mkfs.fat --invariant -i 12345678 -F 32 -s 1 -n EFI -h 2048 --offset=2048 disk.raw 102400 >/dev/null",
-        "mmd -i disk.raw@@1048576 ::/EFI ::/EFI/BOOT && mcopy -i disk.raw@@1048576 BOOTX64.EFI ::/EFI/BOOT/BOOTX64.EFI",
-        "mkfs.fat --invariant -i 12345679 -F 32 -s 1 -n BOOT -h 208896 --offset=208896 disk.raw 131072 >/dev/null",
-        "mmd -i disk.raw@@106954752 ::/grub",
-        "mcopy -i disk.raw@@106954752 vmlinuz ::/vmlinuz && mcopy -i disk.raw@@106954752 initramfs.zst "
-        "::/initramfs.zst && mcopy -i disk.raw@@106954752 grub.cfg ::/grub/grub.cfg",
-        f"dd if={GRUB}/i386-pc/boot.img of=disk.raw bs=440 count=1 conv=notrunc status=none",
-        "dd if=core.img of=disk.raw bs=512 seek=206848 conv=notrunc status=none",
-        # qcow2 from its own raw disk, as the openstack profile does
-        "qemu-img convert -O qcow2 disk.raw disk.qcow2",
+        f"mkfs.fat --invariant -i 12345678 -F 32 -s 1 -n EFI -h 2048 --offset=2048 {disk} 102400 >/dev/null",
+        f"mmd -i {disk}@@1048576 ::/EFI ::/EFI/BOOT && mcopy -i {disk}@@1048576 BOOTX64.EFI ::/EFI/BOOT/BOOTX64.EFI",
+        f"mkfs.fat --invariant -i 12345679 -F 32 -s 1 -n BOOT -h 208896 --offset=208896 {disk} 131072 >/dev/null",
+        f"mmd -i {disk}@@106954752 ::/grub",
+        f"mcopy -i {disk}@@106954752 vmlinuz ::/vmlinuz && mcopy -i {disk}@@106954752 initramfs.zst "
+        f"::/initramfs.zst && mcopy -i {disk}@@106954752 {grub_cfg} ::/grub/grub.cfg",
+        f"dd if={GRUB}/i386-pc/boot.img of={disk} bs=440 count=1 conv=notrunc status=none",
+        f"dd if=core.img of={disk} bs=512 seek=206848 conv=notrunc status=none",
     ]
+
+
+def floor_script(parts: dict[str, Path], work: Path, epoch: int) -> str:
+    """The same tools as Kiln's imager, in sequence, with their options and nothing else."""
+    lines = base_lines(parts, work, epoch) + disk_lines("disk.raw")
+    lines.append("qemu-img convert -O qcow2 disk.raw disk.qcow2")  # as the openstack profile does
     return "\n".join(lines) + "\n"
 
 

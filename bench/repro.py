@@ -1,0 +1,138 @@
+"""Benchmark and proof: every package built twice, cold, in two empty stores, and the results compared.
+
+Each store gets its own freshly bootstrapped seed and builds the targets (default: every package
+of the tree for linux/amd64, the full toolchain and the kernel included) from nothing; then every
+package's stored file list (path, type, mode, size, sha256 of each file) is compared between the two
+stores under the same key, and every shipped profile is assembled from each store and the
+top-level SHA256SUMS compared. Downloaded sources are shared (copied from the first store's cache
+into the second before it starts): they are checked by sha256 either way and are inputs, not
+outputs. Results go to bench/results/repro.json and a table on stdout (the README shows it).
+
+`--first DIR` takes an existing store (e.g. ~/.cache/kiln) as the first build instead of building
+one, which halves the time; the results record that. Run: `.venv/bin/python bench/repro.py
+[--first DIR] [--work DIR] [TARGET...]` (a full run of both stores: about 90 minutes on 2 cores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from kiln.pkg.loader import load_tree
+from kiln.pkg.variables import Platform
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench/results/repro.json"
+PROFILES = sorted(p.stem for p in (ROOT / "profiles").glob("*.yaml"))
+KILN = [sys.executable, "-m", "kiln.cli"]
+
+
+def kiln(cache: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "KILN_CACHE": str(cache), "KILN_PROGRESS": "plain"}
+    result = subprocess.run([*KILN, *args], cwd=ROOT, env=env, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise SystemExit(
+            f"kiln {' '.join(args)} (KILN_CACHE={cache}) failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+        )
+    return result
+
+
+def build(cache: Path, targets: list[str]) -> tuple[dict[str, dict[str, Any]], float]:
+    """Build the targets into `cache`; each package's key, status and seconds, and the wall time."""
+    began = time.monotonic()
+    report: dict[str, dict[str, dict[str, Any]]] = json.loads(kiln(cache, "build", *targets, "--json").stdout)
+    return report["packages"], time.monotonic() - began
+
+
+def entry_files(cache: Path, key: str) -> dict[str, Any]:
+    """path -> its record (type, mode, size, sha256, link target) in the store entry's manifest."""
+    manifest: dict[str, list[dict[str, Any]]] = json.loads((cache / "store" / key / "manifest.json").read_text())
+    return {record["path"]: record for record in manifest["files"]}
+
+
+def compare_packages(first: Path, second: Path, packages: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    rows = []
+    for name, info in sorted(packages.items()):
+        key = info["key"]
+        a, b = entry_files(first, key), entry_files(second, key)
+        differing = sorted(path for path in set(a) | set(b) if a.get(path) != b.get(path))
+        rows.append(
+            {
+                "package": name,
+                "key": key,
+                "files": len(b),
+                "identical": not differing,
+                "differing": differing[:20],
+                "seconds": info.get("seconds"),
+            }
+        )
+    return rows
+
+
+def compare_images(first: Path, second: Path, work: Path) -> dict[str, Any]:
+    sums: dict[str, dict[str, str]] = {}
+    for label, cache in (("first", first), ("second", second)):
+        out = work / f"images-{label}"
+        shutil.rmtree(out, ignore_errors=True)
+        kiln(cache, "image", *PROFILES, "--out", str(out))
+        pairs = (line.split("  ", 1) for line in (out / "SHA256SUMS").read_text().splitlines() if line)
+        sums[label] = {name: digest for digest, name in pairs}
+    a, b = sums["first"], sums["second"]
+    differing = sorted(name for name in set(a) | set(b) if a.get(name) != b.get(name))
+    return {"profiles": PROFILES, "artifacts": len(sums["second"]), "identical": not differing, "differing": differing}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("targets", nargs="*", help="packages to build (default: every package of the tree)")
+    parser.add_argument("--first", type=Path, help="an existing store to use as the first build")
+    parser.add_argument("--work", type=Path, default=Path("/tmp/kiln-repro"), help="where the stores go")
+    parser.add_argument("--no-images", action="store_true", help="compare the stores only")
+    args = parser.parse_args()
+    targets = args.targets or sorted(load_tree(ROOT / "pkgs", Platform.parse("linux/amd64")).packages)
+    args.work.mkdir(parents=True, exist_ok=True)
+    first = args.first or args.work / "first"
+    second = args.work / "second"
+    shutil.rmtree(second, ignore_errors=True)
+    if args.first is None:
+        shutil.rmtree(first, ignore_errors=True)
+    # an existing first store builds only what it lacks (its entries for these keys are kept)
+    first_packages, first_seconds = build(first, targets)
+    timings = {"first": first_seconds, "second": 0.0}
+    if (first / "sources").is_dir():
+        shutil.copytree(first / "sources", second / "sources", copy_function=os.link)
+    packages, timings["second"] = build(second, targets)
+    # the first store may have been built earlier: its keys for these targets are the second's
+    rows = compare_packages(first, second, packages)
+    images = None if args.no_images else compare_images(first, second, args.work)
+    result = {
+        "platform": "linux/amd64",
+        "first": f"existing store {args.first}" if args.first else "built cold in this run",
+        "built_in_first": sorted(n for n, i in first_packages.items() if i["status"] == "built"),
+        "seconds": {k: round(v, 1) for k, v in timings.items()},
+        "cores": os.cpu_count(),
+        "packages": rows,
+        "identical_packages": sum(r["identical"] for r in rows),
+        "images": images,
+    }
+    print(f"{'package':24s} {'files':>6s}  {'second build':>12s}  identical")
+    for row in rows:
+        seconds = f"{row['seconds']:.0f} s" if row["seconds"] is not None else "-"
+        print(f"{row['package']:24s} {row['files']:6d}  {seconds:>12s}  {'yes' if row['identical'] else 'NO'}")
+    print(f"{result['identical_packages']} of {len(rows)} packages identical, file for file")
+    if images:
+        print(f"images: {images['artifacts']} files of {len(PROFILES)} profiles, identical: {images['identical']}")
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    return 0 if all(r["identical"] for r in rows) and (images is None or images["identical"]) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

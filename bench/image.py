@@ -55,7 +55,7 @@ def base_lines(parts: dict[str, Path], work: Path, epoch: int) -> list[str]:
     lines += [f"cp -a {q(str(parts[n]))}/. root/" for n in BASE_ROOTFS]
     lines.append(f"cp -a {q(str(parts['kernel']))}/usr/. root/usr/ && rm -rf root/boot")
     lines += [
-        f"mksquashfs root initrd/rootfs.sqsh -noappend -no-progress -quiet -comp lz4 -Xhc -all-root -no-xattrs "
+        f"mksquashfs root initrd/rootfs.sqsh -noappend -no-progress -quiet -comp lz4 -all-root -no-xattrs "
         f"-mkfs-time {epoch} -all-time {epoch} -processors {os.cpu_count() or 1}",
         f"cp {q(str(parts['init']))}/init initrd/init",
         "(cd initrd && find . -mindepth 1 | sed 's|^./||' | sort | cpio --create --format=newc --reproducible "

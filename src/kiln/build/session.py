@@ -13,6 +13,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -176,7 +177,7 @@ class Session:
     ) -> list[Checked]:
         """kiln build --check: build what is missing first (so there is a stored output to compare
         with), then build each target (with `deep`, each package of their closure, in build order)
-        again and compare (kiln.build.check)."""
+        again and compare (kiln.build.check), `jobs` rebuilds at a time; results in build order."""
         if isinstance(self.builder.runner, GraphRunner):
             raise InputError("--check rebuilds one package at a time: use the sandbox or docker runner")
         outcomes = self.build(targets, jobs, progress, no_cache=False, keep_going=False)
@@ -186,11 +187,14 @@ class Session:
         tree = self.graph.tree
         names = self.graph.closure(targets) if deep else list(dict.fromkeys(targets))
         names = [n for n in names if not tree.native_tool(n)]  # a cross build's tools are the native tree's
-        checked = []
-        for name in names:
+
+        def one(name: str) -> Checked:
             say(f"{name}: building again to compare with {self.keys[name][:16]}")
-            checked.append(check_package(self.builder, self.store, name, self.source_date_epoch, lambda _: None))
-        return checked
+            return check_package(self.builder, self.store, name, self.source_date_epoch, lambda _: None)
+
+        # each rebuild has its own staging and only reads the store: they run side by side
+        with ThreadPoolExecutor(max_workers=max(jobs, 1)) as pool:
+            return list(pool.map(one, names))
 
     def _to_build(self, names: list[str], *, no_cache: bool) -> list[str]:
         """The packages this build will make: every one with no_cache, else those not stored.

@@ -13,7 +13,7 @@ import yaml
 from kiln.core import schema
 from kiln.core.errors import InputError, InputErrors, Location
 from kiln.core.sizes import parse_size
-from kiln.image.imager import check_packages, with_release_version
+from kiln.image.imager import check_packages, expected_cost, with_release_version
 from kiln.image.profile import CONFIG_PATH, Profile, find_profile, load_profile, load_profiles, resolve_platform
 from kiln.pkg.graph import Graph
 from kiln.pkg.loader import load_tree
@@ -425,3 +425,12 @@ def test_a_tree_without_the_arm64_grub_package_is_refused_at_the_profile(tmp_pat
     with pytest.raises(InputError) as caught:
         check_packages([profile], graph)
     assert str(caught.value).endswith("p.yaml:2: unknown package 'grub-efi-arm64': arm64 outputs take GRUB from it")
+
+
+def test_a_release_starts_its_longest_profiles_first() -> None:
+    names = sorted(p.stem for p in PROFILES.glob("*.yaml"))
+    profiles = load_profiles(names, PROFILES)
+    order = [p.name for p in sorted(profiles, key=expected_cost, reverse=True)]
+    assert order[:3] == ["installer", "digital-ocean", "hcloud"]  # in-process gzip, gzip, xz of 1 GiB
+    assert order.index("azure") < order.index("metal") < order.index("iso")
+    assert set(order[-2:]) == {"iso", "pxe"}

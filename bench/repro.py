@@ -9,8 +9,11 @@ into the second before it starts): they are checked by sha256 either way and are
 outputs. Results go to bench/results/repro.json and a table on stdout (the README shows it).
 
 `--first DIR` takes an existing store (e.g. ~/.cache/kiln) as the first build instead of building
-one, which halves the time; the results record that. Run: `.venv/bin/python bench/repro.py
-[--first DIR] [--work DIR] [TARGET...]` (a full run of both stores: about 90 minutes on 2 cores).
+one, which halves the time; `--first A --second B` builds nothing and compares every entry two
+existing stores both hold (e.g. this machine's store against a cold CI run's, each built from an
+empty store on its own seed). The results record which. Run: `.venv/bin/python bench/repro.py
+[--first DIR [--second DIR]] [--work DIR] [TARGET...]` (a full run of both stores: about 90 minutes
+on 2 cores).
 """
 
 from __future__ import annotations
@@ -94,8 +97,18 @@ def main() -> int:
     parser.add_argument("targets", nargs="*", help="packages to build (default: every package of the tree)")
     parser.add_argument("--first", type=Path, help="an existing store to use as the first build")
     parser.add_argument("--work", type=Path, default=Path("/tmp/kiln-repro"), help="where the stores go")
+    parser.add_argument(
+        "--second",
+        type=Path,
+        help="an existing store built apart from the first (e.g. a cold CI run's): build nothing, compare "
+        "every entry both hold",
+    )
     parser.add_argument("--no-images", action="store_true", help="compare the stores only")
     args = parser.parse_args()
+    if args.second is not None:
+        if args.first is None:
+            parser.error("--second needs --first")
+        return report(args, args.first, args.second, shared_entries(args.first, args.second), {}, [])
     targets = args.targets or sorted(load_tree(ROOT / "pkgs", Platform.parse("linux/amd64")).packages)
     args.work.mkdir(parents=True, exist_ok=True)
     first = args.first or args.work / "first"
@@ -110,12 +123,48 @@ def main() -> int:
         shutil.copytree(first / "sources", second / "sources", copy_function=os.link)
     packages, timings["second"] = build(second, targets)
     # the first store may have been built earlier: its keys for these targets are the second's
+    built = sorted(n for n, i in first_packages.items() if i["status"] == "built")
+    return report(args, first, second, packages, timings, built)
+
+
+def shared_entries(first: Path, second: Path) -> dict[str, dict[str, Any]]:
+    """Every store entry (but the seed) both stores hold under one key: label -> key, seconds."""
+
+    def entries(cache: Path) -> dict[str, dict[str, Any]]:
+        found = {}
+        for meta_path in (cache / "store").glob("*/meta.json"):
+            meta = json.loads(meta_path.read_text())
+            if meta["name"] != "stage0":
+                found[meta["key"]] = meta
+        return found
+
+    a, b = entries(first), entries(second)
+    shared = sorted(set(a) & set(b), key=lambda key: (b[key]["name"], key))
+    names = [b[key]["name"] for key in shared]
+    return {
+        (b[key]["name"] if names.count(b[key]["name"]) == 1 else f"{b[key]['name']}@{key[:8]}"): {
+            "key": key,
+            "seconds": b[key]["meta"].get("seconds"),
+        }
+        for key in shared
+    }
+
+
+def report(
+    args: argparse.Namespace,
+    first: Path,
+    second: Path,
+    packages: dict[str, dict[str, Any]],
+    timings: dict[str, float],
+    built_in_first: list[str],
+) -> int:
     rows = compare_packages(first, second, packages)
     images = None if args.no_images else compare_images(first, second, args.work)
     result = {
         "platform": "linux/amd64",
         "first": f"existing store {args.first}" if args.first else "built cold in this run",
-        "built_in_first": sorted(n for n, i in first_packages.items() if i["status"] == "built"),
+        "second": f"existing store {args.second}" if args.second else "built cold in this run",
+        "built_in_first": built_in_first,
         "seconds": {k: round(v, 1) for k, v in timings.items()},
         "cores": os.cpu_count(),
         "packages": rows,

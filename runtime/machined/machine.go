@@ -73,7 +73,7 @@ func (m *machine) boot() {
 	m.firmware = readFirmware(efiDir)
 	m.con.printf("firmware: %s", m.firmware.describe())
 	m.phases.mark("start")
-	loadModules(m.kernel, m.con.printf)
+	loaded := loadModules(m.kernel, m.con.printf)
 	m.phases.mark("modules")
 	if err := mountSecurityFS(); err != nil {
 		m.con.printf("%v", err)
@@ -82,7 +82,12 @@ func (m *machine) boot() {
 	m.con.printf("%s", describeModules(loadedModules(modulesFile), m.lockdown))
 	m.tpm = readTPM(tpmDir)
 	m.con.printf("tpm: %s", m.tpm.describe())
-	settleDevices()
+	// The kernel runs /init only after every asynchronous probe of its built-in drivers has ended
+	// (async_synchronize_full, SCSI scans and NVMe included), so only drivers loaded just now can
+	// still be bringing disks up (USB disks enumerate later either way; no settle waits for them).
+	if loaded > 0 {
+		settleDevices()
+	}
 	m.phases.mark("devices")
 	m.net = network.New(m.con.printf)
 

@@ -2,7 +2,9 @@ package main
 
 import (
 	"bytes"
+	"io"
 	"os"
+	"path"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -42,16 +44,19 @@ func collectModaliases(root string) []string {
 // new appears, or at once when the pass loaded no module (nothing can have appeared: the
 // usual case on a kernel with its drivers built in, where a second walk of /sys cost a
 // third of a second under emulation). Aliases with no module are normal and quiet (-q);
-// -b honours blacklists.
-func loadModules(release string, say func(string, ...interface{})) {
-	if _, err := os.Stat(filepath.Join("/usr/lib/modules", release, "modules.alias")); err != nil {
+// -b honours blacklists. Returns how many modules it loaded.
+func loadModules(release string, say func(string, ...interface{})) int {
+	aliasFile := filepath.Join("/usr/lib/modules", release, "modules.alias")
+	if _, err := os.Stat(aliasFile); err != nil {
 		say("no modules for kernel %s: drivers are built in or missing", release)
-		return
+		return 0
 	}
+	patterns := aliasPatterns(aliasFile)
 	if _, err := os.Stat(modprobe); err != nil {
 		say("%s missing: no kernel modules loaded", modprobe)
-		return
+		return 0
 	}
+	initial := len(loadedModules(modulesFile))
 	tried := map[string]bool{}
 	for pass := 0; pass < 4; pass++ {
 		var fresh []string
@@ -61,11 +66,12 @@ func loadModules(release string, say func(string, ...interface{})) {
 				fresh = append(fresh, a)
 			}
 		}
-		if len(fresh) == 0 {
-			break
+		candidates := mayMatch(fresh, patterns)
+		if len(candidates) == 0 {
+			break // no module of this kernel drives these devices: no modprobe to start
 		}
 		before := len(loadedModules(modulesFile))
-		for _, batch := range batches(fresh, 256) {
+		for _, batch := range batches(candidates, 256) {
 			// a non-zero exit usually means some alias had no module; modprobe -q says nothing
 			// what it does print is a module the kernel refused (an unsigned one under lockdown)
 			if out, err := supervisor.Run(modprobe, append([]string{"-b", "-q", "-a"}, batch...)...); err != nil && strings.TrimSpace(out) != "" {
@@ -77,6 +83,7 @@ func loadModules(release string, say func(string, ...interface{})) {
 		}
 	}
 	say("modules loaded for %d device aliases", len(tried))
+	return len(loadedModules(modulesFile)) - initial
 }
 
 func batches(items []string, size int) [][]string {
@@ -89,4 +96,53 @@ func batches(items []string, size int) [][]string {
 		out = append(out, items)
 	}
 	return out
+}
+
+// aliasLimit bounds what aliasPatterns reads; a larger modules.alias (none is near it: a
+// distribution kernel's is about 1.5 MB) leaves every alias to modprobe.
+const aliasLimit = 32 << 20
+
+// aliasPatterns reads the patterns of modules.alias ("alias PATTERN MODULE" lines): the
+// aliases of the modules that can be loaded (built-in ones are in modules.builtin.alias).
+// nil when the file cannot be read whole: then nothing is ruled out.
+func aliasPatterns(path string) []string {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, aliasLimit+1))
+	if err != nil || len(data) > aliasLimit {
+		return nil
+	}
+	patterns := []string{}
+	for _, line := range strings.Split(string(data), "\n") {
+		if fields := strings.Fields(line); len(fields) == 3 && fields[0] == "alias" {
+			patterns = append(patterns, fields[1])
+		}
+	}
+	return patterns
+}
+
+// mayMatch keeps the aliases some pattern may match, as modprobe matches them (fnmatch without
+// flags); with no patterns known (nil), all of them. path.Match differs from fnmatch only on
+// '/', so an alias holding one, or a pattern path.Match cannot parse, is kept: modprobe decides.
+func mayMatch(aliases, patterns []string) []string {
+	if patterns == nil {
+		return aliases
+	}
+	var kept []string
+	for _, alias := range aliases {
+		if strings.Contains(alias, "/") {
+			kept = append(kept, alias)
+			continue
+		}
+		for _, pattern := range patterns {
+			if ok, err := path.Match(pattern, alias); ok || err != nil {
+				kept = append(kept, alias)
+				break
+			}
+		}
+	}
+	return kept
 }

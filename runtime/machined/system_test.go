@@ -115,3 +115,30 @@ func TestListExtensions(t *testing.T) {
 		t.Fatal("no directory, no extensions")
 	}
 }
+
+func TestMayMatchRulesOutOnlyWhatNoPatternMatches(t *testing.T) {
+	dir := t.TempDir()
+	writeFile(t, dir+"/modules.alias", "# Aliases extracted from modules themselves.\nalias pci:v00008086d000010D3sv*sd*bc*sc*i* e1000e\nalias fs-xfs xfs\nalias usb:v*p*d*dc*dsc*dp*ic08isc06ip50in* usb_storage\nbroken line\n")
+	patterns := aliasPatterns(dir + "/modules.alias")
+	if len(patterns) != 3 {
+		t.Fatalf("patterns %v", patterns)
+	}
+	aliases := []string{
+		"pci:v00008086d000010D3sv00008086sd0000A01Fbc02sc00i00", // e1000e
+		"pci:v00001AF4d00001000sv00001AF4sd00000001bc02sc00i00", // virtio-net: built in, no module
+		"acpi:PNP0A03:",      // nothing
+		"of:Nfoo/barT(null)", // a '/': left to modprobe
+		"usb:v0781p5567d0100dc00dsc00dp00ic08isc06ip50in00", // usb_storage
+	}
+	got := mayMatch(aliases, patterns)
+	want := []string{aliases[0], aliases[3], aliases[4]}
+	if strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Fatalf("got %v, want %v", got, want)
+	}
+	if all := mayMatch(aliases, aliasPatterns(dir+"/missing")); len(all) != len(aliases) {
+		t.Fatalf("an unreadable modules.alias must rule nothing out: %v", all)
+	}
+	if none := mayMatch(aliases, []string{}); len(none) != 1 || none[0] != aliases[3] {
+		t.Fatalf("no loadable module: only the alias path.Match cannot judge is kept: %v", none)
+	}
+}

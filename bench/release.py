@@ -7,7 +7,8 @@ hashes, manifests or SBOMs): one rootfs, initramfs and ISO (bench/image.py's flo
 disk profile its own raw disk (its kernel command line differs) and its format: zstd -10 -T2 (metal,
 aws), qemu-img vpc fixed (azure), gzip -n -6 (digital-ocean), GNU sparse tar + gzip (gcp), xz -0 -T2
 in 16 MiB blocks (hcloud), qcow2 (openstack), streamOptimized vmdk in a tar (vmware's ova), raw
-(nocloud, vultr); PXE's files and iPXE script; the installer's payload as one gzipped tar layer.
+(nocloud, vultr); PXE's files and iPXE script; the installer's raw disk gzipped and its other files
+as one gzipped tar layer.
 Timed alternately in one process, best of `--runs` (default 2). Target: Kiln at most 60 s on 2 cores
 and faster than the script.
 
@@ -67,6 +68,9 @@ def release_script(parts: dict[str, Path], work: Path, epoch: int) -> str:
         "mkdir pxe && cp vmlinuz initramfs.zst pxe/",
         "printf '#!ipxe\\nkernel vmlinuz initrd=initramfs.zst console=ttyS0\\ninitrd initramfs.zst\\nboot\\n' "
         "> pxe/boot.ipxe",
+        # the installer carries a raw disk, gzipped (as its disk layer), beside kernel, initramfs and machined
+        *disk_lines("installer.raw"),
+        "gzip -n -6 -c installer.raw > installer.raw.gz && rm installer.raw",
         f"mkdir installer && cp vmlinuz initramfs.zst {shlex.quote(str(parts['machined']))}/usr/sbin/machined "
         "installer/",
         f"tar --sort=name --mtime=@{epoch} --owner=0 --group=0 --numeric-owner -C installer -cf - . "

@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import shutil
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from kiln.build.rootplan import cache_name
 from kiln.build.store.locks import acquire, release
 from kiln.core.paths import spec_parts
 
@@ -31,11 +31,6 @@ def _package_dir(store_root: Path, package: str, arch: str) -> Path:
         if spec_parts(value, what) != [value]:
             raise ValueError(f"{what} {value!r} cannot name a cache directory")
     return store_root / DIRECTORY / package / arch
-
-
-def host_name(path: str) -> str:
-    """The host directory's name for a cache path inside the build root."""
-    return hashlib.sha256(path.encode()).hexdigest()[:16]
 
 
 @contextlib.contextmanager
@@ -51,7 +46,7 @@ def held(store_root: Path, package: str, arch: str, paths: Iterable[str]) -> Ite
     fd = acquire(lock, fcntl.LOCK_EX)
     assert fd is not None
     try:
-        directories = {path: base / host_name(path) for path in wanted}
+        directories = {path: base / cache_name(path) for path in wanted}
         for directory in directories.values():
             directory.mkdir(exist_ok=True)
         yield directories
@@ -61,7 +56,7 @@ def held(store_root: Path, package: str, arch: str, paths: Iterable[str]) -> Ite
 
 def empty(scratch: Path, paths: Iterable[str]) -> dict[str, Path]:
     """Fresh empty directories for `paths` below `scratch` (a check rebuild proves the cache changes nothing)."""
-    directories = {path: scratch / host_name(path) for path in sorted(set(paths))}
+    directories = {path: scratch / cache_name(path) for path in sorted(set(paths))}
     for directory in directories.values():
         directory.mkdir(parents=True, exist_ok=True)
     return directories

@@ -29,8 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kiln.build.buildcache import host_name
-from kiln.build.rootplan import STEP_WRAPPER, base_env, overlay_order
+from kiln.build.rootplan import STEP_WRAPPER, base_env, cache_name, overlay_order
 from kiln.core import tools
 from kiln.core.errors import BuildError, InputError
 from kiln.core.hashing import file_sha256
@@ -174,7 +173,7 @@ class Exporter:
                 flag = "--network=default " if step.network == "default" else "--network=none "
             arch = self.graph.tree.platform.arch
             for path in step.cache:  # BuildKit's own cache mounts, one id per package, arch and path
-                flag += f"--mount=type=cache,id=kiln-{package.name}-{arch}-{host_name(path)},target={path} "
+                flag += f"--mount=type=cache,id=kiln-{package.name}-{arch}-{cache_name(path)},target={path} "
             for _, script in step.snippets():
                 argv = ["/bin/sh", "-c", f"{exports}{STEP_WRAPPER}", "kiln-env", script]
                 lines.append(f"RUN {flag}{json.dumps(argv)}")

@@ -8,6 +8,7 @@ give one output tree on every runner.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -102,3 +103,9 @@ class RootPlan:
     def base(self) -> list[Layer]:
         """The layers every package of this variant shares (bottom first)."""
         return [*([self.seed] if self.seed else []), *([self.toolchain] if self.toolchain else [])]
+
+
+def cache_name(path: str) -> str:
+    """The name a step cache's directory gets outside the root, for a cache path inside it (the
+    host directory of kiln.build.buildcache, BuildKit's cache mount id)."""
+    return hashlib.sha256(path.encode()).hexdigest()[:16]

@@ -34,6 +34,7 @@ from kiln.image.assets import BootAssets
 from kiln.image.compress import compress
 from kiln.image.keys import boot_chain_keys, module_signer, resolve_keys
 from kiln.image.manifest import SbomPackage, load_spdx, write_manifest, write_sbom
+from kiln.image.order import expected_cost
 from kiln.image.profile import CONFIG_PATH, Profile
 from kiln.image.sbom_cyclonedx import write_cyclonedx
 from kiln.pkg.graph import Graph
@@ -371,24 +372,6 @@ def load_worker_modules(profiles: list[Profile]) -> None:
     for name in (*_ASSET_MODULES, *(m for p in profiles for m in _KIND_MODULES.get(p.kind, ()))):
         importlib.import_module(name)
     load_spdx()
-
-
-# Rough seconds per GiB of disk on this 2-core machine, for the order profiles start in: the
-# installer gzips its disk in-process, .gz and .xz read all of it, a fixed vhd is 1 GiB to write and
-# hash, and a raw disk is hashed whole for its manifest.
-_DISK_COST = {".gz": 8.0, ".tar.gz": 2.0, ".xz": 6.0, ".zst": 1.5, "raw": 3.0}
-_FORMAT_COST = {"vhd": 4.0, "ova": 1.5, "vmdk": 1.5, "qcow2": 0.7}
-
-
-def expected_cost(profile: Profile) -> float:
-    """How long a profile's output takes, roughly (only the order matters)."""
-    if profile.kind == "installer":
-        return 10.0
-    if profile.kind != "image":
-        return 0.5
-    if profile.disk_format != "raw":
-        return _FORMAT_COST.get(profile.disk_format, 1.0)
-    return _DISK_COST.get(profile.out_format, 1.0)
 
 
 def make_images(profiles: list[Profile], built: Built, out: Path, jobs: int, say: Say) -> list[Result]:

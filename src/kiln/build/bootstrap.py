@@ -80,7 +80,11 @@ def debootstrap(
         raise BuildError("debootstrap is not installed: run scripts/setup-host.sh")
     if os.geteuid() != 0:
         raise BuildError("debootstrap needs root; or give a root tarball with --from-tar")
-    command = ["debootstrap", f"--variant={stage0.variant}", f"--arch={platform.arch}"]
+    # In a mount namespace of its own: the /proc debootstrap mounts in the tree dies with it, even
+    # when it is killed (a /proc left mounted under the store's tmp/ turns a later cleanup of that
+    # directory into an rm through /proc).
+    command = ["unshare", "--mount", "--propagation", "private"]
+    command += ["debootstrap", f"--variant={stage0.variant}", f"--arch={platform.arch}"]
     if packages:
         command.append("--include=" + ",".join(packages))
     command += [stage0.suite, str(tree), stage0.mirror]

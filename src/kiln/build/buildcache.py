@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import os
 import shutil
+import stat
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -48,7 +50,7 @@ def held(store_root: Path, package: str, arch: str, paths: Iterable[str]) -> Ite
     try:
         directories = {path: base / cache_name(path) for path in wanted}
         for directory in directories.values():
-            directory.mkdir(exist_ok=True)
+            directory.mkdir(parents=True, exist_ok=True)  # a gc may have emptied the package meanwhile
         yield directories
     finally:
         release(lock, fd)
@@ -83,6 +85,11 @@ def remove_unheld(store_root: Path) -> list[Path]:
 
 
 def size(store_root: Path) -> int:
-    """Bytes the build caches take (files only, links not followed)."""
-    top = store_root / DIRECTORY
-    return sum(p.lstat().st_size for p in top.rglob("*") if p.is_file() and not p.is_symlink()) if top.is_dir() else 0
+    """Bytes the build caches take (regular files; os.walk follows no link the sandbox left there)."""
+    total = 0
+    for dirpath, _dirnames, filenames in os.walk(store_root / DIRECTORY):
+        for name in filenames:
+            info = os.lstat(os.path.join(dirpath, name))
+            if stat.S_ISREG(info.st_mode):
+                total += info.st_size
+    return total

@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from kiln.build.keys import compute_keys
@@ -117,40 +118,45 @@ def timed(command: list[str], **kwargs: object) -> float:
     return time.monotonic() - began
 
 
+EPOCH = 1704067200  # the scripts' SOURCE_DATE_EPOCH
+KILN_IMAGE = [sys.executable, "-m", "kiln.cli", "image"]
+
+
+def alternate(
+    runs: int, script: Callable[[Path], str], kiln: dict[str, Callable[[Path], list[str]]]
+) -> dict[str, list[float]]:
+    """Time the shell script, then each Kiln command, `runs` times over, each run in a fresh
+    directory: times["script"] and times[<name>] per run."""
+    times: dict[str, list[float]] = {"script": [], **{name: [] for name in kiln}}
+    for _ in range(runs):
+        with tempfile.TemporaryDirectory(prefix="bench-image-") as tmp:
+            work = Path(tmp)
+            (work / "script").mkdir()
+            (work / "run.sh").write_text(script(work / "script"))
+            times["script"].append(timed(["sh", str(work / "run.sh")]))
+            for name, command in kiln.items():
+                times[name].append(timed(command(work), cwd=ROOT))
+    return times
+
+
+def image_with_jobs(jobs: str) -> Callable[[Path], list[str]]:
+    def command(work: Path) -> list[str]:
+        return [*KILN_IMAGE, "iso", "metal", "openstack", "--jobs", jobs, "--out", str(work / f"kiln-j{jobs}")]
+
+    return command
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=2)
     args = parser.parse_args()
     parts = trees()
-    epoch = 1704067200
-    times: dict[str, list[float]] = {"floor": [], "jobs2": [], "jobs1": []}
-    for _ in range(args.runs):
-        with tempfile.TemporaryDirectory(prefix="bench-image-") as tmp:
-            work = Path(tmp)
-            (work / "floor").mkdir()
-            script = work / "floor.sh"
-            script.write_text(floor_script(parts, work / "floor", epoch))
-            times["floor"].append(timed(["sh", str(script)]))
-            for jobs in ("2", "1"):
-                times[f"jobs{jobs}"].append(
-                    timed(
-                        [
-                            sys.executable,
-                            "-m",
-                            "kiln.cli",
-                            "image",
-                            "iso",
-                            "metal",
-                            "openstack",
-                            "--jobs",
-                            jobs,
-                            "--out",
-                            str(work / f"kiln-j{jobs}"),
-                        ],
-                        cwd=ROOT,
-                    )
-                )
-    best_floor, best_kiln, best_serial = min(times["floor"]), min(times["jobs2"]), min(times["jobs1"])
+    times = alternate(
+        args.runs,
+        lambda work: floor_script(parts, work, EPOCH),
+        {f"jobs{jobs}": image_with_jobs(jobs) for jobs in ("2", "1")},
+    )
+    best_floor, best_kiln, best_serial = min(times["script"]), min(times["jobs2"]), min(times["jobs1"])
     result = {
         "outputs": "rootfs, initramfs, iso, raw (metal), qcow2 (openstack)",
         "floor_script_s": round(best_floor, 2),

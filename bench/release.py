@@ -23,12 +23,11 @@ import json
 import os
 import shlex
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from image import base_lines, disk_lines, timed, trees  # bench/ is not a package
+from image import EPOCH, KILN_IMAGE, alternate, base_lines, disk_lines, trees  # bench/ is not a package
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench/results/release.json"
@@ -84,17 +83,11 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=2)
     args = parser.parse_args()
     parts = trees()
-    epoch = 1704067200
-    times: dict[str, list[float]] = {"script": [], "kiln": []}
-    for _ in range(args.runs):
-        with tempfile.TemporaryDirectory(prefix="bench-release-") as tmp:
-            work = Path(tmp)
-            (work / "script").mkdir()
-            script = work / "release.sh"
-            script.write_text(release_script(parts, work / "script", epoch))
-            times["script"].append(timed(["sh", str(script)]))
-            command = [sys.executable, "-m", "kiln.cli", "image", *PROFILES, "--out", str(work / "kiln")]
-            times["kiln"].append(timed(command, cwd=ROOT))
+    times = alternate(
+        args.runs,
+        lambda work: release_script(parts, work, EPOCH),
+        {"kiln": lambda work: [*KILN_IMAGE, *PROFILES, "--out", str(work / "kiln")]},
+    )
     script_s, kiln_s = min(times["script"]), min(times["kiln"])
     result = {
         "profiles": PROFILES,

@@ -33,7 +33,6 @@ import shutil
 import struct
 import tarfile
 import tempfile
-import zlib
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -42,6 +41,7 @@ from typing import Any
 from kiln.core.errors import BuildError, InputError
 from kiln.core.hashing import CHUNK
 from kiln.image.assets import BootAssets
+from kiln.image.chunked import GZIP_LEVEL, write_gzip
 from kiln.image.outputs.grub import SLOTS
 
 REPOSITORY = "kiln-installer"
@@ -58,7 +58,6 @@ MANIFEST_TYPE = "application/vnd.oci.image.manifest.v1+json"
 CONFIG_TYPE = "application/vnd.oci.image.config.v1+json"
 LAYER_TYPE = "application/vnd.oci.image.layer.v1.tar+gzip"
 
-GZIP_LEVEL = 6
 ELF_MACHINES = {0x3E: "amd64", 0xB7: "arm64"}
 PT_INTERP = 3
 
@@ -291,19 +290,7 @@ def static_elf_arch(binary: Path) -> str:
 
 def gzip_with_size(raw: Path, out: Path) -> None:
     """gzip `raw` into `out` with no name and mtime 0, and its size in the "KS" FEXTRA subfield."""
-    size = raw.stat().st_size
-    extra = b"KS" + struct.pack("<HQ", 8, size)
-    # ID1 ID2, CM=deflate, FLG=FEXTRA, MTIME=0, XFL=0, OS=255 (unknown), XLEN
-    header = b"\x1f\x8b\x08\x04" + struct.pack("<I", 0) + b"\x00\xff" + struct.pack("<H", len(extra)) + extra
-    deflate = zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, -15)
-    crc = 0
-    with raw.open("rb") as src, out.open("wb") as dst:
-        dst.write(header)
-        for block in iter(lambda: src.read(CHUNK), b""):
-            crc = zlib.crc32(block, crc)
-            dst.write(deflate.compress(block))
-        dst.write(deflate.flush())
-        dst.write(struct.pack("<II", crc, size & 0xFFFFFFFF))
+    write_gzip(raw, out, extra=b"KS" + struct.pack("<HQ", 8, raw.stat().st_size))
 
 
 def _tarinfo(name: str, epoch: int, mode: int, size: int = 0, *, directory: bool = False) -> tarfile.TarInfo:

@@ -8,7 +8,8 @@ disk profile its own raw disk (its kernel command line differs) and its format: 
 aws), qemu-img vpc fixed (azure), gzip -n -6 (digital-ocean), GNU sparse tar + gzip (gcp), xz -0 -T2
 in 16 MiB blocks (hcloud), qcow2 (openstack), streamOptimized vmdk in a tar (vmware's ova), raw
 (nocloud, vultr); PXE's files and iPXE script; the installer's raw disk gzipped and its other files
-as one gzipped tar layer.
+as one gzipped tar layer. The compressors are the plain tools at the levels Kiln uses, reading the
+whole disk; Kiln writes the same formats 4 MiB at a time around the disk's holes (kiln.image.chunked).
 Timed alternately in one process, best of `--runs` (default 2). Target: Kiln at most 60 s on 2 cores
 and faster than the script.
 

@@ -63,12 +63,17 @@ def _overrides(args: argparse.Namespace) -> dict[str, str]:
 def _load(args: argparse.Namespace) -> Graph:
     from_tar = Path(args.from_tar) if args.from_tar else None
     platform = Platform.parse(args.platform or DEFAULT_PLATFORM)
-    tree: Tree = load_tree(Path(args.pkgs), platform, _overrides(args), from_tar)
+    tree: Tree = load_tree(package_trees(args), platform, _overrides(args), from_tar)
     return Graph(tree)
 
 
 # What a flag left unset takes when the project file does not say either.
 BUILTIN_DEFAULTS: dict[str, object] = {"jobs": 2, "runner": "sandbox", "cache_from": None, "cache_to": None}
+
+
+def package_trees(args: argparse.Namespace) -> list[Path]:
+    """The --pkgs trees in order (apply_project has filled in the project's)."""
+    return [Path(tree) for tree in args.pkgs]
 
 
 def apply_project(args: argparse.Namespace) -> None:
@@ -78,7 +83,7 @@ def apply_project(args: argparse.Namespace) -> None:
     project = current_project()
     args.project = project
     if args.pkgs is None:
-        args.pkgs = str(project.root / PACKAGE_TREE)
+        args.pkgs = [str(project.root / tree) for tree in project.pkgs] or [str(project.root / PACKAGE_TREE)]
     if getattr(args, "profiles_dir", "") is None:
         args.profiles_dir = str(project.root / PROFILES_DIR)
     for name, builtin in BUILTIN_DEFAULTS.items():
@@ -292,7 +297,8 @@ def cmd_kernel(args: argparse.Namespace) -> int:
     from kiln.kernel import tool
 
     arch = args.arch or Platform.parse(args.platform or DEFAULT_PLATFORM).arch
-    tree = load_tree(Path(args.pkgs), host_platform(), _overrides(args), Path(args.from_tar) if args.from_tar else None)
+    from_tar = Path(args.from_tar) if args.from_tar else None
+    tree = load_tree(package_trees(args), host_platform(), _overrides(args), from_tar)
     output = Path(args.output) if args.output else None
     result = tool.run(Session.open(Graph(tree)), args.kernel_verb, arch, output)
     if args.json:
@@ -361,10 +367,12 @@ def _add_common(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
 
     parser.add_argument(
         "--pkgs",
+        action="append",
         default=default(None),
         metavar="DIR",
-        help="package tree (default: the project's pkgs/; the project is the nearest directory up holding "
-        "kiln-project.yaml, else pkgs/)",
+        help="package tree (default: the project's `pkgs` setting, else its pkgs/; the project is the nearest "
+        "directory up holding kiln-project.yaml, else pkgs/); repeat it to load several trees as one, the "
+        "stock tree first (an extension author's tree after it)",
     )
     parser.add_argument(
         "--platform",

@@ -123,14 +123,15 @@ def test_bash_completion_completes_verbs_and_options(tmp_path: Path) -> None:
     ("argv", "pkgs", "platform"),
     [
         (["ls"], None, None),
-        (["--pkgs", "X", "ls"], "X", None),
-        (["ls", "--pkgs", "Y"], "Y", None),
-        (["--pkgs", "X", "--platform", "linux/arm64", "ls", "--pkgs", "Y"], "Y", "linux/arm64"),
+        (["--pkgs", "X", "ls"], ["X"], None),
+        (["ls", "--pkgs", "Y"], ["Y"], None),
+        (["ls", "--pkgs", "Y", "--pkgs", "Z"], ["Y", "Z"], None),  # several trees, in order
+        (["--pkgs", "X", "--platform", "linux/arm64", "ls", "--pkgs", "Y"], ["Y"], "linux/arm64"),
         (["--platform", "linux/arm64", "image", "metal"], None, "linux/arm64"),
     ],
 )
 def test_tree_options_may_come_before_the_verb_and_after_it_win(
-    argv: list[str], pkgs: str, platform: str | None
+    argv: list[str], pkgs: list[str] | None, platform: str | None
 ) -> None:
     args = build_parser().parse_args(argv)  # None: the project's pkgs/ (cli.apply_project)
     assert (args.pkgs, args.platform) == (pkgs, platform)

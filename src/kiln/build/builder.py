@@ -146,7 +146,7 @@ class Builder:
         for s_index, step in enumerate(package.steps):
             for index, source in enumerate(step.sources):
                 if source.is_local:
-                    placed = place_local(self.graph.tree.project_root, source, build_dir)
+                    placed = place_local(self.graph.tree.project_root_of(package), source, build_dir)
                     self._check_unchanged(package, s_index, index, placed)
                 else:
                     where = Location(str(package.file), package.line(("steps", s_index, "sources", index)))

@@ -88,10 +88,11 @@ def stage0_key(tree: Tree) -> str:
 
 
 def local_source_digest(tree: Tree, package: Package, path: str, where: tuple[str | int, ...]) -> dict[str, str]:
-    root = tree.project_root / path
+    project_root = tree.project_root_of(package)
+    root = project_root / path
     if not root.exists():
         raise InputError(
-            f"local source path {path!r} does not exist under {tree.project_root}",
+            f"local source path {path!r} does not exist under {project_root}",
             Location(str(package.file), package.line(where)),
         )
     if root.is_file():

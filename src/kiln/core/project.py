@@ -2,7 +2,9 @@
 
 The file holds a project's defaults, so a team writes them once instead of in every command:
 `version` (the release version), `jobs`, `runner`, `cache_from`, `cache_to`, `profiles` (what
-`kiln image` builds when it names none) and `mirrors` (read by kiln.build.sources.mirrors). A flag
+`kiln image` builds when it names none), `pkgs` (the package trees, in order, relative to the
+project: an extension's project names the stock tree and its own) and `mirrors` (read by
+kiln.build.sources.mirrors). A flag
 given on the command line wins over the file; the environment wins where it has a variable
 (KILN_VERSION, KILN_MIRRORS).
 """
@@ -69,6 +71,7 @@ class Project:
     cache_from: str | None = None
     cache_to: str | None = None
     profiles: tuple[str, ...] = ()
+    pkgs: tuple[str, ...] = ()
     positions: Positioned = field(default_factory=lambda: Positioned({}, {}), compare=False, repr=False)
 
     def location(self, key: str) -> Location | None:
@@ -82,6 +85,7 @@ _CHECKS: dict[str, tuple[type, str]] = {
     "cache_from": (str, "a registry reference such as oci://HOST/REPO"),
     "cache_to": (str, "a registry reference such as oci://HOST/REPO"),
     "profiles": (list, "a list of profile names"),
+    "pkgs": (list, "a list of package tree directories, relative to the project, the stock tree first"),
     "mirrors": (list, "a list of mirrors (or null for none)"),
 }
 
@@ -99,8 +103,8 @@ def _problem(key: object, value: object) -> str | None:
         return f"jobs must be at least 1, not {value}"
     if key == "runner" and value not in RUNNERS:
         return f"runner must be {wanted}, not {value!r}"
-    if key == "profiles" and not all(isinstance(item, str) and item for item in value):  # type: ignore[attr-defined]
-        return f"profiles must be {wanted}"
+    if key in ("profiles", "pkgs") and not all(isinstance(item, str) and item for item in value):  # type: ignore[attr-defined]
+        return f"{key} must be {wanted}"
     return None
 
 
@@ -130,6 +134,7 @@ def load_project(root: Path) -> Project:
         raise errors[0] if len(errors) == 1 else InputErrors(errors)
     values.pop("mirrors", None)
     values["profiles"] = tuple(values.get("profiles", ()))
+    values["pkgs"] = tuple(values.get("pkgs", ()))
     return Project(root, path, positions=positioned, **values)
 
 

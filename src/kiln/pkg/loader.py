@@ -2,12 +2,18 @@
 
 All errors of a tree are collected and raised together, so a user fixes them in
 one pass instead of one run per mistake.
+
+Several trees load as one (`--pkgs STOCK --pkgs MINE`): an extension author's tree beside the
+stock one. Each package keeps its own tree for its local sources and per-directory vars; a
+package name or a vars.yaml variable defined by two trees is an error naming both places, and
+only the first tree may define the seed (stage0.yaml).
 """
 
 from __future__ import annotations
 
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,6 +43,20 @@ class Tree:
     stage0: Stage0 = field(default_factory=Stage0)
     build_platform: Platform | None = None  # the machine that builds; None: the target itself (native)
     native: Tree | None = None  # a cross tree with tool packages: the build machine's own tree, for them
+    extra_roots: list[Path] = field(default_factory=list)  # the trees after the first, in --pkgs order
+
+    @property
+    def roots(self) -> list[Path]:
+        """Every package tree, in --pkgs order."""
+        return [self.root, *self.extra_roots]
+
+    def root_of(self, package: Package) -> Path:
+        """The tree that holds the package's pkg.yaml (trees never nest, so there is one)."""
+        return next((root for root in self.extra_roots if package.file.is_relative_to(root)), self.root)
+
+    def project_root_of(self, package: Package) -> Path:
+        """Where the package's local sources are resolved: the directory holding its tree."""
+        return self.root_of(package).parent
 
     @property
     def builder_platform(self) -> Platform:
@@ -71,7 +91,7 @@ class Tree:
 
     def package_context(self, package: Package) -> dict[str, Any]:
         """The variables a package's template saw."""
-        return package_variables(self.root, package.directory, self.variables, self.overrides)
+        return package_variables(self.root_of(package), package.directory, self.variables, self.overrides)
 
 
 def find_package_files(root: Path) -> list[Path]:
@@ -129,47 +149,50 @@ def load_package(file: Path, context: dict[str, Any], root: Path | None = None) 
 
 
 def load_tree(
-    root: Path,
+    root: Path | Sequence[Path],
     platform: Platform,
     overrides: dict[str, str] | None = None,
     stage0_tar: Path | None = None,
     build: Platform | None = None,
 ) -> Tree:
-    """Load and check a whole tree; raises InputErrors listing every problem.
+    """Load and check a whole tree (or several, in order, as one); raises InputErrors listing every problem.
 
     `stage0_tar` (--from-tar) replaces the seed definition with a user's root tarball.
     `build` is the machine that builds (default: this host); when it is not `platform`,
     the tree is a cross build: its seed runs as `build` and compiles for `platform`.
     """
-    root = root.resolve()
-    if not root.is_dir():
-        raise InputError(f"package tree {str(root)!r} is not a directory (use --pkgs DIR)")
+    roots = _checked_roots([root] if isinstance(root, Path) else list(root))
+    root = roots[0]
     overrides = overrides or {}
     errors: list[KilnError] = []
     build = build or host_platform()
     variables: dict[str, Any] = builtins(platform, build)
-    try:
-        if os.path.lexists(root / VARS_FILE):
-            variables.update(load_vars_file(root / VARS_FILE, within=root))
-    except KilnError as exc:
-        errors.append(exc)
+    errors.extend(_load_tree_vars(roots, variables))
     variables.update(overrides)
-    tree = Tree(root, platform, variables, dict(overrides), build_platform=build)
+    tree = Tree(root, platform, variables, dict(overrides), build_platform=build, extra_roots=roots[1:])
     try:
         tree.stage0 = load_stage0(root / STAGE0_FILE, stage0_tar)
     except InputErrors as exc:
         errors.extend(exc.errors)
     except KilnError as exc:
         errors.append(exc)
-    files = find_package_files(root)
+    errors.extend(
+        InputError(
+            f"only the first package tree ({root}) may define the seed; this one is tree {index + 2}",
+            Location(str(extra / STAGE0_FILE), 1),
+        )
+        for index, extra in enumerate(roots[1:])
+        if os.path.lexists(extra / STAGE0_FILE)
+    )
+    files = [(tree_root, file) for tree_root in roots for file in find_package_files(tree_root)]
     if not files:
-        raise InputError(f"no {PKG_FILE} found under {str(root)!r}")
+        raise InputError(f"no {PKG_FILE} found under {', '.join(repr(str(r)) for r in roots)}")
     first_seen: dict[str, Package] = {}
     broken: set[str] = set()
-    for file in files:
+    for tree_root, file in files:
         try:
-            context = package_variables(root, file.parent, variables, tree.overrides)
-            package = load_package(file, context, root)
+            context = package_variables(tree_root, file.parent, variables, tree.overrides)
+            package = load_package(file, context, tree_root)
         except KilnError as exc:
             errors.extend(exc.errors if isinstance(exc, InputErrors) else [exc])
             broken.update(_readable_name(file))
@@ -179,7 +202,8 @@ def load_tree(
             errors.append(
                 InputError(
                     f"duplicate package name '{package.name}' (also defined at "
-                    f"{Location(str(other.file), other.line(('name',)))})",
+                    f"{Location(str(other.file), other.line(('name',)))})"
+                    + ("" if tree.root_of(other) == tree_root else "; each name may be defined by one package tree"),
                     Location(str(file), package.line(("name",))),
                 )
             )
@@ -194,6 +218,55 @@ def load_tree(
     return tree
 
 
+def _checked_roots(roots: list[Path]) -> list[Path]:
+    """The trees, resolved: each a directory, none twice, none inside another."""
+    if not roots:
+        raise InputError("no package tree given (use --pkgs DIR)")
+    resolved: list[Path] = []
+    for given in roots:
+        path = given.resolve()
+        if not path.is_dir():
+            raise InputError(f"package tree {str(given)!r} is not a directory (use --pkgs DIR)")
+        for earlier in resolved:
+            if path == earlier or path.is_relative_to(earlier) or earlier.is_relative_to(path):
+                raise InputError(f"package trees {str(earlier)!r} and {str(path)!r} overlap: give each tree once")
+        resolved.append(path)
+    return resolved
+
+
+def _load_tree_vars(roots: list[Path], variables: dict[str, Any]) -> list[KilnError]:
+    """Each tree's vars.yaml into `variables`; a later tree may add variables, not change one."""
+    errors: list[KilnError] = []
+    set_by: dict[str, Path] = {}
+    for root in roots:
+        file = root / VARS_FILE
+        try:
+            loaded = load_vars_file(file, within=root) if os.path.lexists(file) else {}
+        except KilnError as exc:
+            errors.append(exc)
+            continue
+        for name, value in loaded.items():
+            if name in set_by:
+                errors.append(
+                    InputError(
+                        f"variable '{name}' is already set by {set_by[name]}; a later package tree may add "
+                        "variables but not change one (use --set to override it)",
+                        Location(str(file), _line_of(file, name)),
+                    )
+                )
+                continue
+            set_by[name] = file
+            variables[name] = value
+    return errors
+
+
+def _line_of(file: Path, name: str) -> int:
+    """The line where a top-level key is set in a YAML file (1 when not found as a plain key)."""
+    pattern = re.compile(rf"^['\"]?{re.escape(name)}['\"]?[ \t]*:", re.MULTILINE)
+    match = pattern.search(file.read_text(errors="replace"))
+    return match.string.count("\n", 0, match.start()) + 1 if match else 1
+
+
 def _prepare_cross(tree: Tree, stage0_tar: Path | None) -> None:
     """A cross tree: refuse what cannot be cross-built; load the build machine's tree for the tools."""
     refused = refuse_cross(tree)
@@ -201,7 +274,7 @@ def _prepare_cross(tree: Tree, stage0_tar: Path | None) -> None:
         raise InputErrors(refused)
     if tree.tools():
         build = tree.builder_platform
-        tree.native = load_tree(tree.root, build, tree.overrides, stage0_tar, build=build)
+        tree.native = load_tree(tree.roots, build, tree.overrides, stage0_tar, build=build)
 
 
 def refuse_cross(tree: Tree) -> list[KilnError]:

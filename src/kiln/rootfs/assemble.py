@@ -78,6 +78,7 @@ def build_layers(inputs: Inputs, rootfs: Path, work: Path, epoch: int) -> tuple[
     for index, (manifest, name) in enumerate(inputs.extensions, start=1):
         extension.check_compatible(manifest)
         extension.check_paths(name, inputs.trees[name])
+        extension.check_kernel(manifest, inputs.trees[name], inputs.trees[KERNEL])
         tree = extension.layer_tree(inputs.trees[name], manifest, work / "ext" / name)
         if inputs.module_signer:
             signed += inputs.module_signer.sign_tree(tree)

@@ -1,14 +1,17 @@
 """System extensions: a package output turned into a squashfs layer over the rootfs.
 
 An extension may only add files where extensions belong (/usr/local, kernel modules,
-firmware, service definitions) and must declare which Kiln versions it works with;
-anything else is refused when the image is built, not discovered on a running machine.
+firmware, service definitions) and must declare which Kiln versions it works with, and may
+declare the kernel releases (`kernel: ">=6.1,<6.2"`); every module it carries must sit under the
+image kernel's release and carry that kernel's vermagic, or the kernel would refuse it at load.
+Anything else is refused when the image is built, not discovered on a running machine.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,14 +36,15 @@ class Manifest:
     author: str
     description: str
     compatibility: str
+    kernel: str | None = None  # a kernel version range, when the extension names one
 
     def to_json(self) -> str:
-        return json.dumps(self.__dict__, indent=2, sort_keys=True) + "\n"
+        fields = {key: value for key, value in self.__dict__.items() if value is not None}
+        return json.dumps(fields, indent=2, sort_keys=True) + "\n"
 
 
 def manifest_for(package: Package) -> Manifest:
     """The manifest from the package's `extension:` section; refuses packages that are not extensions."""
-    where = Location(str(package.file), package.line(("extension",)))
     section: dict[str, Any] | None = package.spec.get("extension")
     if section is None:
         raise InputError(
@@ -49,14 +53,17 @@ def manifest_for(package: Package) -> Manifest:
             Location(str(package.file), 1),
         )
     compatibility = str(section["compatibility"])
-    try:
-        SpecifierSet(compatibility)
-    except InvalidSpecifier:
-        raise InputError(
-            f"extension '{package.name}': compatibility {compatibility!r} is not a version range like '>=0.1,<0.2'",
-            where,
-        ) from None
-    return Manifest(package.name, package.version, str(section["author"]), package.description, compatibility)
+    kernel = str(section["kernel"]) if "kernel" in section else None
+    for key, value, example in (("compatibility", compatibility, ">=0.1,<0.2"), ("kernel", kernel, ">=6.1,<6.2")):
+        try:
+            if value is not None:
+                SpecifierSet(value)
+        except InvalidSpecifier:
+            raise InputError(
+                f"extension '{package.name}': {key} {value!r} is not a version range like '{example}'",
+                Location(str(package.file), package.line(("extension", key))),
+            ) from None
+    return Manifest(package.name, package.version, str(section["author"]), package.description, compatibility, kernel)
 
 
 def check_compatible(manifest: Manifest, kiln_version: str = __version__) -> None:
@@ -115,3 +122,88 @@ def modules_layer(rootfs: Path, layers: list[Path], dest: Path) -> Path | None:
                 shutil.copy2(index, out / index.name)
     shutil.rmtree(merged)
     return dest
+
+
+MODULE_SUFFIXES = (".ko", ".ko.xz", ".ko.gz", ".ko.zst")
+MAX_MODULE = 256 << 20
+_VERMAGIC = re.compile(rb"(?:^|\0)vermagic=([^\0]*)\0")
+
+
+def kernel_release(kernel_tree: Path) -> str | None:
+    """The release the kernel package's modules are installed for (/usr/lib/modules/<release>)."""
+    modules = kernel_tree / "usr/lib/modules"
+    releases = sorted(p.name for p in modules.iterdir() if p.is_dir()) if modules.is_dir() else []
+    return releases[0] if len(releases) == 1 else None
+
+
+def module_files(tree: Path) -> list[Path]:
+    """Every kernel module under tree's /usr/lib/modules, in a stable order (links are not followed)."""
+    modules = tree / "usr/lib/modules"
+    if not modules.is_dir() or modules.is_symlink():
+        return []
+    found = [
+        Path(directory) / name
+        for directory, _, names in os.walk(modules)
+        for name in names
+        if name.endswith(MODULE_SUFFIXES) and not (Path(directory) / name).is_symlink()
+    ]
+    return sorted(found)
+
+
+def vermagic(module: Path) -> str | None:
+    """The module's vermagic, read from its bytes (a .modinfo entry is `vermagic=...` between NULs).
+
+    Read in Python rather than by modinfo: the module is a hostile package's output and this check
+    needs no ELF parser. None when it carries none, or two that differ.
+    """
+    if module.stat().st_size > MAX_MODULE:
+        raise BuildError(f"{module} is over {MAX_MODULE >> 20} MiB: not a kernel module")
+    found = {match.group(1) for match in _VERMAGIC.finditer(module.read_bytes())}
+    return found.pop().decode(errors="replace") if len(found) == 1 else None
+
+
+def _kernel_version(release: str) -> Version | None:
+    match = re.match(r"\d+(\.\d+)*", release)
+    return Version(match.group(0)) if match else None
+
+
+def check_kernel(manifest: Manifest, tree: Path, kernel_tree: Path) -> None:
+    """The extension fits the image's kernel: its kernel range holds the kernel's release, and each
+    module lies under that release and carries the kernel's own vermagic."""
+    name = manifest.name
+    modules = module_files(tree)
+    if manifest.kernel is None and not modules:
+        return
+    release = kernel_release(kernel_tree)
+    if release is None:
+        raise BuildError(
+            f"extension '{name}' needs a kernel it can be checked against, but the image's kernel has no "
+            "single /usr/lib/modules/<release> (a kernel given as a file cannot take extensions with modules)"
+        )
+    version = _kernel_version(release)
+    if manifest.kernel is not None and (version is None or version not in SpecifierSet(manifest.kernel)):
+        raise BuildError(f"extension '{name}' needs kernel {manifest.kernel}, this image's kernel is {release}")
+    if not modules:
+        return
+    reference = next(iter(module_files(kernel_tree)), None)
+    wanted = vermagic(reference) if reference else None
+    if wanted is None:
+        raise BuildError(f"extension '{name}' carries modules, but the image's kernel {release} has none to compare")
+    for module in modules:
+        rel = module.relative_to(tree / "usr/lib/modules")
+        if not module.name.endswith(".ko"):
+            raise BuildError(
+                f"extension '{name}': /usr/lib/modules/{rel} is compressed; ship modules as plain .ko (they are "
+                "signed and checked as they are, and the extension's squashfs compresses them)"
+            )
+        if rel.parts[0] != release:
+            raise BuildError(
+                f"extension '{name}': /usr/lib/modules/{rel} is installed for kernel {rel.parts[0]}, "
+                f"this image's kernel is {release}"
+            )
+        got = vermagic(module)
+        if got != wanted:
+            raise BuildError(
+                f"extension '{name}': /usr/lib/modules/{rel} was built for vermagic {got!r}, this image's kernel "
+                f"has {wanted!r}; build it against this tree's kernel-build package"
+            )

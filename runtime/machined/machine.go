@@ -74,6 +74,7 @@ func (m *machine) boot() {
 	m.con.printf("firmware: %s", m.firmware.describe())
 	m.phases.mark("start")
 	loaded := loadModules(m.kernel, m.con.printf)
+	loaded += loadExtensionModules(modprobe, listExtensions(extensionsDir), m.con.printf)
 	m.phases.mark("modules")
 	if err := mountSecurityFS(); err != nil {
 		m.con.printf("%v", err)

@@ -5,6 +5,7 @@ the check reads (tests/e2e/test_system.py loads a real module built against kern
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -104,3 +105,15 @@ def test_a_bad_kernel_range_is_an_input_error_at_its_line(tmp_path: Path) -> Non
     with pytest.raises(InputError) as caught:
         manifest_for(package)
     assert str(caught.value) == f"{pkg}:7: extension 'drv': kernel '6.1' is not a version range like '>=6.1,<6.2'"
+
+
+def test_modules_to_load_must_be_carried_by_the_extension_or_the_kernel(tmp_path: Path, kernel: Path) -> None:
+    module(tmp_path / f"drv/usr/lib/modules/{RELEASE}/extra/acpi_call.ko")
+    (kernel / f"usr/lib/modules/{RELEASE}/modules.builtin").write_text("kernel/drivers/virtio/virtio-pci.ko\n")
+    carried = Manifest("drv", "1.0", "me", "", ">=0.1", None, ("acpi_call", "e1000", "virtio_pci"))
+    check_kernel(carried, tmp_path / "drv", kernel)
+    assert json.loads(carried.to_json())["modules"] == ["acpi_call", "e1000", "virtio_pci"]
+    missing = Manifest("drv", "1.0", "me", "", ">=0.1", None, ("zfs",))
+    with pytest.raises(BuildError, match=r"names module 'zfs' to load at boot, but neither it nor the kernel 6.1.176"):
+        check_kernel(missing, tmp_path / "drv", kernel)
+    assert "modules" not in json.loads(ext(tmp_path).to_json())  # none named: the manifest says nothing

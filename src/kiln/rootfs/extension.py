@@ -37,9 +37,13 @@ class Manifest:
     description: str
     compatibility: str
     kernel: str | None = None  # a kernel version range, when the extension names one
+    modules: tuple[str, ...] = ()  # what machined loads at boot
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "modules", tuple(self.modules))
 
     def to_json(self) -> str:
-        fields = {key: value for key, value in self.__dict__.items() if value is not None}
+        fields = {key: value for key, value in self.__dict__.items() if value not in (None, ())}
         return json.dumps(fields, indent=2, sort_keys=True) + "\n"
 
 
@@ -63,7 +67,9 @@ def manifest_for(package: Package) -> Manifest:
                 f"extension '{package.name}': {key} {value!r} is not a version range like '{example}'",
                 Location(str(package.file), package.line(("extension", key))),
             ) from None
-    return Manifest(package.name, package.version, str(section["author"]), package.description, compatibility, kernel)
+    modules = tuple(str(name) for name in section.get("modules", ()))
+    author = str(section["author"])
+    return Manifest(package.name, package.version, author, package.description, compatibility, kernel, modules)
 
 
 def check_compatible(manifest: Manifest, kiln_version: str = __version__) -> None:
@@ -114,7 +120,7 @@ def modules_layer(rootfs: Path, layers: list[Path], dest: Path) -> Path | None:
         if (layer / "usr/lib/modules").is_dir():
             shutil.copytree(layer / "usr/lib/modules", merged / "usr/lib/modules", symlinks=True, dirs_exist_ok=True)
     for version_dir in sorted((merged / "usr/lib/modules").iterdir()):
-        tools.run(["depmod", "-b", str(merged), version_dir.name], what=f"depmod for {version_dir.name}")
+        tools.run(["depmod", "-b", str(merged / "usr"), version_dir.name], what=f"depmod for {version_dir.name}")
         out = dest / "usr/lib/modules" / version_dir.name
         out.mkdir(parents=True, exist_ok=True)
         for index in sorted(version_dir.glob("modules.*")):
@@ -172,7 +178,7 @@ def check_kernel(manifest: Manifest, tree: Path, kernel_tree: Path) -> None:
     module lies under that release and carries the kernel's own vermagic."""
     name = manifest.name
     modules = module_files(tree)
-    if manifest.kernel is None and not modules:
+    if manifest.kernel is None and not modules and not manifest.modules:
         return
     release = kernel_release(kernel_tree)
     if release is None:
@@ -183,6 +189,7 @@ def check_kernel(manifest: Manifest, tree: Path, kernel_tree: Path) -> None:
     version = _kernel_version(release)
     if manifest.kernel is not None and (version is None or version not in SpecifierSet(manifest.kernel)):
         raise BuildError(f"extension '{name}' needs kernel {manifest.kernel}, this image's kernel is {release}")
+    _check_named_modules(manifest, modules, kernel_tree, release)
     if not modules:
         return
     reference = next(iter(module_files(kernel_tree)), None)
@@ -206,4 +213,22 @@ def check_kernel(manifest: Manifest, tree: Path, kernel_tree: Path) -> None:
             raise BuildError(
                 f"extension '{name}': /usr/lib/modules/{rel} was built for vermagic {got!r}, this image's kernel "
                 f"has {wanted!r}; build it against this tree's kernel-build package"
+            )
+
+
+def _module_name(path: Path) -> str:
+    return path.name.split(".ko")[0].replace("-", "_")
+
+
+def _check_named_modules(manifest: Manifest, modules: list[Path], kernel_tree: Path, release: str) -> None:
+    """Each module the extension asks machined to load is one it or the kernel carries (or builds in)."""
+    known = {_module_name(p) for p in [*modules, *module_files(kernel_tree)]}
+    builtin = kernel_tree / "usr/lib/modules" / release / "modules.builtin"
+    if builtin.is_file() and not builtin.is_symlink():
+        known |= {_module_name(Path(line)) for line in builtin.read_text(errors="replace").split()}
+    for name in manifest.modules:
+        if name.replace("-", "_") not in known:
+            raise BuildError(
+                f"extension '{manifest.name}' names module '{name}' to load at boot, but neither it nor the "
+                f"kernel {release} carries that module"
             )

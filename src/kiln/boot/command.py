@@ -156,7 +156,14 @@ def _boot(args: argparse.Namespace, artifact: Path, arch: str) -> int:
             )
 
         result = boot(
-            machine, args.expect, args.timeout, log, echo, until_exit=keep, on_found=running, exit_timeout=math.inf
+            machine,
+            args.expect,
+            args.timeout,
+            log,
+            echo,
+            until_exit=keep,
+            on_found=running if keep else None,
+            exit_timeout=math.inf,
         )
     if args.json:
         fields: dict[str, object] = {"ok": result.ok, "seconds": round(result.seconds, 2), "line": result.line}

@@ -44,8 +44,8 @@ def watch(
     """Run `command` (QEMU, its serial console on stdout) and judge its console as `boot` describes.
 
     Every console line goes to `log` (after the command line) and `echo`; the process is stopped
-    at the end whatever happened. With `until_exit`, `on_found` hears of the expected line at once,
-    and the wait for the guest to power off lasts what is left of `timeout`, or `exit_timeout`
+    at the end whatever happened. `on_found` hears of the expected line at once, while the guest
+    runs; with `until_exit` the wait for the guest to power off lasts what is left of `timeout`, or `exit_timeout`
     seconds when given (math.inf: until it powers off, or the caller is interrupted).
     """
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -56,9 +56,9 @@ def watch(
         process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         try:
             result = _until_expected(process, _Lines(out, tail, echo), expect, timeout, start)
+            if result.ok and on_found:
+                on_found(result)  # the guest still runs: a caller may talk to it, or watch its network
             if result.ok and until_exit:
-                if on_found:
-                    on_found(result)
                 left = timeout - (time.monotonic() - start) if exit_timeout is None else exit_timeout
                 result = _wait_exit(process, out, tail, echo, result, left)
         finally:

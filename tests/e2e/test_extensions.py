@@ -1,0 +1,120 @@
+"""End-to-end: the shipped extensions, built from pkgs/ and booted in QEMU (TCG).
+
+acpi-call is an out-of-tree module built against kernel-build: the kernel must accept it (same
+vermagic and symbol CRCs) when machined loads it at boot. lldpd is a userland service: machined
+must start it and it must put a real LLDP frame on the wire, which QEMU's filter-dump records
+from the guest's NIC. One boot for both. The same module with another kernel's vermagic is
+refused when the image is made.
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+import time
+from pathlib import Path
+
+import pytest
+
+from kiln.boot.qemu import READY, BootResult, boot, machine_for
+from kiln.build.keys import compute_keys
+from kiln.build.store import Store
+from kiln.core.errors import BuildError
+from kiln.core.paths import cache_dir
+from kiln.pkg.graph import Graph
+from kiln.pkg.loader import load_tree
+from kiln.pkg.variables import Platform
+from kiln.rootfs.extension import check_kernel, manifest_for
+from tests.e2e.conftest import ROOT, kiln
+
+pytestmark = pytest.mark.e2e
+
+LLDP_ETHERTYPE = 0x88CC
+FRAME_WAIT = 30.0  # lldpd sends its first frame as soon as it has seen the interface
+
+
+@pytest.fixture(scope="module")
+def extension_image(image_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The base image with both shipped extensions (image_dir: the base packages are stored)."""
+    out = tmp_path_factory.mktemp("extensions")
+    kiln("image", "--kind", "kernel,initramfs", "--extension", "acpi-call", "--extension", "lldpd", "--out", str(out))
+    return out
+
+
+def frames(pcap: Path) -> list[bytes]:
+    """The Ethernet frames of a libpcap file (as QEMU's filter-dump writes it)."""
+    data = pcap.read_bytes() if pcap.exists() else b""
+    found, offset = [], 24  # the global header
+    while offset + 16 <= len(data):
+        captured = struct.unpack_from("<I", data, offset + 8)[0]
+        found.append(data[offset + 16 : offset + 16 + captured])
+        offset += 16 + captured
+    return found
+
+
+def lldp_frames(pcap: Path) -> list[bytes]:
+    return [f for f in frames(pcap) if len(f) > 14 and struct.unpack_from("!H", f, 12)[0] == LLDP_ETHERTYPE]
+
+
+def tlvs(frame: bytes) -> dict[int, bytes]:
+    """An LLDP frame's TLVs by type (the first of each), after the 14-byte Ethernet header."""
+    found: dict[int, bytes] = {}
+    offset = 14
+    while offset + 2 <= len(frame):
+        head = struct.unpack_from("!H", frame, offset)[0]
+        kind, length = head >> 9, head & 0x1FF
+        found.setdefault(kind, frame[offset + 2 : offset + 2 + length])
+        offset += 2 + length
+        if kind == 0:  # end of LLDPDU
+            break
+    return found
+
+
+def test_the_module_loads_and_the_service_speaks_lldp(extension_image: Path, tmp_path: Path) -> None:
+    pcap = tmp_path / "net.pcap"
+    machine = machine_for(extension_image)
+    machine.cmdline = "console=ttyS0"
+    machine.extra = ["-object", f"filter-dump,id=dump0,netdev=net0,file={pcap}"]
+    seen: list[bytes] = []
+
+    def wait_for_lldp(_: BootResult) -> None:  # the machine runs until this returns
+        deadline = time.monotonic() + FRAME_WAIT
+        while not (found := lldp_frames(pcap)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        seen.extend(found)
+
+    result = boot(machine, "service lldpd: started", 180.0, tmp_path / "console.log", on_found=wait_for_lldp)
+    lines = (tmp_path / "console.log").read_text(errors="replace").splitlines()
+    assert result.ok, "\n".join(result.tail)
+    assert any(READY in line and "extensions=[acpi-call,lldpd]" in line for line in lines)
+    assert "machined: extension modules: 1 of 1 loaded (acpi_call)" in lines
+    assert any(re.search(r"machined: kernel: lockdown none; \d+ modules loaded: .*acpi_call", line) for line in lines)
+    assert seen, f"no LLDP frame from the guest within {FRAME_WAIT} s of lldpd starting"
+    frame = seen[0]
+    assert frame[:6] == bytes.fromhex("0180c200000e")  # the nearest-bridge LLDP address
+    fields = tlvs(frame)
+    assert fields[4] == b"eth0"  # port description
+    assert fields[6].startswith(b"Kiln ") and b"Linux 6.1." in fields[6]  # system description: os-release
+    assert bytes([10, 0, 2, 15]) in fields[8]  # management address: the address DHCP gave the guest
+    assert not any(re.search(r"service lldpd: .*restarting", line) for line in lines)
+
+
+def test_a_module_with_another_kernels_vermagic_is_refused(image_dir: Path, tmp_path: Path) -> None:
+    """The real acpi_call.ko with its vermagic's release changed, against the real kernel."""
+    graph = Graph(load_tree(ROOT / "pkgs", Platform.parse("linux/amd64")))
+    keys = compute_keys(graph)
+    store = Store(cache_dir())
+    kiln("build", "acpi-call")
+    kernel, built = store.tree(keys["kernel"]), store.tree(keys["acpi-call"])
+    manifest = manifest_for(graph.tree.packages["acpi-call"])
+    check_kernel(manifest, built, kernel)  # as built: accepted
+    module = next(built.rglob("acpi_call.ko"))
+    data = module.read_bytes()
+    release = module.relative_to(built / "usr/lib/modules").parts[0]
+    other = tmp_path / "acpi-call"
+    target = other / module.relative_to(built)
+    target.parent.mkdir(parents=True)
+    wrong = release[:-1] + ("9" if release[-1] != "9" else "8")  # same length: the section keeps its size
+    target.write_bytes(data.replace(f"vermagic={release} ".encode(), f"vermagic={wrong} ".encode()))
+    with pytest.raises(BuildError, match=rf"was built for vermagic '{re.escape(wrong)} .*, this image's kernel has"):
+        check_kernel(manifest, other, kernel)

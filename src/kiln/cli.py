@@ -28,6 +28,7 @@ from kiln.core.project import current as current_project
 from kiln.core.release_version import VERSION_ENV, VERSION_VARIABLE, release_version
 from kiln.image import command as image_command
 from kiln.image import dev as dev_command
+from kiln.image import extension_command
 from kiln.installer import command as install_command
 from kiln.installer import release_command
 from kiln.node import command as node_command
@@ -332,6 +333,26 @@ def cmd_dev(args: argparse.Namespace) -> int:
     return dev_command.run(_load(args), args)
 
 
+def cmd_extension(args: argparse.Namespace) -> int:
+    return extension_command.run(_load(args), args)
+
+
+def cmd_init(args: argparse.Namespace) -> int:
+    from kiln.pkg.scaffold import create_extension
+
+    directory = Path(args.directory)
+    stock = package_trees(args)[0]
+    written = create_extension(args.extension, directory, stock, args.kind, args.author, __version__)
+    for path in written:
+        print(path)
+    print(
+        f"kiln init: extension project {args.extension} in {directory}; next: cd {directory} && "
+        f"kiln extension build {args.extension}",
+        file=sys.stderr,
+    )
+    return 0
+
+
 def cmd_install(args: argparse.Namespace) -> int:
     def load(platform: str) -> Graph:
         args.platform = platform
@@ -583,6 +604,30 @@ def build_parser() -> argparse.ArgumentParser:
         "and boots them to machined's ready line, with the time of each phase",
     )
     dev_command.add_arguments(dev)
+
+    init = verb(
+        "init",
+        cmd_init,
+        "start an extension project: kiln init --extension NAME DIR writes DIR/kiln-project.yaml (the stock tree "
+        "of --pkgs, then its own), pkgs/NAME and a README",
+    )
+    init.add_argument("directory", metavar="DIR", help="where to write the project (absent or empty)")
+    init.add_argument("--extension", required=True, metavar="NAME", help="the extension package's name")
+    init.add_argument(
+        "--kind",
+        choices=("service", "module"),
+        default="service",
+        help="service: a static program machined supervises (default); module: an out-of-tree kernel module",
+    )
+    init.add_argument("--author", default="me", help="the extension's author, for its manifest")
+
+    ext = verb(
+        "extension",
+        cmd_extension,
+        "the extension author's loop: kiln extension build NAME builds NAME and the kernel, checks it as "
+        "kiln image would (paths, Kiln and kernel ranges, vermagic) and writes its layer to _out/extensions",
+    )
+    extension_command.add_arguments(ext)
 
     install = verb(
         "install",

@@ -1,0 +1,77 @@
+"""The extension author's loop for real: `kiln init --extension`, then `kiln extension build` on the stock tree.
+
+The builds run in the sandbox against the default store, where the end-to-end tier has built the
+seed, toolchain-seed, the kernel and kernel-build (tests/e2e/test_extensions.py); here only the
+scaffolded packages compile (seconds each)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kiln import __version__
+
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def kiln(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "KILN_VERSION": __version__}
+    return subprocess.run(
+        [sys.executable, "-m", "kiln.cli", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=1800
+    )
+
+
+def described(project: Path, name: str) -> dict[str, Any]:
+    (layer,) = (project / "_out/extensions").glob(f"{name}-0.1.0-amd64.sqsh")
+    info: dict[str, Any] = json.loads(layer.with_suffix(".json").read_text())
+    assert info["sha256"] == hashlib.sha256(layer.read_bytes()).hexdigest() and info["size"] == layer.stat().st_size
+    return info
+
+
+@pytest.mark.parametrize("kind", ["service", "module"])
+def test_a_new_extension_project_builds_on_the_stock_tree(tmp_path: Path, kind: str) -> None:
+    project = tmp_path / "ext"
+    made = kiln("init", "--extension", "hello-ext", "--kind", kind, "--author", "tests", str(project))
+    assert made.returncode == 0, made.stderr
+    assert (
+        (project / "kiln-project.yaml")
+        .read_text()
+        .endswith("pkgs: [" + os.path.relpath(ROOT / "pkgs", project) + ", pkgs]\n")
+    )
+    checked = kiln("validate", "--json", cwd=project)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    built = kiln("extension", "build", "hello-ext", cwd=project)
+    assert built.returncode == 0, built.stdout + built.stderr
+    info = described(project, "hello-ext")
+    assert info["manifest"]["author"] == "tests"
+    modules = info["modules"]
+    if kind == "module":
+        assert modules == {
+            "carried": [f"usr/lib/modules/{info['kernel']}/extra/hello_ext.ko"],
+            "loaded_at_boot": ["hello_ext"],
+        }
+    else:
+        assert modules == {"carried": [], "loaded_at_boot": []}
+
+
+def test_init_refuses_a_used_directory_and_a_bad_name(tmp_path: Path) -> None:
+    (tmp_path / "used").mkdir()
+    (tmp_path / "used/file").write_text("x")
+    refused = kiln("init", "--extension", "ok", str(tmp_path / "used"))
+    assert refused.returncode == 2 and "is not an empty directory" in refused.stderr
+    bad = kiln("init", "--extension", "Bad_Name", str(tmp_path / "new"))
+    assert bad.returncode == 2 and "extension name 'Bad_Name'" in bad.stderr and not (tmp_path / "new").exists()
+
+
+def test_extension_build_refuses_a_package_that_is_not_one(tmp_path: Path) -> None:
+    result = kiln("extension", "build", "fhs", "--out", str(tmp_path))
+    assert result.returncode == 2
+    assert "pkgs/fhs/pkg.yaml:1: package 'fhs' is not a system extension" in result.stderr

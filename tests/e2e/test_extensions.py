@@ -9,9 +9,11 @@ refused when the image is made.
 
 from __future__ import annotations
 
+import json
 import re
 import struct
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,6 +28,7 @@ from kiln.pkg.loader import load_tree
 from kiln.pkg.variables import Platform
 from kiln.rootfs.extension import check_kernel, manifest_for
 from tests.e2e.conftest import ROOT, kiln
+from tests.integration import services
 
 pytestmark = pytest.mark.e2e
 
@@ -39,6 +42,37 @@ def extension_image(image_dir: Path, tmp_path_factory: pytest.TempPathFactory) -
     out = tmp_path_factory.mktemp("extensions")
     kiln("image", "--kind", "kernel,initramfs", "--extension", "acpi-call", "--extension", "lldpd", "--out", str(out))
     return out
+
+
+@pytest.fixture
+def registry() -> Iterator[tuple[str, Path]]:
+    yield from services.registry()
+
+
+def test_extensions_from_a_registry_make_the_same_image(
+    extension_image: Path, registry: tuple[str, Path], tmp_path: Path
+) -> None:
+    """Both shipped extensions pushed to a real registry, then named by reference: the initramfs is
+    byte-identical to the one made from the tree, and a profile's manifest pins their digests."""
+    host, _ = registry
+    pinned = {}
+    for name in ("acpi-call", "lldpd"):
+        pushed = kiln("extension", "push", name, "--to", f"{host}/kiln/{name}:test")
+        pinned[name] = pushed.stdout.strip().splitlines()[-1]
+        assert pinned[name].startswith(f"oci://{host}/kiln/{name}:test@sha256:"), pushed.stdout
+    refs = [f"oci://{host}/kiln/acpi-call:test", f"oci://{host}/kiln/lldpd:test"]
+    out = tmp_path / "pulled"
+    made = kiln("image", "--kind", "initramfs", *[a for r in refs for a in ("--extension", r)], "--out", str(out))
+    assert f"extension {refs[0]}: {pinned['acpi-call']}" in made.stdout
+    assert (out / "initramfs.zst").read_bytes() == (extension_image / "initramfs.zst").read_bytes()
+    profile = tmp_path / "ext.yaml"
+    for label, names in (("tree", ["acpi-call", "lldpd"]), ("registry", [refs[0], pinned["lldpd"]])):
+        profile.write_text(json.dumps({"name": label, "platform": "metal", "output": {"kind": "initramfs"}}))
+        kiln("image", str(profile), *[a for n in names for a in ("--extension", n)], "--out", str(tmp_path / "p"))
+    tree_made, registry_made = (tmp_path / "p" / label / "initramfs-amd64.zst" for label in ("tree", "registry"))
+    assert tree_made.read_bytes() == registry_made.read_bytes()
+    inputs = json.loads((tmp_path / "p/registry/manifest.json").read_text())["inputs"]
+    assert inputs["extensions"] == {refs[0]: pinned["acpi-call"], pinned["lldpd"]: pinned["lldpd"]}
 
 
 def frames(pcap: Path) -> list[bytes]:

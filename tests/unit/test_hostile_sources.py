@@ -479,17 +479,17 @@ def zstd_blob(tmp_path: Path, data: bytes) -> Path:
     ids=["written-through-symlink", "hardlink-through-symlink", "absolute-name", "dotdot", "corrupt-header", "device"],
 )
 def test_pulled_tree_is_checked_before_it_is_unpacked(tmp_path: Path, data: bytes, message: str) -> None:
-    from kiln.build.remote import RemoteError, _unpack
+    from kiln.build.remote import RemoteError, unpack_tree
 
     tree = tmp_path / "tree"
     tree.mkdir()
     with pytest.raises(RemoteError, match=message):
-        _unpack(zstd_blob(tmp_path, data), tree, tmp_path)
+        unpack_tree(zstd_blob(tmp_path, data), tree, tmp_path)
     assert list(tree.iterdir()) == []
 
 
 def test_pack_and_unpack_round_trip_without_a_shell(tmp_path: Path) -> None:
-    from kiln.build.remote import _pack, _unpack
+    from kiln.build.remote import pack_tree, unpack_tree
     from kiln.build.store import Store
 
     store = Store(tmp_path / "cache")
@@ -502,10 +502,10 @@ def test_pack_and_unpack_round_trip_without_a_shell(tmp_path: Path) -> None:
     (staging / "tree" / "bin" / "up").symlink_to("../../..")
     entry_ = store.commit("c" * 64, staging, "tool", {}, 1704067200)
     blob = tmp_path / "tree.tar.zst"
-    _pack(entry_, blob)
+    pack_tree(entry_.tree, blob, "tool")
     tree = tmp_path / "out"
     tree.mkdir()
-    _unpack(blob, tree, tmp_path)
+    unpack_tree(blob, tree, tmp_path)
     assert (tree / "bin" / "tool").read_bytes() == b"tool" and os.readlink(tree / "lib") == "bin"
     assert os.readlink(tree / "bin" / "x86_64-kiln-linux-musl-ar") == "/usr/bin/ar"
     assert os.readlink(tree / "bin" / "up") == "../../.."

@@ -177,7 +177,7 @@ def test_defaults_and_command_line(tmp_path: Path) -> None:
         ),
         (
             "platform: metal\ninput:\n  extensions: [Bad]\noutput: {kind: iso}\n",
-            "p.yaml:3: 'Bad' is not a package name",
+            "p.yaml:3: 'Bad' is neither a package name nor an extension reference",
         ),
     ],
 )
@@ -222,9 +222,13 @@ def test_unknown_package_points_at_the_profile_line(tmp_path: Path) -> None:
     """,
         )
     )
-    with pytest.raises(InputError) as caught:
+    with pytest.raises(InputErrors) as caught:
         check_packages([profile], graph)
-    assert str(caught.value).endswith("p.yaml:5: unknown package 'wireguardd'")
+    assert [str(e).split("/")[-1] for e in caught.value.errors] == [
+        "p.yaml:5: unknown package 'wireguardd'",
+        "pkg.yaml:1: package 'kmod' is not a system extension: add an `extension:` section with author and "
+        "compatibility",
+    ]
 
 
 def test_disk_size_reads_as_the_cache_flags_do(tmp_path: Path) -> None:
@@ -249,8 +253,25 @@ def test_cli_bad_profile_exits_2_without_traceback(kiln: Callable[..., Result], 
     assert result.err.strip() == (
         "bad.yaml:2: output kind 'floppy' is not one of iso, image, pxe, installer, kernel, initramfs, uki"
     )
-    result = kiln("image", "iso", "--extension", "kmod", "--profiles-dir", str(PROFILES), "--pkgs", str(ROOT / "pkgs"))
+    result = kiln("image", "iso", "--package", "kmod", "--profiles-dir", str(PROFILES), "--pkgs", str(ROOT / "pkgs"))
     assert result.code == 2 and "apply without profiles" in result.err
+
+
+@pytest.mark.parametrize(
+    ("extension", "message"),
+    [
+        ("kmod", "pkgs/kmod/pkg.yaml:1: package 'kmod' is not a system extension"),
+        ("oci://127.0.0.1:5000/ext", "invalid extension reference 'oci://127.0.0.1:5000/ext'"),
+        ("oci://127.0.0.1:5000/Ext:1", "invalid extension reference"),
+    ],
+)
+def test_an_extension_for_profiles_is_checked_before_any_build(
+    kiln: Callable[..., Result], extension: str, message: str
+) -> None:
+    """--extension with profiles adds a layer to each; one that cannot be a layer is refused first (exit 2)."""
+    pkgs = str(ROOT / "pkgs")
+    result = kiln("image", "iso", "--extension", extension, "--profiles-dir", str(PROFILES), "--pkgs", pkgs)
+    assert result.code == 2 and message in result.err, result.err
 
 
 def test_install_refuses_a_profile_that_is_not_a_raw_disk(kiln: Callable[..., Result]) -> None:

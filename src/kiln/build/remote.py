@@ -68,7 +68,7 @@ class Registry(Client):
         entry = store.entry(key)
         with store.use(key), tempfile.TemporaryDirectory(dir=store.root / "tmp", prefix="push-") as tmp:
             tree_blob = Path(tmp) / "tree.tar.zst"
-            _pack(entry, tree_blob)
+            pack_tree(entry.tree, tree_blob, f"{entry.name} {entry.key}")
             config = self.put_blob_file(entry.path / META, META_TYPE)
             files = self.put_blob_file(entry.path / MANIFEST, FILES_TYPE)
             tree = self.put_blob_file(tree_blob, TREE_TYPE)
@@ -110,7 +110,7 @@ class Registry(Client):
                 meta = json.loads(meta_path.read_bytes())
                 if meta.get("key") != key:
                     raise RemoteError(f"{self.ref}: the entry tagged {key} says it is {meta.get('key')}")
-                _unpack(tree_path, staging / "tree", work)
+                unpack_tree(tree_path, staging / "tree", work)
                 info = dict(meta.get("meta", {}))
                 info["pulled_from"] = str(self.ref)
                 return store.commit(
@@ -120,15 +120,16 @@ class Registry(Client):
                 subprocess.run(["rm", "-rf", str(work)], check=False)
 
 
-def _pack(entry: Entry, dest: Path) -> None:
-    """The entry's tree as a tar (sorted, numeric owners, clamped times) compressed with zstd.
+def pack_tree(tree: Path, dest: Path, what: str) -> None:
+    """A stored tree as a tar (sorted, numeric owners, no atime or ctime) compressed with zstd.
 
-    tar's output is piped straight into zstd: two argv lists, no shell.
+    tar's output is piped straight into zstd: two argv lists, no shell. Also the form of an
+    extension pushed to a registry (kiln.image.oci_extension).
     """
     tar = [
         "tar",
         "-C",
-        str(entry.tree),
+        str(tree),
         "--sort=name",
         "--numeric-owner",
         "--format=posix",
@@ -151,10 +152,10 @@ def _pack(entry: Entry, dest: Path) -> None:
             if code != 0:
                 err.seek(0)
                 said = err.read().decode(errors="replace").strip()
-                raise BuildError(f"cannot pack {entry.name} {entry.key}: {tool}: {said}")
+                raise BuildError(f"cannot pack {what}: {tool}: {said}")
 
 
-def _unpack(blob: Path, tree: Path, work: Path) -> None:
+def unpack_tree(blob: Path, tree: Path, work: Path) -> None:
     """Decompress, refuse what check_tree_archive refuses (read to a clean end, nothing written out
     of the tree or through its own symlinks, no devices), then unpack with GNU tar into the empty
     staging tree. Its symlinks may point anywhere: they are the stored tree's own."""

@@ -67,12 +67,13 @@ def run(args: argparse.Namespace, load: Callable[[str], Graph]) -> int:
     from kiln.image.manifest import write_release_sums
     from kiln.image.profile import load_profiles, resolve_platform
 
-    if args.extension or args.package or args.kind is not None or args.old_output is not None:
+    if args.package or args.kind is not None or args.old_output is not None:
         raise InputError(
-            "--kind, --extension and --package apply without profiles; a profile names its "
-            "kind under output: and its extensions and packages under input:"
+            "--kind and --package apply without profiles; a profile names its "
+            "kind under output: and its packages under input:"
         )
     loaded = with_keys(load_profiles(args.profiles, Path(args.profiles_dir)), args.keys)
+    loaded = with_extensions(loaded, args.extension)
     if platforms is not None and len(platforms) > 1:
         return run_platforms(args, load, loaded, platforms)
     profiles = resolve_platform(loaded, platforms[0] if platforms else None)
@@ -110,6 +111,13 @@ def run(args: argparse.Namespace, load: Callable[[str], Graph]) -> int:
             print(f"  {artifact['size'] / 1048576:10.2f} MiB  {artifact['path']}  {artifact['sha256'][:16]}")
     print(f"checksums of every artifact in {out}/: {sums}")
     return 0
+
+
+def with_extensions(profiles: list[Profile], extensions: list[str]) -> list[Profile]:
+    """--extension with profiles: each profile gets these layers after its own input.extensions."""
+    from dataclasses import replace
+
+    return [replace(p, extensions=(*p.extensions, *extensions)) for p in profiles] if extensions else profiles
 
 
 def run_platforms(

@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -34,10 +34,12 @@ from kiln.image.assets import BootAssets
 from kiln.image.compress import compress
 from kiln.image.keys import boot_chain_keys, module_signer, resolve_keys
 from kiln.image.manifest import SbomPackage, load_spdx, write_manifest, write_sbom
+from kiln.image.oci_extension import Pulled, extension_layers, is_oci, pull_all
 from kiln.image.order import expected_cost
 from kiln.image.profile import CONFIG_PATH, Profile
 from kiln.image.sbom_cyclonedx import write_cyclonedx
 from kiln.pkg.graph import Graph
+from kiln.rootfs.extension import manifest_for
 from kiln.signing.modules import ModuleSigner
 from kiln.signing.release import sign_release
 
@@ -53,6 +55,7 @@ class Built:
     trees: dict[str, Path]
     keys: dict[str, str]
     epoch: int
+    pulled: dict[str, Pulled] = field(default_factory=dict)  # extensions from registries, by reference
 
 
 @dataclass
@@ -75,7 +78,9 @@ def check_packages(profiles: list[Profile], graph: Graph) -> None:
         if profile.initramfs is None:
             fields.append((("input", "init"), profile.init))
             for key in ("rootfs", "packages", "extensions"):
-                fields += [(("input", key, i), name) for i, name in enumerate(getattr(profile, key))]
+                fields += [
+                    (("input", key, i), name) for i, name in enumerate(getattr(profile, key)) if not is_oci(name)
+                ]
         if profile.kind == "installer":
             fields.append((("output", "kind"), MACHINED))
         if profile.loader_package:
@@ -86,8 +91,25 @@ def check_packages(profiles: list[Profile], graph: Graph) -> None:
                 errors.append(
                     InputError(f"unknown package '{name}'{suggest(name, set(known))}{why}", profile.location(*path))
                 )
+        errors += extension_errors(profile, graph)
     if errors:
         raise errors[0] if len(errors) == 1 else InputErrors(errors)
+
+
+def extension_errors(profile: Profile, graph: Graph) -> list[KilnError]:
+    """Extensions that are no extension (a package without `extension:`) or no valid reference, before any build."""
+    from kiln.image.oci_extension import Reference
+
+    errors: list[KilnError] = []
+    for name in profile.extensions if profile.initramfs is None else ():
+        try:
+            if is_oci(name):
+                Reference.parse(name)
+            elif name in graph.tree.packages:
+                manifest_for(graph.tree.packages[name])
+        except InputError as exc:
+            errors.append(exc)
+    return errors
 
 
 def with_release_version(profiles: list[Profile], graph: Graph) -> list[Profile]:
@@ -133,7 +155,8 @@ def build_packages(
         if failed:
             raise BuildError("cannot make the images: " + "; ".join(str(o.error) for o in failed))
     trees = {name: session.store.tree(session.keys[name]) for name in targets}
-    return Built(graph, trees, session.keys, session.source_date_epoch)
+    pulled = pull_all([e for p in profiles for e in p.oci_extensions], graph.tree.platform.arch)
+    return Built(graph, trees, session.keys, session.source_date_epoch, pulled)
 
 
 class AssetMaker:
@@ -157,7 +180,7 @@ class AssetMaker:
             "init": profile.init,
             "rootfs": profile.rootfs,
             "packages": profile.packages,
-            "extensions": profile.extensions,
+            "extensions": [self.built.pulled[e].reference if is_oci(e) else e for e in profile.extensions],
             "config": profile.machine_config,
             "keys": {n: self.built.keys[n] for n in profile.asset_packages()},
             "module_key": signer.fingerprint if signer else None,
@@ -189,7 +212,6 @@ class AssetMaker:
             return self._made[identity]
 
     def _make(self, profile: Profile, where: Path, signer: ModuleSigner | None) -> tuple[Path, Path]:
-        from kiln.rootfs import extension
         from kiln.rootfs.assemble import INIT, KERNEL, Inputs, assemble
 
         where.mkdir(parents=True)
@@ -210,7 +232,9 @@ class AssetMaker:
             trees["profile machine_config"] = config
             rootfs.append("profile machine_config")
         packages = self.built.graph.tree.packages
-        manifests = [(extension.manifest_for(packages[name]), name) for name in profile.extensions]
+        manifests = extension_layers(
+            profile.extensions, self.built.pulled, trees, lambda name: manifest_for(packages[name])
+        )
         self.say(f"{profile.name}: assembling kernel + initramfs")
         assemble(Inputs(trees, rootfs, manifests, signer), where, self.built.epoch, self.say)
         return where / "vmlinuz", where / "initramfs.zst"
@@ -282,8 +306,15 @@ def manifest_inputs(profile: Profile, assets: BootAssets, built: Built) -> dict[
         "initramfs_sha256": assets.initramfs_sha256,
         "cmdline": assets.cmdline,
         "profile_sha256": file_sha256(profile.file),
+        **pulled_inputs(profile, built),
         "source_date_epoch": assets.epoch,
     }
+
+
+def pulled_inputs(profile: Profile, built: Built) -> dict[str, Any]:
+    """The registry extensions by the reference given and the digest-pinned one they resolved to."""
+    pulled = {name: built.pulled[name].reference for name in profile.oci_extensions}
+    return {"extensions": pulled} if pulled else {}
 
 
 def sbom_packages(profile: Profile, built: Built) -> list[SbomPackage]:
@@ -295,7 +326,7 @@ def sbom_packages(profile: Profile, built: Built) -> list[SbomPackage]:
         roles += [
             (profile.init, "init"),
             *[(n, "rootfs") for n in (*profile.rootfs, *profile.packages)],
-            *[(n, "extension") for n in profile.extensions],
+            *[(n, "extension") for n in profile.package_extensions],
         ]
     if profile.loader_package:
         roles.append((profile.loader_package, "bootloader"))

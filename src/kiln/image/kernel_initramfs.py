@@ -35,7 +35,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="PKG",
-        help="turn this package into a system-extension layer (repeatable, in layer order)",
+        help="add a system-extension layer: a package of the tree, or an extension in a registry "
+        "(oci://HOST/REPO:TAG or @sha256:DIGEST); repeatable, in layer order; with profiles, added to each",
     )
     parser.add_argument(
         "--package",
@@ -68,21 +69,25 @@ class Built:
     extensions: list[tuple[Any, str]]
     epoch: int
     outcomes: dict[str, Any]
+    pulled: dict[str, str]  # registry extensions: the reference given -> the digest-pinned one
 
 
 def build(graph: Graph, packages: list[str], extensions: list[str], jobs: int, *, json_output: bool) -> Built:
-    """Build (or find stored) the kernel, init, the rootfs packages and the extensions."""
+    """Build (or find stored) the kernel, init, the rootfs packages and the extensions (pulling those
+    that name a registry)."""
     # Imported here: `kiln validate` and friends should not pay for the build machinery.
     from kiln.build.session import Session, choose_progress, failures
+    from kiln.image.oci_extension import extension_layers, is_oci, pull_all
     from kiln.rootfs import extension
     from kiln.rootfs.assemble import BASE_ROOTFS, INIT, KERNEL
 
     tree = graph.tree.packages
     rootfs = [name for name in BASE_ROOTFS if name in tree] + list(packages)
-    for name in [*packages, *extensions]:
+    local = [name for name in extensions if not is_oci(name)]
+    for name in [*packages, *local]:
         graph.closure([name])  # unknown names fail here, with a suggestion
-    manifests = [(extension.manifest_for(tree[name]), name) for name in extensions]
-    targets = list(dict.fromkeys([KERNEL, INIT, *rootfs, *extensions]))
+    pulled = pull_all(extensions, graph.tree.platform.arch)  # before the build: a bad reference fails at once
+    targets = list(dict.fromkeys([KERNEL, INIT, *rootfs, *local]))
     session = Session.open(graph)
     outcomes = session.build(targets, jobs, choose_progress(json_output=json_output), no_cache=False, keep_going=False)
     failed = failures(outcomes)
@@ -91,7 +96,9 @@ def build(graph: Graph, packages: list[str], extensions: list[str], jobs: int, *
             print(str(outcome.error), file=sys.stderr)
         raise BuildError(f"cannot assemble the image: {len(failed)} package(s) failed")
     trees = {name: session.store.tree(session.keys[name]) for name in targets}
-    return Built(trees, rootfs, manifests, session.source_date_epoch, outcomes)
+    manifests = extension_layers(extensions, pulled, trees, lambda name: extension.manifest_for(tree[name]))
+    pinned = {name: layer.reference for name, layer in pulled.items()}
+    return Built(trees, rootfs, manifests, session.source_date_epoch, outcomes, pinned)
 
 
 def assemble(built: Built, out: Path) -> Report:
@@ -111,18 +118,21 @@ def run(graph: Graph, args: argparse.Namespace) -> int:
             "(iso, disk images and the rest come with profiles)"
         )
     out = Path(args.out or "_out/image")
-    report = assemble(build(graph, args.package, args.extension, args.jobs, json_output=args.json), out)
+    built = build(graph, args.package, args.extension, args.jobs, json_output=args.json)
+    report = assemble(built, out)
     if "kernel" not in outputs:
         (out / "vmlinuz").unlink()
     if "initramfs" not in outputs:
         (out / "initramfs.zst").unlink()
     if args.json:
-        print(json.dumps({"sizes": report.sizes, "largest": report.largest}, indent=2))
+        print(json.dumps({"sizes": report.sizes, "largest": report.largest, "extensions": built.pulled}, indent=2))
         return 0
     for name, size in report.sizes.items():
         print(f"{name:32s} {size / 1048576:8.2f} MiB")
     print("largest files in the rootfs:")
     for size, path in report.largest:
         print(f"  {size / 1048576:8.2f} MiB  {path}")
+    for given, pinned in built.pulled.items():
+        print(f"extension {given}: {pinned}")
     print(f"wrote {', '.join(outputs)} to {out}/ ({report.stripped} binaries stripped)")
     return 0

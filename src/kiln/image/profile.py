@@ -171,8 +171,17 @@ class Profile:
         if self.kernel.package:
             names.append(self.kernel.package)
         if self.initramfs is None:
-            names += [self.init, *self.rootfs, *self.packages, *self.extensions]
+            names += [self.init, *self.rootfs, *self.packages, *self.package_extensions]
         return list(dict.fromkeys(names))
+
+    @property
+    def package_extensions(self) -> tuple[str, ...]:
+        """The extensions that are packages of the tree (the rest are oci:// references, pulled)."""
+        return tuple(name for name in self.extensions if not name.startswith("oci://"))
+
+    @property
+    def oci_extensions(self) -> tuple[str, ...]:
+        return tuple(name for name in self.extensions if name.startswith("oci://"))
 
     def packages_to_build(self) -> list[str]:
         """The asset packages and the boot loader's (arm64's GRUB), in a stable order."""

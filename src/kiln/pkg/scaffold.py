@@ -149,8 +149,8 @@ See Kiln's docs/extensions.md.
 
 
 def _major_minor(version: str) -> tuple[int, int]:
-    numbers = [int(part) for part in re.findall(r"\d+", version)[:2]]
-    return (numbers + [0, 0])[0], (numbers + [0, 0])[1]
+    major, minor, *_ = [*(int(part) for part in re.findall(r"\d+", version)[:2]), 0, 0]
+    return major, minor
 
 
 def _kernel_range(stock: Path) -> str:

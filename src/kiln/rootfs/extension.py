@@ -72,6 +72,50 @@ def manifest_for(package: Package) -> Manifest:
     return Manifest(package.name, package.version, author, package.description, compatibility, kernel, modules)
 
 
+_NAME = re.compile(r"[a-z0-9][a-z0-9._+-]{0,63}")  # a package name: it names the layer's files
+_MODULE = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_TEXT_LIMIT = 4096
+
+
+def manifest_from_json(data: object, where: str) -> Manifest:
+    """A manifest read from elsewhere (a pulled extension's description): every field checked, since the
+    name becomes file names in the image and the ranges are parsed; refused with a word on the field."""
+
+    def refuse(why: str) -> InputError:
+        return InputError(f"extension {where}: its manifest {why}")
+
+    if not isinstance(data, dict):
+        raise refuse("is not a JSON object")
+    unknown = set(data) - set(Manifest.__dataclass_fields__)
+    if unknown:
+        raise refuse(f"has unknown fields: {', '.join(sorted(map(str, unknown)))}")
+    fields: dict[str, Any] = {}
+    for key in ("name", "version", "author", "description", "compatibility", "kernel"):
+        value = data.get(key)
+        if value is None and key in ("kernel", "description"):
+            continue
+        if not isinstance(value, str) or len(value) > _TEXT_LIMIT or any(ord(c) < 0x20 for c in value):
+            raise refuse(f"field {key!r} is not a line of text")
+        fields[key] = value
+    fields.setdefault("description", "")
+    if not _NAME.fullmatch(fields["name"]):
+        raise refuse(f"name {fields['name']!r} is not a package name")
+    for key in ("compatibility", "kernel"):
+        try:
+            if key in fields:
+                SpecifierSet(fields[key])
+        except InvalidSpecifier:
+            raise refuse(f"field {key!r} is not a version range: {fields[key]!r}") from None
+    modules = data.get("modules", [])
+    if (
+        not isinstance(modules, list)
+        or len(modules) > 256
+        or not all(isinstance(m, str) and _MODULE.fullmatch(m) for m in modules)
+    ):
+        raise refuse("field 'modules' is not a list of module names")
+    return Manifest(**fields, modules=tuple(modules))
+
+
 def check_compatible(manifest: Manifest, kiln_version: str = __version__) -> None:
     if Version(kiln_version) not in SpecifierSet(manifest.compatibility):
         raise BuildError(

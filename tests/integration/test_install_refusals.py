@@ -341,7 +341,7 @@ def test_kiln_install_exits_2_on_a_refused_disk(
     from types import SimpleNamespace
 
     from kiln import cli
-    from kiln.image import imager
+    from kiln.image import checks, imager
 
     monkeypatch.setattr(cli, "_load", lambda args: None)
     monkeypatch.setattr(imager, "check_packages", lambda profiles, graph: None)
@@ -350,7 +350,7 @@ def test_kiln_install_exits_2_on_a_refused_disk(
     (tree / "usr/sbin").mkdir(parents=True, exist_ok=True)
     if not (tree / "usr/sbin/machined").exists():
         os.link(machined, tree / "usr/sbin/machined")
-    built = SimpleNamespace(trees={imager.MACHINED: tree})
+    built = SimpleNamespace(trees={checks.MACHINED: tree})
     monkeypatch.setattr(imager, "build_packages", lambda *args, **kwargs: built)
     monkeypatch.chdir(Path(__file__).resolve().parents[2])
     disk.write(4096, MD_1X)

@@ -13,7 +13,7 @@ import yaml
 from kiln.core import schema
 from kiln.core.errors import InputError, InputErrors, Location
 from kiln.core.sizes import parse_size
-from kiln.image.imager import check_packages, with_release_version
+from kiln.image.checks import check_packages, with_release_version
 from kiln.image.order import expected_cost
 from kiln.image.profile import CONFIG_PATH, Profile, find_profile, load_profile, load_profiles, resolve_platform
 from kiln.pkg.graph import Graph

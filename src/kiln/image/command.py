@@ -62,7 +62,8 @@ def run(args: argparse.Namespace, load: Callable[[str], Graph]) -> int:
                 "their names); without a profile, build one platform per run"
             )
         return kernel_initramfs.run(load(platforms[0] if platforms else DEFAULT_PLATFORM), args)
-    from kiln.image.imager import build_packages, check_packages, make_images, with_release_version
+    from kiln.image.checks import check_packages, with_release_version
+    from kiln.image.imager import build_packages, make_images
     from kiln.image.keys import with_keys
     from kiln.image.manifest import write_release_sums
     from kiln.image.profile import load_profiles, resolve_platform

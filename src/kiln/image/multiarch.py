@@ -27,15 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from kiln.core.errors import BuildError, InputError, InputErrors, KilnError
-from kiln.image.imager import (
-    Built,
-    Result,
-    build_packages,
-    check_packages,
-    make_images,
-    replace_dir,
-    with_release_version,
-)
+from kiln.image.checks import check_packages, with_release_version
+from kiln.image.imager import Built, Result, build_packages, make_images, replace_dir
 from kiln.image.keys import resolve_keys
 from kiln.image.manifest import MANIFEST, SBOMS, artifacts, write_platforms_manifest
 from kiln.image.profile import Profile, raise_all, resolve_platform

@@ -40,7 +40,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, load: Callable[[str], Graph]) -> int:
     """Write a profile's raw disk onto --disk with the same `machined install` the installer image runs."""
-    from kiln.image.imager import MACHINED, build_packages, check_packages, make_images, with_release_version
+    from kiln.image.checks import MACHINED, check_packages, with_release_version
+    from kiln.image.imager import build_packages, make_images
     from kiln.image.profile import load_profiles
     from kiln.installer.install import install_disk
 

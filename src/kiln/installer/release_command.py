@@ -110,7 +110,8 @@ def build_profile(args: argparse.Namespace, load: Callable[[str], Graph]) -> Pat
     """Build an installer profile as `kiln image PROFILE --out DIR [--platform ...]` does; returns its OCI
     layout (with several platforms, the layout of their image index)."""
     from kiln.image.arch import split_platforms
-    from kiln.image.imager import build_packages, check_packages, make_images, with_release_version
+    from kiln.image.checks import check_packages, with_release_version
+    from kiln.image.imager import build_packages, make_images
     from kiln.image.profile import load_profiles, resolve_platform
 
     try:

@@ -31,6 +31,7 @@ type machine struct {
 	configSource string
 	varSource    string // the EPHEMERAL device, or "tmpfs"
 	extensions   []Extension
+	schematic    string // the image's schematic ID (kiln image --schematic), "" for none
 	net          *network.Network
 	sup          *supervisor.Supervisor
 	apiAddr      string // "" when the API is off
@@ -112,6 +113,9 @@ func (m *machine) boot() {
 
 	m.watchTrial()
 	m.extensions = listExtensions(extensionsDir)
+	if m.schematic = readSchematic(schematicFile); m.schematic != "" {
+		m.con.printf("schematic %s", m.schematic)
+	}
 	m.startServices("/var/log")
 	m.startAPI()
 	m.phases.mark("services")
@@ -375,6 +379,7 @@ func (m *machine) Status() interface{} {
 		"hostname":       hostname,
 		"uptime_seconds": int(time.Since(m.started).Seconds()),
 		"extensions":     m.extensions,
+		"schematic":      m.schematic,
 		"var":            m.varSource,
 		"config":         m.configSource,
 		"addresses":      addrs,

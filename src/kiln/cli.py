@@ -28,7 +28,7 @@ from kiln.core.project import current as current_project
 from kiln.core.release_version import VERSION_ENV, VERSION_VARIABLE, release_version
 from kiln.image import command as image_command
 from kiln.image import dev as dev_command
-from kiln.image import extension_command
+from kiln.image import extension_command, schematic_command
 from kiln.installer import command as install_command
 from kiln.installer import release_command
 from kiln.node import command as node_command
@@ -675,6 +675,13 @@ def build_parser() -> argparse.ArgumentParser:
         report_command,
         "pictures: a build's timeline (kiln build --json) or what takes the space in an image",
         "draw a build's timeline from kiln build --json, or measure what takes the space in an image",
+    )
+    room_verb(
+        "schematic",
+        schematic_command,
+        "check a schematic and print its ID (what kiln image --schematic records and a factory serves)",
+        "check a schematic (extensions, kernel arguments, machine config; docs/factory.md) and print its ID, "
+        "the sha256 of its canonical form",
     )
     room_verb(
         "verify",

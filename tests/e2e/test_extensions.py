@@ -75,6 +75,30 @@ def test_extensions_from_a_registry_make_the_same_image(
     assert inputs["extensions"] == {refs[0]: pinned["acpi-call"], pinned["lldpd"]: pinned["lldpd"]}
 
 
+def test_a_schematic_names_the_image_it_customises(image_dir: Path, tmp_path: Path) -> None:
+    """A PXE profile made with a schematic (lldpd, a kernel argument that powers off after ready): its ID
+    is in manifest.json, both SBOMs and the rootfs, and the machine, booted over PXE with the image's own
+    command line, says it before ready, runs the schematic's extension and obeys its kernel argument."""
+    schematic = tmp_path / "lab.yaml"
+    schematic.write_text("extensions: [lldpd]\nkernel_args: [kiln.test=poweroff]\n")
+    schematic_id = kiln("schematic", "id", str(schematic)).stdout.strip()
+    profile = tmp_path / "lab-pxe.yaml"
+    profile.write_text(json.dumps({"name": "lab-pxe", "platform": "metal", "output": {"kind": "pxe"}}))
+    kiln("image", str(profile), "--schematic", str(schematic), "--out", str(tmp_path / "out"))
+    out = tmp_path / "out/lab-pxe"
+    assert json.loads((out / "manifest.json").read_text())["profile"]["schematic"] == schematic_id
+    for sbom in ("sbom.spdx.json", "sbom.cdx.json"):
+        assert schematic_id in (out / sbom).read_text(), sbom
+    assert "kiln.test=poweroff" in (out / "boot.ipxe").read_text()
+    log = tmp_path / "console.log"
+    result = boot(machine_for(out), READY, 240.0, log, until_exit=True)
+    lines = log.read_text(errors="replace").splitlines()
+    assert result.ok and result.exit_code == 0, "\n".join(result.tail)
+    said = [i for i, line in enumerate(lines) if f"machined: schematic {schematic_id}" in line]
+    ready = [i for i, line in enumerate(lines) if READY in line and "extensions=[lldpd]" in line]
+    assert said and ready and said[0] < ready[0], "\n".join(lines[-40:])
+
+
 def frames(pcap: Path) -> list[bytes]:
     """The Ethernet frames of a libpcap file (as QEMU's filter-dump writes it)."""
     data = pcap.read_bytes() if pcap.exists() else b""

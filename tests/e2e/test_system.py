@@ -465,6 +465,7 @@ def test_api_mutual_tls_and_poweroff(image_dir: Path, pki: Path, config_server: 
         assert answer["hostname"] == "e2e-api"
         assert answer["var"] == "tmpfs"
         assert answer["extensions"] == []
+        assert answer["schematic"] == ""  # an image made without one
         assert answer["config"] == config_server
 
         no_cert = refused(port, client_context(pki, None))

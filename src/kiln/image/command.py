@@ -38,6 +38,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="sign with the keys in DIR (kiln keys generate), in place of the profiles' keys:",
     )
+    parser.add_argument(
+        "--schematic",
+        type=Path,
+        metavar="FILE",
+        help="customise every profile with this schematic (extensions, kernel arguments, machine config; "
+        "docs/factory.md); its ID goes in the manifests, SBOMs and the rootfs",
+    )
     kernel_initramfs.add_arguments(parser)
 
 
@@ -56,6 +63,8 @@ def run(args: argparse.Namespace, load: Callable[[str], Graph]) -> int:
     if not args.profiles and project_profiles and args.kind is None and args.old_output is None:
         args.profiles = project_profiles  # the project file's `profiles:`, when the command names none
     if not args.profiles:
+        if args.schematic is not None:
+            raise InputError("--schematic customises profiles: name one (kiln image metal --schematic FILE)")
         if platforms is not None and len(platforms) > 1:
             raise InputError(
                 f"--platform {args.platform}: several platforms need profiles (their outputs get the arch in "
@@ -74,7 +83,7 @@ def run(args: argparse.Namespace, load: Callable[[str], Graph]) -> int:
             "kind under output: and its packages under input:"
         )
     loaded = with_keys(load_profiles(args.profiles, Path(args.profiles_dir)), args.keys)
-    loaded = with_extensions(loaded, args.extension)
+    loaded = with_schematic(with_extensions(loaded, args.extension), args.schematic)
     if platforms is not None and len(platforms) > 1:
         return run_platforms(args, load, loaded, platforms)
     profiles = resolve_platform(loaded, platforms[0] if platforms else None)
@@ -119,6 +128,17 @@ def with_extensions(profiles: list[Profile], extensions: list[str]) -> list[Prof
     from dataclasses import replace
 
     return [replace(p, extensions=(*p.extensions, *extensions)) for p in profiles] if extensions else profiles
+
+
+def with_schematic(profiles: list[Profile], file: Path | None) -> list[Profile]:
+    """--schematic: every profile customised by it (kiln.image.schematic), its ID said once."""
+    if file is None:
+        return profiles
+    from kiln.image import schematic
+
+    loaded = schematic.load(file)
+    say_line(f"schematic {loaded.id} ({file})")
+    return [schematic.apply(profile, loaded) for profile in profiles]
 
 
 def run_platforms(

@@ -112,6 +112,7 @@ class AssetMaker:
             "config": profile.machine_config,
             "keys": {n: self.built.keys[n] for n in profile.asset_packages()},
             "module_key": signer.fingerprint if signer else None,
+            "schematic": profile.schematic.id if profile.schematic else None,
         }
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
@@ -159,6 +160,14 @@ class AssetMaker:
             target.write_text(json.dumps(profile.machine_config, indent=2, sort_keys=True) + "\n")
             trees["profile machine_config"] = config
             rootfs.append("profile machine_config")
+        if profile.schematic is not None:
+            from kiln.image.schematic import ROOTFS_PATH
+
+            marked = where / "schematic-tree" / ROOTFS_PATH
+            marked.parent.mkdir(parents=True)
+            marked.write_text(profile.schematic.rootfs_document())
+            trees["profile schematic"] = where / "schematic-tree"
+            rootfs.append("profile schematic")
         packages = self.built.graph.tree.packages
         manifests = extension_layers(
             profile.extensions, self.built.pulled, trees, lambda name: manifest_for(packages[name])
@@ -293,14 +302,16 @@ def make_profile(profile: Profile, maker: AssetMaker, out: Path, say: Say) -> Re
         say(f"{profile.name}: writing {profile.kind} output")
         write_output(profile, assets, dest, maker.built)
         contents = sbom_packages(profile, maker.built)
-        write_sbom(dest, profile.name, profile.version, assets.seed, assets.epoch, contents)
-        write_cyclonedx(dest, profile.name, profile.version, assets.seed, assets.epoch, contents)
+        schematic = profile.schematic.id if profile.schematic else None
+        write_sbom(dest, profile.name, profile.version, assets.seed, assets.epoch, contents, schematic=schematic)
+        write_cyclonedx(dest, profile.name, profile.version, assets.seed, assets.epoch, contents, schematic=schematic)
         identity = {
             "name": profile.name,
             "arch": profile.arch,
             "platform": profile.platform,
             "version": profile.version,
             "kind": profile.kind,
+            **({"schematic": schematic} if schematic else {}),
         }
         manifest = write_manifest(dest, identity, manifest_inputs(profile, assets, maker.built))
         keys = resolve_keys(profile, None)

@@ -131,8 +131,18 @@ def write_platforms_manifest(
     return path
 
 
-def write_sbom(directory: Path, name: str, version: str, seed: str, epoch: int, packages: list[SbomPackage]) -> Path:
-    """An SPDX 2.3 JSON document describing the image and the packages it contains.
+def write_sbom(
+    directory: Path,
+    name: str,
+    version: str,
+    seed: str,
+    epoch: int,
+    packages: list[SbomPackage],
+    *,
+    schematic: str | None = None,
+) -> Path:
+    """An SPDX 2.3 JSON document describing the image and the packages it contains (and the schematic
+    it was customised with, as an external reference of the image package).
 
     From worker threads, call load_spdx() in the main thread first (see _SPDX_MODULES).
     """
@@ -167,6 +177,8 @@ def write_sbom(directory: Path, name: str, version: str, seed: str, epoch: int, 
         license_declared=SpdxNoAssertion(),
         copyright_text=SpdxNoAssertion(),
     )
+    if schematic:
+        image.external_references = [ExternalPackageRef(ExternalPackageRefCategory.OTHER, "kiln-schematic", schematic)]
     spdx_packages = [image]
     relationships = [Relationship("SPDXRef-DOCUMENT", RelationshipType.DESCRIBES, "SPDXRef-image")]
     for item in sorted(packages, key=lambda p: p.package.name):

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kiln.core import schema
 from kiln.core.errors import InputError, InputErrors, Location
@@ -26,6 +26,9 @@ from kiln.image.assets import ARCH_FIRMWARE
 from kiln.image.profile_rules import BOOTED_KINDS, DEFAULT_ARCH, arch_rules, rules
 from kiln.pkg.variables import Platform
 from kiln.rootfs.assemble import BASE_ROOTFS
+
+if TYPE_CHECKING:
+    from kiln.image.schematic import Schematic
 
 # Where an embedded machine config lands in the rootfs; the command line names it (kiln.config=).
 CONFIG_PATH = "/usr/lib/kiln/machine-config.json"
@@ -86,6 +89,8 @@ class Profile:
     arch_files: ArchFiles = ()  # file inputs given per arch; kernel.path / initramfs hold this arch's
     keys: KeysRef | None = None  # the signing keys (kiln image --keys wins)
     secureboot: bool = False  # boot through the signed chain (kiln.image.outputs.secureboot)
+    extra_kernel_args: tuple[str, ...] = ()  # a schematic's, after the profile's own
+    schematic: Schematic | None = None  # kiln image --schematic: what customised this profile
     positions: Positioned = field(compare=False, repr=False, default_factory=lambda: Positioned({}, {}))
 
     def location(self, *path: str | int) -> Location:
@@ -123,7 +128,7 @@ class Profile:
 
     def cmdline(self) -> str:
         """The kernel command line: the profile's arguments, the platform, the embedded config."""
-        args = [*self.kernel_args, f"kiln.platform={self.platform}"]
+        args = [*self.kernel_args, *self.extra_kernel_args, f"kiln.platform={self.platform}"]
         if self.signed_boot:
             args += LOCKDOWN_ARGS
         if self.machine_config is not None:

@@ -28,15 +28,25 @@ from kiln.image.manifest import CYCLONEDX, SbomPackage
 
 
 def write_cyclonedx(
-    directory: Path, name: str, version: str, seed: str, epoch: int, packages: list[SbomPackage]
+    directory: Path,
+    name: str,
+    version: str,
+    seed: str,
+    epoch: int,
+    packages: list[SbomPackage],
+    *,
+    schematic: str | None = None,
 ) -> Path:
-    """Write directory/sbom.cdx.json describing the image `name` and its packages."""
+    """Write directory/sbom.cdx.json describing the image `name` and its packages (and its schematic's ID,
+    as the image component's kiln:schematic property)."""
     bom = Bom(serial_number=derived_uuid(seed, "cyclonedx"))
     bom.metadata.timestamp = datetime.datetime.fromtimestamp(epoch, tz=datetime.UTC)
     bom.metadata.tools.tools.add(Tool(vendor="Kiln", name="kiln", version=version))
     image = Component(
         name=f"kiln-{name}", version=version, type=ComponentType.OPERATING_SYSTEM, bom_ref=f"image:{name}"
     )
+    if schematic:
+        image.properties.add(Property(name="kiln:schematic", value=schematic))
     bom.metadata.component = image
     for item in sorted(packages, key=lambda p: p.package.name):
         pkg = item.package

@@ -31,6 +31,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--profiles-dir", metavar="DIR", help="where profile names are looked up (default: the project's profiles/)"
     )
     parser.add_argument("--image", metavar="FILE", help="install this raw disk image instead of building the profile")
+    parser.add_argument(
+        "--schematic", type=Path, metavar="FILE", help="customise the profile with this schematic (docs/factory.md)"
+    )
     parser.add_argument("--out", default="_out", metavar="DIR", help="where the profile's output is written")
     parser.add_argument("--json", action="store_true", help="what was installed where, as JSON")
     parser.add_argument(
@@ -52,6 +55,10 @@ def run(args: argparse.Namespace, load: Callable[[str], Graph]) -> int:
             " kiln install needs a raw disk image profile such as metal",
             profile.location("output"),
         )
+    if args.schematic is not None:
+        from kiln.image.command import with_schematic
+
+        profile = with_schematic([profile], args.schematic)[0]
     profile = replace(profile, out_format="raw")  # what is written to the disk, not what a release ships
     graph = load(profile.platform_spec)
     check_packages([profile], graph)

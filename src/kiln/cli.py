@@ -337,6 +337,15 @@ def cmd_extension(args: argparse.Namespace) -> int:
     return extension_command.run(_load(args), args)
 
 
+def cmd_factory(args: argparse.Namespace) -> int:
+    from kiln.factory import command as factory_command
+
+    graph = _load(args)  # the tree must load: every build the factory runs starts from it
+    version = str(graph.tree.variables.get(VERSION_VARIABLE) or __version__)
+    trees = tuple(tree.resolve() for tree in package_trees(args))
+    return factory_command.run(args, args.project.root, trees, Path(args.profiles_dir).resolve(), version)
+
+
 def cmd_init(args: argparse.Namespace) -> int:
     from kiln.pkg.scaffold import create_extension
 
@@ -628,6 +637,15 @@ def build_parser() -> argparse.ArgumentParser:
         "kiln image would (paths, Kiln and kernel ranges, vermagic) and writes its layer to _out/extensions",
     )
     extension_command.add_arguments(ext)
+
+    factory = verb(
+        "factory",
+        cmd_factory,
+        "serve images on demand: schematics in, any profile's outputs out, over HTTP (docs/factory.md)",
+    )
+    from kiln.factory.command import add_arguments as factory_arguments
+
+    factory_arguments(factory)
 
     install = verb(
         "install",

@@ -1,0 +1,1 @@
+"""The image factory: schematics in, images out, over HTTP (kiln factory serve)."""

@@ -1,0 +1,336 @@
+"""`kiln factory serve`: schematics in, images out, over HTTP, from one project's tree and one store.
+
+Routes (reads are public; the one write needs `Authorization: Bearer <token>`):
+
+    GET  /                                        the schematic builder page
+    GET  /v1/catalog                              version, profiles (with their download), extensions
+    POST /schematics                              a schematic (YAML or JSON) -> {"id": ...}
+    GET  /schematics/<id>                         its canonical form
+    GET  /image/<id>/<version>/<profile>.<ext>    the profile's artifact, built on first request
+    GET  /image/<id>/<version>/<profile>/<file>   any file of that output (manifest.json, SBOMs, PXE:
+                                                  boot.ipxe, vmlinuz, initramfs.zst: chain the script)
+    GET  /progress/<id>/<version>/<profile>       the build's log as it is written, until it ends
+    GET  /logs/<id>-<version>-<profile>           the last build's log
+    GET  /v2/<id>/installer/manifests/<version>   the installer as an OCI image (distribution API,
+    GET  /v2/<id>/installer/blobs/<digest>        read-only): `docker pull HOST/<id>/installer:<version>`
+
+Every name in a request is checked against a pattern and the catalogue before it touches a path;
+files are served only from a finished output directory and only as regular files inside it.
+Errors are JSON `{"error": ...}`: 400 for a bad schematic (naming the field), an unknown profile
+or extension; 401 for a write without the token; 404 for what is not there; 429 with Retry-After
+when the build queue is full; 500 for a failed build, pointing to its log.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import re
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from kiln.core.errors import KilnError
+from kiln.factory.builds import Builds, Job, QueueFull, Target
+from kiln.factory.catalog import Catalog
+from kiln.image import schematic as schematics
+
+ID = r"[0-9a-f]{64}"
+VERSION = r"[0-9A-Za-z.+-]{1,64}"
+NAME = r"[a-z0-9][a-z0-9._-]{0,63}"
+FILE = r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}"
+PROFILE = r"[a-z0-9][a-z0-9_-]{0,63}"  # no dot: it ends where the download's extension starts
+ROUTES = {
+    "image": re.compile(
+        rf"/image/(?P<id>{ID})/(?P<version>{VERSION})/(?P<profile>[a-z0-9][a-z0-9_-]{{0,63}})\.(?P<ext>[a-z0-9.]{{1,16}})"
+    ),
+    "file": re.compile(rf"/image/(?P<id>{ID})/(?P<version>{VERSION})/(?P<profile>{NAME})/(?P<file>{FILE})"),
+    "progress": re.compile(rf"/progress/(?P<id>{ID})/(?P<version>{VERSION})/(?P<profile>{NAME})"),
+    "log": re.compile(rf"/logs/(?P<label>{ID}-{VERSION}-{NAME})"),
+    "schematic": re.compile(rf"/schematics/(?P<id>{ID})"),
+    "manifest": re.compile(rf"/v2/(?P<id>{ID})/installer/manifests/(?P<ref>{VERSION}|sha256:[0-9a-f]{{64}})"),
+    "blob": re.compile(rf"/v2/(?P<id>{ID})/installer/blobs/(?P<digest>sha256:[0-9a-f]{{64}})"),
+}
+RETRY_AFTER = 30  # seconds a client is asked to wait when the queue is full
+PROGRESS_POLL = 0.2
+
+
+class Refusal(Exception):
+    """An HTTP error answer: status and message (and headers)."""
+
+    def __init__(self, status: int, message: str, **extra: Any) -> None:
+        super().__init__(message)
+        self.status, self.message, self.extra = status, message, extra
+
+
+class Factory:
+    """The service's state: catalogue, builds, and the write token."""
+
+    def __init__(self, catalog: Catalog, builds: Builds, token: str) -> None:
+        self.catalog, self.builds, self.token = catalog, builds, token
+
+    def schematic_path(self, schematic_id: str) -> Path:
+        return self.builds.root / "schematics" / f"{schematic_id}.json"
+
+    def post_schematic(self, body: bytes) -> str:
+        try:
+            parsed = schematics.parse(body.decode("utf-8"), "schematic")
+        except UnicodeDecodeError:
+            raise Refusal(400, "schematic: not UTF-8 text") from None
+        except KilnError as exc:
+            raise Refusal(400, str(exc)) from None
+        unknown = self.catalog.unknown_extensions(parsed)
+        if unknown:
+            known = ", ".join(self.catalog.extensions) or "none"
+            raise Refusal(400, f"schematic: extensions: unknown {', '.join(unknown)} (this factory has {known})")
+        path = self.schematic_path(parsed.id)
+        if not path.exists():
+            tmp = path.with_suffix(".tmp")
+            tmp.write_bytes(parsed.canonical)
+            tmp.rename(path)
+        return parsed.id
+
+    def target(self, match: re.Match[str]) -> Target:
+        found = match.groupdict()
+        if not self.schematic_path(found["id"]).is_file():
+            raise Refusal(404, f"no schematic {found['id']}: POST it to /schematics first")
+        if found["version"] != self.catalog.version:
+            raise Refusal(404, f"this factory serves version {self.catalog.version}, not {found['version']}")
+        if found["profile"] not in self.catalog.offers:
+            raise Refusal(
+                400, f"unknown profile {found['profile']!r} (this factory has {', '.join(self.catalog.offers)})"
+            )
+        return Target(found["id"], found["version"], found["profile"])
+
+    def built(self, target: Target, *, wait: bool = True) -> Job:
+        """The finished job for `target` (building it first), or a Refusal saying why not."""
+        try:
+            job = self.builds.request(target)
+        except QueueFull as exc:
+            raise Refusal(429, f"build queue full: {exc}", retry_after=RETRY_AFTER) from None
+        if wait:
+            job.wait()
+            if job.state == "failed":
+                raise Refusal(500, f"the build failed: {job.error}", log=f"/logs/{target.label}")
+        return job
+
+
+class Handler(BaseHTTPRequestHandler):
+    server_version = "kiln-factory"
+    protocol_version = "HTTP/1.1"
+    factory: Factory  # set on the subclass made by serve()
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # the factory prints its own lines; a request log would be noise on the console
+
+    def do_GET(self) -> None:
+        self._answer(self._get)
+
+    def do_HEAD(self) -> None:
+        self._answer(self._get)
+
+    def do_POST(self) -> None:
+        self._answer(self._post)
+
+    def _answer(self, route: Any) -> None:
+        try:
+            route()
+        except Refusal as refusal:
+            body = {"error": refusal.message, **({"log": refusal.extra["log"]} if "log" in refusal.extra else {})}
+            headers = {"Retry-After": str(refusal.extra["retry_after"])} if "retry_after" in refusal.extra else {}
+            self._json(refusal.status, body, headers)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the client went away: nothing to answer
+
+    # --- routes ----------------------------------------------------------------------------------------------------
+
+    def _post(self) -> None:
+        if self.path != "/schematics":
+            raise Refusal(404, f"nothing to POST at {self.path}")
+        given = self.headers.get("Authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {self.factory.token}".encode()):
+            raise Refusal(401, "writes need Authorization: Bearer <the factory's token>")
+        length = self.headers.get("Content-Length", "")
+        if not length.isdigit():
+            raise Refusal(411, "a schematic needs a Content-Length")
+        if int(length) > schematics.MAX_BYTES:
+            raise Refusal(400, f"schematic: larger than {schematics.MAX_BYTES} bytes")
+        body = self.rfile.read(int(length))
+        self._json(201, {"id": self.factory.post_schematic(body)})
+
+    def _get(self) -> None:
+        path = self.path.split("?", 1)[0]
+        if path in ("/", "/index.html"):
+            page = resources.files("kiln.factory").joinpath("page.html").read_bytes()
+            self._bytes(200, page, "text/html; charset=utf-8")
+            return
+        if path == "/v1/catalog":
+            self._json(200, self._catalog())
+            return
+        if path == "/v2/" or path == "/v2":
+            self._json(200, {})
+            return
+        for name, pattern in ROUTES.items():
+            match = pattern.fullmatch(path)
+            if match:
+                getattr(self, f"_get_{name}")(match)
+                return
+        raise Refusal(404, f"no such path {path}")
+
+    def _catalog(self) -> dict[str, Any]:
+        catalog = self.factory.catalog
+        return {
+            "version": catalog.version,
+            "extensions": list(catalog.extensions),
+            "profiles": [vars(offer) | {"ext": offer.extension} for offer in catalog.offers.values()],
+        }
+
+    def _get_schematic(self, match: re.Match[str]) -> None:
+        path = self.factory.schematic_path(match["id"])
+        if not path.is_file():
+            raise Refusal(404, f"no schematic {match['id']}")
+        self._file(path, "application/json")
+
+    def _get_image(self, match: re.Match[str]) -> None:
+        target = self.factory.target(match)
+        offer = self.factory.catalog.offers[target.profile]
+        if not offer.download or match["ext"] != offer.extension:
+            wanted = f"{target.profile}.{offer.extension}" if offer.download else f"{target.profile}/<file>"
+            raise Refusal(404, f"profile {target.profile} ({offer.kind}) is downloaded as {wanted}")
+        job = self.factory.built(target)
+        self._file(job.output / offer.download, "application/octet-stream")
+
+    def _get_file(self, match: re.Match[str]) -> None:
+        job = self.factory.built(self.factory.target(match))
+        self._file(job.output / match["file"], _content_type(match["file"]))
+
+    def _get_progress(self, match: re.Match[str]) -> None:
+        job = self.factory.built(self.factory.target(match), wait=False)
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain; charset=utf-8")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        if self.command == "HEAD":
+            self._chunk(b"")
+            return
+        self._stream_log(job)
+        self._chunk(f"kiln factory: {job.state}{': ' + job.error if job.error else ''}\n".encode())
+        self._chunk(b"")
+
+    def _stream_log(self, job: Job) -> None:
+        offset = 0
+        while True:
+            ended = job.finished.is_set()  # read after this: the log is complete when it says so
+            if job.log.is_file():
+                with job.log.open("rb") as log:
+                    log.seek(offset)
+                    data = log.read()
+                offset += len(data)
+                if data:
+                    self._chunk(data)
+            if ended:
+                return
+            job.finished.wait(PROGRESS_POLL)
+
+    def _get_log(self, match: re.Match[str]) -> None:
+        path = self.factory.builds.root / "logs" / f"{match['label']}.log"
+        if not path.is_file():
+            raise Refusal(404, f"no log {match['label']}")
+        self._file(path, "text/plain; charset=utf-8")
+
+    def _installer(self, match: re.Match[str]) -> Path:
+        """The OCI layout of the installer profile's output for this schematic (built on first request)."""
+        offers = [o for o in self.factory.catalog.offers.values() if o.kind == "installer"]
+        if not offers:
+            raise Refusal(404, "this factory has no installer profile")
+        profile = offers[0].name
+        target = Target(match["id"], self.factory.catalog.version, profile)
+        if not self.factory.schematic_path(target.schematic).is_file():
+            raise Refusal(404, f"no schematic {target.schematic}")
+        layouts = sorted(p for p in self.factory.built(target).output.glob("installer-*") if p.is_dir())
+        if not layouts:
+            raise Refusal(500, "the installer output has no OCI layout")
+        return layouts[0]
+
+    def _get_manifest(self, match: re.Match[str]) -> None:
+        reference = match["ref"]
+        if not reference.startswith("sha256:") and reference != self.factory.catalog.version:
+            raise Refusal(404, f"no installer {reference}: this factory serves version {self.factory.catalog.version}")
+        layout = self._installer(match)
+        index = json.loads((layout / "index.json").read_bytes())
+        found = [
+            d for d in index.get("manifests", []) if not reference.startswith("sha256:") or d["digest"] == reference
+        ]
+        if not found:
+            raise Refusal(404, f"no manifest {reference}")
+        descriptor = found[0] if len(index["manifests"]) == 1 or reference.startswith("sha256:") else None
+        if descriptor is None:  # several manifests: the index is the image
+            body, media = (layout / "index.json").read_bytes(), index.get("mediaType", "")
+        else:
+            body = (layout / "blobs/sha256" / descriptor["digest"].split(":", 1)[1]).read_bytes()
+            media = descriptor["mediaType"]
+        self._bytes(200, body, media, {"Docker-Content-Digest": _digest(body)})
+
+    def _get_blob(self, match: re.Match[str]) -> None:
+        blob = self._installer(match) / "blobs/sha256" / match["digest"].split(":", 1)[1]
+        self._file(blob, "application/octet-stream", {"Docker-Content-Digest": match["digest"]})
+
+    # --- answers ---------------------------------------------------------------------------------------------------
+
+    def _json(self, status: int, data: Any, headers: dict[str, str] | None = None) -> None:
+        self._bytes(status, json.dumps(data, indent=2).encode() + b"\n", "application/json", headers)
+
+    def _bytes(self, status: int, body: bytes, kind: str, headers: dict[str, str] | None = None) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(body)))
+        for key, value in (headers or {}).items():
+            self.send_header(key, value)
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def _file(self, path: Path, kind: str, headers: dict[str, str] | None = None) -> None:
+        """A regular file (never a link) inside a finished output, sent with sendfile."""
+        if path.is_symlink() or not path.is_file():
+            raise Refusal(404, f"no such file {path.name}")
+        with path.open("rb") as handle:
+            size = path.stat().st_size
+            self.send_response(200)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(size))
+            for key, value in (headers or {}).items():
+                self.send_header(key, value)
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.flush()
+                self.connection.sendfile(handle)
+
+    def _chunk(self, data: bytes) -> None:
+        self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+        self.wfile.flush()
+
+
+def _content_type(name: str) -> str:
+    if name.endswith(".json"):
+        return "application/json"
+    if name.endswith((".ipxe", ".cfg", ".log")) or name == "SHA256SUMS":
+        return "text/plain; charset=utf-8"
+    return "application/octet-stream"
+
+
+def _digest(body: bytes) -> str:
+    import hashlib
+
+    return "sha256:" + hashlib.sha256(body).hexdigest()
+
+
+def serve(factory: Factory, host: str, port: int) -> ThreadingHTTPServer:
+    """A started server (its own thread); .server_address has the port when 0 was asked for."""
+    handler = type("FactoryHandler", (Handler,), {"factory": factory})
+    server = ThreadingHTTPServer((host, port), handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, name="factory http", daemon=True).start()
+    return server

@@ -200,7 +200,8 @@ class Handler(BaseHTTPRequestHandler):
             wanted = f"{target.profile}.{offer.extension}" if offer.download else f"{target.profile}/<file>"
             raise Refusal(404, f"profile {target.profile} ({offer.kind}) is downloaded as {wanted}")
         job = self.factory.built(target)
-        self._file(job.output / offer.download, "application/octet-stream")
+        disposition = f'attachment; filename="{offer.download}"'  # a browser saves it under the artifact's name
+        self._file(job.output / offer.download, "application/octet-stream", {"Content-Disposition": disposition})
 
     def _get_file(self, match: re.Match[str]) -> None:
         job = self.factory.built(self.factory.target(match))

@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 import re
 import struct
+import subprocess
+import tarfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -84,7 +86,8 @@ def test_a_schematic_names_the_image_it_customises(image_dir: Path, tmp_path: Pa
     schematic_id = kiln("schematic", "id", str(schematic)).stdout.strip()
     profile = tmp_path / "lab-pxe.yaml"
     profile.write_text(json.dumps({"name": "lab-pxe", "platform": "metal", "output": {"kind": "pxe"}}))
-    kiln("image", str(profile), "--schematic", str(schematic), "--out", str(tmp_path / "out"))
+    kiln("image", str(profile), "installer", "--schematic", str(schematic), "--out", str(tmp_path / "out"))
+    assert "extensions/01-lldpd.sqsh" in installer_initramfs(tmp_path / "out/installer/installer-amd64", tmp_path)
     out = tmp_path / "out/lab-pxe"
     assert json.loads((out / "manifest.json").read_text())["profile"]["schematic"] == schematic_id
     for sbom in ("sbom.spdx.json", "sbom.cdx.json"):
@@ -97,6 +100,22 @@ def test_a_schematic_names_the_image_it_customises(image_dir: Path, tmp_path: Pa
     said = [i for i, line in enumerate(lines) if f"machined: schematic {schematic_id}" in line]
     ready = [i for i, line in enumerate(lines) if READY in line and "extensions=[lldpd]" in line]
     assert said and ready and said[0] < ready[0], "\n".join(lines[-40:])
+
+
+def installer_initramfs(layout: Path, work: Path) -> list[str]:
+    """The members of the initramfs in an installer image's boot layer: what an install or an upgrade
+    writes into a slot, so a machine installed or upgraded from it keeps the schematic's extensions."""
+    index = json.loads((layout / "index.json").read_text())
+    manifest = json.loads((layout / "blobs/sha256" / index["manifests"][0]["digest"][7:]).read_text())
+    (boot,) = [d for d in manifest["layers"] if d.get("annotations", {}).get("dev.kiln.layer") == "boot"]
+    with tarfile.open(layout / "blobs/sha256" / boot["digest"][7:]) as layer:
+        member = next(m for m in layer.getmembers() if m.name.endswith("initramfs.zst"))
+        extracted = layer.extractfile(member)
+        assert extracted is not None
+        (work / "boot-initramfs.zst").write_bytes(extracted.read())
+    plain = subprocess.run(["zstd", "-dc", str(work / "boot-initramfs.zst")], capture_output=True, check=True).stdout
+    listed = subprocess.run(["cpio", "-it", "--quiet"], input=plain, capture_output=True, check=True).stdout
+    return listed.decode().split()
 
 
 def frames(pcap: Path) -> list[bytes]:

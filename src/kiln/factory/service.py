@@ -26,6 +26,7 @@ from __future__ import annotations
 import hmac
 import json
 import re
+import tempfile
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
@@ -86,10 +87,10 @@ class Factory:
             known = ", ".join(self.catalog.extensions) or "none"
             raise Refusal(400, f"schematic: extensions: unknown {', '.join(unknown)} (this factory has {known})")
         path = self.schematic_path(parsed.id)
-        if not path.exists():
-            tmp = path.with_suffix(".tmp")
-            tmp.write_bytes(parsed.canonical)
-            tmp.rename(path)
+        if not path.exists():  # written aside and renamed: a reader sees all of it or nothing
+            with tempfile.NamedTemporaryFile(dir=path.parent, prefix=".", suffix=".tmp", delete=False) as tmp:
+                tmp.write(parsed.canonical)
+            Path(tmp.name).rename(path)
         return parsed.id
 
     def target(self, match: re.Match[str]) -> Target:
@@ -120,6 +121,7 @@ class Factory:
 class Handler(BaseHTTPRequestHandler):
     server_version = "kiln-factory"
     protocol_version = "HTTP/1.1"
+    timeout = 120  # seconds a socket read or write may stall: a silent client does not hold a thread forever
     factory: Factory  # set on the subclass made by serve()
 
     def log_message(self, format: str, *args: Any) -> None:
@@ -138,6 +140,7 @@ class Handler(BaseHTTPRequestHandler):
         try:
             route()
         except Refusal as refusal:
+            self.close_connection = True  # a refused POST's body may still be unread on this connection
             body = {"error": refusal.message, **({"log": refusal.extra["log"]} if "log" in refusal.extra else {})}
             headers = {"Retry-After": str(refusal.extra["retry_after"])} if "retry_after" in refusal.extra else {}
             self._json(refusal.status, body, headers)

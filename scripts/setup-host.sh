@@ -16,7 +16,7 @@ PACKAGES="python3-venv graphviz fonts-dejavu-core fish diffoscope-minimal bubble
   lvm2 mdadm ntfs-3g exfatprogs f2fs-tools lzip dnsmasq-base chrony iproute2 socat
   qemu-system-arm qemu-efi-aarch64 qemu-user-static binutils-aarch64-linux-gnu
   osslsigncode sbsigntool efitools systemd-boot-efi shim-unsigned swtpm swtpm-tools binutils
-  libtss2-esys-3.0.2-0 libtss2-tcti-swtpm0 chromium"
+  libtss2-esys-3.0.2-0 libtss2-tcti-swtpm0 libtss2-rc0 chromium"
 case "${1:-}" in
     --image) PACKAGES=$IMAGE_PACKAGES ;;
     "") ;;

@@ -30,6 +30,12 @@ from kiln.signing.keyset import PCR, KeySet
 
 SYSTEMD_MEASURE = Path("/usr/lib/systemd/systemd-measure")
 SWTPM_TCTI = Path("/usr/lib/x86_64-linux-gnu/libtss2-tcti-swtpm.so.0")
+TSS_LIBRARIES = (
+    (SWTPM_TCTI.name, "libtss2-tcti-swtpm0"),
+    ("libtss2-esys.so.0", "libtss2-esys-3.0.2-0"),
+    ("libtss2-rc.so.0", "libtss2-rc0"),
+    ("libtss2-mu.so.0", "libtss2-mu0"),
+)
 PCR_INDEX = 11
 TPM_CC_POLICY_PCR = 0x0000017F
 TPM_ALG_SHA256 = 0x000B
@@ -44,8 +50,10 @@ def check_tools() -> None:
         raise BuildError(f"measured boot needs {SYSTEMD_MEASURE}: apt install systemd")
     if shutil.which("swtpm") is None:
         raise BuildError("measured boot needs swtpm (systemd-measure computes the policy in a TPM): apt install swtpm")
-    if not SWTPM_TCTI.exists():
-        raise BuildError(f"measured boot needs {SWTPM_TCTI.name}: apt install libtss2-tcti-swtpm0 libtss2-esys-3.0.2-0")
+    # systemd-measure dlopens these; without one it fails with no word on stderr
+    for library, package in TSS_LIBRARIES:
+        if not (SWTPM_TCTI.parent / library).exists():
+            raise BuildError(f"measured boot needs {library}: apt install {package}")
 
 
 def sign_policy(sections: dict[str, Path], keys: KeySet) -> bytes:

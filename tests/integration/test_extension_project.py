@@ -54,12 +54,23 @@ def test_a_new_extension_project_builds_on_the_stock_tree(tmp_path: Path, kind: 
     assert info["manifest"]["author"] == "tests"
     modules = info["modules"]
     if kind == "module":
-        assert modules == {
-            "carried": [f"usr/lib/modules/{info['kernel']}/extra/hello_ext.ko"],
-            "loaded_at_boot": ["hello_ext"],
-        }
+        carried = f"usr/lib/modules/{info['kernel']}/extra/hello_ext.ko"
+        assert modules == {"carried": [carried], "loaded_at_boot": ["hello_ext"], "signed": 0}
+        assert_signed_with_keys(project, carried)
     else:
-        assert modules == {"carried": [], "loaded_at_boot": []}
+        assert modules == {"carried": [], "loaded_at_boot": [], "signed": 0}
+
+
+def assert_signed_with_keys(project: Path, carried: str) -> None:
+    """--keys signs the layer's module with the key directory's module key (the kernel's signature format)."""
+    assert kiln("keys", "generate", str(project / "keys"), "--name", "ext tests").returncode == 0
+    built = kiln("extension", "build", "hello-ext", "--keys", str(project / "keys"), cwd=project)
+    assert built.returncode == 0, built.stdout + built.stderr
+    assert described(project, "hello-ext")["modules"]["signed"] == 1
+    (layer,) = (project / "_out/extensions").glob("hello-ext-*.sqsh")
+    unpacked = project / "unpacked"
+    subprocess.run(["unsquashfs", "-q", "-d", str(unpacked), str(layer)], check=True, capture_output=True)
+    assert (unpacked / carried).read_bytes().endswith(b"~Module signature appended~\n")
 
 
 def test_init_refuses_a_used_directory_and_a_bad_name(tmp_path: Path) -> None:

@@ -39,6 +39,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--to", metavar="HOST/REPO:TAG", help="push: the repository and tag, e.g. localhost:5000/ext:1.0"
     )
+    parser.add_argument(
+        "--keys",
+        type=Path,
+        metavar="DIR",
+        help="build: sign the layer's kernel modules with DIR's module key (kiln keys generate), as a Secure "
+        "Boot image's are; an image signs them again with its own keys either way",
+    )
     parser.add_argument("--json", action="store_true", help="what was written, as JSON on stdout")
 
 
@@ -55,9 +62,11 @@ def run(graph: Graph, args: argparse.Namespace) -> int:
     stem = f"{manifest.name}-{manifest.version}-{graph.tree.platform.arch}"
     with tempfile.TemporaryDirectory(prefix=".extension-", dir=out) as tmp:
         layer = extension.layer_tree(tree, manifest, Path(tmp) / "layer")
+        signed = module_signer(args.keys).sign_tree(layer) if args.keys else 0
         mksquashfs(layer, out / f"{stem}.sqsh", epoch)
     sqsh = out / f"{stem}.sqsh"
     described = describe(manifest, tree, kernel, graph.tree.platform.arch) | layer_fields(sqsh)
+    described["modules"]["signed"] = signed
     (out / f"{stem}.json").write_text(json.dumps(described, indent=2, sort_keys=True) + "\n")
     if args.json:
         print(json.dumps(described | {"description": str(out / f"{stem}.json")}, indent=2, sort_keys=True))
@@ -109,6 +118,16 @@ def build_checked(graph: Graph, args: argparse.Namespace) -> tuple[Any, Path, Pa
     extension.check_paths(args.name, tree)
     extension.check_kernel(manifest, tree, kernel)
     return manifest, tree, kernel, session.source_date_epoch
+
+
+def module_signer(keys: Path) -> Any:
+    """The module key of a key directory (kiln keys generate), checked as kiln image checks --keys."""
+    from kiln.signing.keyset import KeySet
+    from kiln.signing.modules import ModuleSigner
+
+    if not keys.is_dir():
+        raise InputError(f"--keys {keys}: not a directory (kiln keys generate DIR makes one)")
+    return ModuleSigner.from_keys(KeySet(keys))
 
 
 def layer_fields(layer: Path) -> dict[str, Any]:

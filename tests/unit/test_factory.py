@@ -230,3 +230,35 @@ def test_the_page_and_the_catalog(factory: Running) -> None:
     catalog = factory.get("/v1/catalog").json()
     assert catalog["version"] == VERSION and catalog["extensions"] == ["acpi-call", "lldpd"]
     assert {p["name"]: p["ext"] for p in catalog["profiles"]} == {"iso": "iso", "pxe": "", "installer": ""}
+
+
+def test_the_real_runner_is_kiln_image_with_the_schematic_and_the_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The argv the factory's builds run (subprocess.run stubbed here to record it; tests/e2e/test_factory.py
+    runs it for real): the profile by name, the project's trees, the schematic file, the version, the cache."""
+    import subprocess
+
+    from kiln.factory import catalog as catalog_module
+
+    seen: list[list[str]] = []
+
+    def record(command: list[str], **_: Any) -> subprocess.CompletedProcess[bytes]:
+        seen.append(command)
+        (tmp_path / "work/image-out/iso").mkdir(parents=True)
+        return subprocess.CompletedProcess(command, 0)
+
+    monkeypatch.setattr(subprocess, "run", record)
+    catalog = Catalog(tmp_path, (tmp_path / "pkgs",), tmp_path / "profiles", VERSION, offers(), ())
+    runner = catalog_module.kiln_image_runner(catalog, tmp_path / "schematics", "oci://127.0.0.1:5000/cache")
+    runner(Target("a" * 64, VERSION, "iso"), tmp_path / "work/out", tmp_path / "build.log")
+    (command,) = seen
+    assert command[3:5] == ["image", "iso"] and (tmp_path / "work/out").is_dir()
+    text = " ".join(command)
+    for expected in (
+        f"--pkgs {tmp_path / 'pkgs'}",
+        f"--schematic {tmp_path / 'schematics' / ('a' * 64 + '.json')}",
+        f"--release-version {VERSION}",
+        "--cache-from oci://127.0.0.1:5000/cache",
+    ):
+        assert expected in text

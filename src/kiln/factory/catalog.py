@@ -80,8 +80,8 @@ class Catalog:
         return [e for e in schematic.extensions if not e.startswith("oci://") and e not in self.extensions]
 
 
-def kiln_image_runner(catalog: Catalog, schematics: Path) -> Runner:
-    """The real builder: `kiln image` in a child process for one target."""
+def kiln_image_runner(catalog: Catalog, schematics: Path, cache_from: str | None = None) -> Runner:
+    """The real builder: `kiln image` in a child process for one target (pulling from `cache_from` first)."""
 
     def run(target: Target, out: Path, log: Path) -> None:
         command = [
@@ -101,6 +101,7 @@ def kiln_image_runner(catalog: Catalog, schematics: Path) -> Runner:
             "plain",
             "--out",
             str(out.parent / "image-out"),
+            *(["--cache-from", cache_from] if cache_from else []),
         ]
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         with log.open("wb") as sink:

@@ -33,6 +33,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workers", type=int, default=1, metavar="N", help="builds at once (default 1)")
     parser.add_argument("--queue", type=int, default=8, metavar="N", help="builds waiting at most (default 8)")
     parser.add_argument("--profiles-dir", metavar="DIR", help="the profiles served (default: the project's profiles/)")
+    parser.add_argument(
+        "--cache-from", metavar="oci://HOST/REPO", help="a registry cache its builds pull packages from first"
+    )
 
 
 def token(root: Path, given: Path | None) -> str:
@@ -69,7 +72,8 @@ def run(args: argparse.Namespace, project: Path, pkgs: tuple[Path, ...], profile
     root = args.root or cache_dir() / "factory"
     root.mkdir(parents=True, exist_ok=True)
     catalog = Catalog.read(project, pkgs, profiles_dir, version)
-    builds = Builds(root, kiln_image_runner(catalog, root / "schematics"), workers=args.workers, queue=args.queue)
+    runner = kiln_image_runner(catalog, root / "schematics", args.cache_from)
+    builds = Builds(root, runner, workers=args.workers, queue=args.queue)
     server = serve(Factory(catalog, builds, token(root, args.token_file)), host, port)
     where = args.token_file or (f"${TOKEN_ENV}" if os.environ.get(TOKEN_ENV) else root / "token")
     say_line(

@@ -45,6 +45,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="customise every profile with this schematic (extensions, kernel arguments, machine config; "
         "docs/factory.md); its ID goes in the manifests, SBOMs and the rootfs",
     )
+    parser.add_argument(
+        "--cache-from",
+        metavar="oci://HOST/REPO",
+        help="with profiles: pull needed packages from this registry cache first (default: the project's cache_from:)",
+    )
     kernel_initramfs.add_arguments(parser)
 
 
@@ -96,7 +101,7 @@ def run(args: argparse.Namespace, load: Callable[[str], Graph]) -> int:
     graph = load(arches[0])
     check_packages(profiles, graph)
     profiles = with_release_version(profiles, graph)
-    built = build_packages(profiles, graph, args.jobs, json_output=args.json)
+    built = build_packages(profiles, graph, args.jobs, json_output=args.json, cache_from=args.cache_from)
     out = Path(args.out or "_out")
     results = make_images(profiles, built, out, args.jobs, say_line)
     sums = write_release_sums(out)

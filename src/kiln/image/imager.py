@@ -64,9 +64,16 @@ class Result:
 
 
 def build_packages(
-    profiles: list[Profile], graph: Graph, jobs: int, *, json_output: bool, extra: tuple[str, ...] = ()
+    profiles: list[Profile],
+    graph: Graph,
+    jobs: int,
+    *,
+    json_output: bool,
+    extra: tuple[str, ...] = (),
+    cache_from: str | None = None,
 ) -> Built:
-    """Build (or find in the store) every package the profiles need, plus `extra` ones."""
+    """Build (or find in the store) every package the profiles need, plus `extra` ones; with `cache_from`,
+    what a registry cache has is pulled first (kiln build --cache-from)."""
     from kiln.build.session import Session, choose_progress, failures
 
     targets: list[str] = list(extra)
@@ -78,7 +85,7 @@ def build_packages(
     session = Session.open(graph)
     if targets:
         progress = choose_progress(json_output=json_output)
-        outcomes = session.build(targets, jobs, progress, no_cache=False, keep_going=False)
+        outcomes = session.build(targets, jobs, progress, no_cache=False, keep_going=False, cache_from=cache_from)
         failed = failures(outcomes)
         if failed:
             raise BuildError("cannot make the images: " + "; ".join(str(o.error) for o in failed))

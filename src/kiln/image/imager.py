@@ -82,6 +82,8 @@ def build_packages(
         if profile.kind == "installer":
             targets.append(MACHINED)
     targets = list(dict.fromkeys(targets))
+    # before the build: a reference that does not resolve, verify or fit this arch fails at once
+    pulled = pull_all([e for p in profiles for e in p.oci_extensions], graph.tree.platform.arch)
     session = Session.open(graph)
     if targets:
         progress = choose_progress(json_output=json_output)
@@ -90,7 +92,6 @@ def build_packages(
         if failed:
             raise BuildError("cannot make the images: " + "; ".join(str(o.error) for o in failed))
     trees = {name: session.store.tree(session.keys[name]) for name in targets}
-    pulled = pull_all([e for p in profiles for e in p.oci_extensions], graph.tree.platform.arch)
     return Built(graph, trees, session.keys, session.source_date_epoch, pulled)
 
 

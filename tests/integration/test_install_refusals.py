@@ -344,8 +344,8 @@ def test_kiln_install_exits_2_on_a_refused_disk(
     from kiln.image import checks, imager
 
     monkeypatch.setattr(cli, "_load", lambda args: None)
-    monkeypatch.setattr(imager, "check_packages", lambda profiles, graph: None)
-    monkeypatch.setattr(imager, "with_release_version", lambda profiles, graph: profiles)
+    monkeypatch.setattr(checks, "check_packages", lambda profiles, graph: None)
+    monkeypatch.setattr(checks, "with_release_version", lambda profiles, graph: profiles)
     tree = machined.parent / "tree"
     (tree / "usr/sbin").mkdir(parents=True, exist_ok=True)
     if not (tree / "usr/sbin/machined").exists():

@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import subprocess
+import uuid
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,8 @@ def test_an_edit_to_machined_rebuilds_it_alone_and_boots_to_ready(image_dir: Pat
     for part in ("pkgs", "runtime"):
         shutil.copytree(ROOT / part, project / part, ignore=shutil.ignore_patterns("__pycache__"))
     main = project / "runtime/machined/main.go"
-    main.write_text(main.read_text() + f"\n// edited by {__name__} in {tmp_path.name}\n")
+    # unique per run: an edit some earlier run on this store already built would rebuild nothing
+    main.write_text(main.read_text() + f"\n// edited by {__name__}, run {uuid.uuid4()}\n")
     result = subprocess.run(
         [*KILN, "dev", "boot", "--json"],
         cwd=project,

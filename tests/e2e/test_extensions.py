@@ -160,7 +160,9 @@ def test_the_module_loads_and_the_service_speaks_lldp(extension_image: Path, tmp
             time.sleep(0.2)
         seen.extend(found)
 
-    result = boot(machine, "service lldpd: started", 180.0, tmp_path / "console.log", on_found=wait_for_lldp)
+    # ready comes after machined started its services: waiting for it (not for lldpd's start) leaves no
+    # race between the frame being seen, which ends the boot, and the ready line being printed
+    result = boot(machine, READY, 180.0, tmp_path / "console.log", on_found=wait_for_lldp)
     lines = (tmp_path / "console.log").read_text(errors="replace").splitlines()
     assert result.ok, "\n".join(result.tail)
     assert any(READY in line and "extensions=[acpi-call,lldpd]" in line for line in lines)

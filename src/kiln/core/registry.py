@@ -88,6 +88,11 @@ def check_digest(digest: str) -> str:
     return digest
 
 
+def digest_of(body: bytes) -> str:
+    """The sha256 digest of bytes held in memory (a manifest, an index), in the API's form."""
+    return "sha256:" + hashlib.sha256(body).hexdigest()
+
+
 def file_digest(path: Path) -> tuple[str, int]:
     """The sha256 digest and size of a file."""
     h = hashlib.sha256()

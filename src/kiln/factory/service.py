@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from kiln.core.errors import KilnError
+from kiln.core.registry import digest_of
 from kiln.factory.builds import Builds, Job, QueueFull, Target
 from kiln.factory.catalog import Catalog
 from kiln.image import schematic as schematics
@@ -275,7 +276,7 @@ class Handler(BaseHTTPRequestHandler):
         else:
             body = (layout / "blobs/sha256" / descriptor["digest"].split(":", 1)[1]).read_bytes()
             media = descriptor["mediaType"]
-        self._bytes(200, body, media, {"Docker-Content-Digest": _digest(body)})
+        self._bytes(200, body, media, {"Docker-Content-Digest": digest_of(body)})
 
     def _get_blob(self, match: re.Match[str]) -> None:
         blob = self._installer(match) / "blobs/sha256" / match["digest"].split(":", 1)[1]
@@ -323,12 +324,6 @@ def _content_type(name: str) -> str:
     if name.endswith((".ipxe", ".cfg", ".log")) or name == "SHA256SUMS":
         return "text/plain; charset=utf-8"
     return "application/octet-stream"
-
-
-def _digest(body: bytes) -> str:
-    import hashlib
-
-    return "sha256:" + hashlib.sha256(body).hexdigest()
 
 
 class Server(ThreadingHTTPServer):

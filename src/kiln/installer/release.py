@@ -25,7 +25,6 @@ The verb itself (arguments, building a profile first, --sign) is kiln.installer.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -212,12 +211,12 @@ def push_releases(
     version = releases[0].version
     if upgrade_from is not None and version < upgrade_from:
         raise InputError(f"--upgrade-from {upgrade_from} is newer than the release's version {version}")
-    from kiln.core.registry import Client, RegistryError
+    from kiln.core.registry import Client, RegistryError, digest_of
 
     bodies = [annotated_manifest(r.manifest, r.version, channel, r.architecture, upgrade_from) for r in releases]
     index = None
     if len(releases) > 1:
-        listed = [(r.architecture, _digest(body), len(body)) for r, body in zip(releases, bodies, strict=True)]
+        listed = [(r.architecture, digest_of(body), len(body)) for r, body in zip(releases, bodies, strict=True)]
         index = release_index(listed, version, channel, upgrade_from)
     tag = image_tag(version.text)
     client = Client(ref)
@@ -245,7 +244,7 @@ def push_releases(
         manifests = {releases[0].architecture: digest}
     else:
         pairs = sorted(zip(releases, bodies, strict=True), key=lambda pair: pair[0].architecture)
-        manifests = {r.architecture: client.put_manifest(_digest(body), body) for r, body in pairs}
+        manifests = {r.architecture: client.put_manifest(digest_of(body), body) for r, body in pairs}
         digest = client.put_manifest(tag, index, INDEX_TYPE)
     return Pushed(
         ref,
@@ -261,7 +260,3 @@ def push_releases(
         manifests,
         MANIFEST_TYPE if index is None else INDEX_TYPE,
     )
-
-
-def _digest(body: bytes) -> str:
-    return "sha256:" + hashlib.sha256(body).hexdigest()

@@ -86,3 +86,24 @@ def test_extension_build_refuses_a_package_that_is_not_one(tmp_path: Path) -> No
     result = kiln("extension", "build", "fhs", "--out", str(tmp_path))
     assert result.returncode == 2
     assert "pkgs/fhs/pkg.yaml:1: package 'fhs' is not a system extension" in result.stderr
+
+
+def test_a_package_that_fails_to_build_stops_each_verb_with_its_error(tmp_path: Path) -> None:
+    """`kiln extension build`, `kiln image --output kernel,initramfs` and `kiln image PROFILE` share one
+    build-and-report step (Session.build_all): the package's own error, then what could not be made."""
+    project = tmp_path / "ext"
+    assert kiln("init", "--extension", "hello-ext", str(project)).returncode == 0
+    (project / "pkgs/hello-ext/hello-ext.c").write_text("int main(void) { return nope; }\n")
+    profile = tmp_path / "with-ext.yaml"
+    profile.write_text("platform: metal\ninput:\n  extensions: [hello-ext]\noutput: {kind: iso}\n")
+    for args, purpose in (
+        (["extension", "build", "hello-ext"], "extension 'hello-ext' was not built"),
+        (["image", "--output", "kernel,initramfs", "--extension", "hello-ext"], "cannot assemble the image"),
+        (["image", str(profile), "--out", str(tmp_path / "out")], "cannot make the images"),
+    ):
+        failed = kiln(*args, cwd=project)
+        assert failed.returncode == 1, failed.stdout + failed.stderr
+        assert "package 'hello-ext' failed in step 1 (build)" in failed.stderr, failed.stderr
+        assert "nope’ undeclared" in failed.stderr  # the compiler's own words, from the build's log
+        assert f"{purpose}: 1 package(s) failed" in failed.stderr, failed.stderr
+    assert not (tmp_path / "out").exists() and not (project / "_out/extensions").exists()

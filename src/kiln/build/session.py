@@ -172,6 +172,23 @@ class Session:
             self.push([self.keys[n] for n in names if self.store.has(self.keys[n])], cache_to)
         return outcomes
 
+    def build_all(
+        self, targets: list[str], jobs: int, progress: Progress, *, purpose: str, cache_from: str | None = None
+    ) -> dict[str, Outcome]:
+        """Build targets (or find them stored) for a verb that goes on only if all of them are there:
+        each failed package's error on its own line, then BuildError("<purpose>: N package(s) failed")."""
+        outcomes = self.build(targets, jobs, progress, no_cache=False, keep_going=False, cache_from=cache_from)
+        failed = failures(outcomes)
+        if failed:
+            for outcome in failed:
+                print(str(outcome.error), file=sys.stderr)
+            raise BuildError(f"{purpose}: {len(failed)} package(s) failed")
+        return outcomes
+
+    def trees(self, names: list[str]) -> dict[str, Path]:
+        """The stored output tree of each package (built or found by this session)."""
+        return {name: self.store.tree(self.keys[name]) for name in names}
+
     def check(
         self, targets: list[str], *, deep: bool, jobs: int, progress: Progress, say: Callable[[str], None]
     ) -> list[Checked]:
@@ -180,10 +197,7 @@ class Session:
         again and compare (kiln.build.check), `jobs` rebuilds at a time; results in build order."""
         if isinstance(self.builder.runner, GraphRunner):
             raise InputError("--check rebuilds one package at a time: use the sandbox or docker runner")
-        outcomes = self.build(targets, jobs, progress, no_cache=False, keep_going=False)
-        failed = failures(outcomes)
-        if failed:
-            raise BuildError("cannot check what does not build: " + "; ".join(str(o.error) for o in failed))
+        self.build_all(targets, jobs, progress, purpose="cannot check what does not build")
         tree = self.graph.tree
         names = self.graph.closure(targets) if deep else list(dict.fromkeys(targets))
         names = [n for n in names if not tree.native_tool(n)]  # a cross build's tools are the native tree's

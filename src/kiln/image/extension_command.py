@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from kiln import __version__
-from kiln.core.errors import BuildError, InputError
+from kiln.core.errors import InputError
 from kiln.core.hashing import file_sha256
 from kiln.pkg.graph import Graph
 
@@ -98,7 +97,7 @@ def push(graph: Graph, args: argparse.Namespace) -> int:
 
 def build_checked(graph: Graph, args: argparse.Namespace) -> tuple[Any, Path, Path, int]:
     """Build the extension and the kernel; check them as `kiln image` would. Manifest, tree, kernel tree, epoch."""
-    from kiln.build.session import Session, choose_progress, failures
+    from kiln.build.session import Session, choose_progress
     from kiln.rootfs import extension
     from kiln.rootfs.assemble import KERNEL
 
@@ -107,12 +106,7 @@ def build_checked(graph: Graph, args: argparse.Namespace) -> tuple[Any, Path, Pa
     session = Session.open(graph)
     targets = list(dict.fromkeys([KERNEL, args.name]))
     progress = choose_progress(json_output=args.json)
-    outcomes = session.build(targets, args.jobs or 2, progress, no_cache=False, keep_going=False)
-    failed = failures(outcomes)
-    if failed:
-        for outcome in failed:
-            print(str(outcome.error), file=sys.stderr)
-        raise BuildError(f"extension '{args.name}' was not built: {len(failed)} package(s) failed")
+    session.build_all(targets, args.jobs or 2, progress, purpose=f"extension '{args.name}' was not built")
     tree, kernel = (session.store.tree(session.keys[name]) for name in (args.name, KERNEL))
     extension.check_compatible(manifest)
     extension.check_paths(args.name, tree)

@@ -74,7 +74,7 @@ def build_packages(
 ) -> Built:
     """Build (or find in the store) every package the profiles need, plus `extra` ones; with `cache_from`,
     what a registry cache has is pulled first (kiln build --cache-from)."""
-    from kiln.build.session import Session, choose_progress, failures
+    from kiln.build.session import Session, choose_progress
 
     targets: list[str] = list(extra)
     for profile in profiles:
@@ -87,11 +87,8 @@ def build_packages(
     session = Session.open(graph)
     if targets:
         progress = choose_progress(json_output=json_output)
-        outcomes = session.build(targets, jobs, progress, no_cache=False, keep_going=False, cache_from=cache_from)
-        failed = failures(outcomes)
-        if failed:
-            raise BuildError("cannot make the images: " + "; ".join(str(o.error) for o in failed))
-    trees = {name: session.store.tree(session.keys[name]) for name in targets}
+        session.build_all(targets, jobs, progress, purpose="cannot make the images", cache_from=cache_from)
+    trees = session.trees(targets)
     return Built(graph, trees, session.keys, session.source_date_epoch, pulled)
 
 

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kiln.core.console import say_line
-from kiln.core.errors import BuildError, InputError
+from kiln.core.errors import InputError
 from kiln.core.renamed import renamed
 from kiln.pkg.graph import Graph
 
@@ -76,7 +75,7 @@ def build(graph: Graph, packages: list[str], extensions: list[str], jobs: int, *
     """Build (or find stored) the kernel, init, the rootfs packages and the extensions (pulling those
     that name a registry)."""
     # Imported here: `kiln validate` and friends should not pay for the build machinery.
-    from kiln.build.session import Session, choose_progress, failures
+    from kiln.build.session import Session, choose_progress
     from kiln.image.oci_extension import extension_layers, is_oci, pull_all
     from kiln.rootfs import extension
     from kiln.rootfs.assemble import BASE_ROOTFS, INIT, KERNEL
@@ -89,13 +88,9 @@ def build(graph: Graph, packages: list[str], extensions: list[str], jobs: int, *
     pulled = pull_all(extensions, graph.tree.platform.arch)  # before the build: a bad reference fails at once
     targets = list(dict.fromkeys([KERNEL, INIT, *rootfs, *local]))
     session = Session.open(graph)
-    outcomes = session.build(targets, jobs, choose_progress(json_output=json_output), no_cache=False, keep_going=False)
-    failed = failures(outcomes)
-    if failed:
-        for outcome in failed:
-            print(str(outcome.error), file=sys.stderr)
-        raise BuildError(f"cannot assemble the image: {len(failed)} package(s) failed")
-    trees = {name: session.store.tree(session.keys[name]) for name in targets}
+    progress = choose_progress(json_output=json_output)
+    outcomes = session.build_all(targets, jobs, progress, purpose="cannot assemble the image")
+    trees = session.trees(targets)
     manifests = extension_layers(extensions, pulled, trees, lambda name: extension.manifest_for(tree[name]))
     pinned = {name: layer.reference for name, layer in pulled.items()}
     return Built(trees, rootfs, manifests, session.source_date_epoch, outcomes, pinned)

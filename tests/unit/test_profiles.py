@@ -76,6 +76,25 @@ def test_shipped_cloud_profiles_have_their_platform_format_and_console() -> None
     assert (metal.file_name, metal.out_format) == ("metal-amd64.raw", ".zst")
 
 
+def test_each_kind_names_its_one_artifact(tmp_path: Path) -> None:
+    """What write_output writes and the factory serves: one name, from the profile."""
+    named = {name: load_profile(PROFILES / f"{name}.yaml").artifact_name for name in ("metal", "gcp", "hcloud", "iso")}
+    assert named == {
+        "metal": "metal-amd64.raw.zst",
+        "gcp": "gcp-amd64.raw.tar.gz",
+        "hcloud": "hcloud-amd64.raw.xz",
+        "iso": "metal-amd64.iso",
+    }
+    assert load_profile(PROFILES / "azure.yaml").for_arch("arm64").artifact_name == "azure-arm64.vhd"
+    for kind, expected in (("kernel", "kernel-amd64"), ("initramfs", "initramfs-amd64.zst"), ("pxe", "")):
+        assert load_profile(write(tmp_path, f"platform: metal\noutput: {{kind: {kind}}}\n")).artifact_name == expected
+    uki = write(tmp_path, "platform: metal\noutput: {kind: uki}\n")
+    assert load_profile(uki).artifact_name == "metal-amd64-uki.efi"
+    secure = write(tmp_path, "platform: metal\nsecureboot: true\noutput: {kind: iso}\n")
+    assert load_profile(secure).artifact_name == "metal-amd64-secureboot.iso"
+    assert load_profile(PROFILES / "installer.yaml").artifact_name == ""
+
+
 def test_defaults_and_command_line(tmp_path: Path) -> None:
     profile = load_profile(
         write(

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from kiln.core.errors import BuildError
 from kiln.factory.builds import Runner, Target
-from kiln.image.profile import Profile, find_profile, load_profile
+from kiln.image.profile import find_profile, load_profile
 from kiln.image.schematic import Schematic
 
 
@@ -35,22 +35,6 @@ class Offer:
     def extension(self) -> str:
         """`<ext>` of the download URL: the artifact's name after its stem (`iso`, `raw.zst`, `vhd`)."""
         return self.download.split(".", 1)[1] if "." in self.download else ""
-
-
-def download_name(profile: Profile) -> str:
-    """The one file a profile's download URL serves (PXE and the installer have their own routes)."""
-    suffix = "" if profile.out_format == "raw" else profile.out_format
-    if profile.kind == "iso":
-        return f"{profile.artifact_stem}.iso{suffix}"
-    if profile.kind == "image":
-        return f"{profile.file_name}{suffix}"
-    if profile.kind == "uki":
-        return f"{profile.artifact_stem}-uki.efi"
-    if profile.kind == "kernel":
-        return f"kernel-{profile.arch}"
-    if profile.kind == "initramfs":
-        return f"initramfs-{profile.arch}.zst"
-    return ""
 
 
 @dataclass(frozen=True)
@@ -70,7 +54,7 @@ class Catalog:
         offers = {}
         for file in sorted(profiles_dir.glob("*.yaml")):
             profile = load_profile(find_profile(file.stem, profiles_dir))
-            offers[profile.name] = Offer(profile.name, profile.kind, profile.platform, download_name(profile))
+            offers[profile.name] = Offer(profile.name, profile.kind, profile.platform, profile.artifact_name)
         tree = load_tree(list(pkgs), Platform.parse("linux/amd64"))
         extensions = tuple(sorted(name for name, p in tree.packages.items() if "extension" in p.spec))
         return cls(project, pkgs, profiles_dir, version, offers, extensions)

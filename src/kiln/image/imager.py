@@ -193,15 +193,15 @@ class AssetMaker:
 
 def write_output(profile: Profile, assets: BootAssets, dest: Path, built: Built) -> None:
     """The profile's output kind, in dest (an empty directory)."""
-    kind = profile.kind
+    kind, artifact = profile.kind, dest / profile.artifact_name
     if kind == "kernel":
-        shutil.copyfile(assets.vmlinuz, dest / f"kernel-{profile.arch}")
+        shutil.copyfile(assets.vmlinuz, artifact)
     elif kind == "initramfs":
-        shutil.copyfile(assets.initramfs, dest / f"initramfs-{profile.arch}.zst")
+        shutil.copyfile(assets.initramfs, artifact)
     elif kind == "iso":
         from kiln.image.outputs.iso import build_iso
 
-        compress(build_iso(assets, dest / f"{profile.artifact_stem}.iso"), profile.out_format, assets.epoch)
+        compress(build_iso(assets, dest / f"{profile.artifact_stem}.iso"), profile.out_format, assets.epoch, artifact)
     elif kind == "pxe":
         from kiln.image.outputs.pxe import build_pxe
 
@@ -215,13 +215,13 @@ def write_output(profile: Profile, assets: BootAssets, dest: Path, built: Built)
             final = dest / profile.file_name
             if profile.disk_format != "raw":
                 convert(raw, profile.disk_format, final, assets)
-                compress(final, profile.out_format, assets.epoch)
+                compress(final, profile.out_format, assets.epoch, artifact)
             else:  # compressed from its temporary name: a .tar.gz holds it as disk.raw, as GCP wants
-                compress(raw, profile.out_format, assets.epoch, dest / f"{profile.file_name}{_suffix(profile)}")
+                compress(raw, profile.out_format, assets.epoch, artifact)
     elif kind == "uki":
         from kiln.image.uki import build_uki
 
-        build_uki(assets, dest / f"{profile.artifact_stem}-uki.efi", assets.cmdline, assets.keys, arch=profile.arch)
+        build_uki(assets, artifact, assets.cmdline, assets.keys, arch=profile.arch)
     elif kind == "installer":
         from kiln.image.outputs.disk import build_raw
         from kiln.image.outputs.installer import build_installer
@@ -235,10 +235,6 @@ def write_output(profile: Profile, assets: BootAssets, dest: Path, built: Built)
 
 
 GCP_MEMBER = "disk.raw"  # the name of the disk inside a .tar.gz (GCP takes no other)
-
-
-def _suffix(profile: Profile) -> str:
-    return "" if profile.out_format == "raw" else profile.out_format
 
 
 def manifest_inputs(profile: Profile, assets: BootAssets, built: Built) -> dict[str, Any]:

@@ -151,6 +151,19 @@ class Profile:
         """The disk file's name before out_format's compression: `<stem>.<format>` unless the profile names it."""
         return self.custom_file_name or f"{self.artifact_stem}.{_IMAGE_EXTENSIONS[self.disk_format]}"
 
+    @property
+    def artifact_name(self) -> str:
+        """The one file this profile's kind writes, compressed as out_format asks ("" for pxe and the
+        installer, which write a set of files): what the imager names it and the factory serves."""
+        compressed = "" if self.out_format == "raw" else self.out_format
+        return {
+            "kernel": f"kernel-{self.arch}",
+            "initramfs": f"initramfs-{self.arch}.zst",
+            "iso": f"{self.artifact_stem}.iso{compressed}",
+            "image": f"{self.file_name}{compressed}",
+            "uki": f"{self.artifact_stem}-uki.efi",
+        }.get(self.kind, "")
+
     def for_arch(self, arch: str) -> Profile:
         """This profile for `arch`: its file inputs given per arch become that arch's file (None when the
         mapping names none: `missing_files` says so)."""

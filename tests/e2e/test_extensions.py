@@ -75,6 +75,10 @@ def test_extensions_from_a_registry_make_the_same_image(
     assert tree_made.read_bytes() == registry_made.read_bytes()
     inputs = json.loads((tmp_path / "p/registry/manifest.json").read_text())["inputs"]
     assert inputs["extensions"] == {refs[0]: pinned["acpi-call"], pinned["lldpd"]: pinned["lldpd"]}
+    listed = {p["name"]: p for p in json.loads((tmp_path / "p/registry/sbom.spdx.json").read_text())["packages"]}
+    for name in ("acpi-call", "lldpd"):  # in the SBOM by the reference they were pulled from
+        ref = {"referenceCategory": "OTHER", "referenceType": "kiln-oci-reference", "referenceLocator": pinned[name]}
+        assert ref in listed[name]["externalRefs"], listed[name]
 
 
 def test_a_schematic_names_the_image_it_customises(image_dir: Path, tmp_path: Path) -> None:

@@ -71,8 +71,8 @@ def test_raw_out_format_leaves_the_file(tmp_path: Path) -> None:
 def written_twice(write: Callable[..., Path], rootfs: list[str], tmp_path: Path) -> tuple[Tree, list[Path]]:
     """The shipped tree, and one SBOM writer's document for `rootfs` and the kernel, written twice."""
     tree = load_tree(ROOT / "pkgs", Platform.parse("linux/amd64"))
-    chosen = [SbomPackage(tree.packages[n], f"{i:064x}", "rootfs") for i, n in enumerate(rootfs)]
-    chosen.append(SbomPackage(tree.packages["kernel"], "f" * 64, "kernel"))
+    chosen = [SbomPackage.built(tree.packages[n], f"{i:064x}", "rootfs") for i, n in enumerate(rootfs)]
+    chosen.append(SbomPackage.built(tree.packages["kernel"], "f" * 64, "kernel"))
     outputs = []
     for run in ("a", "b"):
         (tmp_path / run).mkdir()
@@ -128,6 +128,37 @@ def test_cyclonedx_sbom_validates_names_purls_cpes_licenses_and_is_reproducible(
     [reference] = kernel["externalReferences"]
     assert reference["hashes"] == [{"alg": "SHA-256", "content": tree.packages["kernel"].steps[0].sources[0].sha256}]
     assert "cpe" not in components["kmod"] and components["kmod"]["purl"].startswith("pkg:deb/debian/kmod@")
+
+
+def test_a_registry_extension_is_in_both_sboms_by_its_pinned_reference(tmp_path: Path) -> None:
+    """An extension pulled from a registry has no store key or sources: the SBOMs name it by its
+    digest-pinned reference, an OCI purl and the manifest's digest."""
+    from spdx_tools.spdx.parser.parse_anything import parse_file
+    from spdx_tools.spdx.validation.document_validator import validate_full_spdx_document
+
+    from kiln.image.imager import registry_sbom_package
+    from kiln.image.oci_extension import Pulled
+    from kiln.rootfs.extension import Manifest
+
+    digest = "sha256:" + "d" * 64
+    reference = f"oci://127.0.0.1:5000/team/lldpd:1.0.16@{digest}"
+    manifest = Manifest("lldpd", "1.0.16", "tests", "LLDP daemon", ">=0.1")
+    item = registry_sbom_package(Pulled(reference, manifest, tmp_path, {}))
+    assert item.purl == f"pkg:oci/lldpd@sha256:{'d' * 64}?repository_url=127.0.0.1:5000/team/lldpd&tag=1.0.16"
+    (tmp_path / "spdx").mkdir()
+    spdx = write_sbom(tmp_path / "spdx", "metal", "0.1.0", "ab" * 32, EPOCH, [item])
+    document = parse_file(str(spdx))
+    assert validate_full_spdx_document(document) == []
+    [package] = [p for p in document.packages if p.name == "lldpd"]
+    assert package.version == "1.0.16" and package.checksums[0].value == "d" * 64
+    refs = {(r.reference_type, r.locator) for r in package.external_references}
+    assert refs == {("kiln-oci-reference", reference), ("purl", item.purl)}
+    assert package.source_info == f"pulled by Kiln (extension) from {reference}"
+    (tmp_path / "cdx").mkdir()
+    cdx = json.loads(write_cyclonedx(tmp_path / "cdx", "metal", "0.1.0", "ab" * 32, EPOCH, [item]).read_text())
+    [component] = cdx["components"]
+    assert component["purl"] == item.purl and component["hashes"] == [{"alg": "SHA-256", "content": "d" * 64}]
+    assert {"name": "kiln:oci-reference", "value": reference} in component["properties"]
 
 
 def test_manifest_lists_every_artifact_with_hash_and_size(tmp_path: Path) -> None:

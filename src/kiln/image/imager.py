@@ -32,7 +32,7 @@ from kiln.image.checks import MACHINED
 from kiln.image.compress import compress
 from kiln.image.keys import boot_chain_keys, module_signer, resolve_keys
 from kiln.image.manifest import SbomPackage, load_spdx, write_manifest, write_sbom
-from kiln.image.oci_extension import Pulled, extension_layers, is_oci, pull_all
+from kiln.image.oci_extension import Pulled, Reference, extension_layers, is_oci, pull_all
 from kiln.image.order import expected_cost
 from kiln.image.profile import CONFIG_PATH, Profile
 from kiln.image.sbom_cyclonedx import write_cyclonedx
@@ -268,7 +268,23 @@ def sbom_packages(profile: Profile, built: Built) -> list[SbomPackage]:
         ]
     if profile.loader_package:
         roles.append((profile.loader_package, "bootloader"))
-    return [SbomPackage(packages[name], built.keys[name], role) for name, role in dict(roles).items()]
+    from_tree = [SbomPackage.built(packages[name], built.keys[name], role) for name, role in dict(roles).items()]
+    pulled = profile.oci_extensions if profile.initramfs is None else ()  # a given initramfs takes no layers
+    return from_tree + [registry_sbom_package(built.pulled[name]) for name in pulled]
+
+
+def registry_sbom_package(pulled: Pulled) -> SbomPackage:
+    """A registry extension in the SBOMs: its description's name and version, its pinned reference and purl."""
+    reference, manifest = Reference.parse(pulled.reference), pulled.manifest
+    return SbomPackage(
+        manifest.name,
+        manifest.version,
+        "extension",
+        manifest.description,
+        reference=pulled.reference,
+        digest=reference.digest or "",
+        purl=reference.purl,
+    )
 
 
 def replace_dir(new: Path, final: Path, aside: Path, tries: int = 100) -> None:

@@ -52,11 +52,49 @@ def load_spdx() -> None:
 
 @dataclass(frozen=True)
 class SbomPackage:
-    """One package of the image, as the SBOM shows it."""
+    """One package of the image, as both SBOMs show it: built from the tree (its store key and pinned
+    sources) or an extension pulled from a registry (the digest-pinned reference it came from)."""
 
-    package: Package
-    key: str
+    name: str
+    version: str
     role: str  # rootfs, kernel, init, extension, bootloader
+    description: str = ""
+    license: str = ""
+    cpe: str = ""
+    key: str = ""  # the store key of a package built from the tree
+    sources: tuple[sbom_refs.SourceRef, ...] = ()
+    reference: str = ""  # a registry extension: oci://HOST/REPO[:TAG]@sha256:DIGEST
+    digest: str = ""  # ... and its manifest's digest
+    purl: str | None = None
+
+    @classmethod
+    def built(cls, package: Package, key: str, role: str) -> SbomPackage:
+        sources = tuple(sbom_refs.sources(package))
+        return cls(
+            name=package.name,
+            version=package.version,
+            role=role,
+            description=package.description,
+            license=package.license,
+            cpe=package.cpe,
+            key=key,
+            sources=sources,
+            purl=sources[0].purl if sources else None,
+        )
+
+    @property
+    def sha256(self) -> str | None:
+        """What identifies the package's bytes: its first source's sha256, or a registry manifest's digest."""
+        if self.sources:
+            return self.sources[0].sha256
+        return self.digest.removeprefix("sha256:") or None
+
+    @property
+    def origin(self) -> str:
+        """Where the package came from, in a sentence."""
+        if self.reference:
+            return f"pulled by Kiln ({self.role}) from {self.reference}"
+        return f"built by Kiln ({self.role}); store key {self.key}"
 
 
 def artifacts(directory: Path, under: tuple[str, ...] | None = None) -> list[dict[str, Any]]:
@@ -181,30 +219,33 @@ def write_sbom(
         image.external_references = [ExternalPackageRef(ExternalPackageRefCategory.OTHER, "kiln-schematic", schematic)]
     spdx_packages = [image]
     relationships = [Relationship("SPDXRef-DOCUMENT", RelationshipType.DESCRIBES, "SPDXRef-image")]
-    for item in sorted(packages, key=lambda p: p.package.name):
-        pkg = item.package
-        sources = sbom_refs.sources(pkg)
-        spdx_id = "SPDXRef-Package-" + "".join(c if c.isalnum() or c in ".-" else "-" for c in pkg.name)
+    for item in sorted(packages, key=lambda p: p.name):
+        sources = item.sources
+        spdx_id = "SPDXRef-Package-" + "".join(c if c.isalnum() or c in ".-" else "-" for c in item.name)
         location: str | SpdxNoAssertion = sources[0].url if sources else SpdxNoAssertion()
-        refs = [ExternalPackageRef(ExternalPackageRefCategory.OTHER, "kiln-store-key", item.key)]
-        if sources:
-            refs.append(ExternalPackageRef(ExternalPackageRefCategory.PACKAGE_MANAGER, "purl", sources[0].purl))
-        if pkg.cpe:
-            refs.append(ExternalPackageRef(ExternalPackageRefCategory.SECURITY, "cpe23Type", pkg.cpe))
-        declared = spdx_licensing.parse(pkg.license) if pkg.license else SpdxNoAssertion()
+        refs = []
+        if item.key:
+            refs.append(ExternalPackageRef(ExternalPackageRefCategory.OTHER, "kiln-store-key", item.key))
+        if item.reference:
+            refs.append(ExternalPackageRef(ExternalPackageRefCategory.OTHER, "kiln-oci-reference", item.reference))
+        if item.purl:
+            refs.append(ExternalPackageRef(ExternalPackageRefCategory.PACKAGE_MANAGER, "purl", item.purl))
+        if item.cpe:
+            refs.append(ExternalPackageRef(ExternalPackageRefCategory.SECURITY, "cpe23Type", item.cpe))
+        declared = spdx_licensing.parse(item.license) if item.license else SpdxNoAssertion()
         spdx_packages.append(
             SpdxPackage(
                 spdx_id,
-                pkg.name,
+                item.name,
                 location,
-                version=pkg.version or None,
+                version=item.version or None,
                 files_analyzed=False,
-                checksums=[Checksum(ChecksumAlgorithm.SHA256, s.sha256) for s in sources[:1]],
-                source_info=f"built by Kiln ({item.role}); store key {item.key}",
+                checksums=[Checksum(ChecksumAlgorithm.SHA256, item.sha256)] if item.sha256 else [],
+                source_info=item.origin,
                 license_concluded=SpdxNoAssertion(),
                 license_declared=declared,
                 copyright_text=SpdxNoAssertion(),
-                description=pkg.description or None,
+                description=item.description or None,
                 external_references=refs,
             )
         )
@@ -214,7 +255,7 @@ def write_sbom(
             spdx_packages.append(
                 SpdxPackage(
                     source_id,
-                    f"{pkg.name} source {source.destination}",
+                    f"{item.name} source {source.destination}",
                     source.url,
                     files_analyzed=False,
                     checksums=[Checksum(ChecksumAlgorithm.SHA256, source.sha256)],

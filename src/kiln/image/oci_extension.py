@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from packageurl import PackageURL
+
 from kiln.core import registry
 from kiln.core.errors import InputError
 from kiln.core.paths import cache_dir
@@ -67,6 +69,16 @@ class Reference:
                 "oci://HOST[:PORT]/REPOSITORY@sha256:DIGEST (lower-case repository)"
             )
         return cls(registry.Ref(match.group("host"), match.group("repo")), match.group("tag"), match.group("digest"))
+
+    @property
+    def purl(self) -> str:
+        """The package URL of an OCI artifact, as scanners read it:
+        pkg:oci/NAME@sha256:DIGEST?repository_url=HOST/REPO[&tag=TAG] (a digest-pinned reference only)."""
+        qualifiers = {"repository_url": f"{self.repository.host}/{self.repository.repo}"}
+        if self.tag:
+            qualifiers["tag"] = self.tag
+        name = self.repository.repo.rsplit("/", 1)[-1]
+        return PackageURL("oci", None, name, self.digest, qualifiers).to_string()
 
     def pinned(self, digest: str) -> str:
         """The reference an image manifest records: the tag, if any, and always the digest."""

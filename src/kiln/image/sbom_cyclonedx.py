@@ -22,7 +22,6 @@ from cyclonedx.validation.json import JsonStrictValidator
 from packageurl import PackageURL
 
 from kiln.core.errors import BuildError
-from kiln.image import sbom_refs
 from kiln.image.assets import derived_uuid
 from kiln.image.manifest import CYCLONEDX, SbomPackage
 
@@ -48,19 +47,20 @@ def write_cyclonedx(
     if schematic:
         image.properties.add(Property(name="kiln:schematic", value=schematic))
     bom.metadata.component = image
-    for item in sorted(packages, key=lambda p: p.package.name):
-        pkg = item.package
-        sources = sbom_refs.sources(pkg)
+    for item in sorted(packages, key=lambda p: p.name):
+        sources = item.sources
+        origin = ("kiln:oci-reference", item.reference) if item.reference else ("kiln:store-key", item.key)
         component = Component(
-            name=pkg.name,
-            version=pkg.version or None,
+            name=item.name,
+            version=item.version or None,
             type=ComponentType.OPERATING_SYSTEM if item.role == "kernel" else ComponentType.APPLICATION,
-            bom_ref=f"package:{pkg.name}",
-            description=pkg.description or None,
-            purl=PackageURL.from_string(sources[0].purl) if sources else None,
-            cpe=pkg.cpe or None,
-            licenses=[LicenseExpression(pkg.license)] if pkg.license else [],
-            properties=[Property(name="kiln:role", value=item.role), Property(name="kiln:store-key", value=item.key)],
+            bom_ref=f"package:{item.name}",
+            description=item.description or None,
+            purl=PackageURL.from_string(item.purl) if item.purl else None,
+            cpe=item.cpe or None,
+            licenses=[LicenseExpression(item.license)] if item.license else [],
+            hashes=[HashType(alg=HashAlgorithm.SHA_256, content=item.sha256)] if item.reference and item.sha256 else [],
+            properties=[Property(name="kiln:role", value=item.role), Property(name=origin[0], value=origin[1])],
             external_references=[
                 ExternalReference(
                     type=ExternalReferenceType.DISTRIBUTION,

@@ -17,6 +17,7 @@ import tarfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -106,12 +107,51 @@ def test_a_schematic_names_the_image_it_customises(image_dir: Path, tmp_path: Pa
     assert said and ready and said[0] < ready[0], "\n".join(lines[-40:])
 
 
+def test_a_schematic_release_is_pushed_with_its_extension(
+    image_dir: Path, registry: tuple[str, Path], tmp_path: Path
+) -> None:
+    """`kiln release push installer --schematic`: the installer profile built with the schematic, pushed
+    to the schematic's own repository; what the registry serves is that layout, extension included."""
+    from kiln.core.registry import Client, Ref
+
+    host, _ = registry
+    schematic = tmp_path / "lab.yaml"
+    schematic.write_text("extensions: [lldpd]\n")
+    schematic_id = kiln("schematic", "id", str(schematic)).stdout.strip()
+    repo = f"{host}/factory/{schematic_id}/installer"
+    out = tmp_path / "out"
+    push = ["release", "push", "installer", "--schematic", str(schematic), "--to", repo, "--channel", "stable"]
+    pushed = kiln(*push, "--out", str(out))
+    assert f"schematic {schematic_id}" in pushed.stderr and f"pushed {repo}:" in pushed.stdout, pushed.stdout
+    layout = out / "installer/installer-amd64"
+    assert "extensions/01-lldpd.sqsh" in installer_initramfs(layout, tmp_path)
+    assert json.loads((out / "installer/manifest.json").read_text())["profile"]["schematic"] == schematic_id
+    tag = pushed.stdout.split(f"pushed {repo}:", 1)[1].split("@", 1)[0]
+    served = Client(Ref.parse(repo)).get_manifest(tag)
+    assert served is not None
+    local = json.loads((layout / "blobs/sha256" / layout_manifest_digest(layout)[7:]).read_text())
+    assert boot_layer(json.loads(served[0])) == boot_layer(local)  # the boot layer built with the schematic
+
+
+def layout_manifest_digest(layout: Path) -> str:
+    digest: str = json.loads((layout / "index.json").read_text())["manifests"][0]["digest"]
+    return digest
+
+
+def boot_layer(manifest: dict[str, Any]) -> dict[str, Any]:
+    """The descriptor of an installer manifest's boot layer (kernel and initramfs)."""
+    boots: list[dict[str, Any]] = [
+        d for d in manifest["layers"] if d.get("annotations", {}).get("dev.kiln.layer") == "boot"
+    ]
+    (boot,) = boots
+    return boot
+
+
 def installer_initramfs(layout: Path, work: Path) -> list[str]:
     """The members of the initramfs in an installer image's boot layer: what an install or an upgrade
     writes into a slot, so a machine installed or upgraded from it keeps the schematic's extensions."""
-    index = json.loads((layout / "index.json").read_text())
-    manifest = json.loads((layout / "blobs/sha256" / index["manifests"][0]["digest"][7:]).read_text())
-    (boot,) = [d for d in manifest["layers"] if d.get("annotations", {}).get("dev.kiln.layer") == "boot"]
+    manifest = json.loads((layout / "blobs/sha256" / layout_manifest_digest(layout)[7:]).read_text())
+    boot = boot_layer(manifest)
     with tarfile.open(layout / "blobs/sha256" / boot["digest"][7:]) as layer:
         member = next(m for m in layer.getmembers() if m.name.endswith("initramfs.zst"))
         extracted = layer.extractfile(member)

@@ -48,6 +48,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--out", metavar="DIR", help="where a profile's output is written (default _out)")
     parser.add_argument(
+        "--schematic",
+        type=Path,
+        metavar="FILE",
+        help="build the installer profile customised by this schematic (as kiln image --schematic): machines "
+        "installed or upgraded from the release keep its extensions; push it to its own repository",
+    )
+    parser.add_argument(
         "--profiles-dir", metavar="DIR", help="where profile names are looked up (default: the project's profiles/)"
     )
     parser.add_argument(
@@ -64,8 +71,9 @@ def run(args: argparse.Namespace, load: Callable[[str], Graph]) -> int:
     signing_key = _signing_key(args.sign)
     source = Path(args.source)
     if source.exists():
-        if args.out:
-            raise InputError("--out applies when a profile is built, not to an existing layout")
+        if args.out or args.schematic:
+            given = "--out" if args.out else "--schematic"
+            raise InputError(f"{given} applies when a profile is built, not to an existing layout")
         path = source
     elif "/" in args.source or args.source.endswith(".tar"):
         raise InputError(f"{args.source}: no such installer layout or tarball")
@@ -111,6 +119,7 @@ def build_profile(args: argparse.Namespace, load: Callable[[str], Graph]) -> Pat
     layout (with several platforms, the layout of their image index)."""
     from kiln.image.arch import split_platforms
     from kiln.image.checks import check_packages, with_release_version
+    from kiln.image.command import with_schematic
     from kiln.image.imager import build_packages, make_images
     from kiln.image.profile import load_profiles, resolve_platform
 
@@ -126,6 +135,7 @@ def build_profile(args: argparse.Namespace, load: Callable[[str], Graph]) -> Pat
             "(output kind installer, such as profiles/installer.yaml)",
             profile.location("output", "kind"),
         )
+    [profile] = with_schematic([profile], args.schematic)
     platforms = split_platforms(args.platform)
     out = Path(args.out or "_out")
     if platforms is not None and len(platforms) > 1:

@@ -141,6 +141,7 @@ def test_repository_references() -> None:
         (["--to", "localhost:5000/kiln", "--upgrade-from", "1.2"], "--upgrade-from '1.2' is not a semantic version"),
         (["--to", "localhost:5000/kiln", "--upgrade-from", "2.0.0"], "--upgrade-from 2.0.0 is newer than"),
         (["--to", "localhost:5000/kiln", "--out", "elsewhere"], "--out applies when a profile is built"),
+        (["--to", "localhost:5000/kiln", "--schematic", "s.yaml"], "--schematic applies when a profile is built"),
     ],
 )
 def test_bad_arguments_exit_2(

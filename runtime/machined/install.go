@@ -64,6 +64,8 @@ func installMain(args []string, stdout, stderr io.Writer) int {
 	disk := fs.String("disk", "", "target disk: a block device or a disk image file (required)")
 	image := fs.String("image", "", "raw disk image, plain or gzip (default: "+defaultImages[0]+" or "+defaultImages[1]+")")
 	wipe := fs.Bool("wipe", false, "overwrite a disk that is not empty (never one in use: mounted, swap, held or claimed)")
+	check := fs.Bool("check", false, "only check that --disk can take the image (--image's size, or --size): write nothing")
+	size := fs.Int64("size", 0, "with --check and no --image: the size in bytes of the image to be written")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -76,6 +78,13 @@ func installMain(args []string, stdout, stderr io.Writer) int {
 	}
 	if *disk == "" {
 		fmt.Fprintln(stderr, "install: --disk is required (the disk to install onto)")
+		return 2
+	}
+	if *check {
+		return exitCode(checkOnly(*image, *size, *disk, *wipe, installSay(stdout)), stderr)
+	}
+	if *size != 0 {
+		fmt.Fprintln(stderr, "install: --size goes with --check (an image has its own size)")
 		return 2
 	}
 	if *image == "" {
@@ -185,26 +194,33 @@ func gzipSize(extra []byte) (int64, bool) {
 	return 0, false
 }
 
-// install writes the image at imagePath onto disk; say prints a progress line.
-func install(imagePath, disk string, wipe bool, say func(string, ...interface{})) error {
-	src, err := openImage(imagePath)
-	if err != nil {
-		return err
-	}
+// target is the disk install writes: open for writing (exclusively, when a block device), checked.
+type target struct {
+	f       *os.File
+	size    int64
+	isBlock bool
+}
+
+// openTarget runs every check on disk before anything is written: a block device or a regular
+// file, not the image itself, not in use, as large as the image (imageSize bytes), and empty
+// unless wipe. `kiln install` runs these first (checkOnly), so a wrong disk costs no image build.
+func openTarget(imagePath string, imageSize int64, disk string, wipe bool, say func(string, ...interface{})) (*target, error) {
 	st, err := os.Stat(disk)
 	if err != nil {
-		return refuse("disk: %v", unwrapPath(err))
+		return nil, refuse("disk: %v", unwrapPath(err))
 	}
-	if ist, err := os.Stat(imagePath); err == nil && os.SameFile(ist, st) {
-		return refuse("%s is the image itself", disk)
+	if imagePath != "" {
+		if ist, err := os.Stat(imagePath); err == nil && os.SameFile(ist, st) {
+			return nil, refuse("%s is the image itself", disk)
+		}
 	}
 	isBlock := st.Mode()&os.ModeDevice != 0 && st.Mode()&os.ModeCharDevice == 0
 	if !isBlock && !st.Mode().IsRegular() {
-		return refuse("%s is neither a block device nor a disk image file", disk)
+		return nil, refuse("%s is neither a block device nor a disk image file", disk)
 	}
 	if isBlock {
 		if users := diskpkg.Users("/sys", "/proc", disk, uint64(st.Sys().(*syscall.Stat_t).Rdev)); len(users) > 0 {
-			return refuseInUse(disk, strings.Join(users, ", "))
+			return nil, refuseInUse(disk, strings.Join(users, ", "))
 		}
 	}
 	flags := os.O_RDWR
@@ -214,31 +230,70 @@ func install(imagePath, disk string, wipe bool, say func(string, ...interface{})
 	f, err := os.OpenFile(disk, flags, 0)
 	if err != nil {
 		if errors.Is(err, syscall.EBUSY) {
-			return refuseInUse(disk, "opening it exclusively failed (a mount, swap, device-mapper, md or a program holds it)")
+			return nil, refuseInUse(disk, "opening it exclusively failed (a mount, swap, device-mapper, md or a program holds it)")
 		}
-		return refuse("disk: %v", unwrapPath(err))
+		return nil, refuse("disk: %v", unwrapPath(err))
 	}
-	defer f.Close()
-	diskSize, err := f.Seek(0, io.SeekEnd)
-	if err != nil {
-		return failed("%s: size: %v", disk, err)
+	t := &target{f: f, isBlock: isBlock}
+	if t.size, err = f.Seek(0, io.SeekEnd); err != nil {
+		f.Close()
+		return nil, failed("%s: size: %v", disk, err)
 	}
-	if diskSize < src.size {
-		return refuse("%s (%d bytes) is smaller than the image (%d bytes)", disk, diskSize, src.size)
+	if t.size < imageSize {
+		f.Close()
+		return nil, refuse("%s (%d bytes) is smaller than the image (%d bytes)", disk, t.size, imageSize)
 	}
-	found, tools, err := diskpkg.Content(f, disk, diskSize)
+	found, tools, err := diskpkg.Content(f, disk, t.size)
 	switch {
 	case err != nil && !wipe:
-		return refuse("refusing to install onto %s: cannot tell whether it holds data (%v); pass --wipe to overwrite it", disk, err)
+		f.Close()
+		return nil, refuse("refusing to install onto %s: cannot tell whether it holds data (%v); pass --wipe to overwrite it", disk, err)
 	case err != nil:
 		say("warning: --wipe: cannot probe %s (%v); overwriting it", disk, err)
 	case len(found) > 0 && !wipe:
-		return refuse("refusing to install onto %s: it holds %s; pass --wipe to overwrite it", disk, diskpkg.JoinFindings(found))
+		f.Close()
+		return nil, refuse("refusing to install onto %s: it holds %s; pass --wipe to overwrite it", disk, diskpkg.JoinFindings(found))
 	case len(found) > 0:
 		say("--wipe: overwriting %s on %s", diskpkg.JoinFindings(found), disk)
 	default:
 		say("%s is empty (checked by %s; first and last MiB zero)", disk, strings.Join(tools, " and "))
 	}
+	return t, nil
+}
+
+// checkOnly is `machined install --check`: openTarget's checks for an image of imagePath's size
+// (or size bytes, when the image is not made yet), and nothing written.
+func checkOnly(imagePath string, size int64, disk string, wipe bool, say func(string, ...interface{})) error {
+	if imagePath != "" {
+		src, err := openImage(imagePath)
+		if err != nil {
+			return err
+		}
+		size = src.size
+	} else if size <= 0 {
+		return refuse("--check needs --image or --size BYTES (the size of the image to be written)")
+	}
+	t, err := openTarget(imagePath, size, disk, wipe, say)
+	if err != nil {
+		return err
+	}
+	t.f.Close()
+	say("%s can take the image (%d MiB onto %d MiB); nothing written", disk, size>>20, t.size>>20)
+	return nil
+}
+
+// install writes the image at imagePath onto disk; say prints a progress line.
+func install(imagePath, disk string, wipe bool, say func(string, ...interface{})) error {
+	src, err := openImage(imagePath)
+	if err != nil {
+		return err
+	}
+	t, err := openTarget(imagePath, src.size, disk, wipe, say)
+	if err != nil {
+		return err
+	}
+	defer t.f.Close()
+	f, diskSize, isBlock := t.f, t.size, t.isBlock
 	kind := "raw"
 	if src.compressed {
 		kind = "gzip"

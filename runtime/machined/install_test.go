@@ -233,6 +233,39 @@ func TestInstallRefusals(t *testing.T) {
 	}
 }
 
+// --check runs the same checks and writes nothing: what `kiln install` asks before it builds an image.
+func TestInstallCheckWritesNothing(t *testing.T) {
+	dir := t.TempDir()
+	image := gptImage(t, dir, 8<<20)
+	disk := emptyDisk(t, dir, 32<<20)
+	code, out, errs := runInstall(t, "--check", "--disk", disk, "--size", "16777216")
+	if code != 0 || !strings.Contains(out, disk+" can take the image (16 MiB onto 32 MiB); nothing written") {
+		t.Fatalf("exit %d: %s%s", code, out, errs)
+	}
+	if code, _, errs := runInstall(t, "--check", "--disk", disk, "--image", image); code != 0 {
+		t.Fatalf("--check --image: exit %d: %s", code, errs)
+	}
+	refusedOneLine(t, "is smaller than the image (67108864 bytes)", "--check", "--disk", disk, "--size", "67108864")
+	refusedOneLine(t, "--check needs --image or --size", "--check", "--disk", disk)
+	refusedOneLine(t, "--size goes with --check", "--disk", disk, "--image", image, "--size", "1")
+	refusedOneLine(t, "no such file or directory", "--check", "--disk", filepath.Join(dir, "nope"), "--size", "1")
+	used := filepath.Join(dir, "used.img")
+	src, _ := os.ReadFile(image)
+	if err := os.WriteFile(used, src, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	refusedOneLine(t, "it holds a GPT partition table (gpt); pass --wipe", "--check", "--disk", used, "--size", "1")
+	if code, _, errs := runInstall(t, "--check", "--disk", used, "--size", "1", "--wipe"); code != 0 {
+		t.Fatalf("--check --wipe: exit %d: %s", code, errs)
+	}
+	if b, _ := os.ReadFile(disk); bytes.IndexFunc(b, func(r rune) bool { return r != 0 }) >= 0 {
+		t.Fatal("--check wrote to the disk")
+	}
+	if b, _ := os.ReadFile(used); !bytes.Equal(b, src) {
+		t.Fatal("--check --wipe wrote to the disk")
+	}
+}
+
 // As root with losetup: a real block device, written in full and its table re-read.
 func TestInstallOntoLoopDevice(t *testing.T) {
 	losetup, err := exec.LookPath("losetup")

@@ -17,6 +17,7 @@ import subprocess
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -358,3 +359,49 @@ def test_kiln_install_exits_2_on_a_refused_disk(
     assert code == 2
     assert f"refusing to install onto {disk.device}: it holds an mdraid array member" in capfd.readouterr().err
     assert cli.main(["install", "--disk", disk.device, "--image", str(image), "--wipe"]) == 0
+
+
+def test_kiln_install_checks_the_disk_before_it_builds_the_image(
+    machined: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """A used disk, a disk smaller than the profile's image and a missing disk are refused after machined
+    is built and before the profile's packages or image are: only machined's build is asked for (the
+    stand-in records what is asked; no graph is loaded, so the steps that read it are replaced too)."""
+    from types import SimpleNamespace
+
+    from kiln import cli
+    from kiln.image import checks, imager
+
+    monkeypatch.setattr(cli, "_load", lambda args: None)
+    monkeypatch.setattr(checks, "check_packages", lambda profiles, graph: None)
+    monkeypatch.setattr(checks, "with_release_version", lambda profiles, graph: profiles)
+    tree = machined.parent / "tree"
+    (tree / "usr/sbin").mkdir(parents=True, exist_ok=True)
+    if not (tree / "usr/sbin/machined").exists():
+        os.link(machined, tree / "usr/sbin/machined")
+    asked: list[tuple[list[str], tuple[str, ...]]] = []
+
+    def build_packages(profiles: list[Any], graph: object, jobs: object, **kwargs: Any) -> object:
+        asked.append(([p.name for p in profiles], kwargs.get("extra", ())))
+        return SimpleNamespace(trees={checks.MACHINED: tree})
+
+    def make_images(*args: object) -> None:
+        raise AssertionError("the image was built for a disk that is refused")
+
+    monkeypatch.setattr(imager, "build_packages", build_packages)
+    monkeypatch.setattr(imager, "make_images", make_images)
+    monkeypatch.chdir(Path(__file__).resolve().parents[2])
+    used, small = tmp_path / "used.img", tmp_path / "small.img"
+    with used.open("wb") as out:  # as large as metal's disk (1 GiB, profiles/metal.yaml), sparse
+        out.truncate(1 << 30)
+        out.seek(4096)
+        out.write(MD_1X)
+    with small.open("wb") as out:
+        out.truncate(64 * MIB)
+    assert cli.main(["install", "--disk", str(used)]) == 2
+    assert f"refusing to install onto {used}: it holds an mdraid array member" in capfd.readouterr().err
+    assert cli.main(["install", "--disk", str(small), "--wipe"]) == 2
+    assert f"{small} (67108864 bytes) is smaller than the image (1073741824 bytes)" in capfd.readouterr().err
+    assert cli.main(["install", "--disk", str(tmp_path / "no-such-disk")]) == 2
+    assert "no-such-disk: no such file or directory" in capfd.readouterr().err
+    assert asked == [([], (checks.MACHINED,))] * 3

@@ -46,7 +46,7 @@ def run(args: argparse.Namespace, load: Callable[[str], Graph]) -> int:
     from kiln.image.checks import MACHINED, check_packages, with_release_version
     from kiln.image.imager import build_packages, make_images
     from kiln.image.profile import load_profiles
-    from kiln.installer.install import install_disk
+    from kiln.installer.install import check_disk, install_disk
 
     profile = load_profiles([args.profile], Path(args.profiles_dir))[0]
     if profile.kind != "image" or profile.disk_format != "raw":
@@ -63,15 +63,18 @@ def run(args: argparse.Namespace, load: Callable[[str], Graph]) -> int:
     graph = load(profile.platform_spec)
     check_packages([profile], graph)
     profile = with_release_version([profile], graph)[0]
-    built = build_packages([] if args.image else [profile], graph, args.jobs, json_output=False, extra=(MACHINED,))
-    if args.image:
-        image = Path(args.image)
-        if not image.is_file():
-            raise InputError(f"--image {image}: no such file")
-    else:
+    image = Path(args.image) if args.image else None
+    if image is not None and not image.is_file():
+        raise InputError(f"--image {image}: no such file")
+    # machined alone first (usually stored): it checks the disk before the image is built
+    machined = build_packages([], graph, args.jobs, json_output=False, extra=(MACHINED,)).trees[MACHINED]
+    machined /= "usr/sbin/machined"
+    check_disk(machined, Path(args.disk), image if image is not None else profile.disk_size, wipe=args.wipe)
+    if image is None:
+        built = build_packages([profile], graph, args.jobs, json_output=False)
         result = make_images([profile], built, Path(args.out), args.jobs, say_line)[0]
         image = result.directory / profile.file_name
-    install_disk(built.trees[MACHINED] / "usr/sbin/machined", image, Path(args.disk), wipe=args.wipe)
+    install_disk(machined, image, Path(args.disk), wipe=args.wipe)
     if args.json:
         print(json.dumps({"image": str(image), "disk": args.disk, "profile": profile.name, "version": profile.version}))
     else:

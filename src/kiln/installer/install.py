@@ -19,11 +19,22 @@ from kiln.core.errors import BuildError, InputError
 
 def install_disk(machined: Path, image: Path, disk: Path, *, wipe: bool) -> None:
     """Write the raw (or gzip'd) disk image onto disk; refuse a used disk unless wipe."""
+    _machined_install(machined, ["--disk", str(disk), "--image", str(image)] + ["--wipe"] * wipe)
+
+
+def check_disk(machined: Path, disk: Path, image: Path | int, *, wipe: bool) -> None:
+    """Every check install_disk's write would make (the disk's kind, use, size and content), for that
+    image or for one of that many bytes not made yet; nothing is written. A wrong disk then costs no
+    image build."""
+    what = ["--image", str(image)] if isinstance(image, Path) else ["--size", str(image)]
+    _machined_install(machined, ["--check", "--disk", str(disk), *what] + ["--wipe"] * wipe)
+
+
+def _machined_install(machined: Path, arguments: list[str]) -> None:
+    """`machined install ARGUMENTS`: its one-line refusals become InputErrors (exit 2), other failures BuildErrors."""
     if not machined.is_file() or not os.access(machined, os.X_OK):
         raise InputError(f"install: machined {machined} is not an executable file")
-    command = [str(machined), "install", "--disk", str(disk), "--image", str(image)]
-    if wipe:
-        command.append("--wipe")
+    command = [str(machined), "install", *arguments]
     try:
         done = subprocess.run(command, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     except OSError as error:

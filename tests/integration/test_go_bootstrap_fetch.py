@@ -1,8 +1,8 @@
 """`kiln fetch go` gets the whole Go bootstrap chain's sources from Debian's archive.
 
 pkgs/go and its go-bootstrap-* steps fetch Debian's files from the pool by URL (a bookworm host's
-apt knows none of these versions): two orig tarballs and the two binary packages of the chain's
-start, about 110 MB. Nothing but deb.debian.org is reachable here, so this also proves no step
+apt knows none of these versions): Go's orig tarball and the two binary packages of the chain's
+start (trixie-backports' Go), about 100 MB. Nothing but deb.debian.org is reachable here, so this also proves no step
 needs go.dev.
 """
 
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 PKGS = ROOT / "pkgs"
-CHAIN = ["go", "go-bootstrap-1.24", "go-bootstrap-1.23"]
+CHAIN = ["go", "go-bootstrap-1.25"]
 
 
 def test_kiln_fetch_go_gets_the_chain_from_debians_pool(
@@ -50,7 +50,7 @@ def test_kiln_fetch_go_gets_the_chain_from_debians_pool(
     assert f"fetched {total} source(s) for {len(closure)} package(s)" in capsys.readouterr().out
 
     pinned = {s.sha256 for name in CHAIN for step in tree.packages[name].steps for s in step.sources}
-    assert len(pinned) == 4 and sorted(asked) == sorted(
+    assert len(pinned) == 3 and sorted(asked) == sorted(
         s.url or "" for name in CHAIN for step in tree.packages[name].steps for s in step.sources
     )  # every Go file straight from the pool (musl came through apt-get source)
     for sha in pinned:
@@ -58,5 +58,5 @@ def test_kiln_fetch_go_gets_the_chain_from_debians_pool(
     # the orig tarballs are checked archives; the .debs (ar archives) are no tar for the check and
     # are unpacked inside the sandbox by dpkg-deb
     verdicts = {sha: (cache / "sources" / f"{sha}.checked").read_text() for sha in pinned}
-    debs = {s.sha256 for s in tree.packages["go-bootstrap-1.23"].steps[0].sources}
+    debs = {s.sha256 for s in tree.packages["go-bootstrap-1.25"].steps[0].sources}
     assert all(verdicts[sha] == CHECK_VERSION + ("not an archive\n" if sha in debs else "ok\n") for sha in pinned)

@@ -101,7 +101,7 @@ def test_the_shipped_tree_renders_for_both_targets(target: str) -> None:
     else:
         assert "CROSS_COMPILE" not in script
     # Go runs on the build machine; machined is compiled for the target
-    go = tree.packages["go-bootstrap-1.23"].steps[0].sources[0].url or ""
+    go = tree.packages["go-bootstrap-1.25"].steps[0].sources[0].url or ""
     assert go.endswith("_amd64.deb")
     assert dict(tree.packages["machined"].steps[0].env)["GOARCH"] == Platform.parse(target).arch
 
@@ -179,7 +179,7 @@ def test_a_native_tree_loads_no_second_tree(tmp_path: Path) -> None:
 def test_the_shipped_go_chain_is_shared_between_targets() -> None:
     native = compute_keys(Graph(load_tree(REPO_PKGS, AMD64, build=AMD64)))
     cross = compute_keys(Graph(load_tree(REPO_PKGS, ARM64, build=AMD64)))
-    for name in ("go-bootstrap-1.23", "go-bootstrap-1.24", "go"):
+    for name in ("go-bootstrap-1.25", "go"):
         assert cross[name] == native[name], name
     assert cross["machined"] != native["machined"]
 

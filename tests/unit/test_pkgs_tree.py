@@ -67,7 +67,7 @@ def test_every_remote_source_is_pinned_with_a_debian_hint(tree: Tree) -> None:
                 where = f"{package.name}: {source.url}"
                 assert source.sha256 and SHA256.match(source.sha256), where
                 if source.debian is None:
-                    # a Debian binary package (go-bootstrap-1.23 unpacks Debian's Go) has no source
+                    # a Debian binary package (go-bootstrap-1.25 unpacks Debian's Go) has no source
                     # package for `apt-get source`; its URL is the pool's
                     assert source.url and source.url.startswith(DEBIAN_POOL) and source.url.endswith(".deb"), where
                     continue

@@ -11,6 +11,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -267,6 +268,28 @@ def test_vmdk_descriptor(disk: tuple[BootAssets, Path], tmp_path: Path) -> None:
     assert "parentCID=ffffffff" in descriptor
     info = json.loads(sh("qemu-img", "info", "--output=json", str(vmdk)))
     assert info["format"] == "vmdk" and info["format-specific"]["data"]["create-type"] == "streamOptimized"
+
+
+def test_vmdk_cid_patch_drops_what_qemu_left_after_the_descriptor(
+    disk: tuple[BootAssets, Path], tmp_path: Path
+) -> None:
+    """qemu-img rewrites the descriptor when it first writes data, each time with a random CID printed
+    without leading zeros: a shorter second CID leaves the first descriptor's last byte after the NUL.
+    Here that leftover is put back by hand into a real VMDK; patching gives the same bytes as without it."""
+    from kiln.image.outputs.formats import patch_vmdk_cid
+
+    assets, image = disk
+    made = convert(image, "vmdk", tmp_path / "clean" / "kiln.vmdk", assets)
+    data = bytearray(made.read_bytes())
+    offset = struct.unpack_from("<Q", data, 28)[0] * 512
+    text = bytes(data[offset : data.index(b"\0", offset)])
+    shorter = re.sub(rb"\nCID=[0-9a-f]{8}\n", b"\nCID=1234567\n", text)  # a CID printed one digit shorter
+    assert len(shorter) == len(text) - 1
+    data[offset : offset + len(text) + 1] = shorter + b"\0\n"  # and the old descriptor's last byte after it
+    dirty = tmp_path / "dirty.vmdk"
+    dirty.write_bytes(bytes(data))
+    patch_vmdk_cid(dirty, assets)
+    assert dirty.read_bytes() == made.read_bytes()
 
 
 def test_ova(disk: tuple[BootAssets, Path], tmp_path: Path) -> None:

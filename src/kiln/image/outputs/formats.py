@@ -107,7 +107,11 @@ def patch_vmdk_cid(vmdk: Path, assets: BootAssets) -> None:
     """Replace the descriptor's random CID with one derived from the seed.
 
     qemu-img prints the CID without leading zeros, so its length varies: the descriptor is
-    rewritten whole inside its fixed, zero-padded area (offset and size from the header).
+    rewritten whole inside its fixed, zero-padded area (offset and size from the header). It is
+    read up to its NUL, as qemu reads it: when qemu-img rewrote it with a CID shorter than the one
+    it was created with, the old descriptor's last byte is left after that NUL (now and then: seen
+    once in CI, as an OVA whose VMDK differed from the same VMDK made alone), and it must not reach
+    the image.
     """
     cid = derived_uuid(assets.seed, "vmdk-cid").hex[:8]
     if cid in ("ffffffff", "fffffffe"):  # values VMDK reserves (no parent, invalid)
@@ -119,7 +123,7 @@ def patch_vmdk_cid(vmdk: Path, assets: BootAssets) -> None:
         offset, size = struct.unpack_from("<QQ", header, 28)
         stream.seek(offset * SECTOR)
         area = stream.read(size * SECTOR)
-        text = area.rstrip(b"\0")
+        text = area.split(b"\0", 1)[0]
         patched, count = re.subn(rb"\nCID=[0-9a-fA-F]{1,8}\n", b"\nCID=" + cid.encode() + b"\n", text)
         if count != 1 or len(patched) > len(area):
             raise BuildError(f"{vmdk.name}: no VMDK descriptor with one CID where qemu-img should have written it")

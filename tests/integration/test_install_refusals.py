@@ -334,6 +334,23 @@ def test_md_holder_refused_even_with_wipe(machined: Path, image: Path, disk: Dis
 # --- kiln install itself ---------------------------------------------------------------------------------
 
 
+def machined_tree_without_a_graph(machined: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """For `kiln install` run in-process: no graph is loaded and the steps that read one are replaced;
+    returns a package tree holding the machined built here, for the stand-in package build to give."""
+    from kiln import cli
+    from kiln.image import checks
+
+    monkeypatch.setattr(cli, "_load", lambda args: None)
+    monkeypatch.setattr(checks, "check_packages", lambda profiles, graph: None)
+    monkeypatch.setattr(checks, "with_release_version", lambda profiles, graph: profiles)
+    monkeypatch.chdir(Path(__file__).resolve().parents[2])
+    tree = machined.parent / "tree"
+    (tree / "usr/sbin").mkdir(parents=True, exist_ok=True)
+    if not (tree / "usr/sbin/machined").exists():
+        os.link(machined, tree / "usr/sbin/machined")
+    return tree
+
+
 def test_kiln_install_exits_2_on_a_refused_disk(
     machined: Path, image: Path, disk: Disk, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
 ) -> None:
@@ -344,16 +361,9 @@ def test_kiln_install_exits_2_on_a_refused_disk(
     from kiln import cli
     from kiln.image import checks, imager
 
-    monkeypatch.setattr(cli, "_load", lambda args: None)
-    monkeypatch.setattr(checks, "check_packages", lambda profiles, graph: None)
-    monkeypatch.setattr(checks, "with_release_version", lambda profiles, graph: profiles)
-    tree = machined.parent / "tree"
-    (tree / "usr/sbin").mkdir(parents=True, exist_ok=True)
-    if not (tree / "usr/sbin/machined").exists():
-        os.link(machined, tree / "usr/sbin/machined")
+    tree = machined_tree_without_a_graph(machined, monkeypatch)
     built = SimpleNamespace(trees={checks.MACHINED: tree})
     monkeypatch.setattr(imager, "build_packages", lambda *args, **kwargs: built)
-    monkeypatch.chdir(Path(__file__).resolve().parents[2])
     disk.write(4096, MD_1X)
     code = cli.main(["install", "--disk", disk.device, "--image", str(image)])
     assert code == 2
@@ -372,13 +382,7 @@ def test_kiln_install_checks_the_disk_before_it_builds_the_image(
     from kiln import cli
     from kiln.image import checks, imager
 
-    monkeypatch.setattr(cli, "_load", lambda args: None)
-    monkeypatch.setattr(checks, "check_packages", lambda profiles, graph: None)
-    monkeypatch.setattr(checks, "with_release_version", lambda profiles, graph: profiles)
-    tree = machined.parent / "tree"
-    (tree / "usr/sbin").mkdir(parents=True, exist_ok=True)
-    if not (tree / "usr/sbin/machined").exists():
-        os.link(machined, tree / "usr/sbin/machined")
+    tree = machined_tree_without_a_graph(machined, monkeypatch)
     asked: list[tuple[list[str], tuple[str, ...]]] = []
 
     def build_packages(profiles: list[Any], graph: object, jobs: object, **kwargs: Any) -> object:
@@ -390,7 +394,6 @@ def test_kiln_install_checks_the_disk_before_it_builds_the_image(
 
     monkeypatch.setattr(imager, "build_packages", build_packages)
     monkeypatch.setattr(imager, "make_images", make_images)
-    monkeypatch.chdir(Path(__file__).resolve().parents[2])
     used, small = tmp_path / "used.img", tmp_path / "small.img"
     with used.open("wb") as out:  # as large as metal's disk (1 GiB, profiles/metal.yaml), sparse
         out.truncate(1 << 30)

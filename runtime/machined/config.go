@@ -29,8 +29,15 @@ type Config struct {
 	Registries []RegistryConfig `json:"registries,omitempty"`
 	Time       TimeConfig       `json:"time,omitempty"`
 	// ReleaseKeys are the Ed25519 public keys (PEM, PKIX) an upgrade's image must be signed by,
-	// one of them; without any, images are not checked for a signature.
+	// one of them; without any, upgrades are refused unless AllowUnsigned.
 	ReleaseKeys []string `json:"release_keys,omitempty"`
+	// RequireSignatures: an upgrade's image must be signed by one of ReleaseKeys. It defaults
+	// to on, and can be off only together with AllowUnsigned (upgradePolicy).
+	RequireSignatures *bool `json:"require_signatures,omitempty"`
+	// AllowUnsigned lets an upgrade install an image without a signature by ReleaseKeys (none
+	// there, or no keys at all); status and log then say "unsigned". A signature that is there
+	// but wrong is refused all the same.
+	AllowUnsigned bool `json:"allow_unsigned,omitempty"`
 }
 
 // TimeConfig names the NTP servers; without them the platform's (a cloud's own time service)
@@ -164,6 +171,9 @@ func (c *Config) validate() error {
 		hosts[r.Host] = true
 	}
 	if _, err := c.releaseKeys(); err != nil {
+		return err
+	}
+	if err := c.checkUpgradePolicy(); err != nil {
 		return err
 	}
 	if c.API.Enabled() {

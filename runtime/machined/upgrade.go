@@ -129,6 +129,7 @@ type upgradeStatus struct {
 	PullSeconds    float64 `json:"pull_seconds,omitempty"`
 	InstallSeconds float64 `json:"install_seconds,omitempty"`
 	SignedBy       string  `json:"signed_by,omitempty"` // the release key's fingerprint; empty when not checked
+	Unsigned       bool    `json:"unsigned,omitempty"`  // installed without a signature (allow_unsigned)
 	Error          string  `json:"error,omitempty"`
 }
 
@@ -172,6 +173,9 @@ func (m *machine) Upgrade(req upgradeRequest) (*upgradeStatus, error) {
 	}
 	if m.slots.err != "" {
 		return nil, &apiError{409, "the boot state cannot be read: " + m.slots.err}
+	}
+	if err := m.upgradePolicy(); err != nil {
+		return nil, &apiError{409, err.Error()}
 	}
 	other := bootstate.Other(m.slots.slot)
 	if m.slots.state.Default == other {
@@ -240,17 +244,22 @@ func (m *machine) pullAndInstall(req upgradeRequest, slot string) (bool, error) 
 		return false, err
 	}
 	rel := oci.ReleaseOf(ref, img)
+	if err := checkChannel(req, rel); err != nil {
+		return false, err
+	}
 	if err := m.acceptable(rel, req.AllowDowngrade); err != nil {
 		return false, err
 	}
-	m.upgrades.update(func(s *upgradeStatus) { s.Digest, s.Version, s.SignedBy = img.Digest, rel.Version, signer })
+	m.upgrades.update(func(s *upgradeStatus) {
+		s.Digest, s.Version, s.SignedBy, s.Unsigned = img.Digest, rel.Version, signer, signer == ""
+	})
 	root := filepath.Join(upgradeWork, "root")
 	if err := m.unpackImage(ctx, src, img, root); err != nil {
 		return false, err
 	}
 	pulled := time.Since(start)
 	m.upgrades.update(func(s *upgradeStatus) { s.PullSeconds = pulled.Seconds() })
-	m.con.printf("upgrade: pulled %s (%s, Kiln %s) in %.1f s", req.describe(), img.Digest, rel.Version, pulled.Seconds())
+	m.con.printf("upgrade: pulled %s (%s, Kiln %s, %s) in %.1f s", req.describe(), img.Digest, rel.Version, signatureNote(signer), pulled.Seconds())
 
 	installStart := time.Now()
 	m.upgrades.update(func(s *upgradeStatus) { s.State = upgradeInstalling })
@@ -268,25 +277,6 @@ func (m *machine) pullAndInstall(req upgradeRequest, slot string) (bool, error) 
 	}
 	m.upgrades.update(func(s *upgradeStatus) { s.InstallSeconds = time.Since(installStart).Seconds() })
 	return true, nil
-}
-
-// checkSignature verifies the image's signature when the config names release keys, and
-// returns the fingerprint of the key that made it; without release keys it checks nothing and
-// returns "".
-func (m *machine) checkSignature(ctx context.Context, src oci.Source, digest string) (string, error) {
-	if m.cfg == nil || len(m.cfg.ReleaseKeys) == 0 {
-		return "", nil
-	}
-	keys, err := m.cfg.releaseKeys()
-	if err != nil {
-		return "", err
-	}
-	signer, err := oci.VerifySignature(ctx, src, digest, keys)
-	if err != nil {
-		return "", err
-	}
-	m.con.printf("upgrade: signature of %s by release key %s", digest, signer)
-	return signer, nil
 }
 
 // upgradeSource returns where the image comes from and the reference to resolve there.
@@ -325,12 +315,14 @@ func (m *machine) upgradeSource(ctx context.Context, req upgradeRequest) (oci.So
 		if err != nil {
 			return nil, "", err
 		}
-		tag, err := m.chooseFromChannel(ctx, reg, req)
-		return reg, tag, err
+		// the choice is a digest: the tag it came from may be moved before the pull
+		digest, err := m.chooseFromChannel(ctx, reg, req)
+		return reg, digest, err
 	}
 }
 
-// chooseFromChannel reads the newest semver tags' manifests and picks the release to install.
+// chooseFromChannel reads the newest semver tags' manifests, picks the release to install and
+// returns the digest of its image manifest: the one reference everything after uses.
 func (m *machine) chooseFromChannel(ctx context.Context, reg *oci.Registry, req upgradeRequest) (string, error) {
 	tags, err := reg.Tags(ctx)
 	if err != nil {
@@ -347,6 +339,7 @@ func (m *machine) chooseFromChannel(ctx context.Context, reg *oci.Registry, req 
 		candidates = candidates[:channelLookups]
 	}
 	var releases []oci.Release
+	digests := map[string]string{}
 	for _, t := range candidates {
 		img, err := reg.Resolve(ctx, t, oci.Platform{OS: "linux", Architecture: runtime.GOARCH})
 		if err != nil {
@@ -354,13 +347,23 @@ func (m *machine) chooseFromChannel(ctx context.Context, reg *oci.Registry, req 
 			continue
 		}
 		releases = append(releases, oci.ReleaseOf(t, img))
+		digests[t] = img.Digest
 	}
 	rel, err := oci.ChooseRelease(releases, m.version, req.Channel, runtime.GOARCH, req.AllowDowngrade)
 	if err != nil {
 		return "", err
 	}
-	m.con.printf("upgrade: channel %s of %s/%s: %s", req.Channel, reg.Host, reg.Repo, rel.Version)
-	return rel.Tag, nil
+	m.con.printf("upgrade: channel %s of %s/%s: %s (tag %s, %s)", req.Channel, reg.Host, reg.Repo, rel.Version, rel.Tag, digests[rel.Tag])
+	return digests[rel.Tag], nil
+}
+
+// checkChannel checks a channel upgrade's channel again on the manifest the pull resolved (by
+// the digest the choice named), so what is installed is what the channel accepts.
+func checkChannel(req upgradeRequest, rel oci.Release) error {
+	if req.Channel == "" || oci.ChannelAccepts(req.Channel, rel.Channel) {
+		return nil
+	}
+	return fmt.Errorf("the release's manifest says channel %q, which channel %s does not accept", rel.Channel, req.Channel)
 }
 
 // acceptable refuses a release for another architecture, one that cannot upgrade from this

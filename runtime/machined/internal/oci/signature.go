@@ -140,7 +140,7 @@ func VerifySignature(ctx context.Context, src Source, digest string, keys []ed25
 	tag := SignatureTag(digest)
 	body, err := tagged.ManifestByTag(ctx, tag, MaxSignatureManifestBytes)
 	if errors.Is(err, ErrNoTag) {
-		return "", fmt.Errorf("no signature for %s: %v", digest, err)
+		return "", fmt.Errorf("no signature for %s: %w", digest, err)
 	}
 	if err != nil {
 		return "", fmt.Errorf("signature of %s: %v", digest, err)

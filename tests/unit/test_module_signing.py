@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import secrets
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -16,10 +17,12 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
 from kiln.core.errors import BuildError, InputError
+from kiln.core.nofollow import LinkRefused
 from kiln.signing import generate as generate_module
 from kiln.signing.generate import generate
 from kiln.signing.keyset import KeySet
 from kiln.signing.modules import MAGIC, PKEY_ID_PKCS7, TRAILER, ModuleSigner, signature_of, unsigned
+from tests.unit.hostile_tree import Canary
 
 MODULE = b"\x7fELF\x02\x01\x01" + bytes(range(256)) * 40
 
@@ -107,7 +110,8 @@ def test_sign_tree_signs_modules_in_new_inodes_and_keeps_modes_and_times(signer:
     os.chmod(drivers / "virtio.ko", 0o640)
     os.utime(drivers / "virtio.ko", ns=(1_000_000_000, 2_000_000_000))
     (drivers / "modules.dep").write_text("kernel/virtio.ko:\n")
-    (drivers / "alias.ko").symlink_to("virtio.ko")
+    (tree / "usr/local").mkdir(parents=True)
+    (tree / "usr/local/alias.ko").symlink_to("../lib/modules/6.1/kernel/virtio.ko")  # outside modules: left alone
 
     assert signer.sign_tree(tree) == 1
     assert (drivers / "virtio.ko").read_bytes() == signer.sign(MODULE)
@@ -115,7 +119,7 @@ def test_sign_tree_signs_modules_in_new_inodes_and_keeps_modes_and_times(signer:
     info = (drivers / "virtio.ko").stat()
     assert (info.st_mode & 0o777, info.st_mtime_ns) == (0o640, 2_000_000_000)
     assert (drivers / "modules.dep").read_text() == "kernel/virtio.ko:\n"
-    assert (drivers / "alias.ko").is_symlink()
+    assert (tree / "usr/local/alias.ko").is_symlink()
     assert not list(drivers.glob(".*")), "a staging file was left behind"
 
 
@@ -145,3 +149,54 @@ def test_the_fingerprint_names_the_certificate(signer: ModuleSigner, keys: KeySe
     der = keys.module_der.read_bytes()
     assert der == signer.cert.public_bytes(serialization.Encoding.DER)
     assert signer.fingerprint == hashlib.sha256(der).hexdigest()
+
+
+def test_a_planted_staging_link_never_receives_the_signed_module(
+    signer: ModuleSigner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The old staging name `.<name>.signed`, and the helper's own one, planted as links to a host file beside a
+    module outside /usr/lib/modules (under it, any link is refused: the next test)."""
+    canary = Canary(tmp_path / "host")
+    drivers = tmp_path / "tree/usr/local/lib/drivers"
+    drivers.mkdir(parents=True)
+    (drivers / "foo.ko").write_bytes(MODULE)
+    (drivers / ".foo.ko.signed").symlink_to(canary.file)
+    names = iter(["planted", "fresh"])
+    monkeypatch.setattr(secrets, "token_hex", lambda _n: next(names))
+    (drivers / ".foo.ko.kiln-planted").symlink_to(canary.file)
+    assert signer.sign_tree(tmp_path / "tree") == 1
+    assert (drivers / "foo.ko").read_bytes() == signer.sign(MODULE)
+    canary.check()
+
+
+@pytest.mark.parametrize(
+    ("planted", "named"),
+    [
+        ("usr/lib/modules/6.1/kernel/evil.ko", "/usr/lib/modules/6.1/kernel/evil.ko"),  # a module that is a link
+        ("usr/lib/modules/6.1/extra", "/usr/lib/modules/6.1/extra"),  # a directory of modules that is a link
+        ("usr/lib/modules/6.2", "/usr/lib/modules/6.2"),
+        ("usr/lib/modules/6.1/kernel/.real.ko.signed", "/usr/lib/modules/6.1/kernel/.real.ko.signed"),
+    ],
+)
+def test_a_link_under_the_modules_is_refused_by_name(
+    signer: ModuleSigner, tmp_path: Path, planted: str, named: str
+) -> None:
+    canary = Canary(tmp_path / "host")
+    (canary.dir / "host.ko").write_bytes(MODULE)
+    canary.snapshot()
+    tree = tmp_path / "tree"
+    (tree / "usr/lib/modules/6.1/kernel").mkdir(parents=True)
+    (tree / "usr/lib/modules/6.1/kernel/real.ko").write_bytes(MODULE)
+    (tree / planted).symlink_to(canary.dir / "host.ko" if planted.endswith(".ko") else canary.dir)
+    with pytest.raises(LinkRefused, match=f"module signing: {named} is a symbolic link"):
+        signer.sign_tree(tree)
+    canary.check()
+
+
+def test_a_link_to_the_modules_directory_itself_is_refused(signer: ModuleSigner, tmp_path: Path) -> None:
+    host = Canary(tmp_path / "host")
+    (tmp_path / "tree/usr/lib").mkdir(parents=True)
+    (tmp_path / "tree/usr/lib/modules").symlink_to(host.dir)
+    with pytest.raises(LinkRefused, match="/usr/lib/modules is a symbolic link"):
+        signer.sign_tree(tmp_path / "tree")
+    host.check()

@@ -100,6 +100,14 @@ def _copy_node_to(parent: int, name: str, out_fd: int, dst_parts: list[str]) -> 
         _Copier(dparent).node(parent, name, dparent, dname, ())
 
 
+def copy_dir(src: int, dst: int) -> None:
+    """Directory `src`'s contents merged into directory `dst`, then its own mode and times (both descriptors
+    opened without following a link; kiln.core.nofollow's copies)."""
+    copier = _Copier(dst)
+    copier.contents(src, dst, ())
+    copier.attributes(src, dst, os.fstat(src))
+
+
 class _Copier:
     """Copies nodes as `cp -a`; hard links are kept among the nodes one copier writes below `top`."""
 
@@ -153,7 +161,7 @@ class _Copier:
                 dname, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dparent
             )
             try:
-                _copy_data(src, dst)
+                copy_data(src, dst)
                 self.attributes(src, dst, info)
             finally:
                 os.close(dst)
@@ -280,7 +288,7 @@ def _chown(name: str, info: os.stat_result, parent: int) -> None:
         os.chown(name, info.st_uid, info.st_gid, dir_fd=parent, follow_symlinks=False)
 
 
-def _copy_data(src: int, dst: int) -> None:
+def copy_data(src: int, dst: int) -> None:
     """All of src's bytes into dst: sendfile, or read and write where the kernel refuses it."""
     try:
         while os.sendfile(dst, src, None, CHUNK):

@@ -13,6 +13,7 @@ import json
 import os
 import re
 import shutil
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,11 +22,12 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import Version
 
 from kiln import __version__
-from kiln.core import tools
+from kiln.core import nofollow, tools
 from kiln.core.errors import BuildError, InputError, Location
 from kiln.pkg.model import Package
 
 ALLOWED = ("usr/local", "usr/lib/modules", "usr/lib/firmware")
+MODULES = "usr/lib/modules"
 MANIFEST_DIR = "usr/local/lib/kiln/extensions"
 
 
@@ -126,52 +128,81 @@ def check_compatible(manifest: Manifest, kiln_version: str = __version__) -> Non
 def check_paths(name: str, tree: Path) -> None:
     """Every file must lie under an allowed prefix; directories leading to them are fine."""
     bad = []
-    for dirpath, dirnames, filenames in os.walk(tree):
-        base = Path(dirpath)
-        for entry in [*filenames, *(d for d in dirnames if (base / d).is_symlink())]:
-            rel = (base / entry).relative_to(tree).as_posix()
-            if not any(rel == p or rel.startswith(p + "/") for p in ALLOWED):
-                bad.append("/" + rel)
+    for entry in nofollow.walk(tree, what=f"extension '{name}'"):
+        if not entry.is_dir and not any(entry.rel == p or entry.rel.startswith(p + "/") for p in ALLOWED):
+            bad.append(entry.shown)
     if bad:
         shown = ", ".join(sorted(bad)[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
         raise BuildError(f"extension '{name}' puts files outside {', '.join('/' + p for p in ALLOWED)}: {shown}")
 
 
 def layer_tree(package_tree: Path, manifest: Manifest, dest: Path) -> Path:
-    """The layer's content: the package output plus its manifest where machined looks for it."""
-    shutil.copytree(package_tree, dest, symlinks=True)
-    manifests = dest / MANIFEST_DIR
-    manifests.mkdir(parents=True, exist_ok=True)
-    (manifests / f"{manifest.name}.json").write_text(manifest.to_json())
+    """The layer's content: the package output plus its manifest where machined looks for it.
+
+    Copied as `cp -a` would (links stay links); the manifest is written through descriptors of the
+    layer's own directories, so a link the extension planted on Kiln's manifest path is refused by name
+    instead of writing a host file.
+    """
+    what = f"extension '{manifest.name}'"
+    dest.mkdir(parents=True)
+    nofollow.copy_tree(package_tree, "", dest, what=what)
+    nofollow.write_in(dest, f"{MANIFEST_DIR}/{manifest.name}.json", manifest.to_json().encode(), what=what)
     return dest
 
 
 def has_modules(tree: Path) -> bool:
-    modules = tree / "usr/lib/modules"
-    return modules.is_dir() and any(p.suffix in (".ko", ".xz", ".zst") for p in modules.rglob("*.ko*"))
+    """Whether the tree carries kernel modules; a link on the way to or below /usr/lib/modules is refused."""
+    if not nofollow.is_dir(tree, MODULES, what="kernel modules"):
+        return False
+    nofollow.refuse_links(tree, MODULES, what="kernel modules")
+    return any(e.is_file and ".ko" in e.name for e in nofollow.walk(tree, MODULES, what="kernel modules"))
+
+
+INDEX_KEPT = ("modules.order", "modules.builtin", "modules.builtin.modinfo")  # depmod's inputs, not its output
 
 
 def modules_layer(rootfs: Path, layers: list[Path], dest: Path) -> Path | None:
     """A top layer with modules.dep and friends regenerated over the rootfs plus every extension.
 
-    depmod runs on a merged copy of /usr/lib/modules; only its index files go in the layer.
+    depmod runs on a merged copy of /usr/lib/modules that Kiln makes, into which no link is copied (a link
+    on the way to or below any tree's /usr/lib/modules is refused by name), so the host's depmod reads and
+    writes only that copy; only its index files go in the layer.
     """
     if not any(has_modules(layer) for layer in layers):
         return None
     merged = dest.parent / (dest.name + ".merged")
-    shutil.copytree(rootfs / "usr/lib/modules", merged / "usr/lib/modules", symlinks=True)
-    for layer in layers:
-        if (layer / "usr/lib/modules").is_dir():
-            shutil.copytree(layer / "usr/lib/modules", merged / "usr/lib/modules", symlinks=True, dirs_exist_ok=True)
-    for version_dir in sorted((merged / "usr/lib/modules").iterdir()):
-        tools.run(["depmod", "-b", str(merged / "usr"), version_dir.name], what=f"depmod for {version_dir.name}")
-        out = dest / "usr/lib/modules" / version_dir.name
-        out.mkdir(parents=True, exist_ok=True)
-        for index in sorted(version_dir.glob("modules.*")):
-            if index.name not in ("modules.order", "modules.builtin", "modules.builtin.modinfo"):
-                shutil.copy2(index, out / index.name)
-    shutil.rmtree(merged)
+    merged.mkdir(parents=True)
+    try:
+        for tree in [rootfs, *layers]:
+            if nofollow.is_dir(tree, MODULES, what="kernel modules"):
+                nofollow.copy_tree(tree, MODULES, merged, MODULES, links=False, what="kernel modules")
+        dest.mkdir(parents=True, exist_ok=True)
+        for version, info in nofollow.children(merged, MODULES):
+            if stat.S_ISDIR(info.st_mode):
+                _depmod(merged, version, dest)
+    finally:
+        shutil.rmtree(merged)
     return dest
+
+
+def _depmod(merged: Path, version: str, dest: Path) -> None:
+    """depmod over one kernel version of the merged copy (`--`: a version is never an option); its index
+    files copied into `dest`."""
+    tools.run(["depmod", "-b", str(merged / "usr"), "--", version], what=f"depmod for {version}")
+    where = f"{MODULES}/{version}"
+    with (
+        nofollow.opened_dir(merged, where, what="modules index") as source,
+        nofollow.opened_dir(dest, where, create=True, what="modules index") as out,
+    ):
+        for name, info in nofollow.children(merged, where, what="modules index"):
+            if name.startswith("modules.") and name not in INDEX_KEPT and stat.S_ISREG(info.st_mode):
+                shown = f"/{where}/{name}"
+                data = nofollow.read_at(source, name, shown, what="modules index")
+                nofollow.write_at(out, name, data, shown, mode=0o644, times_ns=_times(info))
+
+
+def _times(info: os.stat_result) -> tuple[int, int]:
+    return info.st_atime_ns, info.st_mtime_ns
 
 
 MODULE_SUFFIXES = (".ko", ".ko.xz", ".ko.gz", ".ko.zst")
@@ -181,21 +212,22 @@ _VERMAGIC = re.compile(rb"(?:^|\0)vermagic=([^\0]*)\0")
 
 def kernel_release(kernel_tree: Path) -> str | None:
     """The release the kernel package's modules are installed for (/usr/lib/modules/<release>)."""
-    modules = kernel_tree / "usr/lib/modules"
-    releases = sorted(p.name for p in modules.iterdir() if p.is_dir()) if modules.is_dir() else []
+    if not nofollow.is_dir(kernel_tree, MODULES, what="kernel modules"):
+        return None
+    releases = [name for name, info in nofollow.children(kernel_tree, MODULES) if stat.S_ISDIR(info.st_mode)]
     return releases[0] if len(releases) == 1 else None
 
 
 def module_files(tree: Path) -> list[Path]:
-    """Every kernel module under tree's /usr/lib/modules, in a stable order (links are not followed)."""
-    modules = tree / "usr/lib/modules"
-    if not modules.is_dir() or modules.is_symlink():
+    """Every kernel module under tree's /usr/lib/modules, in a stable order; a link on the way to or below
+    it is refused by name (the kernel would load what it points to, and Kiln signs and checks no link)."""
+    if not nofollow.is_dir(tree, MODULES, what="kernel modules"):
         return []
+    nofollow.refuse_links(tree, MODULES, what="kernel modules")
     found = [
-        Path(directory) / name
-        for directory, _, names in os.walk(modules)
-        for name in names
-        if name.endswith(MODULE_SUFFIXES) and not (Path(directory) / name).is_symlink()
+        tree / entry.rel
+        for entry in nofollow.walk(tree, MODULES, what="kernel modules")
+        if entry.is_file and entry.name.endswith(MODULE_SUFFIXES)
     ]
     return sorted(found)
 
@@ -204,11 +236,11 @@ def vermagic(module: Path) -> str | None:
     """The module's vermagic, read from its bytes (a .modinfo entry is `vermagic=...` between NULs).
 
     Read in Python rather than by modinfo: the module is a hostile package's output and this check
-    needs no ELF parser. None when it carries none, or two that differ.
+    needs no ELF parser. None when it carries none, or two that differ. `module` comes from
+    module_files, whose walk refused every link; it is opened without following one.
     """
-    if module.stat().st_size > MAX_MODULE:
-        raise BuildError(f"{module} is over {MAX_MODULE >> 20} MiB: not a kernel module")
-    found = {match.group(1) for match in _VERMAGIC.finditer(module.read_bytes())}
+    data = nofollow.read_walked(module, limit=MAX_MODULE, what="kernel module")
+    found = {match.group(1) for match in _VERMAGIC.finditer(data)}
     return found.pop().decode(errors="replace") if len(found) == 1 else None
 
 
@@ -267,9 +299,11 @@ def _module_name(path: Path) -> str:
 def _check_named_modules(manifest: Manifest, modules: list[Path], kernel_tree: Path, release: str) -> None:
     """Each module the extension asks machined to load is one it or the kernel carries (or builds in)."""
     known = {_module_name(p) for p in [*modules, *module_files(kernel_tree)]}
-    builtin = kernel_tree / "usr/lib/modules" / release / "modules.builtin"
-    if builtin.is_file() and not builtin.is_symlink():
-        known |= {_module_name(Path(line)) for line in builtin.read_text(errors="replace").split()}
+    builtin = f"{MODULES}/{release}/modules.builtin"
+    info = nofollow.lstat_in(kernel_tree, builtin, what="kernel modules")
+    if info is not None and stat.S_ISREG(info.st_mode):
+        text = nofollow.read_in(kernel_tree, builtin, limit=MAX_MODULE, what="kernel modules").decode(errors="replace")
+        known |= {_module_name(Path(line)) for line in text.split()}
     for name in manifest.modules:
         if name.replace("-", "_") not in known:
             raise BuildError(

@@ -10,7 +10,6 @@ same module and key give the same bytes.
 
 from __future__ import annotations
 
-import os
 import stat
 import struct
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.hazmat.primitives.serialization import pkcs7
 
+from kiln.core import nofollow
 from kiln.core.errors import BuildError, InputError
 from kiln.signing.keyset import KeySet
 
@@ -30,6 +30,7 @@ MAGIC = b"~Module signature appended~\n"
 TRAILER = struct.Struct(">BBBBB3xI")
 PKEY_ID_PKCS7 = 2
 COMPRESSED = (".ko.xz", ".ko.zst", ".ko.gz")
+MODULES = "usr/lib/modules"  # links here are refused: the kernel loads what is below it
 
 
 def unsigned(data: bytes) -> bytes:
@@ -94,29 +95,40 @@ class ModuleSigner:
     def sign_tree(self, root: Path) -> int:
         """Sign every module (*.ko) under `root`, keeping its mode and times; returns the count.
 
-        A compressed module is refused: its signature belongs inside the compressed stream.
+        `root` is a tree others wrote (the merged rootfs, an extension layer), so it goes through
+        kiln.core.nofollow: each module is read and its signed copy written and renamed in place
+        through its directory's descriptor, never through a link; a link under /usr/lib/modules is
+        refused by name, one elsewhere is left alone. A compressed module is refused: its signature
+        belongs inside the compressed stream.
         """
         count = 0
-        for dirpath, _dirnames, filenames in os.walk(root):
-            for name in sorted(filenames):
-                path = Path(dirpath) / name
-                if path.is_symlink():
-                    continue
-                where = f"/{path.relative_to(root)}"
-                if name.endswith(COMPRESSED):
-                    raise BuildError(f"{where}: a compressed module cannot be signed; ship it as .ko")
-                if not name.endswith(".ko"):
-                    continue
-                info = path.stat()
-                try:
-                    signed = self.sign(path.read_bytes())
-                except ValueError as error:
-                    raise BuildError(f"{where}: {error}") from None
-                # a new inode: the tree may hard-link files of the store, which must stay as they are
-                fresh = path.with_name(f".{name}.signed")
-                fresh.write_bytes(signed)
-                os.chmod(fresh, stat.S_IMODE(info.st_mode))
-                os.utime(fresh, ns=(info.st_atime_ns, info.st_mtime_ns))
-                os.replace(fresh, path)
+        for entry in nofollow.walk(root, what="module signing"):
+            under_modules = entry.rel == MODULES or entry.rel.startswith(MODULES + "/")
+            if entry.is_link and (under_modules or MODULES.startswith(entry.rel + "/")):
+                raise nofollow.refuse("module signing", entry.shown, "a file or directory")
+            if entry.is_link or not entry.is_file:
+                continue
+            if entry.name.endswith(COMPRESSED):
+                raise BuildError(f"{entry.shown}: a compressed module cannot be signed; ship it as .ko")
+            if entry.name.endswith(".ko"):
+                self._sign_entry(entry)
                 count += 1
         return count
+
+    def _sign_entry(self, entry: nofollow.Entry) -> None:
+        """One module replaced by its signed bytes: a new inode (the tree may hard-link files of the store,
+        which must stay as they are) with the module's mode and times."""
+        info = entry.info
+        try:
+            signed = self.sign(nofollow.read_at(entry.parent, entry.name, entry.shown, what="module signing"))
+        except ValueError as error:
+            raise BuildError(f"{entry.shown}: {error}") from None
+        nofollow.write_at(
+            entry.parent,
+            entry.name,
+            signed,
+            entry.shown,
+            mode=stat.S_IMODE(info.st_mode),
+            times_ns=(info.st_atime_ns, info.st_mtime_ns),
+            what="module signing",
+        )

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from kiln.build import rootplan
 from kiln.build.keys import compute_keys
 from kiln.pkg.graph import Graph
 from kiln.pkg.loader import Tree, load_tree
@@ -94,3 +95,17 @@ def test_go_is_bootstrapped_by_stage0s_go() -> None:
     assert re.search(r"^\s*-\s*golang-go\s*$", stage0, re.M)
     fixture = ROOT / "tests/fixtures/buildgraph/pkgs/stage0.yaml"
     assert fixture.read_text() == stage0, "tests share one seed: keep the fixture's stage0.yaml a copy"
+
+
+def test_the_kernel_compiles_through_a_kept_ccache_and_applies_its_patches(tree: Tree) -> None:
+    """kernel and kernel-build: the same patches, ccache in front of every compiler, its cache kept."""
+    vars_text = (PKGS / "vars.yaml").read_text()
+    assert f'ccache_path: "/tmp/ccache-bin:{rootplan.PATH}"' in vars_text  # the step's PATH, ccache first
+    for name in ("kernel", "kernel-build"):
+        step = tree.packages[name].steps[0]
+        env = dict(step.env)
+        assert step.cache == ("/tmp/ccache",), name
+        assert env["CCACHE_DIR"] == "/tmp/ccache" and env["PATH"].startswith("/tmp/ccache-bin:"), name
+        assert any(source.destination == "kiln/patches" for source in step.sources), name
+        prepare = "\n".join(step.prepare)
+        assert prepare.index("tar -xf") < prepare.index("kiln/patches/*.patch") < prepare.index("compiler_check")

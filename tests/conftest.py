@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -13,6 +14,7 @@ import pytest
 from kiln import __version__
 from kiln.cli import main
 from kiln.core.release_version import VERSION_ENV
+from tests.prebuild import Background, start, wanted
 
 # One release version for every test, whatever commit is checked out: without it the version is
 # the git describe of this repository (core.release_version), which moves with every commit and
@@ -51,3 +53,47 @@ def kiln(capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest
         return Result(code, captured.out, captured.err)
 
     return run
+
+
+# The arm64 end-to-end tests run last in their tier, and what later tests build starts in the
+# background at once (tests/prebuild.py): the idle core of a TCG boot builds it.
+ARM64_E2E = "tests/e2e/test_arm64.py"
+_background: Background | None = None
+
+
+def _module_of(item: pytest.Item) -> str:
+    return item.nodeid.split("::", 1)[0]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Move the arm64 boots behind the other e2e tests (stable otherwise)."""
+    e2e = [i for i, item in enumerate(items) if _module_of(item).startswith("tests/e2e/")]
+    if not e2e:
+        return
+    tier = items[e2e[0] : e2e[-1] + 1]
+    tier.sort(key=lambda item: _module_of(item) == ARM64_E2E)
+    items[e2e[0] : e2e[-1] + 1] = tier
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start the prebuilds when this run boots anything (otherwise no core idles)."""
+    global _background
+    modules = {_module_of(item) for item in session.items}
+    if session.config.option.collectonly or not any(module.startswith("tests/e2e/") for module in modules):
+        return
+    out = Path(tempfile.mkdtemp(prefix="kiln-prebuild-out-"))
+    _background = start(wanted(modules, out))
+    if _background is not None:
+        print(f"\nprebuild: building in the background (log {_background.log})", flush=True)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    if _background is not None:
+        _background.stop()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if _background is not None:
+        terminalreporter.write_sep("-", "background prebuilds")
+        for line in _background.summary() or ["prebuild: (nothing finished)"]:
+            terminalreporter.write_line(line)

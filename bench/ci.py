@@ -1,0 +1,147 @@
+"""Benchmark: `.ci/run` as CI runs it (a fresh clone of HEAD, CI=true, no terminal), timed by phase.
+
+The phases are read from the run itself: make's echo of each command (setup, services, pytest, Go
+tests, fuzz targets, lint) timestamped as it appears, pytest's per-test times (a JUnit XML file,
+grouped by tier: e2e, integration, unit) and the background prebuilds' own lines
+(tests/prebuild.py). The budget is 70 minutes cold and 25 warm on 2 idle cores.
+
+Cold means empty stores: `--cold` points HOME (the store, pip's and Go's caches, the seed) at an
+empty directory (`--home DIR`, which must hold no Kiln store: on a fresh machine, the real HOME,
+so the run also leaves the store warm for CI) and removes Docker's images and build cache first;
+the apt packages stay installed. Without `--cold` it measures a warm run on this machine's stores.
+
+Run: `.venv/bin/python bench/ci.py [--cold] [--label TEXT]`. Appends to bench/results/ci.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from collections import defaultdict
+from datetime import UTC, datetime
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench/results/ci.json"
+BUDGET_MIN = {"cold": 70, "warm": 25}
+# make echoes each recipe line before running it: the first line of each phase.
+MARKERS = (
+    ("setup", "./scripts/setup-host.sh"),
+    ("services", "./scripts/ci-services.sh"),
+    ("pytest", "/bin/pytest -q"),
+    ("go test", "go test ./..."),
+    ("go fuzz", "for target in"),
+    ("lint", "/bin/ruff check"),
+)
+
+
+def phases(lines: list[tuple[float, str]], end: float) -> dict[str, float]:
+    """Seconds from each phase's first line to the next phase's (the last one to `end`)."""
+    starts: list[tuple[str, float]] = []
+    for name, marker in MARKERS:
+        found = next((at for at, line in lines if marker in line), None)
+        if found is not None:
+            starts.append((name, found))
+    starts.sort(key=lambda pair: pair[1])
+    bounds = [at for _, at in starts[1:]] + [end]
+    return {name: round(stop - at, 1) for (name, at), stop in zip(starts, bounds, strict=True)}
+
+
+def tiers(junit: Path) -> dict[str, float]:
+    """pytest's seconds per tier (tests/<tier>/...), setup and teardown included."""
+    if not junit.exists():
+        return {}
+    seconds: dict[str, float] = defaultdict(float)
+    for case in ET.parse(junit).getroot().iter("testcase"):
+        tier = case.get("classname", "").split(".")[1:2] or ["?"]
+        seconds[tier[0]] += float(case.get("time", "0"))
+    return {tier: round(value, 1) for tier, value in sorted(seconds.items())}
+
+
+def slowest(junit: Path, count: int = 15) -> list[dict[str, object]]:
+    if not junit.exists():
+        return []
+    cases = [
+        (float(case.get("time", "0")), f"{case.get('classname')}::{case.get('name')}")
+        for case in ET.parse(junit).getroot().iter("testcase")
+    ]
+    return [{"test": name, "s": round(at, 1)} for at, name in sorted(cases, reverse=True)[:count]]
+
+
+def empty_docker() -> None:
+    """Docker's images, containers and build cache gone (the engine itself stays installed)."""
+    for command in (["docker", "system", "prune", "-af"], ["docker", "builder", "prune", "-af"]):
+        subprocess.run(command, check=False, capture_output=True)
+
+
+def run_ci(clone: Path, env: dict[str, str], log: Path) -> tuple[int, list[tuple[float, str]], float]:
+    """Run .ci/run in `clone`, stamping every output line (seconds since start) into `log`."""
+    began = time.monotonic()
+    lines: list[tuple[float, str]] = []
+    with log.open("w") as sink:
+        process = subprocess.Popen(
+            ["sh", ".ci/run"], cwd=clone, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        assert process.stdout is not None
+        for line in process.stdout:
+            at = time.monotonic() - began
+            lines.append((at, line.rstrip("\n")))
+            sink.write(f"{at:8.1f} {line}")
+            sink.flush()
+        code = process.wait()
+    return code, lines, time.monotonic() - began
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cold", action="store_true", help="empty HOME and Docker first (see above)")
+    parser.add_argument("--label", default="", help="a note stored with the result (what else ran, say)")
+    parser.add_argument("--home", type=Path, help="with --cold: a HOME without a Kiln store (default: a new one)")
+    parser.add_argument("--work", type=Path, help="where the clone (and the cold HOME) go (default: a temp dir)")
+    args = parser.parse_args()
+    work = args.work or Path(tempfile.mkdtemp(prefix="bench-ci-"))
+    clone = work / "clone"
+    subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=clone, capture_output=True, text=True).stdout.strip()
+    junit = work / "junit.xml"
+    env = {k: v for k, v in os.environ.items() if k not in ("TERM", "KILN_CACHE", "VIRTUAL_ENV")}
+    env |= {"CI": "true", "PYTEST_ADDOPTS": f"--junitxml={junit}"}
+    if args.cold:
+        home = args.home or work / "home"
+        store = home / ".cache/kiln"
+        if store.is_dir() and any(entry.name != "templates" for entry in store.iterdir()):  # templates: Jinja's
+            raise SystemExit(f"bench/ci.py: {home}/.cache/kiln exists: not a cold run (choose another --home)")
+        home.mkdir(parents=True, exist_ok=True)
+        env["HOME"] = str(home)
+        empty_docker()
+    log = work / "ci.log"
+    print(f"bench/ci.py: .ci/run in {clone} at {commit[:12]}, log {log}", file=sys.stderr)
+    code, lines, total = run_ci(clone, env, log)
+    kind = "cold" if args.cold else "warm"
+    result = {
+        "date": datetime.now(UTC).strftime("%Y-%m-%d"),
+        "commit": commit[:12],
+        "kind": kind,
+        "label": args.label,
+        "exit": code,
+        "total_min": round(total / 60, 1),
+        "budget_min": BUDGET_MIN[kind],
+        "phases_s": phases(lines, total),
+        "pytest_tiers_s": tiers(junit),
+        "prebuilds": [line.split("prebuild: ", 1)[1] for _, line in lines if line.startswith("prebuild: ")],
+        "slowest_tests": slowest(junit),
+    }
+    history = json.loads(RESULTS.read_text()) if RESULTS.exists() else []
+    RESULTS.write_text(json.dumps([*history, result], indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()

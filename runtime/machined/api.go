@@ -4,6 +4,7 @@ import (
 	"crypto/tls"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log"
 	"net"
@@ -25,17 +26,35 @@ type apiBackend interface {
 	Upgrade(req upgradeRequest) (*upgradeStatus, error) // start one; an *apiError says how to refuse
 }
 
-// apiHandler routes the v1 API. Every route sits behind mutual TLS (see serveAPI), so
-// the handler itself does no authentication.
-func apiHandler(b apiBackend) http.Handler {
+// apiRoutes are the v1 API's endpoints and the least role each needs (api_auth.go).
+var apiRoutes = map[string]role{
+	"/v1/status":   roleReader,
+	"/v1/services": roleReader,
+	"/v1/logs":     roleReader,
+	"/v1/reboot":   roleOperator,
+	"/v1/rollback": roleOperator,
+	"/v1/upgrade":  roleOperator, // preserve: false (wiping /var) needs admin
+	"/v1/poweroff": roleAdmin,    // nobody may be there to power the machine on again
+}
+
+// apiHandler routes the v1 API. Every route sits behind mutual TLS (see serveAPI) and
+// authorize; each route then checks its role (apiRoutes). refused hears every refusal.
+func apiHandler(b apiBackend, serverKey []byte, refused func(string)) http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("/v1/status", method(http.MethodGet, func(w http.ResponseWriter, r *http.Request) {
+	handle := func(path string, h http.HandlerFunc) {
+		need, ok := apiRoutes[path]
+		if !ok {
+			need = roleAdmin // a route nobody gave a role is admin's
+		}
+		mux.HandleFunc(path, requireRole(need, refused, h))
+	}
+	handle("/v1/status", method(http.MethodGet, func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, b.Status())
 	}))
-	mux.HandleFunc("/v1/services", method(http.MethodGet, func(w http.ResponseWriter, r *http.Request) {
+	handle("/v1/services", method(http.MethodGet, func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]interface{}{"services": b.Services()})
 	}))
-	mux.HandleFunc("/v1/logs", method(http.MethodGet, func(w http.ResponseWriter, r *http.Request) {
+	handle("/v1/logs", method(http.MethodGet, func(w http.ResponseWriter, r *http.Request) {
 		name := r.URL.Query().Get("service")
 		if name == "" {
 			writeJSON(w, http.StatusBadRequest, map[string]string{"error": "service= is required (\"machined\" for machined's own log)"})
@@ -55,7 +74,7 @@ func apiHandler(b apiBackend) http.Handler {
 	}))
 	for _, action := range []string{"reboot", "poweroff"} {
 		action := action
-		mux.HandleFunc("/v1/"+action, method(http.MethodPost, func(w http.ResponseWriter, r *http.Request) {
+		handle("/v1/"+action, method(http.MethodPost, func(w http.ResponseWriter, r *http.Request) {
 			writeJSON(w, http.StatusAccepted, map[string]string{"action": action})
 			if f, ok := w.(http.Flusher); ok {
 				f.Flush()
@@ -64,7 +83,7 @@ func apiHandler(b apiBackend) http.Handler {
 			safego.Go("api "+action, func() { time.Sleep(200 * time.Millisecond); b.Power(action) })
 		}))
 	}
-	mux.HandleFunc("/v1/rollback", method(http.MethodPost, func(w http.ResponseWriter, r *http.Request) {
+	handle("/v1/rollback", method(http.MethodPost, func(w http.ResponseWriter, r *http.Request) {
 		slot, err := b.Rollback()
 		if err != nil {
 			writeJSON(w, http.StatusConflict, map[string]string{"error": "rollback: " + err.Error()})
@@ -76,8 +95,12 @@ func apiHandler(b apiBackend) http.Handler {
 		}
 		safego.Go("api rollback", func() { time.Sleep(200 * time.Millisecond); b.Power(actionReboot) })
 	}))
-	mux.HandleFunc("/v1/upgrade", method(http.MethodPost, func(w http.ResponseWriter, r *http.Request) {
+	handle("/v1/upgrade", method(http.MethodPost, func(w http.ResponseWriter, r *http.Request) {
 		req, err := upgradeJSON(r.Body)
+		if err == nil && !req.preserve() && requestIdentity(r).role < roleAdmin {
+			forbid(w, r, refused, requestIdentity(r).name, fmt.Sprintf("role %s may not upgrade with preserve: false (it wipes /var): it needs admin", requestIdentity(r).role))
+			return
+		}
 		var status *upgradeStatus
 		if err == nil {
 			status, err = b.Upgrade(req)
@@ -93,10 +116,10 @@ func apiHandler(b apiBackend) http.Handler {
 		}
 		writeJSON(w, http.StatusAccepted, map[string]interface{}{"upgrade": status})
 	}))
-	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+	mux.HandleFunc("/", requireRole(roleReader, refused, func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusNotFound, map[string]string{"error": "no such endpoint: " + r.URL.Path})
-	})
-	return mux
+	}))
+	return authorize(serverKey, refused, mux)
 }
 
 func method(m string, h http.HandlerFunc) http.HandlerFunc {
@@ -118,11 +141,21 @@ func writeJSON(w http.ResponseWriter, code int, v interface{}) {
 	_ = enc.Encode(v)
 }
 
-// serveAPI listens with mutual TLS: a client without a certificate signed by the
-// configured CA fails the handshake and never reaches a handler. errorLog receives
-// connection errors (refused handshakes included).
+// serveAPI listens with mutual TLS: a client without a certificate signed by the client CA
+// fails the handshake and never reaches a handler; authorize and the routes check the rest.
+// Connections are bounded in number (in total and per source) and in time (apiLimits).
+// errorLog receives connection errors and refusals, at most apiLogBurst every apiLogWindow.
 func serveAPI(cfg APIConfig, b apiBackend, errorLog io.Writer) (net.Addr, func(), error) {
-	tlsConfig, err := cfg.tlsConfig()
+	return serveAPIWith(cfg, defaultAPILimits, b, errorLog)
+}
+
+const (
+	apiLogBurst  = 10
+	apiLogWindow = time.Minute
+)
+
+func serveAPIWith(cfg APIConfig, limits apiLimits, b apiBackend, errorLog io.Writer) (net.Addr, func(), error) {
+	t, err := cfg.tlsConfig()
 	if err != nil {
 		return nil, nil, err
 	}
@@ -130,12 +163,24 @@ func serveAPI(cfg APIConfig, b apiBackend, errorLog io.Writer) (net.Addr, func()
 	if err != nil {
 		return nil, nil, err
 	}
-	srv := &http.Server{
-		Handler:           apiHandler(b),
-		TLSConfig:         tlsConfig,
-		ReadHeaderTimeout: 10 * time.Second,
-		ErrorLog:          log.New(errorLog, "api: ", 0),
+	if t.sharedCA() {
+		_, _ = io.WriteString(errorLog, "api: the client CA also signs this machine's certificate: machines' certificates are refused "+
+			"as clients, but keep two CAs (kiln secrets generate makes them)\n")
 	}
-	safego.Go("api server", func() { _ = srv.Serve(tls.NewListener(ln, tlsConfig)) })
+	logger := log.New(newRateLimitedLog(errorLog, apiLogBurst, apiLogWindow), "api: ", 0)
+	tracker := newConnTracker(limits, logger.Printf)
+	srv := &http.Server{
+		Handler:           apiHandler(b, t.serverKey, func(line string) { logger.Print(line) }),
+		TLSConfig:         t.config,
+		ReadHeaderTimeout: limits.ReadHeaderTimeout,
+		ReadTimeout:       limits.ReadTimeout,
+		WriteTimeout:      limits.WriteTimeout,
+		IdleTimeout:       limits.IdleTimeout,
+		MaxHeaderBytes:    limits.MaxHeaderBytes,
+		ConnState:         tracker.connState,
+		ErrorLog:          logger,
+	}
+	limited := limitedListener{Listener: ln, tracker: tracker}
+	safego.Go("api server", func() { _ = srv.Serve(tls.NewListener(limited, t.config)) })
 	return ln.Addr(), func() { _ = srv.Close() }, nil
 }

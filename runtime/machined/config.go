@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"crypto/ed25519"
-	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
 	"fmt"
@@ -62,15 +61,19 @@ type InstallConfig struct {
 	Filesystem string `json:"filesystem,omitempty"` // of EPHEMERAL (/var): ext4 (default) or xfs
 }
 
-// APIConfig holds PEM text: the server's certificate and key, and the CA that signs clients.
+// APIConfig holds PEM text: the server's certificate and key, and the CA that signs clients
+// (client_ca; ca is its older name). api_auth.go builds the TLS from it.
 type APIConfig struct {
-	Listen string `json:"listen,omitempty"` // default :50000
-	CA     string `json:"ca,omitempty"`
-	Cert   string `json:"cert,omitempty"`
-	Key    string `json:"key,omitempty"`
+	Listen   string `json:"listen,omitempty"` // default :50000
+	ClientCA string `json:"client_ca,omitempty"`
+	CA       string `json:"ca,omitempty"`
+	Cert     string `json:"cert,omitempty"`
+	Key      string `json:"key,omitempty"`
 }
 
-func (a APIConfig) Enabled() bool { return a.CA != "" || a.Cert != "" || a.Key != "" }
+func (a APIConfig) Enabled() bool {
+	return a.ClientCA != "" || a.CA != "" || a.Cert != "" || a.Key != ""
+}
 
 // isJSON: a config whose first significant character opens an object is JSON.
 func isJSON(data []byte) bool {
@@ -198,33 +201,4 @@ func (c *Config) releaseKeys() ([]ed25519.PublicKey, error) {
 		keys = append(keys, k)
 	}
 	return keys, nil
-}
-
-// tlsConfig builds the API's mutual-TLS server config: clients must present a certificate
-// signed by the configured CA, or the handshake fails.
-func (a APIConfig) tlsConfig() (*tls.Config, error) {
-	if a.CA == "" || a.Cert == "" || a.Key == "" {
-		return nil, fmt.Errorf("ca, cert and key are all required to turn the API on")
-	}
-	pair, err := tls.X509KeyPair([]byte(a.Cert), []byte(a.Key))
-	if err != nil {
-		return nil, fmt.Errorf("cert/key: %v", err)
-	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM([]byte(a.CA)) {
-		return nil, fmt.Errorf("ca: no PEM certificate found")
-	}
-	return &tls.Config{
-		Certificates: []tls.Certificate{pair},
-		ClientAuth:   tls.RequireAndVerifyClientCert,
-		ClientCAs:    pool,
-		MinVersion:   tls.VersionTLS12,
-	}, nil
-}
-
-func (a APIConfig) listen() string {
-	if a.Listen == "" {
-		return ":50000"
-	}
-	return a.Listen
 }

@@ -37,7 +37,7 @@ type testCA struct {
 
 var serial int64 = 1
 
-func newTestCA(t *testing.T, name string) *testCA {
+func newTestCA(t testing.TB, name string) *testCA {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
@@ -57,7 +57,7 @@ func newTestCA(t *testing.T, name string) *testCA {
 	return &testCA{cert: cert, key: key, pem: string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}))}
 }
 
-// issue returns PEM certificate and key for a server (127.0.0.1) or a client.
+// issue returns PEM certificate and key for a server (127.0.0.1) or a client (role admin).
 func (ca *testCA) issue(t *testing.T, name string, server bool) (certPEM, keyPEM string) {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
@@ -73,6 +73,8 @@ func (ca *testCA) issue(t *testing.T, name string, server bool) (certPEM, keyPEM
 	if server {
 		tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}
 		tmpl.IPAddresses = []net.IP{net.IPv4(127, 0, 0, 1)}
+	} else {
+		tmpl.Subject.Organization = []string{"admin"} // the role (api_auth.go)
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
 	if err != nil {

@@ -41,7 +41,32 @@ type release struct {
 var (
 	versionRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9.+_-]{0,63}$`)
 	cmdlineRE = regexp.MustCompile(`^[\x20-\x7e]*$`)
+	// a word GRUB's script reads as itself, unquoted
+	grubPlainRE = regexp.MustCompile(`^[A-Za-z0-9._,:=/+@%~-]+$`)
 )
+
+// grubCmdline turns a kernel command line into the arguments of GRUB's `linux` command: each
+// space-separated word as it is when GRUB's script reads it as itself, else in single quotes, so
+// no character ($, ;, &, |, {, }, #, ", <, >, a newline...) can end the command or expand. GRUB
+// passes its arguments on joined by spaces, so the kernel gets the line it was given (runs of
+// spaces become one). What single quotes cannot hold is refused: a ' or a \, a character that
+// is not printable ASCII, and kiln.slot= (GRUB's boot.cfg names the slot itself).
+func grubCmdline(cmdline string) (string, error) {
+	if len(cmdline) > 2048 || !cmdlineRE.MatchString(cmdline) || strings.Contains(cmdline, "kiln.slot=") {
+		return "", errors.New("the kernel command line must be one printable line of at most 2048 bytes without kiln.slot=")
+	}
+	words := strings.Fields(cmdline)
+	for i, w := range words {
+		if grubPlainRE.MatchString(w) {
+			continue
+		}
+		if strings.ContainsAny(w, `'\`) {
+			return "", fmt.Errorf("the kernel command line's word %q holds a ' or a \\, which GRUB's boot.cfg cannot quote", w)
+		}
+		words[i] = "'" + w + "'"
+	}
+	return strings.Join(words, " "), nil
+}
 
 // readRelease reads and checks release.json: it ends up in GRUB's boot.cfg, so it must be
 // one printable line with no slot of its own.
@@ -64,8 +89,9 @@ func readRelease(dir string) (release, error) {
 		return r, refuse("release.json: version %q is not a version", r.Version)
 	case r.Architecture != runtime.GOARCH:
 		return r, refuse("release.json: the image is for %q, this machine is %s", r.Architecture, runtime.GOARCH)
-	case len(r.Cmdline) > 2048 || !cmdlineRE.MatchString(r.Cmdline) || strings.Contains(r.Cmdline, "kiln.slot="):
-		return r, refuse("release.json: the kernel command line must be one printable line without kiln.slot=")
+	}
+	if _, err := grubCmdline(r.Cmdline); err != nil {
+		return r, refuse("release.json: %v", err)
 	}
 	return r, nil
 }
@@ -180,7 +206,11 @@ func writeSlotFiles(dir, target, slot string, rel release, signed bool, say func
 	if signed {
 		return fmt.Sprintf("chainloader /%s/%s\n", slot, ukiName), nil
 	}
-	return fmt.Sprintf("linux /%s/vmlinuz %s kiln.slot=%s\ninitrd /%s/initramfs.zst\n", slot, rel.Cmdline, slot, slot), nil
+	args, err := grubCmdline(rel.Cmdline)
+	if err != nil {
+		return "", refuse("release.json: %v", err)
+	}
+	return fmt.Sprintf("linux /%s/vmlinuz %s kiln.slot=%s\ninitrd /%s/initramfs.zst\n", slot, args, slot, slot), nil
 }
 
 func regularFile(path string) bool {

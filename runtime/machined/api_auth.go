@@ -1,0 +1,191 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net/http"
+)
+
+// role is what a client may do; each role may do everything the roles below it may.
+// The zero value is no role: it may do nothing.
+type role int
+
+const (
+	roleNone     role = iota
+	roleReader        // status, services, logs
+	roleOperator      // reader's, plus reboot, rollback and upgrade (keeping /var)
+	roleAdmin         // everything: poweroff, and upgrades that wipe /var
+)
+
+// roleNames are the only Organization values a client certificate may carry: the role,
+// as Talos keeps it (kiln secrets generate writes exactly one).
+var roleNames = map[string]role{"reader": roleReader, "operator": roleOperator, "admin": roleAdmin}
+
+func (r role) String() string {
+	for name, known := range roleNames {
+		if known == r {
+			return name
+		}
+	}
+	return "none"
+}
+
+// apiTLS is the server side of the API's mutual TLS: the handshake config, and the machine's
+// own public key (SubjectPublicKeyInfo DER), which no client may present.
+type apiTLS struct {
+	config    *tls.Config
+	serverKey []byte
+	server    *x509.Certificate
+	clientCAs *x509.CertPool
+}
+
+// clientCA is the CA that signs clients: client_ca, or ca, its older name (same meaning).
+func (a APIConfig) clientCA() (string, error) {
+	if a.ClientCA != "" && a.CA != "" && a.ClientCA != a.CA {
+		return "", errors.New("client_ca and ca are both set and differ (ca is the older name of client_ca: keep one)")
+	}
+	if a.ClientCA != "" {
+		return a.ClientCA, nil
+	}
+	return a.CA, nil
+}
+
+// tlsConfig builds the API's mutual-TLS server config: clients must present a certificate that
+// chains to the client CA, or the handshake fails. What the certificate may do (its extended
+// key usage, its key, its role) is checked per request by authorize.
+func (a APIConfig) tlsConfig() (*apiTLS, error) {
+	caPEM, err := a.clientCA()
+	if err != nil {
+		return nil, err
+	}
+	if caPEM == "" || a.Cert == "" || a.Key == "" {
+		return nil, fmt.Errorf("client_ca, cert and key are all required to turn the API on")
+	}
+	pair, err := tls.X509KeyPair([]byte(a.Cert), []byte(a.Key))
+	if err != nil {
+		return nil, fmt.Errorf("cert/key: %v", err)
+	}
+	leaf, err := x509.ParseCertificate(pair.Certificate[0])
+	if err != nil {
+		return nil, fmt.Errorf("cert: %v", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM([]byte(caPEM)) {
+		return nil, fmt.Errorf("client_ca: no PEM certificate found")
+	}
+	return &apiTLS{
+		config: &tls.Config{
+			Certificates: []tls.Certificate{pair},
+			ClientAuth:   tls.RequireAndVerifyClientCert,
+			ClientCAs:    pool,
+			MinVersion:   tls.VersionTLS12,
+		},
+		serverKey: leaf.RawSubjectPublicKeyInfo,
+		server:    leaf,
+		clientCAs: pool,
+	}, nil
+}
+
+// sharedCA says whether the client CA also vouches for this machine's own certificate: the
+// single-CA setup of older docs, where any machine's certificate chains as a client's too.
+func (t *apiTLS) sharedCA() bool {
+	_, err := t.server.Verify(x509.VerifyOptions{Roots: t.clientCAs, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}})
+	return err == nil
+}
+
+func (a APIConfig) listen() string {
+	if a.Listen == "" {
+		return ":50000"
+	}
+	return a.Listen
+}
+
+// identity is who a request comes from: the client certificate's common name and role.
+type identity struct {
+	name string
+	role role
+}
+
+// clientIdentity checks a verified client certificate beyond its chain: it must say it is a
+// client (the clientAuth extended key usage, named: Go's verifier takes a certificate with no
+// extended key usage, or "any", as fit for everything), must not be a server's, must not hold
+// the machine's own key, and must carry exactly one known role in its Organization.
+func clientIdentity(leaf *x509.Certificate, serverKey []byte) (identity, error) {
+	id := identity{name: leaf.Subject.CommonName}
+	client, server := false, false
+	for _, usage := range leaf.ExtKeyUsage {
+		switch usage {
+		case x509.ExtKeyUsageClientAuth:
+			client = true
+		case x509.ExtKeyUsageServerAuth:
+			server = true
+		}
+	}
+	switch {
+	case bytes.Equal(leaf.RawSubjectPublicKeyInfo, serverKey):
+		return id, errors.New("this certificate holds the machine's own key: a machine's key is never a client")
+	case !client:
+		return id, errors.New("the certificate is not a client certificate (it has no clientAuth extended key usage); make one with kiln secrets client")
+	case server:
+		return id, errors.New("the certificate is a server's too (serverAuth): a machine's certificate is never a client")
+	}
+	orgs := leaf.Subject.Organization
+	if len(orgs) != 1 {
+		return id, fmt.Errorf("the certificate names %d roles (Organization): want exactly one of admin, operator, reader", len(orgs))
+	}
+	r, ok := roleNames[orgs[0]]
+	if !ok {
+		return id, fmt.Errorf("the certificate's role (Organization) %q is not admin, operator or reader", orgs[0])
+	}
+	id.role = r
+	return id, nil
+}
+
+type identityKey struct{}
+
+// authorize admits a request only from a client certificate clientIdentity accepts, and puts
+// its identity in the request's context for the routes' role checks. refused hears each refusal.
+func authorize(serverKey []byte, refused func(string), next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.TLS == nil || len(r.TLS.VerifiedChains) == 0 || len(r.TLS.VerifiedChains[0]) == 0 {
+			forbid(w, r, refused, "", "no verified client certificate")
+			return
+		}
+		leaf := r.TLS.VerifiedChains[0][0]
+		id, err := clientIdentity(leaf, serverKey)
+		if err != nil {
+			forbid(w, r, refused, id.name, err.Error())
+			return
+		}
+		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), identityKey{}, id)))
+	})
+}
+
+// requireRole runs h only for a client whose role is need or above.
+func requireRole(need role, refused func(string), h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		id := requestIdentity(r)
+		if id.role < need {
+			forbid(w, r, refused, id.name, fmt.Sprintf("role %s may not %s %s: it needs %s", id.role, r.Method, r.URL.Path, need))
+			return
+		}
+		h(w, r)
+	}
+}
+
+func requestIdentity(r *http.Request) identity {
+	id, _ := r.Context().Value(identityKey{}).(identity)
+	return id
+}
+
+// forbid answers 403 with the reason, and reports it (rate-limited) for the machine's log.
+func forbid(w http.ResponseWriter, r *http.Request, refused func(string), who, reason string) {
+	if refused != nil {
+		refused(fmt.Sprintf("refused %q from %s: %s %s: %s", who, r.RemoteAddr, r.Method, r.URL.Path, reason))
+	}
+	writeJSON(w, http.StatusForbidden, map[string]string{"error": "forbidden: " + reason})
+}

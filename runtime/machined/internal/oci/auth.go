@@ -8,6 +8,8 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+
+	"kiln/machined/internal/redact"
 )
 
 const maxTokenBody = 64 << 10
@@ -107,7 +109,7 @@ func (r *Registry) fetchToken(ctx context.Context, ch challenge) (string, error)
 	}
 	resp, err := r.httpClient().Do(req)
 	if err != nil {
-		return "", fmt.Errorf("token from %s: %w", redact(u), transportError(err))
+		return "", fmt.Errorf("token from %s: %w", redact.URL(u), transportError(err))
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
@@ -122,14 +124,14 @@ func (r *Registry) fetchToken(ctx context.Context, ch challenge) (string, error)
 		AccessToken string `json:"access_token"`
 	}
 	if err := json.Unmarshal(body, &t); err != nil {
-		return "", fmt.Errorf("token response from %s is not JSON: %v", redact(u), err)
+		return "", fmt.Errorf("token response from %s is not JSON: %v", redact.URL(u), err)
 	}
 	tok := t.Token
 	if tok == "" {
 		tok = t.AccessToken
 	}
 	if tok == "" {
-		return "", fmt.Errorf("token response from %s has no token", redact(u))
+		return "", fmt.Errorf("token response from %s has no token", redact.URL(u))
 	}
 	for i := 0; i < len(tok); i++ {
 		if tok[i] <= 0x20 || tok[i] >= 0x7f {

@@ -12,6 +12,8 @@ import (
 	"net/url"
 	"strings"
 	"time"
+
+	"kiln/machined/internal/redact"
 )
 
 const (
@@ -56,20 +58,15 @@ func checkScheme(u *url.URL, insecure bool) error {
 	case "https":
 	case "http":
 		if !insecure {
-			return fmt.Errorf("refusing plain http URL %s: it is only allowed for a registry marked insecure", redact(u))
+			return fmt.Errorf("refusing plain http URL %s: it is only allowed for a registry marked insecure", redact.URL(u))
 		}
 	default:
-		return fmt.Errorf("URL %s: scheme must be http or https", quote(u.Redacted()))
+		return fmt.Errorf("URL %s: scheme must be http or https", quote(redact.URL(u)))
 	}
 	if u.Host == "" {
-		return fmt.Errorf("URL %s has no host", quote(u.Redacted()))
+		return fmt.Errorf("URL %s has no host", quote(redact.URL(u)))
 	}
 	return nil
-}
-
-// redact prints a URL without credentials or query: blob redirects carry signed query strings.
-func redact(u *url.URL) string {
-	return u.Scheme + "://" + u.Host + u.EscapedPath()
 }
 
 // statusError describes a failed response, with the registry's error code and message when its
@@ -77,7 +74,7 @@ func redact(u *url.URL) string {
 func statusError(resp *http.Response) error {
 	what := "GET"
 	if resp.Request != nil && resp.Request.URL != nil {
-		what += " " + redact(resp.Request.URL)
+		what += " " + redact.URL(resp.Request.URL)
 	}
 	msg := fmt.Sprintf("%s: %d %s", what, resp.StatusCode, http.StatusText(resp.StatusCode))
 	body, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))

@@ -9,6 +9,8 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+
+	"kiln/machined/internal/redact"
 )
 
 // Download fetches an http(s) URL (an OCI layout tarball) to dest, failing if it is larger
@@ -21,7 +23,7 @@ func Download(ctx context.Context, rawURL, dest string, max int64, insecure bool
 	}
 	u, err := url.Parse(rawURL)
 	if err != nil {
-		return 0, fmt.Errorf("download: bad URL: %v", err)
+		return 0, fmt.Errorf("download: bad URL: %v", redact.Error(err))
 	}
 	if err := checkScheme(u, insecure); err != nil {
 		return 0, fmt.Errorf("download: %w", err)
@@ -34,14 +36,14 @@ func Download(ctx context.Context, rawURL, dest string, max int64, insecure bool
 	}
 	resp, err := client.Do(req)
 	if err != nil {
-		return 0, fmt.Errorf("download %s: %w", redact(u), transportError(err))
+		return 0, fmt.Errorf("download %s: %w", redact.URL(u), transportError(err))
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		return 0, fmt.Errorf("download: %w", statusError(resp))
 	}
 	if resp.ContentLength > max {
-		return 0, fmt.Errorf("download %s: %d bytes, more than the %d allowed", redact(u), resp.ContentLength, max)
+		return 0, fmt.Errorf("download %s: %d bytes, more than the %d allowed", redact.URL(u), resp.ContentLength, max)
 	}
 	f, err := os.OpenFile(dest, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
 	if err != nil {
@@ -59,7 +61,7 @@ func Download(ctx context.Context, rawURL, dest string, max int64, insecure bool
 	}
 	if err != nil {
 		os.Remove(dest)
-		return 0, fmt.Errorf("download %s: %w", redact(u), err)
+		return 0, fmt.Errorf("download %s: %w", redact.URL(u), err)
 	}
 	return n, nil
 }

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"kiln/machined/internal/redact"
 )
 
 const (
@@ -310,10 +312,10 @@ func nextLink(links []string, page, base *url.URL) (string, error) {
 			}
 			t, err := page.Parse(target)
 			if err != nil {
-				return "", fmt.Errorf("bad next link %s: %v", quote(target), err)
+				return "", fmt.Errorf("bad next link %s: %v", quote(redact.String(target)), redact.Error(err))
 			}
 			if t.Scheme != base.Scheme || t.Host != base.Host {
-				return "", fmt.Errorf("next link %s leaves the registry", quote(t.Redacted()))
+				return "", fmt.Errorf("next link %s leaves the registry", quote(redact.URL(t)))
 			}
 			return t.String(), nil
 		}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import ssl
 import threading
 import time
 from collections.abc import Iterator
@@ -22,6 +23,8 @@ import requests
 
 from kiln.factory.builds import Builds, Target
 from kiln.factory.catalog import Catalog, Offer
+from kiln.factory.guard import Registries
+from kiln.factory.server import Limits
 from kiln.factory.service import Factory, serve
 
 TOKEN = "t" * 32
@@ -82,13 +85,34 @@ def offers() -> dict[str, Offer]:
     }
 
 
-def start(tmp_path: Path, *, queue: int = 8) -> Iterator[Running]:
+@dataclass
+class Clock:
+    """A monotonic clock the test moves by hand (backoff windows without sleeping)."""
+
+    now: float = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def start(
+    tmp_path: Path,
+    *,
+    queue: int = 8,
+    clock: Clock | None = None,
+    limits: Limits | None = None,
+    waiting: int = 32,
+    registries: Registries | None = None,
+    tls: ssl.SSLContext | None = None,
+) -> Iterator[Running]:
     catalog = Catalog(tmp_path, (), tmp_path, VERSION, offers(), ("acpi-call", "lldpd"))
     stub = Stub()
-    builds = Builds(tmp_path / "factory", stub, workers=1, queue=queue)
-    server = serve(Factory(catalog, builds, TOKEN), "127.0.0.1", 0)
+    builds = Builds(tmp_path / "factory", stub, workers=1, queue=queue, clock=clock or Clock())
+    factory = Factory(catalog, builds, TOKEN, registries=registries, waiting=waiting)
+    server = serve(factory, "127.0.0.1", 0, limits, tls)
+    scheme = "https" if tls else "http"
     try:
-        yield Running(f"http://127.0.0.1:{server.server_address[1]}", stub, tmp_path / "factory")
+        yield Running(f"{scheme}://127.0.0.1:{server.server_address[1]}", stub, tmp_path / "factory")
     finally:
         stub.hold.set()
         server.shutdown()
@@ -193,16 +217,21 @@ def test_a_full_queue_is_a_429_with_retry_after(tmp_path: Path) -> None:
         assert running.get(f"/image/{second}/{VERSION}/iso.iso").status_code == 200  # room again
 
 
-def test_a_failed_build_is_a_500_pointing_to_its_log_and_is_tried_again(factory: Running) -> None:
-    sid = schematic_id(factory)
-    factory.stub.fail = True
-    factory.stub.hold.set()
-    failed = factory.get(f"/image/{sid}/{VERSION}/iso.iso")
-    assert failed.status_code == 500 and "the build failed" in failed.json()["error"]
-    assert "the kernel did not build" in factory.get(failed.json()["log"]).text
-    factory.stub.fail = False
-    assert factory.get(f"/image/{sid}/{VERSION}/iso.iso").status_code == 200
-    assert len(factory.stub.calls) == 2
+def test_a_failed_build_is_a_500_pointing_to_its_log_and_is_tried_again_after_its_window(tmp_path: Path) -> None:
+    clock = Clock()
+    for factory in start(tmp_path, clock=clock):
+        sid = schematic_id(factory)
+        factory.stub.fail = True
+        factory.stub.hold.set()
+        failed = factory.get(f"/image/{sid}/{VERSION}/iso.iso")
+        assert failed.status_code == 500 and "the build failed" in failed.json()["error"]
+        assert failed.headers["Retry-After"] == "30"
+        assert "the kernel did not build" in factory.get(failed.json()["log"]).text
+        factory.stub.fail = False
+        assert factory.get(f"/image/{sid}/{VERSION}/iso.iso").status_code == 500  # the window stands
+        clock.now += 30
+        assert factory.get(f"/image/{sid}/{VERSION}/iso.iso").status_code == 200
+        assert len(factory.stub.calls) == 2
 
 
 def test_progress_streams_the_log_until_the_build_ends(factory: Running) -> None:

@@ -17,6 +17,7 @@ from pathlib import Path
 from kiln.core.console import say_line
 from kiln.core.errors import InputError
 from kiln.core.paths import cache_dir
+from kiln.factory.server import Limits
 
 TOKEN_ENV = "KILN_FACTORY_TOKEN"
 
@@ -35,6 +36,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--profiles-dir", metavar="DIR", help="the profiles served (default: the project's profiles/)")
     parser.add_argument(
         "--cache-from", metavar="oci://HOST/REPO", help="a registry cache its builds pull packages from first"
+    )
+    parser.add_argument("--tls-cert", type=Path, metavar="FILE", help="serve HTTPS with this certificate chain (PEM)")
+    parser.add_argument("--tls-key", type=Path, metavar="FILE", help="the certificate's private key (PEM)")
+    parser.add_argument(
+        "--allow-registry",
+        action="append",
+        default=[],
+        metavar="HOST[:PORT]",
+        help="a registry schematics may name (repeatable); without any: public addresses only",
+    )
+    parser.add_argument("--connections", type=int, default=64, metavar="N", help="connections at once (default 64)")
+    parser.add_argument(
+        "--waiting", type=int, default=32, metavar="N", help="requests waiting for builds at most (default 32)"
+    )
+    parser.add_argument(
+        "--rate", type=float, default=20.0, metavar="N", help="requests per second per client (default 20; 0: no limit)"
     )
 
 
@@ -63,23 +80,42 @@ def listen_address(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def limits(args: argparse.Namespace) -> Limits:
+    """The server's bounds from the flags: a client may hold a quarter of the connections (at least one)."""
+    if args.connections < 1 or args.waiting < 0 or args.rate < 0:
+        raise InputError("--connections must be at least 1, --waiting and --rate at least 0")
+    burst = max(1, int(args.rate * 5))
+    return Limits(args.connections, max(1, args.connections // 4), args.rate, burst)
+
+
 def run(args: argparse.Namespace, project: Path, pkgs: tuple[Path, ...], profiles_dir: Path, version: str) -> int:
     from kiln.factory.builds import Builds
     from kiln.factory.catalog import Catalog, kiln_image_runner
-    from kiln.factory.service import Factory, serve
+    from kiln.factory.guard import Registries, checked_runner
+    from kiln.factory.service import Factory, serve, tls_context
 
     host, port = listen_address(args.listen)
+    if (args.tls_cert is None) != (args.tls_key is None):
+        raise InputError("--tls-cert and --tls-key go together")
+    tls = tls_context(args.tls_cert, args.tls_key) if args.tls_cert else None
     root = args.root or cache_dir() / "factory"
     root.mkdir(parents=True, exist_ok=True)
     catalog = Catalog.read(project, pkgs, profiles_dir, version)
-    runner = kiln_image_runner(catalog, root / "schematics", args.cache_from)
+    registries = Registries.of(args.allow_registry)
+    runner = checked_runner(
+        kiln_image_runner(catalog, root / "schematics", args.cache_from), root / "schematics", registries
+    )
     builds = Builds(root, runner, workers=args.workers, queue=args.queue)
-    server = serve(Factory(catalog, builds, token(root, args.token_file)), host, port)
+    factory = Factory(catalog, builds, token(root, args.token_file), registries=registries, waiting=args.waiting)
+    server = serve(factory, host, port, limits(args), tls)
     where = args.token_file or (f"${TOKEN_ENV}" if os.environ.get(TOKEN_ENV) else root / "token")
+    scheme = "https" if tls else "http"
     say_line(
         f"kiln factory: version {version}, {len(catalog.offers)} profiles, {len(catalog.extensions)} extensions; "
-        f"http://{host}:{server.server_address[1]}/ (write token: {where})"
+        f"{scheme}://{host}:{server.server_address[1]}/ (write token: {where})"
     )
+    if tls is None:
+        say_line("kiln factory: plain HTTP: writes are taken from this host only (--tls-cert/--tls-key for others)")
     try:
         while True:
             time.sleep(3600)

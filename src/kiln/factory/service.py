@@ -17,26 +17,35 @@ Routes (reads are public; the one write needs `Authorization: Bearer <token>`):
 Every name in a request is checked against a pattern and the catalogue before it touches a path;
 files are served only from a finished output directory and only as regular files inside it.
 Errors are JSON `{"error": ...}`: 400 for a bad schematic (naming the field), an unknown profile
-or extension; 401 for a write without the token; 404 for what is not there; 429 with Retry-After
-when the build queue is full; 500 for a failed build, pointing to its log.
+or extension, a secret or a refused registry; 401 for a write without the token; 403 for a write
+over plain HTTP from another host (the token would cross the network in clear); 404 for what is
+not there; 429 with Retry-After when the build queue, the waiting requests or the client's rate
+are full; 500 for a failed build, pointing to its log (with Retry-After: its backoff window).
+Connections, threads and per-client rates are bounded by the server (kiln.factory.server).
 """
 
 from __future__ import annotations
 
 import hmac
+import ipaddress
 import json
 import re
+import ssl
 import tempfile
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from kiln.core.errors import KilnError
+from kiln.core.errors import InputError, KilnError
 from kiln.core.registry import digest_of
 from kiln.factory.builds import Builds, Job, QueueFull, Target
 from kiln.factory.catalog import Catalog
+from kiln.factory.guard import Registries, secrets_in
+from kiln.factory.server import Limits, PooledServer, client_key, retry_after
 from kiln.image import schematic as schematics
 
 ID = r"[0-9a-f]{64}"
@@ -57,6 +66,7 @@ ROUTES = {
 }
 RETRY_AFTER = 30  # seconds a client is asked to wait when the queue is full
 PROGRESS_POLL = 0.2
+IDLE_TIMEOUT = 15  # seconds a connection may take to send a request's head (and idle between requests)
 
 
 class Refusal(Exception):
@@ -68,10 +78,22 @@ class Refusal(Exception):
 
 
 class Factory:
-    """The service's state: catalogue, builds, and the write token."""
+    """The service's state: catalogue, builds, the write token, and what it refuses."""
 
-    def __init__(self, catalog: Catalog, builds: Builds, token: str) -> None:
+    def __init__(
+        self,
+        catalog: Catalog,
+        builds: Builds,
+        token: str,
+        *,
+        registries: Registries | None = None,
+        waiting: int = 32,
+    ) -> None:
         self.catalog, self.builds, self.token = catalog, builds, token
+        self.registries = registries or Registries()
+        self.waiting = waiting  # requests that may wait for a build at once
+        self._waiters = threading.BoundedSemaphore(waiting) if waiting > 0 else None
+        self._secret_free: set[str] = set()  # stored schematics checked and found clean
 
     def schematic_path(self, schematic_id: str) -> Path:
         return self.builds.root / "schematics" / f"{schematic_id}.json"
@@ -87,6 +109,12 @@ class Factory:
         if unknown:
             known = ", ".join(self.catalog.extensions) or "none"
             raise Refusal(400, f"schematic: extensions: unknown {', '.join(unknown)} (this factory has {known})")
+        found = secrets_in(parsed.fields)
+        if found:
+            raise Refusal(400, _secrets_message(found))
+        refused = self.registries.refusals(parsed.extensions)
+        if refused:
+            raise Refusal(400, f"schematic: extensions: refused registry: {'; '.join(refused)}")
         path = self.schematic_path(parsed.id)
         if not path.exists():  # written aside and renamed: a reader sees all of it or nothing
             with tempfile.NamedTemporaryFile(dir=path.parent, prefix=".", suffix=".tmp", delete=False) as tmp:
@@ -94,10 +122,20 @@ class Factory:
             Path(tmp.name).rename(path)
         return parsed.id
 
+    def stored(self, schematic_id: str, hint: str = "") -> Path:
+        """A kept schematic's file; one holding a secret (kept before they were refused) is not there."""
+        path = self.schematic_path(schematic_id)
+        if not path.is_file():
+            raise Refusal(404, f"no schematic {schematic_id}{hint}")
+        if schematic_id not in self._secret_free:
+            if secrets_in(json.loads(path.read_bytes())):
+                raise Refusal(404, f"schematic {schematic_id} holds a secret: it is neither served nor built")
+            self._secret_free.add(schematic_id)
+        return path
+
     def target(self, match: re.Match[str]) -> Target:
         found = match.groupdict()
-        if not self.schematic_path(found["id"]).is_file():
-            raise Refusal(404, f"no schematic {found['id']}: POST it to /schematics first")
+        self.stored(found["id"], ": POST it to /schematics first")
         if found["version"] != self.catalog.version:
             raise Refusal(404, f"this factory serves version {self.catalog.version}, not {found['version']}")
         if found["profile"] not in self.catalog.offers:
@@ -106,17 +144,36 @@ class Factory:
             )
         return Target(found["id"], found["version"], found["profile"])
 
-    def built(self, target: Target, *, wait: bool = True) -> Job:
-        """The finished job for `target` (building it first), or a Refusal saying why not."""
+    def built(self, target: Target) -> Job:
+        """The finished job for `target` (building it first, waiting for it), or a Refusal saying why not."""
+        job = self.job(target)
+        if not job.finished.is_set():
+            with self.waiting_for(job):
+                job.wait()
+        if job.state == "failed":
+            raise Refusal(
+                500,
+                f"the build failed: {job.error}",
+                log=f"/logs/{target.label}",
+                retry_after=retry_after(job.retry_after),
+            )
+        return job
+
+    def job(self, target: Target) -> Job:
         try:
-            job = self.builds.request(target)
+            return self.builds.request(target)
         except QueueFull as exc:
             raise Refusal(429, f"build queue full: {exc}", retry_after=RETRY_AFTER) from None
-        if wait:
-            job.wait()
-            if job.state == "failed":
-                raise Refusal(500, f"the build failed: {job.error}", log=f"/logs/{target.label}")
-        return job
+
+    @contextmanager
+    def waiting_for(self, job: Job) -> Iterator[None]:
+        """A place among the requests waiting for builds, or a 429: each holds a connection and a thread."""
+        if self._waiters is None or not self._waiters.acquire(blocking=False):
+            raise Refusal(429, f"{self.waiting} requests are waiting for builds already", retry_after=RETRY_AFTER)
+        try:
+            yield
+        finally:
+            self._waiters.release()
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -124,6 +181,16 @@ class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     timeout = 120  # seconds a socket read or write may stall: a silent client does not hold a thread forever
     factory: Factory  # set on the subclass made by serve()
+    server: PooledServer
+
+    def handle_one_request(self) -> None:
+        self.connection.settimeout(IDLE_TIMEOUT)  # an idle or dribbling client gives its thread back soon
+        super().handle_one_request()
+
+    def parse_request(self) -> bool:
+        parsed = super().parse_request()
+        self.connection.settimeout(self.timeout)  # the head is in: a download or upload may take longer
+        return parsed
 
     def log_message(self, format: str, *args: Any) -> None:
         pass  # the factory prints its own lines; a request log would be noise on the console
@@ -139,6 +206,9 @@ class Handler(BaseHTTPRequestHandler):
 
     def _answer(self, route: Any) -> None:
         try:
+            wait = self.server.buckets.take(client_key(self.client_address[0]))
+            if wait:
+                raise Refusal(429, "too many requests from this address", retry_after=retry_after(wait))
             route()
         except Refusal as refusal:
             self.close_connection = True  # a refused POST's body may still be unread on this connection
@@ -153,6 +223,10 @@ class Handler(BaseHTTPRequestHandler):
     def _post(self) -> None:
         if self.path != "/schematics":
             raise Refusal(404, f"nothing to POST at {self.path}")
+        if self.server.tls is None and not _loopback(self.client_address[0]):
+            raise Refusal(
+                403, "writes need TLS (kiln factory serve --tls-cert/--tls-key): the token would travel in clear"
+            )
         given = self.headers.get("Authorization", "")
         if not hmac.compare_digest(given.encode(), f"Bearer {self.factory.token}".encode()):
             raise Refusal(401, "writes need Authorization: Bearer <the factory's token>")
@@ -192,10 +266,7 @@ class Handler(BaseHTTPRequestHandler):
         }
 
     def _get_schematic(self, match: re.Match[str]) -> None:
-        path = self.factory.schematic_path(match["id"])
-        if not path.is_file():
-            raise Refusal(404, f"no schematic {match['id']}")
-        self._file(path, "application/json")
+        self._file(self.factory.stored(match["id"]), "application/json")
 
     def _get_image(self, match: re.Match[str]) -> None:
         target = self.factory.target(match)
@@ -212,17 +283,18 @@ class Handler(BaseHTTPRequestHandler):
         self._file(job.output / match["file"], _content_type(match["file"]))
 
     def _get_progress(self, match: re.Match[str]) -> None:
-        job = self.factory.built(self.factory.target(match), wait=False)
-        self.send_response(200)
-        self.send_header("Content-Type", "text/plain; charset=utf-8")
-        self.send_header("Transfer-Encoding", "chunked")
-        self.end_headers()
-        if self.command == "HEAD":
+        job = self.factory.job(self.factory.target(match))
+        with self.factory.waiting_for(job) if not job.finished.is_set() else _nothing():
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; charset=utf-8")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            if self.command == "HEAD":
+                self._chunk(b"")
+                return
+            self._stream_log(job)
+            self._chunk(f"kiln factory: {job.state}{': ' + job.error if job.error else ''}\n".encode())
             self._chunk(b"")
-            return
-        self._stream_log(job)
-        self._chunk(f"kiln factory: {job.state}{': ' + job.error if job.error else ''}\n".encode())
-        self._chunk(b"")
 
     def _stream_log(self, job: Job) -> None:
         offset = 0
@@ -252,8 +324,7 @@ class Handler(BaseHTTPRequestHandler):
             raise Refusal(404, "this factory has no installer profile")
         profile = offers[0].name
         target = Target(match["id"], self.factory.catalog.version, profile)
-        if not self.factory.schematic_path(target.schematic).is_file():
-            raise Refusal(404, f"no schematic {target.schematic}")
+        self.factory.stored(target.schematic)
         layouts = sorted(p for p in self.factory.built(target).output.glob("installer-*") if p.is_dir())
         if not layouts:
             raise Refusal(500, "the installer output has no OCI layout")
@@ -326,16 +397,42 @@ def _content_type(name: str) -> str:
     return "application/octet-stream"
 
 
-class Server(ThreadingHTTPServer):
-    # The stdlib's backlog of 5 drops connections under 20 concurrent clients, and a dropped SYN is
-    # retried a second later: p99 went from 10 ms to 1 s (bench/factory.py).
-    request_queue_size = 128
+def _loopback(address: str) -> bool:
+    ip = ipaddress.ip_address(address.split("%", 1)[0])
+    mapped = ip.ipv4_mapped if isinstance(ip, ipaddress.IPv6Address) else None
+    return (mapped or ip).is_loopback
 
 
-def serve(factory: Factory, host: str, port: int) -> ThreadingHTTPServer:
+@contextmanager
+def _nothing() -> Iterator[None]:
+    yield
+
+
+def _secrets_message(found: list[str]) -> str:
+    where = "; ".join(found)
+    return (
+        f"schematic: {where}: a schematic is public (GET /schematics/<id> and every image made from it carry it), "
+        "so it may not hold secrets; give machines their keys another way (a config drive, kiln.config=https://..., "
+        "the platform's user data)"
+    )
+
+
+def serve(
+    factory: Factory, host: str, port: int, limits: Limits | None = None, tls: ssl.SSLContext | None = None
+) -> PooledServer:
     """A started server (its own thread); .server_address has the port when 0 was asked for."""
     handler = type("FactoryHandler", (Handler,), {"factory": factory})
-    server = Server((host, port), handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, name="factory http", daemon=True).start()
+    server = PooledServer((host, port), handler, limits or Limits(), tls)
+    threading.Thread(target=server.serve_forever, name="factory accept", daemon=True).start()
     return server
+
+
+def tls_context(cert: Path, key: Path) -> ssl.SSLContext:
+    """A server context with the certificate chain and key (TLS 1.2 at least: the stdlib's defaults)."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        context.load_cert_chain(cert, key)
+    except (OSError, ssl.SSLError) as exc:
+        raise InputError(f"--tls-cert {cert} / --tls-key {key}: {exc}") from None
+    return context

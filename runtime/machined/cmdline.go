@@ -13,6 +13,8 @@ const (
 	paramSlot     = "kiln.slot"          // the A/B slot GRUB booted (disk images only)
 	paramTrial    = "kiln.trial_timeout" // seconds a trial slot may take to reach ready before machined reboots
 	paramPlatform = "kiln.platform"      // where the machine runs: metal, aws, gcp, azure, ... (its metadata source)
+	// "replace": a config drive replaces the config kept on STATE (by default only the first boot's does)
+	paramConfigDrive = "kiln.config.drive"
 )
 
 // parseCmdline splits /proc/cmdline into key=value pairs the way the kernel does:

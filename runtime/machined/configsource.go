@@ -10,12 +10,13 @@ import (
 	"net/http"
 	"net/url"
 	"os"
-	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
 
 	"kiln/machined/internal/disk"
+	"kiln/machined/internal/redact"
+	"kiln/machined/internal/safefile"
 )
 
 const cidataMount = "/run/kiln/cidata"
@@ -34,7 +35,11 @@ var configFiles = []struct {
 func isURL(s string) bool { return strings.HasPrefix(s, "http://") || strings.HasPrefix(s, "https://") }
 
 // maxRemoteConfig bounds a fetched config: a config is a few KiB, a hostile server may send GiBs.
+// A config drive's files and the kept config are bounded the same.
 const maxRemoteConfig = 1 << 20
+
+// maxMetaData bounds NoCloud's meta-data, which gives no more than a hostname here.
+const maxMetaData = 64 << 10
 
 // remoteConfig is a kiln.config= URL made safe to fetch: the config defines root services and
 // the API's CA, so it must come over https (verified against the rootfs's CA bundle) or carry
@@ -47,7 +52,7 @@ type remoteConfig struct {
 func parseRemoteConfig(value string) (remoteConfig, error) {
 	u, err := url.Parse(value)
 	if err != nil || u.Host == "" {
-		return remoteConfig{}, fmt.Errorf("kiln.config=%q is not a URL", value)
+		return remoteConfig{}, fmt.Errorf("kiln.config=%q is not a URL", redact.String(value))
 	}
 	var digest []byte
 	if u.Fragment != "" {
@@ -66,10 +71,11 @@ func parseRemoteConfig(value string) (remoteConfig, error) {
 }
 
 // configFromParam reads kiln.config=<path|URL>. URLs are retried for a minute: the
-// network may still be settling (DHCP, a config server booting alongside).
+// network may still be settling (DHCP, a config server booting alongside). A URL shows in
+// errors and on the console only redacted (no userinfo, no query: redact.String).
 func configFromParam(value string, say func(string, ...interface{})) (*Config, error) {
 	if !isURL(value) {
-		data, err := os.ReadFile(value)
+		data, err := readBounded(value, maxRemoteConfig)
 		if err != nil {
 			return nil, err
 		}
@@ -85,8 +91,9 @@ func configFromParam(value string, say func(string, ...interface{})) (*Config, e
 	for {
 		data, err := fetch(client, remote)
 		if err == nil {
-			return parseConfig(remote.url, data, true)
+			return parseConfig(redact.String(remote.url), data, true)
 		}
+		err = redact.Error(err)
 		if time.Now().After(deadline) {
 			return nil, err
 		}
@@ -96,6 +103,27 @@ func configFromParam(value string, say func(string, ...interface{})) (*Config, e
 			wait *= 2
 		}
 	}
+}
+
+// readBounded reads a kiln.config= path from the booted root: the image's own files, so links
+// are followed, but only to a regular file and only up to max bytes.
+func readBounded(path string, max int64) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	if info, err := f.Stat(); err != nil || !info.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s: not a regular file", path)
+	}
+	data, err := io.ReadAll(io.LimitReader(f, max+1))
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(data)) > max {
+		return nil, fmt.Errorf("%s: more than %d bytes", path, max)
+	}
+	return data, nil
 }
 
 // configClient follows at most 3 redirects, and never from https to http unless a digest
@@ -118,23 +146,23 @@ func configClient(remote remoteConfig) *http.Client {
 func fetch(client *http.Client, remote remoteConfig) ([]byte, error) {
 	resp, err := client.Get(remote.url)
 	if err != nil {
-		return nil, err
+		return nil, redact.Error(err) // net/http's errors quote the URL, query and all
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("GET %s: %s", remote.url, resp.Status)
+		return nil, fmt.Errorf("GET %s: %s", redact.String(remote.url), resp.Status)
 	}
 	data, err := io.ReadAll(io.LimitReader(resp.Body, maxRemoteConfig+1))
 	if err != nil {
 		return nil, err
 	}
 	if len(data) > maxRemoteConfig {
-		return nil, fmt.Errorf("GET %s: larger than %d bytes", remote.url, maxRemoteConfig)
+		return nil, fmt.Errorf("GET %s: larger than %d bytes", redact.String(remote.url), maxRemoteConfig)
 	}
 	if remote.digest != nil {
 		sum := sha256.Sum256(data)
 		if !bytes.Equal(sum[:], remote.digest) {
-			return nil, fmt.Errorf("GET %s: sha256 %x does not match the URL's digest", remote.url, sum)
+			return nil, fmt.Errorf("GET %s: sha256 %x does not match the URL's digest", redact.String(remote.url), sum)
 		}
 	}
 	return data, nil
@@ -185,36 +213,42 @@ func configFromDrive(dev, fstype string) (*Config, string, error) {
 	return configFromDir(cidataMount, dev)
 }
 
-// configFromDir reads a config drive's files (a mounted drive, or a directory in tests).
+// configFromDir reads a config drive's files (a mounted drive, or a directory in tests), each
+// through safefile: regular files only, never through a link, at most maxRemoteConfig bytes.
+// A file that is there but refused is an error, not a reason to try the next one.
 func configFromDir(dir, dev string) (*Config, string, error) {
 	for _, f := range configFiles {
-		data, err := os.ReadFile(filepath.Join(dir, f.name))
-		if err != nil {
+		source := dev + ":" + f.name
+		data, err := safefile.ReadUnder(dir, f.name, maxRemoteConfig)
+		if errors.Is(err, os.ErrNotExist) {
 			continue
 		}
-		source := dev + ":" + f.name
+		if err != nil {
+			return nil, source, fmt.Errorf("%s: %w", dev, err)
+		}
 		cfg, err := parseConfig(source, data, f.strict)
 		if err != nil {
 			return nil, source, err
 		}
 		if cfg.Hostname == "" {
-			cfg.Hostname = metaDataHostname(filepath.Join(dir, "meta-data"))
+			cfg.Hostname = metaDataHostname(dir)
 		}
 		return cfg, source, nil
 	}
 	return nil, dev, fmt.Errorf("%s has none of kiln.yaml, kiln.json or user-data", dev)
 }
 
-// metaDataHostname reads NoCloud's meta-data (YAML or JSON) for local-hostname.
-func metaDataHostname(path string) string {
-	data, err := os.ReadFile(path)
+// metaDataHostname reads NoCloud's meta-data (YAML or JSON) on the drive at dir for
+// local-hostname; a missing, refused or unreadable file gives none.
+func metaDataHostname(dir string) string {
+	data, err := safefile.ReadUnder(dir, "meta-data", maxMetaData)
 	if err != nil {
 		return ""
 	}
 	var meta struct {
 		LocalHostname string `json:"local-hostname"`
 	}
-	if decodeDocument(path, data, &meta, false) != nil || !hostnameRE.MatchString(meta.LocalHostname) {
+	if decodeDocument("meta-data", data, &meta, false) != nil || !hostnameRE.MatchString(meta.LocalHostname) {
 		return ""
 	}
 	return meta.LocalHostname

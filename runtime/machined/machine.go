@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -16,6 +17,8 @@ import (
 	"kiln/machined/internal/network"
 	"kiln/machined/internal/ntp"
 	"kiln/machined/internal/persist"
+	"kiln/machined/internal/redact"
+	"kiln/machined/internal/safefile"
 	"kiln/machined/internal/safego"
 	"kiln/machined/internal/supervisor"
 )
@@ -50,6 +53,7 @@ type machine struct {
 	lockdown     string         // the kernel's lockdown mode ("" without the lockdown LSM)
 	tpm          *tpmState      // PCR 11 of the TPM 2.0, nil without one
 	phases       phases         // how long each part of the boot took
+	configDrive  driveVerdict   // whether a config drive may replace the kept config (configsource_drive.go)
 }
 
 // boot brings the machine up as PID 1, in order: kernel filesystems and the read-only root
@@ -173,8 +177,8 @@ func (m *machine) loadConfig() {
 			m.con.printf("config: %v; using defaults", err)
 			return
 		}
-		m.cfg, m.configSource = cfg, value
-	} else if dev, fstype := findConfigDrive("/sys"); dev != "" {
+		m.cfg, m.configSource = cfg, redact.String(value) // no credentials or query in status and logs
+	} else if dev, fstype := findConfigDrive("/sys"); dev != "" && m.configDriveAllowed(dev) {
 		cfg, source, err := configFromDrive(dev, fstype)
 		if err != nil {
 			m.con.printf("config: %v; using defaults", err)
@@ -228,8 +232,12 @@ func (m *machine) setupVar() {
 func (m *machine) persistConfig() {
 	path := filepath.Join(stateMount, "config.json")
 	if m.configSource == "" {
-		data, err := os.ReadFile(path)
+		data, err := safefile.ReadUnder(stateMount, "config.json", maxRemoteConfig)
+		if errors.Is(err, os.ErrNotExist) {
+			return
+		}
 		if err != nil {
+			m.con.printf("config: kept config: %v", err)
 			return
 		}
 		cfg, err := parseConfig(path, data, true)

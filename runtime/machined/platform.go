@@ -4,10 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"os"
-	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
@@ -15,6 +13,7 @@ import (
 	"kiln/machined/internal/disk"
 	"kiln/machined/internal/network"
 	"kiln/machined/internal/platform"
+	"kiln/machined/internal/safefile"
 	"kiln/machined/internal/safego"
 )
 
@@ -35,6 +34,9 @@ type platformState struct {
 	facts  platform.Facts
 	err    string
 	report string // Azure's health report: "", "sent" or the error
+	// fromConfigDrive: the facts came from a drive labelled like a config drive (nocloud's
+	// cidata), which the config drive's rule governs (configsource_drive.go)
+	fromConfigDrive bool
 }
 
 func (p *platformState) name() string {
@@ -86,7 +88,14 @@ func (m *machine) fetchPlatform() {
 		m.net.Configure(network.NetworkConfig{}, 10*time.Second) // DHCP everywhere, to reach the metadata service
 		m.linkLocalWithoutDHCP()
 	}
-	m.platform.env = platform.Env{ReadDrive: readPlatformDrive}
+	p := m.platform
+	m.platform.env = platform.Env{ReadDrive: func(q platform.DriveQuery) (map[string][]byte, string, error) {
+		files, dev, err := readPlatformDrive(q)
+		if err == nil && isConfigDriveQuery(q) {
+			p.fromConfigDrive = true
+		}
+		return files, dev, err
+	}}
 	start := time.Now()
 	facts, err := impl.Fetch(context.Background(), m.platform.env)
 	m.platform.facts = facts
@@ -146,6 +155,9 @@ func linkLocalFor(mac net.HardwareAddr) string {
 // (user data, when no kiln.config= or config drive gave one), the hostname and static network.
 func (m *machine) applyPlatform() {
 	facts := m.platform.facts
+	if m.platform.fromConfigDrive && !m.configDriveAllowed(facts.Source) {
+		return // not its user data, hostname or network either: the kept config decides
+	}
 	if m.configSource == "" && len(facts.UserData) > 0 {
 		source := m.platform.name() + ":user-data"
 		cfg, err := parseConfig(source, facts.UserData, false)
@@ -169,6 +181,19 @@ func (m *machine) applyPlatform() {
 			m.cfg.Network = network.NetworkConfig{}
 		}
 	}
+}
+
+// isConfigDriveQuery says whether a platform asks for a drive labelled like a config drive
+// (nocloud's cidata): any stick can carry that label.
+func isConfigDriveQuery(q platform.DriveQuery) bool {
+	for _, label := range q.Labels {
+		for _, want := range configLabels {
+			if strings.EqualFold(label, want) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // shortHostname fits a platform's (often fully qualified) name into the kernel's 64 bytes.
@@ -298,7 +323,8 @@ func readDriveFiles(dev, fstype string, q platform.DriveQuery) (map[string][]byt
 }
 
 // readFilesUnder reads the named files (relative, slash-separated) under root; missing ones
-// are left out, a symlink anywhere on the way or a non-regular file is an error.
+// are left out, a symlink anywhere on the way, a non-regular file or one over maxSize is an
+// error. The config drive's reader (configsource.go) reads through the same helper.
 func readFilesUnder(root string, names []string, maxSize int64) (map[string][]byte, error) {
 	files := map[string][]byte{}
 	for _, name := range names {
@@ -314,35 +340,11 @@ func readFilesUnder(root string, names []string, maxSize int64) (map[string][]by
 	return files, nil
 }
 
+// readRegularUnder is safefile.ReadUnder with the drive named in its refusals.
 func readRegularUnder(root, name string, maxSize int64) ([]byte, error) {
-	clean := filepath.Clean("/" + name)[1:]
-	if clean == "" || clean != name {
-		return nil, fmt.Errorf("%s: not a plain relative path", name)
+	data, err := safefile.ReadUnder(root, name, maxSize)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("on the drive: %w", err)
 	}
-	path := root
-	parts := strings.Split(clean, "/")
-	for i, part := range parts {
-		path = filepath.Join(path, part)
-		info, err := os.Lstat(path)
-		if err != nil {
-			return nil, err
-		}
-		last := i == len(parts)-1
-		if info.Mode()&os.ModeSymlink != 0 || (!last && !info.IsDir()) || (last && !info.Mode().IsRegular()) {
-			return nil, fmt.Errorf("%s: not a regular file on the drive", name)
-		}
-	}
-	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW, 0)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	data, err := io.ReadAll(io.LimitReader(f, maxSize+1))
-	if err != nil {
-		return nil, err
-	}
-	if int64(len(data)) > maxSize {
-		return nil, fmt.Errorf("%s: more than %d bytes", name, maxSize)
-	}
-	return data, nil
+	return data, err
 }

@@ -328,7 +328,9 @@ class Builder:
                     continue
                 on_phase(f"step {s_index} {phase}")
                 _mark(out, f"==> {name}: step {s_index} {phase}\n{script.rstrip()}\n")
+                began = time.monotonic()
                 code = root.run(script, env, out, network=step.network == "default", caches=mounts)
+                _mark(out, f"==> {name}: step {s_index} {phase}: {time.monotonic() - began:.1f} s\n")
                 if code != 0:
                     out.flush()
                     raise StepFailed(name, s_index, phase, script, log, code)

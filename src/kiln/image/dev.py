@@ -1,7 +1,8 @@
 """`kiln dev boot`: the inner loop, one command from an edit to machined's ready line.
 
 It builds what the edit changed (machined keeps Go's build cache between builds, so an edit to
-runtime/machined recompiles only its own packages), assembles vmlinuz and initramfs.zst into
+runtime/machined recompiles only its own packages; the kernel keeps a ccache, so a config,
+fragment or patch edit compiles only what it reaches), assembles vmlinuz and initramfs.zst into
 `_out/dev`, boots them in QEMU (console log: `_out/dev/console.log`) and says where the time
 went. Everything unchanged is reused from the store: the kernel, the userland, init.
 """
@@ -58,7 +59,13 @@ def run(graph: Graph, args: argparse.Namespace) -> int:
         "total": round(done - start, 2),
     }
     if args.json:
-        report = {"ok": code == 0, "rebuilt": rebuilt, "seconds": phases, "out": str(out)}
+        report = {
+            "ok": code == 0,
+            "rebuilt": rebuilt,
+            "seconds": phases,
+            "package_seconds": {name: round(built.outcomes[name].seconds, 2) for name in rebuilt},
+            "out": str(out),
+        }
         print(json.dumps(report | {"console_log": str(out / "console.log")}, indent=2))
     elif not args.keep:
         what = ", ".join(rebuilt) if rebuilt else "nothing"

@@ -172,10 +172,3 @@ func deadAddr(t *testing.T) string {
 	conn.Close()
 	return addr
 }
-
-func abs(d time.Duration) time.Duration {
-	if d < 0 {
-		return -d
-	}
-	return d
-}

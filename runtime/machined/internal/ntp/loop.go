@@ -48,6 +48,7 @@ func (s *Syncer) Run(ctx context.Context) {
 type loopState struct {
 	interval time.Duration // the current poll interval while in sync
 	failures int           // polls in a row without a usable answer
+	refusing bool          // the last poll refused a step (said once until it ends)
 }
 
 // retry is the wait after a failed poll.
@@ -221,12 +222,22 @@ func (s *Syncer) poll(ctx context.Context, l *loopState) time.Duration {
 		s.fail("no usable answer from any NTP server: " + joinErrors(all, errs))
 		return l.retry()
 	}
-	stepped, err := correct(s.Setter, c.Offset)
+	first := !s.isSynced()
+	how, why := decide(first, c, bests)
+	if how == doRefuse {
+		// the clock stays as it is; asked again at the shortest interval, so a second
+		// server (or the first one come to its senses) is heard soon
+		s.refuse(why, !l.refusing)
+		l.refusing = true
+		l.interval = minPoll
+		return minPoll
+	}
+	l.refusing = false
+	stepped, err := apply(s.Setter, how, c.Offset)
 	if err != nil {
 		s.fail(fmt.Sprintf("setting the clock: %v", err))
 		return l.retry()
 	}
-	first := !s.isSynced()
 	s.succeed(c, stepped)
 	l.failures = 0
 	switch {

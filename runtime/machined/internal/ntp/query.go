@@ -107,6 +107,7 @@ func query(ctx context.Context, server string, now func() time.Time, timeout tim
 		if err != nil {
 			return Sample{}, fmt.Errorf("%s: %w", server, err)
 		}
+		s.Addr = conn.RemoteAddr().String()
 		return s, nil
 	}
 }

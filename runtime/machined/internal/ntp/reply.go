@@ -79,6 +79,7 @@ func checkReply(p packet, sent ntpTime) error {
 // Sample is one measurement of the local clock against a server.
 type Sample struct {
 	Server         string
+	Addr           string        // the address that answered (ip:port), telling apart two names for one server
 	Offset         time.Duration // add to the local clock to agree with the server
 	Delay          time.Duration // round trip, less the server's processing time
 	Stratum        int

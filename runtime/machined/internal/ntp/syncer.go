@@ -166,6 +166,17 @@ func (s *Syncer) fail(msg string) {
 	}
 }
 
+// refuse records that a correction was refused; say tells whether to say so (once per
+// episode: the offset differs on every poll).
+func (s *Syncer) refuse(why string, say bool) {
+	s.mu.Lock()
+	s.status.Error = why
+	s.mu.Unlock()
+	if say {
+		s.say("ntp: %s", why)
+	}
+}
+
 // succeed records a sync to sample c.
 func (s *Syncer) succeed(c Sample, stepped bool) {
 	s.mu.Lock()

@@ -12,8 +12,13 @@ import (
 // startSyncer runs a Syncer on a fake clock skew away from real time until the test ends.
 func startSyncer(t *testing.T, skew time.Duration, servers []string) (*Syncer, *fakeClock) {
 	t.Helper()
+	return startSyncerSaying(t, skew, servers, t.Logf)
+}
+
+func startSyncerSaying(t *testing.T, skew time.Duration, servers []string, say func(string, ...interface{})) (*Syncer, *fakeClock) {
+	t.Helper()
 	f := newFakeClock(skew)
-	s := New(servers, t.Logf)
+	s := New(servers, say)
 	s.Clock, s.Setter = f, f
 	s.timeout = 300 * time.Millisecond
 	s.gap = 10 * time.Millisecond

@@ -177,11 +177,37 @@ def _walk(fd: int, rel: str, what: str) -> Iterator[Entry]:
                 os.close(child)
 
 
+def entries_at(fd: int) -> list[tuple[str, os.stat_result]]:
+    """The entries of the directory open as `fd`, each with its own lstat, sorted by name."""
+    found = ((name, lstat_at(fd, name)) for name in sorted(os.listdir(fd)))
+    return [(name, info) for name, info in found if info is not None]
+
+
 def children(top: Path, rel: str = "", *, what: str = "tree") -> list[tuple[str, os.stat_result]]:
     """The entries of directory `top`/`rel` (each one's own lstat), sorted; a link on the way is refused."""
     with opened_dir(top, rel, what=what) as fd:
-        found = ((name, lstat_at(fd, name)) for name in sorted(os.listdir(fd)))
-        return [(name, info) for name, info in found if info is not None]
+        return entries_at(fd)
+
+
+@contextlib.contextmanager
+def opened_at(parent: int, name: str, shown: str, *, create: bool = False, what: str = "tree") -> Iterator[int]:
+    """A descriptor of directory `name` in `parent` (made when missing with `create`); a link is refused."""
+    fd = _open_child(parent, name, shown, create=create, what=what)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def copy_node_at(parent: int, name: str, dest_parent: int, dest_name: str) -> None:
+    """Entry `name` of `parent` copied as itself (a link as a link, a directory with all below it) to
+    `dest_parent`/`dest_name`, as `cp -a` would, never through a link on either side."""
+    treecopy.copy_node(parent, name, dest_parent, dest_name)
+
+
+def copy_attributes_at(src: int, dst: int) -> None:
+    """Owner, mode, extended attributes and times of directory or file `src` given to `dst` (descriptors)."""
+    treecopy.copy_attributes(src, dst)
 
 
 def refuse_links(top: Path, rel: str, *, what: str) -> None:
@@ -311,6 +337,13 @@ def set_mode_at(parent: int, name: str, mode: int, shown: str, *, what: str = "t
 def set_times_at(parent: int, name: str, times_ns: tuple[int, int]) -> None:
     """The times of entry `name` in `parent` itself: a link's own times, never its target's."""
     os.utime(name, ns=times_ns, dir_fd=parent, follow_symlinks=False)
+
+
+def set_times_in(top: Path, rel: str, times_ns: tuple[int, int], *, what: str = "tree") -> None:
+    """`set_times_at` by a path below `top`; a link on the way is refused by name."""
+    parent, name = _split(rel, what)
+    with opened_dir(top, parent, what=what) as fd:
+        set_times_at(fd, name, times_ns)
 
 
 def unlink_at(parent: int, name: str) -> None:

@@ -108,6 +108,16 @@ def copy_dir(src: int, dst: int) -> None:
     copier.attributes(src, dst, os.fstat(src))
 
 
+def copy_node(sparent: int, sname: str, dparent: int, dname: str) -> None:
+    """One node (a directory with everything below it) copied as itself, as `cp -a`; hard links kept within it."""
+    _Copier(dparent).node(sparent, sname, dparent, dname, (dname,))
+
+
+def copy_attributes(src: int, dst: int) -> None:
+    """`cp -a`'s attributes of the node open as `src` given to the one open as `dst`."""
+    _Copier.attributes(src, dst, os.fstat(src))
+
+
 class _Copier:
     """Copies nodes as `cp -a`; hard links are kept among the nodes one copier writes below `top`."""
 

@@ -146,12 +146,12 @@ class AssetMaker:
             return self._made[identity]
 
     def _make(self, profile: Profile, where: Path, signer: ModuleSigner | None) -> tuple[Path, Path]:
-        from kiln.rootfs.assemble import INIT, KERNEL, Inputs, assemble
+        from kiln.rootfs.assemble import INIT, KERNEL, Inputs, assemble, copy_vmlinuz
 
         where.mkdir(parents=True)
         kernel_tree = self._kernel_tree(profile, where)
-        if profile.initramfs is not None:
-            return kernel_tree / "boot/vmlinuz", profile.initramfs
+        if profile.initramfs is not None:  # vmlinuz copied out of the package without following a link
+            return copy_vmlinuz(kernel_tree, where / "vmlinuz"), profile.initramfs
         trees = {
             **{n: self.built.trees[n] for n in profile.asset_packages()},
             KERNEL: kernel_tree,

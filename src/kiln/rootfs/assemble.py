@@ -13,9 +13,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kiln.core import nofollow
 from kiln.core.errors import BuildError
 from kiln.rootfs import extension
 from kiln.rootfs.archive import cpio_newc, mksquashfs
+from kiln.rootfs.extension import MODULES
 from kiln.rootfs.tree import Part, check_minimal, largest_files, merge, prune, strip_binaries
 from kiln.signing.modules import ModuleSigner
 
@@ -45,16 +47,31 @@ class Report:
 
 
 def kernel_parts(tree: Path, work: Path) -> tuple[Path, Path]:
-    """vmlinuz and a copy of the kernel output without /boot (its modules go in the rootfs)."""
-    vmlinuz = tree / "boot/vmlinuz"
-    if not vmlinuz.is_file():
-        raise BuildError(f"the kernel package has no /boot/vmlinuz in its output ({tree})")
+    """A copy of vmlinuz and of the kernel output without /boot (its modules go in the rootfs), in `work`.
+
+    The kernel package may be a user's custom kernel: both are read through kiln.core.nofollow, a link at
+    /boot/vmlinuz or on the way to or below /usr/lib/modules refused by name, never read with the host's view.
+    """
+    vmlinuz = copy_vmlinuz(tree, work / "vmlinuz")
     modules = work / "kernel-modules"
-    if (tree / "usr/lib/modules").is_dir():
-        shutil.copytree(tree / "usr/lib/modules", modules / "usr/lib/modules", symlinks=True)
-    else:
-        modules.mkdir(parents=True)
+    modules.mkdir(parents=True)
+    if nofollow.is_dir(tree, MODULES, what="the kernel package"):
+        nofollow.copy_tree(tree, MODULES, modules, MODULES, links=False, what="the kernel package")
     return vmlinuz, modules
+
+
+def copy_vmlinuz(tree: Path, dest: Path) -> Path:
+    """The kernel package's /boot/vmlinuz copied to `dest` (a path Kiln chose), never read through a link."""
+    _copy_out(tree, "boot/vmlinuz", dest, 0o644, "the kernel package")
+    return dest
+
+
+def _copy_out(tree: Path, rel: str, dest: Path, mode: int, what: str) -> None:
+    """A file of a package's output copied to `dest`; a link there or on the way is refused by name."""
+    try:
+        nofollow.copy_file_in(tree, rel, dest, mode=mode, what=what)
+    except FileNotFoundError:
+        raise BuildError(f"{what} has no /{rel} in its output ({tree})") from None
 
 
 def build_rootfs(inputs: Inputs, modules: Path, work: Path, epoch: int) -> tuple[Path, Path, Report]:
@@ -107,17 +124,14 @@ def assemble(inputs: Inputs, out: Path, epoch: int, say: Callable[[str], None]) 
             say(f"modules: {report.signed_modules} signed with the module key")
         initramfs = work / "initramfs"
         (initramfs / "extensions").mkdir(parents=True)
-        init = inputs.trees[INIT] / "init"
-        if not init.is_file():
-            raise BuildError(f"the init package has no /init in its output ({inputs.trees[INIT]})")
-        shutil.copy2(init, initramfs / "init")
-        (initramfs / "init").chmod(0o755)
+        init = initramfs / "init"
+        _copy_init(inputs.trees[INIT], init)
         shutil.copy2(squash, initramfs / "rootfs.sqsh")
         for layer in layers:
             shutil.copy2(layer, initramfs / "extensions" / layer.name)
         say(f"initramfs: init, rootfs.sqsh and {len(layers)} extension layer(s)")
         cpio_newc(initramfs, out / "initramfs.zst", epoch)
-        shutil.copy2(vmlinuz, out / "vmlinuz")
+        shutil.copy2(vmlinuz, out / "vmlinuz")  # kernel_parts' copy, in Kiln's work dir
         (out / "vmlinuz").chmod(0o644)
         report.sizes |= {
             "init": init.stat().st_size,
@@ -127,3 +141,8 @@ def assemble(inputs: Inputs, out: Path, epoch: int, say: Callable[[str], None]) 
         for layer in layers:
             report.sizes[f"extensions/{layer.name}"] = layer.stat().st_size
     return report
+
+
+def _copy_init(tree: Path, dest: Path) -> None:
+    """The init package's /init into the initramfs, never read through a link."""
+    _copy_out(tree, "init", dest, 0o755, "the init package")

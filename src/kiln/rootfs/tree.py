@@ -8,13 +8,13 @@ error, never a silent overwrite.
 from __future__ import annotations
 
 import os
-import shutil
 import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from kiln.core import tools
+from kiln.core import nofollow, tools
 from kiln.core.errors import BuildError
+from kiln.core.paths import join_inside
 
 # Dropped from every rootfs: development files and documentation.
 PRUNED_DIRS = (
@@ -58,37 +58,46 @@ class Part:
 
 
 def merge(parts: list[Part], dest: Path) -> dict[str, str]:
-    """Copy every part into dest; returns path -> owning package. Conflicts are errors naming both."""
+    """Copy every part into dest; returns path -> owning package. Conflicts are errors naming both.
+
+    Parts are package outputs, so both sides go through kiln.core.nofollow: a link is copied as a
+    link and never entered, and nothing is written through a link an earlier part left in dest.
+    """
     owner: dict[str, str] = {}
     dest.mkdir(parents=True, exist_ok=True)
     for part in parts:
-        for dirpath, dirnames, filenames in os.walk(part.tree):
-            base = Path(dirpath)
-            rel_dir = base.relative_to(part.tree)
-            for name in sorted(dirnames):
-                source = base / name
-                target = dest / rel_dir / name
-                if source.is_symlink():
-                    _claim(owner, (rel_dir / name).as_posix(), part.name)
-                    target.symlink_to(os.readlink(source))
-                elif not target.exists():
-                    target.mkdir()
-                    shutil.copystat(source, target, follow_symlinks=False)
-                elif not target.is_dir() or target.is_symlink():
-                    raise BuildError(
-                        f"rootfs conflict: {rel_dir / name} is a directory in '{part.name}' "
-                        f"but not in '{owner.get((rel_dir / name).as_posix(), '?')}'"
-                    )
-            dirnames[:] = [d for d in dirnames if not (base / d).is_symlink()]
-            for name in sorted(filenames):
-                rel = (rel_dir / name).as_posix()
-                _claim(owner, rel, part.name)
-                source, target = base / name, dest / rel
-                if source.is_symlink():
-                    target.symlink_to(os.readlink(source))
-                else:
-                    shutil.copy2(source, target)
+        with (
+            nofollow.opened_dir(part.tree, what=f"package '{part.name}'") as src,
+            nofollow.opened_dir(dest, what="rootfs") as dst,
+        ):
+            _merge_dir(src, dst, "", part.name, owner)
     return owner
+
+
+def _merge_dir(src: int, dst: int, rel: str, package: str, owner: dict[str, str]) -> None:
+    """One directory of a part merged into the same directory of the rootfs."""
+    for name, info in nofollow.entries_at(src):
+        here = f"{rel}/{name}" if rel else name
+        existing = nofollow.lstat_at(dst, name)
+        if not stat.S_ISDIR(info.st_mode):
+            _claim(owner, here, package)
+            if existing is not None:
+                raise BuildError(
+                    f"rootfs conflict: /{here} is a directory in an earlier package but not in '{package}'"
+                )
+            nofollow.copy_node_at(src, name, dst, name)
+            continue
+        if existing is not None and not stat.S_ISDIR(existing.st_mode):
+            raise BuildError(
+                f"rootfs conflict: {here} is a directory in '{package}' but not in '{owner.get(here, '?')}'"
+            )
+        with (
+            nofollow.opened_at(src, name, f"/{here}", what=f"package '{package}'") as child,
+            nofollow.opened_at(dst, name, f"/{here}", create=True, what="rootfs") as target,
+        ):
+            _merge_dir(child, target, here, package, owner)
+            if existing is None:
+                nofollow.copy_attributes_at(child, target)
 
 
 def _claim(owner: dict[str, str], rel: str, package: str) -> None:
@@ -98,25 +107,22 @@ def _claim(owner: dict[str, str], rel: str, package: str) -> None:
 
 
 def prune(root: Path) -> list[str]:
-    """Remove development files and docs; returns what was removed (relative paths)."""
-    removed = []
-    for rel in PRUNED_DIRS:
-        path = root / rel
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path)
-            removed.append(rel)
-    for dirpath, _dirnames, filenames in os.walk(root):
-        for name in filenames:
-            if name.endswith(PRUNED_SUFFIXES):
-                path = Path(dirpath) / name
-                removed.append(path.relative_to(root).as_posix())
-                path.unlink()
+    """Remove development files and docs; returns what was removed (relative paths).
+
+    A pruned directory reached through a link is not the rootfs's own: it is left alone, never removed
+    with the host's view of the link.
+    """
+    removed = [rel for rel in PRUNED_DIRS if nofollow.remove_tree_in(root, rel, what="rootfs")]
+    for entry in nofollow.walk(root, what="rootfs"):
+        if not entry.is_dir and entry.name.endswith(PRUNED_SUFFIXES):
+            removed.append(entry.rel)
+            nofollow.unlink_at(entry.parent, entry.name)
     return removed
 
 
 def check_minimal(root: Path) -> None:
-    """Refuse a rootfs that carries a shell or a package manager."""
-    found = [rel for rel in FORBIDDEN if (root / rel).exists() or (root / rel).is_symlink()]
+    """Refuse a rootfs that carries a shell or a package manager (its links resolved inside it, as it boots)."""
+    found = [rel for rel in FORBIDDEN if os.path.lexists(join_inside(root, rel, follow_last=False))]
     if found:
         raise BuildError(f"the rootfs must not hold a shell or package manager, found: {', '.join(found)}")
 
@@ -136,30 +142,28 @@ def elf_machine(header: bytes) -> int | None:
 def strip_binaries(root: Path) -> int:
     """Strip debug symbols from ELF files; returns how many were stripped.
 
-    One strip process per tool and batch of files, not one per file: a rootfs holds about 150.
+    One strip process per tool and batch of files, not one per file: a rootfs holds about 150. The walk
+    and the reads go through kiln.core.nofollow, so strip is handed only regular files whose directories
+    are the rootfs's own.
     """
-    found: dict[str, list[tuple[Path, os.stat_result]]] = {}
-    for dirpath, _dirnames, filenames in os.walk(root):
-        for name in sorted(filenames):
-            path = Path(dirpath) / name
-            info = path.lstat()
-            if not stat.S_ISREG(info.st_mode) or info.st_size < 20:
-                continue
-            with path.open("rb") as handle:
-                machine = elf_machine(handle.read(20))
-            if machine is None:
-                continue
-            strip = STRIP_FOR_MACHINE.get(machine)
-            if strip is None:
-                where = f"/{path.relative_to(root)}"
-                raise BuildError(f"{where}: an ELF file for machine {machine:#x}, which Kiln does not build for")
-            found.setdefault(strip, []).append((path, info))
+    found: dict[str, list[tuple[str, os.stat_result]]] = {}
+    for entry in nofollow.walk(root, what="rootfs"):
+        if not entry.is_file or entry.info.st_size < 20:
+            continue
+        with nofollow.opened_file(entry.parent, entry.name, entry.shown, what="rootfs") as fd:
+            machine = elf_machine(os.pread(fd, 20, 0))
+        if machine is None:
+            continue
+        strip = STRIP_FOR_MACHINE.get(machine)
+        if strip is None:
+            raise BuildError(f"{entry.shown}: an ELF file for machine {machine:#x}, which Kiln does not build for")
+        found.setdefault(strip, []).append((entry.rel, entry.info))
     for strip, files in found.items():
         for start in range(0, len(files), STRIP_BATCH):
             batch = files[start : start + STRIP_BATCH]
-            tools.run([strip, "--strip-unneeded", *(str(path) for path, _ in batch)], what=f"{strip} in {root}")
-            for path, info in batch:
-                os.utime(path, ns=(info.st_atime_ns, info.st_mtime_ns))
+            tools.run([strip, "--strip-unneeded", *(str(root / rel) for rel, _ in batch)], what=f"{strip} in {root}")
+            for rel, info in batch:
+                nofollow.set_times_in(root, rel, (info.st_atime_ns, info.st_mtime_ns), what="rootfs")
     return sum(len(files) for files in found.values())
 
 
@@ -167,18 +171,13 @@ STRIP_BATCH = 200
 
 
 def largest_files(root: Path, count: int = 10) -> list[tuple[int, str]]:
-    sizes = []
-    for dirpath, _dirnames, filenames in os.walk(root):
-        for name in filenames:
-            path = Path(dirpath) / name
-            if not path.is_symlink():
-                sizes.append((path.stat().st_size, "/" + path.relative_to(root).as_posix()))
+    sizes = [(e.info.st_size, e.shown) for e in nofollow.walk(root, what="rootfs") if e.is_file]
     return sorted(sizes, reverse=True)[:count]
 
 
 def clamp_times(root: Path, epoch: int) -> None:
-    """Every entry's mtime to SOURCE_DATE_EPOCH, so archives of the tree are reproducible."""
-    for dirpath, dirnames, filenames in os.walk(root, topdown=False):
-        for name in [*filenames, *dirnames]:
-            os.utime(Path(dirpath) / name, (epoch, epoch), follow_symlinks=False)
-    os.utime(root, (epoch, epoch))
+    """Every entry's mtime to SOURCE_DATE_EPOCH, so archives of the tree are reproducible (a link's own)."""
+    times = (epoch * 1_000_000_000, epoch * 1_000_000_000)
+    for entry in nofollow.walk(root, what="rootfs"):
+        nofollow.set_times_at(entry.parent, entry.name, times)
+    os.utime(root, ns=times)  # the top: a directory Kiln made

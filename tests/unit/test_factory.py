@@ -25,7 +25,8 @@ from kiln.factory.builds import Builds, Target
 from kiln.factory.catalog import Catalog, Offer
 from kiln.factory.guard import Registries
 from kiln.factory.server import Limits
-from kiln.factory.service import Factory, serve
+from kiln.factory.service import serve
+from kiln.factory.state import Factory
 
 TOKEN = "t" * 32
 VERSION = "1.4.0"

@@ -92,7 +92,8 @@ def run(args: argparse.Namespace, project: Path, pkgs: tuple[Path, ...], profile
     from kiln.factory.builds import Builds
     from kiln.factory.catalog import Catalog, kiln_image_runner
     from kiln.factory.guard import Registries, checked_runner
-    from kiln.factory.service import Factory, serve, tls_context
+    from kiln.factory.service import serve, tls_context
+    from kiln.factory.state import Factory
 
     host, port = listen_address(args.listen)
     if (args.tls_cert is None) != (args.tls_key is None):

@@ -14,7 +14,8 @@ modules makes a raw open, write, chmod, utime, rename, walk or copy call instead
 - kiln.rootfs.extension: check_paths, layer_tree (the copy and Kiln's manifest), has_modules,
   modules_layer (the merged copy depmod runs on, the index files), kernel_release, module_files, vermagic;
 - kiln.rootfs.tree: merge, prune, check_minimal, strip_binaries, largest_files, clamp_times;
-- kiln.rootfs.assemble: kernel_parts and the copies of /init and /boot/vmlinuz.
+- kiln.rootfs.assemble: kernel_parts, copy_vmlinuz and the copy of /init (also kiln.image.imager's
+  vmlinuz for a profile that brings its own initramfs).
 """
 
 from __future__ import annotations
@@ -344,6 +345,12 @@ def set_times_in(top: Path, rel: str, times_ns: tuple[int, int], *, what: str = 
     parent, name = _split(rel, what)
     with opened_dir(top, parent, what=what) as fd:
         set_times_at(fd, name, times_ns)
+
+
+def set_top_times(top: Path, times_ns: tuple[int, int]) -> None:
+    """The times of the tree's top directory (a path Kiln chose), through its descriptor."""
+    with opened_dir(top) as fd:
+        os.utime(fd, ns=times_ns)
 
 
 def unlink_at(parent: int, name: str) -> None:

@@ -180,4 +180,4 @@ def clamp_times(root: Path, epoch: int) -> None:
     times = (epoch * 1_000_000_000, epoch * 1_000_000_000)
     for entry in nofollow.walk(root, what="rootfs"):
         nofollow.set_times_at(entry.parent, entry.name, times)
-    os.utime(root, ns=times)  # the top: a directory Kiln made
+    nofollow.set_top_times(root, times)

@@ -38,12 +38,20 @@ import (
 
 const (
 	upgradeWork      = "/run/kiln/upgrade" // a tmpfs: what is pulled never touches the owned disk
-	upgradeMaxBytes  = 1 << 30             // what an image may unpack to
+	upgradeMaxBytes  = 1 << 30             // what an image may unpack to, all its layers together
+	upgradeMaxFiles  = 100000              // tar entries in one layer; the tmpfs holds this many inodes in all
 	upgradeMaxTar    = 2 << 30             // an OCI layout tarball fetched from a URL
 	installerTimeout = 10 * time.Minute
 	pullTimeout      = 30 * time.Minute
 	channelLookups   = 32 // manifests read to choose a release from a channel
 )
+
+// upgradeTmpfsOptions size the tmpfs the image is unpacked into: the unpack budget and room
+// for the metadata, so a hostile image fills at most this much memory even where a count is off.
+var upgradeTmpfsOptions = fmt.Sprintf("mode=0700,size=%dk,nr_inodes=%d", (upgradeMaxBytes+64<<20)>>10, 2*upgradeMaxFiles)
+
+// upgradeBudget is what all of an image's layers may unpack to (a variable for tests).
+var upgradeBudget int64 = upgradeMaxBytes
 
 // The states of an upgrade, as /v1/status shows them.
 const (
@@ -223,7 +231,7 @@ func (m *machine) pullAndInstall(req upgradeRequest, slot string) (bool, error) 
 	}
 	_ = syscall.Unmount(upgradeWork, syscall.MNT_DETACH) // a failed earlier try's
 	// not nodev: the isolated root gets the owned disk's device nodes
-	if err := syscall.Mount("tmpfs", upgradeWork, "tmpfs", syscall.MS_NOSUID, "mode=0700"); err != nil {
+	if err := syscall.Mount("tmpfs", upgradeWork, "tmpfs", syscall.MS_NOSUID, upgradeTmpfsOptions); err != nil {
 		return false, fmt.Errorf("tmpfs for the image: %v", err)
 	}
 	// private: the installer's mounts in its own namespace never show up here
@@ -422,12 +430,19 @@ func (m *machine) unpackImage(ctx context.Context, src oci.Source, img oci.Image
 		layers = append(layers, l)
 		total += l.Size
 	}
+	if total > upgradeBudget {
+		return fmt.Errorf("the image's layers are %d bytes, more than the %d an upgrade may pull", total, upgradeBudget)
+	}
 	m.upgrades.update(func(s *upgradeStatus) { s.TotalBytes += total })
 	if err := os.MkdirAll(root, 0o755); err != nil {
 		return err
 	}
-	limits := oci.Limits{MaxBytes: upgradeMaxBytes, MaxEntries: 100000}
+	var unpacked int64 // one budget for all the layers, not one per layer
 	for _, l := range layers {
+		if unpacked >= upgradeBudget {
+			return fmt.Errorf("the image unpacks to more than the %d bytes an upgrade may hold", upgradeBudget)
+		}
+		limits := oci.Limits{MaxBytes: upgradeBudget - unpacked, MaxEntries: upgradeMaxFiles}
 		rc, err := src.Blob(ctx, l)
 		if err != nil {
 			return err
@@ -435,7 +450,8 @@ func (m *machine) unpackImage(ctx context.Context, src oci.Source, img oci.Image
 		counted := &countingReader{r: rc, add: func(n int) {
 			m.upgrades.update(func(s *upgradeStatus) { s.PulledBytes += int64(n) })
 		}}
-		_, err = oci.Unpack(root, counted, l.MediaType, limits)
+		n, err := oci.Unpack(root, counted, l.MediaType, limits)
+		unpacked += n
 		if err != nil {
 			// bytes that are not the blob break the gzip or tar stream before its end; the
 			// digest says why better (the verifying reader stops at the descriptor's size)

@@ -305,7 +305,7 @@ func (u *unpacker) dir(rel, target string, mode int64) error {
 
 func (u *unpacker) file(target string, hdr *tar.Header, r io.Reader) error {
 	if hdr.Size > u.limits.MaxBytes-u.written {
-		return fmt.Errorf("%d bytes would pass the limit of %d bytes for the layer", hdr.Size, u.limits.MaxBytes)
+		return fmt.Errorf("%d bytes would pass the limit of %d bytes (%d left)", hdr.Size, u.limits.MaxBytes, u.limits.MaxBytes-u.written)
 	}
 	if err := removeExisting(target); err != nil {
 		return err

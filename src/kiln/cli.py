@@ -32,6 +32,7 @@ from kiln.image import extension_command, schematic_command
 from kiln.installer import command as install_command
 from kiln.installer import release_command
 from kiln.node import command as node_command
+from kiln.node import secrets_command
 from kiln.pkg.graph import Graph
 from kiln.pkg.loader import Tree, load_tree
 from kiln.pkg.show import GRAPH_FORMATS, dump_yaml, render_graph
@@ -681,6 +682,14 @@ def build_parser() -> argparse.ArgumentParser:
         node_command,
         "talk to running machines over machined's mutual-TLS API: status, logs, rollback, rolling upgrades",
         "talk to running machines over machined's mutual-TLS API (docs/node-client.md)",
+    )
+    room_verb(
+        "secrets",
+        secrets_command,
+        "make a fleet's API certificates: two CAs, machines' (serverAuth) and clients' with a role",
+        "make a fleet's API certificates: a machines CA and a clients CA, each machine's server certificate and "
+        "api: section, each client's certificate (role admin, operator or reader) and kiln node config "
+        "(docs/machine-config.md#the-api)",
     )
     room_verb(
         "keys",

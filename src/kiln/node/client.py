@@ -1,11 +1,11 @@
 """The HTTPS client of machined's API: mutual TLS, JSON in and out, every failure a `NodeError`.
 
-Trust: the server's certificate must chain to the CA of the client config (the same CA signs the
-machines' and the clients' certificates). Its name is checked only when the endpoint is a DNS name;
-an endpoint given as an IP address is trusted on the chain alone, because machines are often
-reached on addresses (DHCP, NAT) their certificate never named, and every certificate this private
-CA signs belongs to the cluster anyway. A client presents its own certificate and key, so machined,
-which asks for one signed by the same CA, lets it in.
+Trust: the server's certificate must chain to the CA of the client config, the fleet's machines CA
+(`kiln secrets generate`). Its name is checked only when the endpoint is a DNS name; an endpoint
+given as an IP address is trusted on the chain alone, because machines are often reached on
+addresses (DHCP, NAT) their certificate never named, and every certificate the machines CA signs
+belongs to the fleet anyway. A client presents its own certificate and key, signed by the clients
+CA with a role, which machined checks (api.client_ca) before it lets the client do anything.
 
 Failures never leave as tracebacks: `NodeUnreachable` when nothing answers (refused, reset, timed
 out: what a rebooting machine does), `ApiError` for an HTTP error with machined's `{"error"}`,

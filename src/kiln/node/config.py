@@ -24,6 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cryptography import x509
+from cryptography.x509.oid import ExtendedKeyUsageOID
+
 from kiln.core import schema
 from kiln.core.errors import InputError, InputErrors, Location, display_path
 from kiln.core.yamlfile import Positioned, read_text_file, read_yaml_file
@@ -182,8 +185,27 @@ def _tls(pems: dict[str, str], flags: Flags, file: ConfigFile | None, name: str 
         ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cadata=pems["ca"])
     except (ssl.SSLError, ValueError) as exc:
         raise InputError(f"ca does not load as a CA certificate: {exc}", where("ca")) from None
+    refusal = not_a_client(pems["cert"])
+    if refusal:
+        raise InputError(refusal, where("cert"))
     try:
         return Tls(Credentials(pems["ca"], pems["cert"], pems["key"]))
     except (ssl.SSLError, ValueError) as exc:
         reason = "the key does not belong to the certificate" if "KEY_VALUES_MISMATCH" in str(exc) else str(exc)
         raise InputError(f"cert and key do not load: {reason}", where("cert")) from None
+
+
+def not_a_client(cert_pem: str) -> str | None:
+    """Why a certificate cannot be a client's, when its extended key usage says so (a machine's
+    certificate, serverAuth only): machined would refuse it, so it is refused before any machine is asked."""
+    try:
+        cert = x509.load_pem_x509_certificate(cert_pem.encode())
+        usages = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    except (ValueError, x509.ExtensionNotFound):
+        return None  # no such limit said here: machined decides
+    if ExtendedKeyUsageOID.CLIENT_AUTH in usages:
+        return None
+    return (
+        "cert is not a client certificate (its extended key usage has no clientAuth; a machine's certificate "
+        "is never a client): make one with kiln secrets client"
+    )

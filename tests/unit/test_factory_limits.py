@@ -121,7 +121,7 @@ def test_a_client_over_its_rate_gets_a_429(tmp_path: Path) -> None:
         assert over.status_code == 429 and over.headers["Retry-After"] == "2"
 
 
-def test_token_buckets_refill_and_stay_bounded() -> None:
+def test_token_buckets_refill_and_stay_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     clock = Clock()
     buckets = Buckets(rate=2.0, burst=2, clock=clock)
     assert [buckets.take("a"), buckets.take("a")] == [0.0, 0.0]
@@ -130,6 +130,10 @@ def test_token_buckets_refill_and_stay_bounded() -> None:
     clock.now += 0.5
     assert buckets.take("a") == 0.0
     assert client_key("2001:db8::1") == client_key("2001:db8::ffff") == "2001:db8::/64"
+    monkeypatch.setattr("kiln.factory.server.MAX_CLIENTS", 64)
+    for n in range(1000):  # a flood of new addresses: the table stays bounded, the newest kept
+        buckets.take(f"10.0.{n // 256}.{n % 256}")
+    assert len(buckets._buckets) <= 64 and "10.0.3.231" in buckets._buckets
     assert client_key("::ffff:10.0.0.1") == "10.0.0.1"
 
 

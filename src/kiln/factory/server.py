@@ -80,9 +80,10 @@ class Buckets:
             return (1 - tokens) / self.rate
 
     def _prune(self, now: float) -> None:
-        """Forget clients whose bucket has refilled (they lose nothing), else the least recently seen."""
+        """Forget clients whose bucket has refilled (they lose nothing), else the eighth least recently seen
+        (a dict keeps the order `take` reinserts in): a flood of new addresses prunes once per eighth, not each."""
         full = [c for c, (tokens, then) in self._buckets.items() if tokens + (now - then) * self.rate >= self.burst]
-        for client in full or [next(iter(self._buckets))]:
+        for client in full or list(self._buckets)[: max(1, len(self._buckets) // 8)]:
             del self._buckets[client]
 
 

@@ -30,6 +30,8 @@ CALLERS = {
     ],
     "kiln.rootfs.tree": ["merge", "prune", "check_minimal", "strip_binaries", "largest_files", "clamp_times"],
     "kiln.rootfs.assemble": ["kernel_parts", "copy_vmlinuz", "_copy_init"],
+    "kiln.image.imager": ["package_file"],
+    "kiln.image.arch": ["loader_for"],
 }
 
 # attribute calls that act on a path with the host's view (follow links): `x.write_text(...)`, `os.walk(...)`

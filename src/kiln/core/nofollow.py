@@ -15,7 +15,10 @@ modules makes a raw open, write, chmod, utime, rename, walk or copy call instead
   modules_layer (the merged copy depmod runs on, the index files), kernel_release, module_files, vermagic;
 - kiln.rootfs.tree: merge, prune, check_minimal, strip_binaries, largest_files, clamp_times;
 - kiln.rootfs.assemble: kernel_parts, copy_vmlinuz and the copy of /init (also kiln.image.imager's
-  vmlinuz for a profile that brings its own initramfs).
+  vmlinuz for a profile that brings its own initramfs);
+- kiln.image.imager: package_file (machined for the installer image and for `kiln install`, which runs
+  it on the host from that copy); kiln.image.arch: loader_for (GRUB's arm64 EFI modules, read by
+  grub-mkimage: no link on the way or below).
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
+from kiln.core import nofollow
 from kiln.core.errors import BuildError, InputError, InputErrors, KilnError
 from kiln.image.assets import Loader
 from kiln.image.profile import Profile
@@ -24,8 +25,13 @@ def loader_for(profile: Profile, trees: Mapping[str, Path]) -> Loader:
         return Loader()  # kernel and initramfs outputs hold no boot loader
     if profile.loader_package is None:
         return Loader.for_arch(profile.arch, profile.firmware)
-    efi_dir = trees[profile.loader_package] / "usr/lib/grub/arm64-efi"
-    return Loader.for_arch(profile.arch, profile.firmware, efi_dir)
+    tree = trees[profile.loader_package]
+    # grub-mkimage reads this directory with the host's view: no link on the way to it or in it
+    nofollow.refuse_links(tree, ARM64_EFI_MODULES, what=f"package '{profile.loader_package}'")
+    return Loader.for_arch(profile.arch, profile.firmware, tree / ARM64_EFI_MODULES)
+
+
+ARM64_EFI_MODULES = "usr/lib/grub/arm64-efi"
 
 
 # An arm64 kernel Image's header carries this magic at offset 0x38 (Documentation/arch/arm64/booting.rst).

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kiln.core import nofollow
 from kiln.core.errors import BuildError, InputError, KilnError
 from kiln.core.hashing import file_sha256
 from kiln.image.arch import check_kernel_arch, check_kernel_files, loader_for
@@ -226,12 +227,25 @@ def write_output(profile: Profile, assets: BootAssets, dest: Path, built: Built)
         from kiln.image.outputs.disk import build_raw
         from kiln.image.outputs.installer import build_installer
 
-        machined = built.trees[MACHINED] / "usr/sbin/machined"
         with tempfile.TemporaryDirectory(prefix="disk-", dir=dest.parent) as tmp:
+            machined = package_file(built.trees[MACHINED], MACHINED_PATH, Path(tmp) / "machined", 0o755, "machined")
             raw = build_raw(assets, Path(tmp) / "disk.raw", profile.disk_size)
             build_installer(assets, raw, machined, dest, profile.installer_name, profile_arch=profile.arch)
     else:  # the schema allows nothing else
         raise InputError(f"unknown output kind {kind}", profile.location("output", "kind"))
+
+
+MACHINED_PATH = "usr/sbin/machined"
+
+
+def package_file(tree: Path, rel: str, dest: Path, mode: int, what: str) -> Path:
+    """A file of a package's output copied to `dest` (Kiln's) for host tools to read: a link there or on the
+    way is refused by name (kiln.core.nofollow), so no host file is read in its place."""
+    try:
+        nofollow.copy_file_in(tree, rel, dest, mode=mode, what=what)
+    except FileNotFoundError:
+        raise InputError(f"{what}: /{rel} does not exist in its output ({tree})") from None
+    return dest
 
 
 GCP_MEMBER = "disk.raw"  # the name of the disk inside a .tar.gz (GCP takes no other)

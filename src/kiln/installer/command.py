@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import tempfile
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -44,7 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace, load: Callable[[str], Graph]) -> int:
     """Write a profile's raw disk onto --disk with the same `machined install` the installer image runs."""
     from kiln.image.checks import MACHINED, check_packages, with_release_version
-    from kiln.image.imager import build_packages, make_images
+    from kiln.image.imager import MACHINED_PATH, build_packages, make_images, package_file
     from kiln.image.profile import load_profiles
     from kiln.installer.install import check_disk, install_disk
 
@@ -66,15 +67,17 @@ def run(args: argparse.Namespace, load: Callable[[str], Graph]) -> int:
     image = Path(args.image) if args.image else None
     if image is not None and not image.is_file():
         raise InputError(f"--image {image}: no such file")
-    # machined alone first (usually stored): it checks the disk before the image is built
-    machined = build_packages([], graph, args.jobs, json_output=False, extra=(MACHINED,)).trees[MACHINED]
-    machined /= "usr/sbin/machined"
-    check_disk(machined, Path(args.disk), image if image is not None else profile.disk_size, wipe=args.wipe)
-    if image is None:
-        built = build_packages([profile], graph, args.jobs, json_output=False)
-        result = make_images([profile], built, Path(args.out), args.jobs, say_line)[0]
-        image = result.directory / profile.file_name
-    install_disk(machined, image, Path(args.disk), wipe=args.wipe)
+    # machined alone first (usually stored): it checks the disk before the image is built. It runs from a
+    # copy made without following a link, so a package linking it to a host program cannot run that instead.
+    tree = build_packages([], graph, args.jobs, json_output=False, extra=(MACHINED,)).trees[MACHINED]
+    with tempfile.TemporaryDirectory(prefix="kiln-install-") as tmp:
+        machined = package_file(tree, MACHINED_PATH, Path(tmp) / "machined", 0o755, "machined")
+        check_disk(machined, Path(args.disk), image if image is not None else profile.disk_size, wipe=args.wipe)
+        if image is None:
+            built = build_packages([profile], graph, args.jobs, json_output=False)
+            result = make_images([profile], built, Path(args.out), args.jobs, say_line)[0]
+            image = result.directory / profile.file_name
+        install_disk(machined, image, Path(args.disk), wipe=args.wipe)
     if args.json:
         print(json.dumps({"image": str(image), "disk": args.disk, "profile": profile.name, "version": profile.version}))
     else:

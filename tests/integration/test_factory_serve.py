@@ -31,7 +31,7 @@ CONNECTIONS = 16
 class Served:
     url: str
     port: int
-    cert: Path
+    cert: str  # the certificate file, as requests' verify= takes it
     process: subprocess.Popen[bytes]
 
     def threads(self) -> int:
@@ -54,12 +54,12 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     command += ["--connections", str(CONNECTIONS), "--rate", "0"]
     with (base / "factory.log").open("wb") as log:
         process = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-    served = Served(f"https://127.0.0.1:{port}", port, cert, process)
+    served = Served(f"https://127.0.0.1:{port}", port, str(cert), process)
     try:
         deadline = time.monotonic() + 120
         while process.poll() is None and time.monotonic() < deadline:
             try:
-                if requests.get(f"{served.url}/v1/catalog", verify=cert, timeout=5).status_code == 200:
+                if requests.get(f"{served.url}/v1/catalog", verify=str(cert), timeout=5).status_code == 200:
                     break
             except requests.ConnectionError:
                 time.sleep(0.2)

@@ -96,6 +96,7 @@ func (m *machine) boot() {
 	}
 	m.phases.mark("devices")
 	m.net = network.New(m.con.printf)
+	m.net.SetMetadataInterface(metadataInterface(m.params[paramPlatform])) // who may route 169.254.0.0/16
 
 	m.loadConfig()
 	m.fetchPlatform()

@@ -122,21 +122,46 @@ func (m *machine) linkLocalWithoutDHCP() {
 			}
 		}
 	}
-	ifaces, err := net.Interfaces()
-	if err != nil {
+	iface, ok := primaryInterface()
+	if !ok {
 		return
 	}
+	address := linkLocalFor(iface.HardwareAddr)
+	m.con.printf("platform: no DHCP lease; %s takes %s to reach the metadata service", iface.Name, address)
+	dhcp := true
+	m.net.Configure(network.NetworkConfig{Interfaces: []network.InterfaceConfig{
+		{Name: iface.Name, Addresses: []string{address}, DHCP: &dhcp},
+	}}, time.Second)
+}
+
+// primaryInterface is the first Ethernet interface (lowest index: the NIC a platform attaches
+// first), where clouds serve their metadata service.
+func primaryInterface() (net.Interface, bool) {
+	ifaces, err := net.Interfaces()
+	if err != nil {
+		return net.Interface{}, false
+	}
 	for _, iface := range ifaces {
-		if iface.Flags&net.FlagLoopback != 0 || len(iface.HardwareAddr) != 6 {
-			continue
+		if iface.Flags&net.FlagLoopback == 0 && len(iface.HardwareAddr) == 6 {
+			return iface, true
 		}
-		address := linkLocalFor(iface.HardwareAddr)
-		m.con.printf("platform: no DHCP lease; %s takes %s to reach the metadata service", iface.Name, address)
-		dhcp := true
-		m.net.Configure(network.NetworkConfig{Interfaces: []network.InterfaceConfig{
-			{Name: iface.Name, Addresses: []string{address}, DHCP: &dhcp},
-		}}, time.Second)
-		return
+	}
+	return net.Interface{}, false
+}
+
+// metadataInterface tells the network which interface may take DHCP routes covering
+// 169.254.0.0/16 (option 121 or 249): on a platform with a metadata service, the primary
+// interface, where the service is (Azure and OpenStack route 169.254.169.254 that way);
+// on metal and the drive-only platforms (nocloud, vmware) there is no metadata service to
+// reach, and no interface takes them.
+func metadataInterface(platformName string) func() string {
+	impl, err := platform.Lookup(platformName)
+	if err != nil || !needsNetwork(impl.Name()) {
+		return func() string { return "" }
+	}
+	return func() string {
+		iface, _ := primaryInterface()
+		return iface.Name
 	}
 }
 

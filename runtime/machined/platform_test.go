@@ -152,3 +152,17 @@ func TestLinkLocalAddressesStayOutOfReservedRanges(t *testing.T) {
 		t.Errorf("the address does not validate: %v", err)
 	}
 }
+
+func TestMetadataInterfaceOnlyWhereThereIsAMetadataService(t *testing.T) {
+	primary, ok := primaryInterface()
+	for _, name := range []string{"", "metal", "nocloud", "vmware", "no-such-cloud"} {
+		if got := metadataInterface(name)(); got != "" {
+			t.Errorf("%q: %q may route 169.254.0.0/16", name, got)
+		}
+	}
+	for _, name := range []string{"aws", "azure", "openstack"} {
+		if got := metadataInterface(name)(); ok && got != primary.Name || !ok && got != "" {
+			t.Errorf("%q: %q, want the primary interface %q", name, got, primary.Name)
+		}
+	}
+}

@@ -17,7 +17,9 @@ const (
 	minMTU = 576
 )
 
-// Route is a classless static route (option 121, or Microsoft's 249).
+// Route is a classless static route (option 121, or Microsoft's 249). Option 33 (classful
+// static routes) is neither asked for nor read. The network code takes a route covering
+// 169.254.0.0/16 only on the interface that serves the metadata (internal/network/linklocal.go).
 type Route struct {
 	Dst     net.IPNet
 	Gateway net.IP // nil: the destination is on the link (the option said 0.0.0.0)

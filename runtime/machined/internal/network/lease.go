@@ -20,6 +20,7 @@ type dhcpLink struct {
 	renewals int // since the lease was acquired
 	addr     *net.IPNet
 	routes   []route
+	ignored  []route // the lease's routes covering 169.254.0.0/16 that were not taken (linklocal.go)
 }
 
 // LeaseInfo is one interface's DHCP lease as status shows it.
@@ -27,7 +28,8 @@ type LeaseInfo struct {
 	State            string        `json:"state"` // init, requesting, bound, renewing, rebinding
 	Address          string        `json:"address,omitempty"`
 	Router           string        `json:"router,omitempty"`
-	Routes           []RouteConfig `json:"routes,omitempty"` // option 121 or 249
+	Routes           []RouteConfig `json:"routes,omitempty"`         // option 121 or 249
+	IgnoredRoutes    []RouteConfig `json:"ignored_routes,omitempty"` // of those, covering 169.254.0.0/16 off the metadata interface
 	MTU              int           `json:"mtu,omitempty"`
 	DNS              []string      `json:"dns,omitempty"`
 	NTP              []string      `json:"ntp,omitempty"`
@@ -67,6 +69,10 @@ func (d *dhcpLink) info(now time.Time) LeaseInfo {
 	}
 	if len(l.Routes) > 0 {
 		for _, r := range leaseRoutes(*l) {
+			if isIgnored(r, d.ignored) {
+				li.IgnoredRoutes = append(li.IgnoredRoutes, r.config())
+				continue
+			}
 			li.Routes = append(li.Routes, r.config())
 		}
 	}
@@ -181,12 +187,14 @@ func (n *Network) applyLease(ifc net.Interface, l dhcp.Lease, renewed bool) {
 		return
 	}
 	prefixes := append(cfg.staticPrefixes(), *addr)
-	routes := n.addRoutes(ops, ifc, prefixes, leaseRoutes(l))
+	wanted, ignored := n.splitLinkLocal(ifc.Name, leaseRoutes(l))
+	routes := n.addRoutes(ops, ifc, prefixes, wanted)
 	n.removeStale(ops, ifc, oldAddr, oldRoutes, addr, routes)
 	n.addRoutes(ops, ifc, append(prefixes, onLinkPrefixes(routes)...), cfg.staticRoutes())
 	changed := oldAddr == nil || oldAddr.String() != addr.String() || !sameRoutes(oldRoutes, routes)
 	n.mu.Lock()
-	d.lease, d.addr, d.routes = &l, addr, routes
+	ignoredBefore := d.ignored
+	d.lease, d.addr, d.routes, d.ignored = &l, addr, routes, ignored
 	if renewed {
 		d.renewals++
 	} else {
@@ -203,6 +211,10 @@ func (n *Network) applyLease(ifc net.Interface, l dhcp.Lease, renewed bool) {
 			mtu = fmt.Sprintf(", mtu %d", l.MTU)
 		}
 		n.say("network: %s: %s via DHCP (routes %s%s, lease %s)", ifc.Name, addr, routesText(routes), mtu, l.Lease)
+	}
+	if len(ignored) > 0 && routesText(ignored) != routesText(ignoredBefore) {
+		n.say("network: %s: DHCP routes %s ignored: routes into 169.254.0.0/16 (the metadata service's block) "+
+			"are taken only on the interface that serves the metadata", ifc.Name, ignoredText(ignored))
 	}
 	n.setDNS(ipStrings(l.DNS), false)
 }
@@ -227,7 +239,7 @@ func (n *Network) dropLease(ifc net.Interface, l dhcp.Lease, reason string) {
 	d := n.link(ifc.Name)
 	n.mu.Lock()
 	addr, routes := d.addr, d.routes
-	d.lease, d.addr, d.routes, d.renewals = nil, nil, nil, 0
+	d.lease, d.addr, d.routes, d.ignored, d.renewals = nil, nil, nil, nil, 0
 	n.mu.Unlock()
 	n.say("network: %s: DHCP lease %s %s; removing it", ifc.Name, l.IPNet(), reason)
 	ops, err := n.openLinks()

@@ -43,6 +43,9 @@ type Network struct {
 	resolvConf string
 	openLinks  func() (linkOps, error) // rtnetlink; a recorder in tests
 	now        func() time.Time
+	// metadataIface names the interface that serves the metadata, the only one whose DHCP
+	// routes may cover 169.254.0.0/16 (linklocal.go); nil: none
+	metadataIface func() string
 }
 
 // New returns a Network that reports on say; Configure brings the interfaces up.

@@ -130,16 +130,12 @@ def opened_dir(top: Path, rel: str = "", *, create: bool = False, what: str = "t
 
 
 def is_dir(top: Path, rel: str, *, what: str = "tree") -> bool:
-    """Whether `top`/`rel` is a directory of the tree: False when missing or not one; a link on the way is refused."""
-    try:
-        with opened_dir(top, rel, what=what):
-            return True
-    except FileNotFoundError:
-        return False
-    except LinkRefused:
-        raise
-    except BuildError:
-        return False
+    """Whether `top`/`rel` is a directory of the tree (False when missing or not one); a link at it or on the
+    way is refused by name."""
+    info = lstat_in(top, rel, what=what)
+    if info is not None and stat.S_ISLNK(info.st_mode):
+        raise refuse(what, "/" + "/".join(spec_parts(rel, what)))
+    return info is not None and stat.S_ISDIR(info.st_mode)
 
 
 def lstat_in(top: Path, rel: str, *, what: str = "tree") -> os.stat_result | None:
@@ -386,19 +382,14 @@ def copy_tree(src: Path, src_rel: str, dest: Path, dest_rel: str = "", *, links:
         treecopy.copy_dir(source, target)
 
 
-def copy_file_at(parent: int, name: str, shown: str, dest: Path, *, mode: int, what: str = "tree") -> None:
-    """Regular file `name` of `parent` (never through a link) copied to `dest`, a path Kiln chose, with `mode`."""
-    with opened_file(parent, name, shown, what=what) as fd:
+def copy_file_in(top: Path, rel: str, dest: Path, *, mode: int, what: str = "tree") -> None:
+    """Regular file `top`/`rel` (a link on the way or at the end refused by name) copied to `dest`, a new
+    file at a path Kiln chose, with `mode`."""
+    parent, name = _split(rel, what)
+    with opened_dir(top, parent, what=what) as fd, opened_file(fd, name, "/" + _join(parent, name), what=what) as src:
         out = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
-            treecopy.copy_data(fd, out)
+            treecopy.copy_data(src, out)
             os.fchmod(out, mode)
         finally:
             os.close(out)
-
-
-def copy_file_in(top: Path, rel: str, dest: Path, *, mode: int, what: str = "tree") -> None:
-    """`copy_file_at` by a path below `top`; a link on the way or at the end is refused by name."""
-    parent, name = _split(rel, what)
-    with opened_dir(top, parent, what=what) as fd:
-        copy_file_at(fd, name, "/" + _join(parent, name), dest, mode=mode, what=what)

@@ -39,3 +39,16 @@ func TestConfigURLErrorsAreRedacted(t *testing.T) {
 		t.Fatalf("not a URL: %v", err)
 	}
 }
+
+// An upgrade from a presigned or credentialed URL shows neither in the status, the console
+// (both take describe()) or the refusal of a bad one.
+func TestUpgradeURLsAreRedacted(t *testing.T) {
+	req := upgradeRequest{URL: "https://ci:hunter2@bucket.example/installer.tar?X-Amz-Signature=s3cr3t", Digest: "sha256:" + strings.Repeat("a", 64)}
+	if got := req.describe(); got != "https://REDACTED@bucket.example/installer.tar?REDACTED" {
+		t.Fatalf("describe: %q", got)
+	}
+	bad := upgradeRequest{URL: "ftp://ci:hunter2@bucket.example/i.tar?sig=s3cr3t"}
+	if err := bad.check(); err == nil || strings.Contains(err.Error(), "hunter2") || strings.Contains(err.Error(), "s3cr3t") {
+		t.Fatalf("check: %v", err)
+	}
+}

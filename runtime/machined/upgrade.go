@@ -32,6 +32,7 @@ import (
 	"kiln/machined/internal/bootstate"
 	"kiln/machined/internal/disk"
 	"kiln/machined/internal/oci"
+	"kiln/machined/internal/redact"
 	"kiln/machined/internal/safego"
 	"kiln/machined/internal/supervisor"
 )
@@ -93,7 +94,7 @@ func (r upgradeRequest) check() error {
 	case r.URL != "":
 		u, err := url.Parse(r.URL)
 		if err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
-			return fmt.Errorf("url %q: want an http(s) URL of an OCI layout tarball", r.URL)
+			return fmt.Errorf("url %q: want an http(s) URL of an OCI layout tarball", redact.String(r.URL))
 		}
 	default:
 		if r.Channel != "alpha" && r.Channel != "beta" && r.Channel != "stable" {
@@ -119,7 +120,7 @@ func (r upgradeRequest) describe() string {
 	case r.Image != "":
 		return r.Image
 	case r.URL != "":
-		return r.URL
+		return redact.String(r.URL) // status and console: no credentials, no presigned query
 	}
 	return r.Repository + " (channel " + r.Channel + ")"
 }

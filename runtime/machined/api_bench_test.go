@@ -27,15 +27,19 @@ func TestAPIStatusLatency(t *testing.T) {
 			conns, sources int
 		}{{0, 1}, {200, 10}, {2000, 20}} {
 			a := startBenchAPI(t, server == "after")
+			before := openFiles(t)
 			for i := 0; i < idle.sources && idle.conns > 0; i++ {
 				idleConns(t, hostPort(a.url), fmt.Sprintf("127.0.%d.%d", 3+idle.conns/1000, i+1), idle.conns/idle.sources)
 			}
-			time.Sleep(100 * time.Millisecond) // every idle connection accepted (or refused) first
+			time.Sleep(200 * time.Millisecond) // every idle connection accepted (or refused) first
+			// the server's side of the idle connections: what PID 1 would hold
+			held := openFiles(t) - before - idle.conns
 			fresh, kept := freshClient(t, a, "reader"), a.client(t, "reader")
 			name := fmt.Sprintf("%s_idle%d", server, idle.conns)
 			results[name] = map[string]interface{}{
-				"new_connection_ms": latencies(t, a, fresh, requests),
-				"kept_alive_ms":     latencies(t, a, kept, requests),
+				"new_connection_ms":  latencies(t, a, fresh, requests),
+				"kept_alive_ms":      latencies(t, a, kept, requests),
+				"server_descriptors": held,
 			}
 			t.Logf("%s: %v", name, results[name])
 		}
@@ -89,3 +93,12 @@ func latencies(t *testing.T, a *authAPI, c *http.Client, n int) map[string]float
 }
 
 func round2(v float64) float64 { return float64(int(v*100+0.5)) / 100 }
+
+// openFiles counts this process's descriptors (client and server sides both live here).
+func openFiles(t *testing.T) int {
+	entries, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(entries)
+}

@@ -23,6 +23,9 @@ func main() {
 	if len(os.Args) > 1 && os.Args[1] == "install" {
 		os.Exit(installMain(os.Args[2:], os.Stdout, os.Stderr)) // install.go; PID 1 even in a container
 	}
+	if len(os.Args) > 1 && os.Args[1] == sandboxCommand {
+		os.Exit(sandboxMain(os.Args[2:], os.Stderr)) // upgrade_sandbox.go: an upgrade's installer
+	}
 	once := flag.Bool("once", false, "print the ready line and exit (for build tests)")
 	configPath := flag.String("config", "", "machine config (not PID 1 only; PID 1 reads kiln.config=)")
 	services := flag.String("services", servicesDir, "service definitions directory (not PID 1 only)")

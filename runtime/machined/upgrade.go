@@ -30,7 +30,6 @@ import (
 	"time"
 
 	"kiln/machined/internal/bootstate"
-	"kiln/machined/internal/disk"
 	"kiln/machined/internal/oci"
 	"kiln/machined/internal/redact"
 	"kiln/machined/internal/safego"
@@ -275,14 +274,8 @@ func (m *machine) pullAndInstall(req upgradeRequest, slot string) (bool, error) 
 	if err := m.stopForInstall(); err != nil {
 		return true, err
 	}
-	if err := m.runInstaller(root, slot); err != nil {
+	if err := m.installSlot(root, slot, rel.Version, req.preserve()); err != nil {
 		return true, err
-	}
-	if !req.preserve() {
-		if err := wipeSignatures(m.varSource); err != nil {
-			return true, fmt.Errorf("preserve false: wiping EPHEMERAL %s: %v", m.varSource, err)
-		}
-		m.con.printf("upgrade: preserve false: EPHEMERAL %s will be formatted on the next boot", m.varSource)
 	}
 	m.upgrades.update(func(s *upgradeStatus) { s.InstallSeconds = time.Since(installStart).Seconds() })
 	return true, nil
@@ -465,11 +458,11 @@ func (m *machine) unpackImage(ctx context.Context, src oci.Source, img oci.Image
 			return fmt.Errorf("layer %s: %v", l.Digest, err)
 		}
 	}
-	installer := filepath.Join(root, "usr/bin/installer")
-	if st, err := os.Lstat(installer); err != nil || !st.Mode().IsRegular() || st.Mode()&0o111 == 0 {
-		return errors.New("the image has no executable /usr/bin/installer: is it a Kiln installer image?")
+	// nothing in the image is followed from here: its links point into the machine's own files
+	if st, err := lstatUnder(root, "usr/bin/installer"); err != nil || st.Mode&syscall.S_IFMT != syscall.S_IFREG || st.Mode&0o111 == 0 {
+		return errors.New("the image has no executable /usr/bin/installer (a regular file, no link on the way): is it a Kiln installer image?")
 	}
-	rel, err := readRelease(filepath.Join(root, releaseDir))
+	rel, err := readRelease(root, strings.TrimPrefix(releaseDir, "/")+"/release.json")
 	if err != nil {
 		return err
 	}
@@ -532,23 +525,116 @@ func (m *machine) resume() {
 	m.con.printf("upgrade: services started again")
 }
 
-// runInstaller runs the image's machined in the unpacked root with its own mount, PID,
-// network, IPC and UTS namespaces: it sees the image's files and the owned disk's device
-// nodes, nothing else of this machine.
-func (m *machine) runInstaller(root, slot string) error {
-	if err := makeDiskNodes(root, m.ownedDisk); err != nil {
-		return fmt.Errorf("device nodes for the installer: %v", err)
+// installSlot mounts BOOT for the installer, runs it in its sandbox, checks the boot state it
+// left and wipes EPHEMERAL when asked. Any error once the installer has started puts the boot
+// state back as it was before, so the next boot stays on the running slot.
+func (m *machine) installSlot(root, slot, version string, preserve bool) error {
+	bootDir := filepath.Join(upgradeWork, "boot")
+	if err := os.MkdirAll(bootDir, 0o700); err != nil {
+		return err
 	}
-	cmd := exec.Command("/usr/bin/installer", "install", "--upgrade", "--boot", m.slots.device, "--slot", slot,
-		"--tries", fmt.Sprint(defaultTries))
+	flags := uintptr(syscall.MS_NOSUID | syscall.MS_NODEV | syscall.MS_NOEXEC)
+	if err := syscall.Mount(m.slots.device, bootDir, "vfat", flags, bootMountOptions()); err != nil {
+		return fmt.Errorf("mount BOOT %s for the installer: %v", m.slots.device, err)
+	}
+	defer func() {
+		syscall.Sync()
+		if err := syscall.Unmount(bootDir, 0); err != nil {
+			_ = syscall.Unmount(bootDir, syscall.MNT_DETACH)
+		}
+	}()
+	env := filepath.Join(bootDir, "grub", "grubenv")
+	return guardBootState(env, slot, version, func() error { return m.runInstaller(root, bootDir, slot) }, func() error {
+		if preserve {
+			return nil
+		}
+		if err := wipeSignatures(m.varSource); err != nil {
+			return fmt.Errorf("preserve false: wiping EPHEMERAL %s: %v", m.varSource, err)
+		}
+		m.con.printf("upgrade: preserve false: EPHEMERAL %s will be formatted on the next boot", m.varSource)
+		return nil
+	})
+}
+
+// guardBootState runs install (which writes a slot and puts it on trial in the boot state at
+// env), checks that the state it left is exactly that trial, then runs after. When any of them
+// fails, the state read before install is written back: whatever install wrote, the next boot
+// boots what it would have booted before.
+func guardBootState(env, slot, version string, install, after func() error) error {
+	before, err := bootstate.Read(env)
+	if err != nil {
+		return fmt.Errorf("the boot state before the install: %v", err)
+	}
+	err = install()
+	if err == nil {
+		err = checkTrial(before, env, slot, version)
+	}
+	if err == nil && after != nil {
+		err = after()
+	}
+	if err == nil {
+		return nil
+	}
+	if rerr := restoreBootState(env, before); rerr != nil {
+		return fmt.Errorf("%v; putting the boot state back failed too: %v", err, rerr)
+	}
+	return fmt.Errorf("%v (the boot state is as it was: the next boot stays on slot %s)", err, before.Default)
+}
+
+// checkTrial: the installer must have put slot on trial with version, and changed nothing else
+// (the default slot is what GRUB falls back to).
+func checkTrial(before bootstate.State, env, slot, version string) error {
+	after, err := bootstate.Read(env)
+	if err != nil {
+		return fmt.Errorf("the installer left no boot state Kiln can read: %v", err)
+	}
+	switch {
+	case after.Default != before.Default:
+		return fmt.Errorf("the installer made slot %q the default instead of leaving %s", after.Default, before.Default)
+	case after.Next != slot || after.Tries < 1 || after.Tries > defaultTries:
+		return fmt.Errorf("the installer did not put slot %s on trial (next %q, %d tries)", slot, after.Next, after.Tries)
+	case after.Versions[slot] != version:
+		return fmt.Errorf("the installer recorded version %q for slot %s, not %s", after.Versions[slot], slot, version)
+	case after.Versions[before.Default] != before.Versions[before.Default]:
+		return fmt.Errorf("the installer changed the version recorded for slot %s", before.Default)
+	}
+	return nil
+}
+
+// restoreBootState writes st back (atomically, as every boot state write), unless the block
+// already says exactly that.
+func restoreBootState(env string, st bootstate.State) error {
+	want, err := st.Encode()
+	if err != nil {
+		return err
+	}
+	if have, err := os.ReadFile(env); err == nil && string(have) == string(want) {
+		return nil
+	}
+	if err := bootstate.Write(env, st); err != nil {
+		return err
+	}
+	syscall.Sync()
+	return nil
+}
+
+// installerCommand is the sandbox helper running the image's installer for slot, BOOT at /boot.
+func installerCommand(root, bootDir, slot string) *exec.Cmd {
+	cmd := exec.Command(sandboxExe, sandboxArgs(root, bootDir, "/usr/bin/installer", "install", "--upgrade",
+		"--boot-dir", "/boot", "--slot", slot, "--tries", fmt.Sprint(defaultTries))...)
 	cmd.Dir = "/"
 	cmd.Env = []string{"PATH=/usr/bin"}
-	cmd.SysProcAttr = &syscall.SysProcAttr{
-		Chroot:     root,
-		Setsid:     true,
-		Cloneflags: syscall.CLONE_NEWNS | syscall.CLONE_NEWPID | syscall.CLONE_NEWNET | syscall.CLONE_NEWIPC | syscall.CLONE_NEWUTS,
-		Pdeathsig:  syscall.SIGKILL,
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Cloneflags: sandboxFlags, Pdeathsig: syscall.SIGKILL}
+	return cmd
+}
+
+// runInstaller runs the image's machined in the sandbox (upgrade_sandbox.go): the image read-only
+// as its root, BOOT its only writable filesystem, no device nodes, no capabilities.
+func (m *machine) runInstaller(root, bootDir, slot string) error {
+	if err := prepareSandboxRoot(root); err != nil {
+		return err
 	}
+	cmd := installerCommand(root, bootDir, slot)
 	out, done, err := supervisor.Children().StartPiped(cmd)
 	if err != nil {
 		return fmt.Errorf("starting the installer: %v", err)
@@ -575,30 +661,6 @@ func (m *machine) runInstaller(root, slot string) error {
 	<-lines
 	if !status.Exited() || status.ExitStatus() != 0 {
 		return fmt.Errorf("the installer failed (%s): %s", supervisor.DescribeExit(status), last)
-	}
-	return nil
-}
-
-// makeDiskNodes creates root/dev with block nodes for the disk and its partitions only.
-func makeDiskNodes(root, owned string) error {
-	dev := filepath.Join(root, "dev")
-	if err := os.MkdirAll(dev, 0o755); err != nil {
-		return err
-	}
-	name := filepath.Base(owned)
-	for _, b := range disk.ListBlockDevices("/sys") {
-		if b.Name != name && b.Disk != name {
-			continue
-		}
-		var st syscall.Stat_t
-		if err := syscall.Stat(b.Path, &st); err != nil {
-			return err
-		}
-		node := filepath.Join(dev, b.Name)
-		_ = os.Remove(node)
-		if err := syscall.Mknod(node, syscall.S_IFBLK|0o600, int(st.Rdev)); err != nil {
-			return fmt.Errorf("mknod %s: %v", node, err)
-		}
 	}
 	return nil
 }

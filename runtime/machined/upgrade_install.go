@@ -22,6 +22,7 @@ import (
 
 	"kiln/machined/internal/bootstate"
 	"kiln/machined/internal/persist"
+	"kiln/machined/internal/safefile"
 )
 
 const (
@@ -68,18 +69,14 @@ func grubCmdline(cmdline string) (string, error) {
 	return strings.Join(words, " "), nil
 }
 
-// readRelease reads and checks release.json: it ends up in GRUB's boot.cfg, so it must be
-// one printable line with no slot of its own.
-func readRelease(dir string) (release, error) {
+// readRelease reads and checks release.json, the file rel under root, following no link on the
+// way (machined reads it from a pulled image): it ends up in GRUB's boot.cfg, so it must be one
+// printable line with no slot of its own.
+func readRelease(root, rel string) (release, error) {
 	var r release
-	f, err := os.Open(filepath.Join(dir, "release.json"))
+	data, err := safefile.ReadUnder(root, rel, releaseMax)
 	if err != nil {
 		return r, refuse("release: %v", unwrapPath(err))
-	}
-	defer f.Close()
-	data, err := io.ReadAll(io.LimitReader(f, releaseMax+1))
-	if err != nil || len(data) > releaseMax {
-		return r, refuse("release.json: unreadable or larger than %d bytes", releaseMax)
 	}
 	if err := json.Unmarshal(data, &r); err != nil {
 		return r, refuse("release.json: %v", err)
@@ -104,15 +101,19 @@ func upgradeMain(args []string, stdout, stderr io.Writer) int {
 	slot := fs.String("slot", "", "the slot to write: the one that is not running (required)")
 	tries := fs.Int("tries", defaultTries, "boots the new slot gets to reach ready before GRUB falls back")
 	dir := fs.String("release", releaseDir, "where the image's vmlinuz, initramfs.zst and release.json are")
+	bootDir := fs.String("boot-dir", "", "BOOT, already mounted here (instead of --boot: what an upgrade's sandbox gives)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
 		}
 		return 2
 	}
-	if *boot == "" || !bootstate.Valid(*slot) || fs.NArg() > 0 {
-		fmt.Fprintln(stderr, "install: --upgrade needs --boot DEVICE and --slot A or B, and nothing else")
+	if (*boot == "") == (*bootDir == "") || !bootstate.Valid(*slot) || fs.NArg() > 0 {
+		fmt.Fprintln(stderr, "install: --upgrade needs --boot DEVICE or --boot-dir DIR, and --slot A or B, and nothing else")
 		return 2
+	}
+	if *bootDir != "" {
+		return exitCode(writeSlotInto(*dir, *bootDir, *slot, *tries, installSay(stdout)), stderr)
 	}
 	return exitCode(writeSlot(*dir, *boot, *slot, *tries, installSay(stdout)), stderr)
 }
@@ -131,7 +132,7 @@ func writeSlot(dir, boot, slot string, tries int, say func(string, ...interface{
 
 // writeSlotInto writes the slot into a mounted BOOT, then the boot state that puts it on trial.
 func writeSlotInto(dir, bootDir, slot string, tries int, say func(string, ...interface{})) error {
-	rel, err := readRelease(dir)
+	rel, err := readRelease(dir, "release.json")
 	if err != nil {
 		return err
 	}

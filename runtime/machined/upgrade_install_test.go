@@ -124,7 +124,7 @@ func TestWriteSlotRefusesWhatWouldStrandTheMachine(t *testing.T) {
 
 func TestUpgradeMainNeedsABootAndASlot(t *testing.T) {
 	var out, errs strings.Builder
-	if code := installMain([]string{"--upgrade", "--slot", "C"}, &out, &errs); code != 2 || !strings.Contains(errs.String(), "--boot DEVICE and --slot A or B") {
+	if code := installMain([]string{"--upgrade", "--slot", "C"}, &out, &errs); code != 2 || !strings.Contains(errs.String(), "--boot DEVICE or --boot-dir DIR, and --slot A or B") {
 		t.Fatalf("exit %d, stderr %q", code, errs.String())
 	}
 }

@@ -24,6 +24,7 @@ import pytest
 import requests
 
 from kiln.cli import build_parser
+from kiln.core.errors import InputError
 from kiln.factory import command
 from kiln.factory.builds import Target
 from kiln.factory.guard import Registries, checked_runner, secrets_in
@@ -230,6 +231,8 @@ def test_a_loopback_or_private_registry_is_refused_unless_allowed(tmp_path: Path
             answer = factory.post(f"extensions: ['oci://{host}/kiln/acpi-call:1.0']\n")
             assert answer.status_code == 400 and shown in answer.json()["error"], (host, answer.text)
         assert factory.post("extensions: ['oci://registry.example.com/kiln/acpi-call:1.0']\n").status_code == 201
+        untagged = factory.post("extensions: ['oci://registry.example.com/kiln/acpi-call']\n")
+        assert untagged.status_code == 400 and "invalid extension reference" in untagged.json()["error"]
     real = Registries.of([])  # the system resolver: a name for loopback is loopback
     assert "127.0.0.1" in " ".join(real.refusals(["oci://localhost:5000/kiln/x:1"]))
     assert real.refusals(["oci://127.0.0.1:5000/kiln/x:1", "lldpd"]) != []
@@ -244,6 +247,9 @@ def test_an_allowed_registry_is_the_only_one(tmp_path: Path) -> None:
         public = factory.post("extensions: ['oci://registry.example.com/kiln/acpi-call:1.0']\n")
         assert public.status_code == 400
     assert Registries.of(["LocalHost"]).refusals(["oci://localhost:5000/kiln/x:1"]) == []  # HOST: any port
+    assert Registries.of(["oci://registry.lan:5000"]).allowed == {"registry.lan:5000"}
+    with pytest.raises(InputError, match="expected HOST or HOST:PORT"):
+        Registries.of(["registry.lan/kiln"])
 
 
 def test_a_build_checks_its_registries_again(tmp_path: Path) -> None:

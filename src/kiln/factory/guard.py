@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kiln.core.errors import BuildError
+from kiln.core.errors import BuildError, InputError
 from kiln.factory.builds import Runner, Target
 from kiln.image.oci_extension import Reference, is_oci
 
@@ -42,6 +42,7 @@ SECRET_NAME = re.compile(
 )
 NAMES_A_PLACE = re.compile(r"[_.-](?:file|path|dir|url)$", re.IGNORECASE)
 ASSIGNMENT = re.compile(r"^-{0,2}(?P<name>[A-Za-z0-9_.-]+)=(?P<value>.+)$")
+ALLOWED_ENTRY = re.compile(r"[a-z0-9]([a-z0-9.-]*[a-z0-9])?(:[0-9]{1,5})?")
 KEY_FIELDS = {("api", "key")}  # machine_config paths that hold a private key whatever its text
 
 
@@ -111,14 +112,22 @@ class Registries:
 
     @classmethod
     def of(cls, entries: Iterable[str], resolver: Resolver = resolve) -> Registries:
-        return cls(frozenset(entry.strip().lower() for entry in entries if entry.strip()), resolver)
+        """From `--allow-registry` values: HOST or HOST:PORT (an `oci://` before it is allowed and dropped)."""
+        allowed = {entry.strip().lower().removeprefix("oci://") for entry in entries}
+        for entry in allowed:
+            if not ALLOWED_ENTRY.fullmatch(entry):
+                raise InputError(f"--allow-registry {entry!r}: expected HOST or HOST:PORT")
+        return cls(frozenset(allowed), resolver)
 
     def refusals(self, extensions: Iterable[str]) -> list[str]:
         """Why each refused registry reference is refused (empty: all allowed)."""
         return [why for text in extensions if is_oci(text) for why in [self._refusal(text)] if why]
 
     def _refusal(self, text: str) -> str:
-        host = Reference.parse(text).repository.host.lower()
+        try:
+            host = Reference.parse(text).repository.host.lower()
+        except InputError as exc:
+            return str(exc)
         name, _, port = host.partition(":")
         if host in self.allowed or name in self.allowed:
             return ""

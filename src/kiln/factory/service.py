@@ -32,8 +32,7 @@ import json
 import re
 import ssl
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import nullcontext
 from http.server import BaseHTTPRequestHandler
 from importlib import resources
 from pathlib import Path
@@ -174,7 +173,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def _get_progress(self, match: re.Match[str]) -> None:
         job = self.factory.job(self.factory.target(match))
-        with self.factory.waiting_for(job) if not job.finished.is_set() else _nothing():
+        with self.factory.waiting_for(job) if not job.finished.is_set() else nullcontext():
             self.send_response(200)
             self.send_header("Content-Type", "text/plain; charset=utf-8")
             self.send_header("Transfer-Encoding", "chunked")
@@ -291,11 +290,6 @@ def _loopback(address: str) -> bool:
     ip = ipaddress.ip_address(address.split("%", 1)[0])
     mapped = ip.ipv4_mapped if isinstance(ip, ipaddress.IPv6Address) else None
     return (mapped or ip).is_loopback
-
-
-@contextmanager
-def _nothing() -> Iterator[None]:
-    yield
 
 
 def serve(

@@ -172,12 +172,6 @@ func (t *connTracker) connState(conn net.Conn, state http.ConnState) {
 	}
 }
 
-func (t *connTracker) counts() (total, waiting int) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return t.total, len(t.waiting)
-}
-
 func sourceOf(addr net.Addr) string {
 	if tcp, ok := addr.(*net.TCPAddr); ok {
 		return tcp.IP.String()

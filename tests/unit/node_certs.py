@@ -1,4 +1,4 @@
-"""Throwaway certificates for the node client's tests, made with the openssl CLI as machine-config.md shows.
+"""Throwaway certificates for the node client's tests, made with the openssl CLI (fleets use kiln secrets).
 
 Two CAs: `ca` signs a machine's server certificate (SAN 127.0.0.1 and localhost), the client's
 certificate, and `elsewhere`, a server certificate that names only elsewhere.example; `other-ca`

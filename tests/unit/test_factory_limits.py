@@ -33,6 +33,7 @@ from kiln.factory.service import tls_context
 from tests.unit.test_factory import AUTH, TOKEN, VERSION, Clock, Running, Stub, schematic_id, start
 
 PEM_KEY = "-----BEGIN EC PRIVATE KEY-----\nMHcCAQEEIIrYSSNQFaA2Hwf1duRSxKtLYX5CB04f\n-----END EC PRIVATE KEY-----\n"
+JWT = "eyJhbGciOiJI.eyJzdWIiOiIx.c2lnbmF0dXJl"  # header.payload.signature, base64url
 PEM_CERT = "-----BEGIN CERTIFICATE-----\nMIIBejCCASCgAwIBAgIU\n-----END CERTIFICATE-----\n"
 
 
@@ -173,6 +174,8 @@ def test_a_failing_schematic_is_built_once_per_backoff_window(tmp_path: Path) ->
         ({"platforms": {"aws": {"machine_config": {"api": {"key": "k"}}}}}, "platforms.aws.machine_config.api.key"),
         ({"kernel_args": ["gh.t=ghp_" + "A" * 36]}, "kernel_args.0: holds an access token"),
         ({"machine_config": {"hostname": "AKIAIOSFODNN7EXAMPLE"}}, "machine_config.hostname"),
+        ({"kernel_args": ["kiln.config=https://u:hunter2@cfg.lan/k.yaml"]}, "kernel_args.0: holds a URL with a"),
+        ({"machine_config": {"services": [{"name": "w", "args": [JWT]}]}}, "args.0: holds an access token"),
     ],
 )
 def test_a_schematic_carrying_a_secret_is_refused(factory: Running, schematic: dict[str, object], where: str) -> None:
@@ -192,6 +195,9 @@ def test_public_keys_and_certificates_are_not_secrets(factory: Running) -> None:
     }
     assert factory.post(json.dumps({"machine_config": config})).status_code == 201
     assert secrets_in({"machine_config": config}) == []
+    pinned = "oci://registry.lan:5000/kiln/x:1@sha256:" + "a" * 64
+    fetched = "kiln.config=https://cfg.lan:8443/k.yaml#sha256=" + "b" * 64
+    assert secrets_in({"extensions": [pinned], "kernel_args": [fetched, "console=ttyS0"]}) == []
 
 
 def test_a_kept_schematic_holding_a_secret_is_neither_served_nor_built(factory: Running) -> None:

@@ -32,8 +32,10 @@ PRIVATE_KEY = re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY[A-Z ]*-----")
 # Tokens in formats their issuers publish: AWS access key IDs, GitHub, GitLab, Slack, Google API keys, Stripe.
 TOKEN_FORMATS = re.compile(
     r"\b(AKIA[0-9A-Z]{16}|gh[pousr]_[A-Za-z0-9]{36,}|github_pat_[A-Za-z0-9_]{22,}|glpat-[A-Za-z0-9_-]{20,}"
-    r"|xox[abposr]-[A-Za-z0-9-]{10,}|AIza[0-9A-Za-z_-]{35}|[sr]k_live_[0-9A-Za-z]{16,})"
+    r"|xox[abposr]-[A-Za-z0-9-]{10,}|AIza[0-9A-Za-z_-]{35}|[sr]k_live_[0-9A-Za-z]{16,}"
+    r"|eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,})"  # and signed JWTs
 )
+URL_PASSWORD = re.compile(r"[a-z][a-z0-9+.-]*://[^/\s:@]*:[^/\s@]+@", re.IGNORECASE)  # scheme://user:password@
 # Field names (machine_config keys, service env names, NAME=value in arguments) that hold secrets.
 SECRET_NAME = re.compile(
     r"(?:^|[_.-])(?:password|passwd|passphrase|secret|token|api[_-]?key|apikey|private[_-]?key|access[_-]?key"
@@ -83,6 +85,8 @@ def _secret_text(text: str) -> str:
         return "holds a PEM private key"
     if TOKEN_FORMATS.search(text):
         return "holds an access token"
+    if URL_PASSWORD.search(text):
+        return "holds a URL with a password"
     assigned = ASSIGNMENT.match(text)
     if assigned and _secret_name(assigned["name"]):
         return f"sets {assigned['name']!r}, a secret"

@@ -1,7 +1,8 @@
-"""The real `kiln factory serve` (this project's tree and profiles, its own directory) in its own process,
-over TLS with a certificate made here: its flags, its refusals and its thread bound, measured in
-/proc. No stub and no build: nothing here asks for an image (a build would need the package store);
-tests/unit/test_factory_limits.py covers the build-side rules with a stub runner.
+"""The real `kiln factory serve` (this project's tree and profiles, its own directory) in its own
+process, over TLS with a certificate made here and plain HTTP beside it (--listen-http): its flags,
+its refusals and its thread bound, measured in /proc. No stub and no build: nothing here asks for
+an image (a build would need the package store); tests/unit/test_factory_limits.py covers the
+build-side rules with a stub runner.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ CONNECTIONS = 16
 class Served:
     url: str
     port: int
+    plain: str  # --listen-http: downloads for firmware without TLS
     cert: str  # the certificate file, as requests' verify= takes it
     process: subprocess.Popen[bytes]
 
@@ -48,13 +50,13 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     base = tmp_path_factory.mktemp("factory")
     cert, key = self_signed(base)
     (base / "token").write_text(TOKEN + "\n")
-    port = free_port()
+    port, plain = free_port(), free_port()
     command = [*KILN, "factory", "serve", "--listen", f"127.0.0.1:{port}", "--root", str(base / "root")]
     command += ["--token-file", str(base / "token"), "--tls-cert", str(cert), "--tls-key", str(key)]
-    command += ["--connections", str(CONNECTIONS), "--rate", "0"]
+    command += ["--connections", str(CONNECTIONS), "--rate", "0", "--listen-http", f"127.0.0.1:{plain}"]
     with (base / "factory.log").open("wb") as log:
         process = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-    served = Served(f"https://127.0.0.1:{port}", port, str(cert), process)
+    served = Served(f"https://127.0.0.1:{port}", port, f"http://127.0.0.1:{plain}", str(cert), process)
     try:
         deadline = time.monotonic() + 120
         while process.poll() is None and time.monotonic() < deadline:
@@ -64,7 +66,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
             except requests.ConnectionError:
                 time.sleep(0.2)
         assert process.poll() is None, (base / "factory.log").read_text()
-        assert f"https://127.0.0.1:{port}/" in (base / "factory.log").read_text()
+        assert f"https://127.0.0.1:{port}/ and http://127.0.0.1:{plain}/" in (base / "factory.log").read_text()
         yield served
     finally:
         process.terminate()
@@ -83,6 +85,8 @@ def test_schematics_over_tls_and_what_is_refused(served: Served) -> None:
     assert inward.status_code == 400 and "not a public address" in inward.json()["error"]
     with pytest.raises(requests.exceptions.ConnectionError):
         requests.get(f"http://127.0.0.1:{served.port}/v1/catalog", timeout=30)
+    plain = requests.get(f"{served.plain}/schematics/{made.json()['id']}", timeout=30)  # firmware's way in
+    assert plain.json() == {"kernel_args": ["quiet"]}
 
 
 def test_500_connections_leave_the_process_under_its_thread_bound(served: Served) -> None:

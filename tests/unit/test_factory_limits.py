@@ -357,3 +357,4 @@ def test_the_serve_flags() -> None:
     args = build_parser().parse_args([*argv, "--allow-registry", "registry.lan", "--connections", "40", "--rate", "4"])
     assert args.allow_registry == ["10.0.0.2:5000", "registry.lan"] and args.tls_cert == Path("c.pem")
     assert command.limits(args) == Limits(connections=40, per_client=10, rate=4.0, burst=20)
+    assert build_parser().parse_args([*argv, "--listen-http", "0.0.0.0:8080"]).listen_http == "0.0.0.0:8080"

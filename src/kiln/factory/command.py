@@ -40,6 +40,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tls-cert", type=Path, metavar="FILE", help="serve HTTPS with this certificate chain (PEM)")
     parser.add_argument("--tls-key", type=Path, metavar="FILE", help="the certificate's private key (PEM)")
     parser.add_argument(
+        "--listen-http",
+        metavar="HOST:PORT",
+        help="with TLS, also plain HTTP here: downloads for firmware and iPXE without TLS (writes: this host only)",
+    )
+    parser.add_argument(
         "--allow-registry",
         action="append",
         default=[],
@@ -95,31 +100,36 @@ def run(args: argparse.Namespace, project: Path, pkgs: tuple[Path, ...], profile
     from kiln.factory.service import serve, tls_context
     from kiln.factory.state import Factory
 
-    host, port = listen_address(args.listen)
+    listens = [(listen_address(args.listen), True)]  # (address, with TLS when given)
     if (args.tls_cert is None) != (args.tls_key is None):
         raise InputError("--tls-cert and --tls-key go together")
+    if args.listen_http:
+        if args.tls_cert is None:
+            raise InputError("--listen-http is a plain listener beside a TLS one: it needs --tls-cert/--tls-key")
+        listens.append((listen_address(args.listen_http), False))
     tls = tls_context(args.tls_cert, args.tls_key) if args.tls_cert else None
+    registries, bounds = Registries.of(args.allow_registry), limits(args)
     root = args.root or cache_dir() / "factory"
     root.mkdir(parents=True, exist_ok=True)
     catalog = Catalog.read(project, pkgs, profiles_dir, version)
-    registries = Registries.of(args.allow_registry)
     runner = checked_runner(
         kiln_image_runner(catalog, root / "schematics", args.cache_from), root / "schematics", registries
     )
     builds = Builds(root, runner, workers=args.workers, queue=args.queue)
     factory = Factory(catalog, builds, token(root, args.token_file), registries=registries, waiting=args.waiting)
-    server = serve(factory, host, port, limits(args), tls)
+    servers = [(serve(factory, host, port, bounds, tls if secure else None), host) for (host, port), secure in listens]
     where = args.token_file or (f"${TOKEN_ENV}" if os.environ.get(TOKEN_ENV) else root / "token")
-    scheme = "https" if tls else "http"
+    urls = [f"{'https' if s.tls else 'http'}://{host}:{s.server_address[1]}/" for s, host in servers]
     say_line(
         f"kiln factory: version {version}, {len(catalog.offers)} profiles, {len(catalog.extensions)} extensions; "
-        f"{scheme}://{host}:{server.server_address[1]}/ (write token: {where})"
+        f"{' and '.join(urls)} (write token: {where})"
     )
-    if tls is None:
-        say_line("kiln factory: plain HTTP: writes are taken from this host only (--tls-cert/--tls-key for others)")
+    if any(server.tls is None for server, _ in servers):
+        say_line("kiln factory: plain HTTP: writes there are taken from this host only (TLS for others)")
     try:
         while True:
             time.sleep(3600)
     except KeyboardInterrupt:
-        server.shutdown()
+        for server, _ in servers:
+            server.shutdown()
     return 0

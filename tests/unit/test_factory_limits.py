@@ -314,6 +314,9 @@ def test_tls_serving_with_a_certificate_made_here(tmp_path: Path) -> None:
             f"{factory.url}/schematics", data=b"extensions: [lldpd]\n", headers=AUTH, verify=str(cert), timeout=30
         )
         assert made.status_code == 201
+        factory.stub.hold.set()
+        image = requests.get(f"{factory.url}/image/{made.json()['id']}/{VERSION}/iso.iso", verify=str(cert), timeout=30)
+        assert image.status_code == 200 and image.content == b"ISO" * 1000  # sendfile over TLS
         with pytest.raises(requests.exceptions.SSLError):
             requests.get(f"{factory.url}/v1/catalog", timeout=30)  # not a CA this client trusts
         plain = factory.url.replace("https://", "http://")

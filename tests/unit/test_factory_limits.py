@@ -361,3 +361,15 @@ def test_the_serve_flags() -> None:
     assert args.allow_registry == ["10.0.0.2:5000", "registry.lan"] and args.tls_cert == Path("c.pem")
     assert command.limits(args) == Limits(connections=40, per_client=10, rate=4.0, burst=20)
     assert build_parser().parse_args([*argv, "--listen-http", "0.0.0.0:8080"]).listen_http == "0.0.0.0:8080"
+
+
+def test_each_registry_is_resolved_once_per_check() -> None:
+    """A schematic naming one registry 64 times costs one lookup, not 64 (a POST's thread waits on them)."""
+    asked: list[str] = []
+
+    def resolve(host: str, port: int) -> Iterable[str]:
+        asked.append(host)
+        return ["93.184.216.34"]
+
+    references = [f"oci://registry.example.com/kiln/x{n}:1" for n in range(64)]
+    assert Registries.of([], resolve).refusals(references) == [] and asked == ["registry.example.com"]

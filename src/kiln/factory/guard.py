@@ -124,14 +124,17 @@ class Registries:
         return cls(frozenset(allowed), resolver)
 
     def refusals(self, extensions: Iterable[str]) -> list[str]:
-        """Why each refused registry reference is refused (empty: all allowed)."""
-        return [why for text in extensions if is_oci(text) for why in [self._refusal(text)] if why]
+        """Why each refused registry is refused (empty: all allowed); each host resolved once."""
+        hosts: dict[str, None] = {}
+        problems: list[str] = []
+        for text in filter(is_oci, extensions):
+            try:
+                hosts[Reference.parse(text).repository.host.lower()] = None
+            except InputError as exc:
+                problems.append(str(exc))
+        return problems + [why for host in hosts for why in [self._refusal(host)] if why]
 
-    def _refusal(self, text: str) -> str:
-        try:
-            host = Reference.parse(text).repository.host.lower()
-        except InputError as exc:
-            return str(exc)
+    def _refusal(self, host: str) -> str:
         name, _, port = host.partition(":")
         if host in self.allowed or name in self.allowed:
             return ""

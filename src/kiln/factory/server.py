@@ -110,11 +110,6 @@ class PooledServer(HTTPServer):
         self._threads = 0  # pool threads started (never more than limits.connections)
         self._idle = 0  # pool threads waiting for a connection
 
-    @property
-    def open_connections(self) -> int:
-        with self._lock:
-            return sum(self._open.values())
-
     def process_request(self, request: Any, client_address: Any) -> None:
         client = client_key(client_address[0])
         if not self._admit(client):

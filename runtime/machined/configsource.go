@@ -34,6 +34,15 @@ var configFiles = []struct {
 
 func isURL(s string) bool { return strings.HasPrefix(s, "http://") || strings.HasPrefix(s, "https://") }
 
+// configSourceName is kiln.config='s value as status and the console show it: a path as it is,
+// a URL redacted (no credentials, no query).
+func configSourceName(value string) string {
+	if isURL(value) {
+		return redact.String(value)
+	}
+	return value
+}
+
 // maxRemoteConfig bounds a fetched config: a config is a few KiB, a hostile server may send GiBs.
 // A config drive's files and the kept config are bounded the same.
 const maxRemoteConfig = 1 << 20

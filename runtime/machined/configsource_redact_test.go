@@ -52,3 +52,17 @@ func TestUpgradeURLsAreRedacted(t *testing.T) {
 		t.Fatalf("check: %v", err)
 	}
 }
+
+func TestConfigSourceName(t *testing.T) {
+	for in, want := range map[string]string{
+		"/etc/kiln config?.yaml":                       "/etc/kiln config?.yaml",
+		"https://u:p@cfg.example/k.yaml?token=abc":     "https://REDACTED@cfg.example/k.yaml?REDACTED",
+		"http://10.0.0.1/k.yaml#sha256=" + sha256Zeros: "http://10.0.0.1/k.yaml#sha256=" + sha256Zeros,
+	} {
+		if got := configSourceName(in); got != want {
+			t.Errorf("%q: %q, want %q", in, got, want)
+		}
+	}
+}
+
+var sha256Zeros = strings.Repeat("0", 64)

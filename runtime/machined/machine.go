@@ -17,7 +17,6 @@ import (
 	"kiln/machined/internal/network"
 	"kiln/machined/internal/ntp"
 	"kiln/machined/internal/persist"
-	"kiln/machined/internal/redact"
 	"kiln/machined/internal/safefile"
 	"kiln/machined/internal/safego"
 	"kiln/machined/internal/supervisor"
@@ -178,7 +177,7 @@ func (m *machine) loadConfig() {
 			m.con.printf("config: %v; using defaults", err)
 			return
 		}
-		m.cfg, m.configSource = cfg, redact.String(value) // no credentials or query in status and logs
+		m.cfg, m.configSource = cfg, configSourceName(value) // a URL without credentials or query
 	} else if dev, fstype := findConfigDrive("/sys"); dev != "" && m.configDriveAllowed(dev) {
 		cfg, source, err := configFromDrive(dev, fstype)
 		if err != nil {

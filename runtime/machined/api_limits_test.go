@@ -214,3 +214,34 @@ func TestRateLimitedLogSaysWhatItDropped(t *testing.T) {
 		t.Fatalf("log:\n%s\nwant:\n%s", out.String(), want)
 	}
 }
+
+// A request whose body never finishes ends at ReadTimeout instead of holding its handler.
+func TestAPIReadTimeoutEndsASlowRequest(t *testing.T) {
+	limits := defaultAPILimits
+	limits.ReadTimeout = 300 * time.Millisecond
+	a := startAuthAPI(t, limits)
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM([]byte(a.serverCA.pem))
+	me := a.clientCA.issueSpec(t, certSpec{name: "op", orgs: []string{"operator"}, usages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}})
+	pair, _ := tls.X509KeyPair([]byte(me.certPEM), []byte(me.keyPEM))
+	c, err := tls.Dial("tcp", hostPort(a.url), &tls.Config{RootCAs: pool, Certificates: []tls.Certificate{pair}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	start := time.Now()
+	_, _ = io.WriteString(c, "POST /v1/upgrade HTTP/1.1\r\nHost: m\r\nContent-Length: 1000\r\n\r\n{\"image\": ")
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	answer, _ := io.ReadAll(c)
+	if took := time.Since(start); took > 3*time.Second {
+		t.Fatalf("a request stuck in its body held the connection %s", took)
+	}
+	if !strings.Contains(string(answer), "400 Bad Request") || !strings.Contains(string(answer), "timeout") {
+		t.Fatalf("answer to a request stuck in its body: %q", answer)
+	}
+	a.backend.mu.Lock()
+	defer a.backend.mu.Unlock()
+	if len(a.backend.upgrades) != 0 {
+		t.Fatalf("a request cut short reached the machine: %+v", a.backend.upgrades)
+	}
+}

@@ -9,7 +9,8 @@ import (
 // FuzzParsePacket feeds hostile datagrams through everything a reply goes through:
 // parsing, validation (with the originate timestamp made to match, so the later checks
 // are reached), era placement and the offset/delay calculation. None may panic, and an
-// accepted sample must be within the bounds the checks promise.
+// accepted sample must be within the bounds the checks promise, and, after the first sync,
+// one server's sample can never step the clock.
 func FuzzParsePacket(f *testing.F) {
 	now := time.Now()
 	good := reply(packet{transmit: 0x0123456789abcdef}, 0, 2)
@@ -43,6 +44,11 @@ func FuzzParsePacket(f *testing.F) {
 			if s.Delay < 0 || s.Delay > maxDelay || s.Stratum < 1 || s.Stratum > maxStratum ||
 				s.RootDelay/2+s.RootDispersion > maxRootDistance {
 				t.Fatalf("accepted an out-of-bounds sample %+v", s)
+			}
+			// whatever one server says, after the first sync it alone never steps the clock
+			// and moves it by MaxSlew at most
+			if how, _ := decide(false, s, []Sample{s, s}); how == doStep || how == doSlew && abs(s.Offset) > MaxSlew {
+				t.Fatalf("one server's sample %+v: correction %v", s, how)
 			}
 		}
 	})

@@ -300,13 +300,17 @@ func (m *machine) upgradeSource(ctx context.Context, req upgradeRequest) (oci.So
 		if err != nil {
 			return nil, "", err
 		}
-		tarball := filepath.Join(upgradeWork, "installer.tar")
-		n, err := oci.Download(ctx, req.URL, tarball, upgradeMaxTar, insecure, roots)
-		if err != nil {
-			return nil, "", err
+		// read in place by byte ranges: the index, the manifest and its signature are checked
+		// before a layer is fetched, and the disk image layer never is
+		layout, err := oci.OpenRemoteLayout(ctx, req.URL, upgradeMaxTar, insecure, roots)
+		if errors.Is(err, oci.ErrNoRanges) && m.cfg.unsignedAllowed() {
+			// only an upgrade that may be unsigned anyway may download first
+			m.con.printf("upgrade: %v; downloading the whole tarball first (allow_unsigned: true)", err)
+			return m.downloadLayout(ctx, req, insecure, roots)
 		}
-		m.upgrades.update(func(s *upgradeStatus) { s.PulledBytes, s.TotalBytes = n, n })
-		layout, err := oci.OpenLayoutTar(tarball)
+		if errors.Is(err, oci.ErrNoRanges) {
+			return nil, "", fmt.Errorf("%v: machined reads a tarball's signature before its layers, so serve it from a server that answers Range requests (nginx, Apache, object storage), or push it to a registry", err)
+		}
 		if err != nil {
 			return nil, "", err
 		}
@@ -321,6 +325,21 @@ func (m *machine) upgradeSource(ctx context.Context, req upgradeRequest) (oci.So
 		digest, err := m.chooseFromChannel(ctx, reg, req)
 		return reg, digest, err
 	}
+}
+
+// downloadLayout fetches a whole layout tarball into the tmpfs (a server without byte ranges).
+func (m *machine) downloadLayout(ctx context.Context, req upgradeRequest, insecure bool, roots *x509.CertPool) (oci.Source, string, error) {
+	tarball := filepath.Join(upgradeWork, "installer.tar")
+	n, err := oci.Download(ctx, req.URL, tarball, upgradeBudget, insecure, roots)
+	if err != nil {
+		return nil, "", err
+	}
+	m.upgrades.update(func(s *upgradeStatus) { s.PulledBytes, s.TotalBytes = n, n })
+	layout, err := oci.OpenLayoutTar(tarball)
+	if err != nil {
+		return nil, "", err
+	}
+	return layout, req.Digest, nil
 }
 
 // chooseFromChannel reads the newest semver tags' manifests, picks the release to install and

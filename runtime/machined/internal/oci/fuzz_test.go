@@ -132,3 +132,20 @@ func TestUnpackRandomHostileLayers(t *testing.T) {
 		}
 	}
 }
+
+// FuzzParseContentRange: a Content-Range header parses to FIRST <= LAST < TOTAL, all
+// non-negative, or is an error; never a panic.
+func FuzzParseContentRange(f *testing.F) {
+	for _, s := range []string{"bytes 0-511/1024", "bytes */1024", "bytes 0-0/1", "bytes 9-1/2", "bytes 0-9223372036854775807/1"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, v string) {
+		first, last, total, err := ParseContentRange(v)
+		if err != nil {
+			return
+		}
+		if first < 0 || first > last || last >= total {
+			t.Fatalf("%q: %d-%d/%d", v, first, last, total)
+		}
+	})
+}

@@ -22,9 +22,21 @@ const (
 // manifest.json, is ignored). The tar is indexed once and blobs are read in place, never
 // unpacked, so a hostile member name can do no harm beyond being refused.
 type Layout struct {
-	f       *os.File
+	f       layoutFile
+	size    int64
 	members map[string]member
 	index   Index
+}
+
+// layoutFile is where a layout's tar is read from: a local file, or a URL read by byte ranges.
+type layoutFile interface {
+	io.ReaderAt
+	io.Closer
+}
+
+// rangeOpener streams a part of a layout's tar with one read (a remote tar's blob).
+type rangeOpener interface {
+	OpenRange(off, n int64) (io.ReadCloser, error)
 }
 
 type member struct{ off, size int64 }
@@ -37,7 +49,12 @@ func OpenLayoutTar(path string) (*Layout, error) {
 	if err != nil {
 		return nil, err
 	}
-	l := &Layout{f: f, members: map[string]member{}}
+	st, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	l := &Layout{f: f, size: st.Size(), members: map[string]member{}}
 	if err := l.load(); err != nil {
 		f.Close()
 		return nil, fmt.Errorf("OCI layout %s: %w", path, err)
@@ -54,11 +71,8 @@ func (l *Layout) Index() []Descriptor {
 }
 
 func (l *Layout) load() error {
-	st, err := l.f.Stat()
-	if err != nil {
-		return err
-	}
-	tr := tar.NewReader(l.f)
+	sr := io.NewSectionReader(l.f, 0, l.size)
+	tr := tar.NewReader(sr)
 	for n := 0; ; n++ {
 		if n >= maxLayoutMembers {
 			return fmt.Errorf("more than %d tar members", maxLayoutMembers)
@@ -92,11 +106,11 @@ func (l *Layout) load() error {
 		if _, dup := l.members[name]; dup {
 			return fmt.Errorf("member %s appears twice", quote(name))
 		}
-		off, err := l.f.Seek(0, io.SeekCurrent)
+		off, err := sr.Seek(0, io.SeekCurrent)
 		if err != nil {
 			return err
 		}
-		if hdr.Size > st.Size()-off {
+		if hdr.Size > l.size-off {
 			return fmt.Errorf("member %s: the tar is truncated", quote(name))
 		}
 		l.members[name] = member{off: off, size: hdr.Size}
@@ -188,6 +202,13 @@ func (l *Layout) Blob(ctx context.Context, desc Descriptor) (io.ReadCloser, erro
 	}
 	if m.size != desc.Size {
 		return nil, fmt.Errorf("blob %s is %d bytes in the layout, its descriptor says %d", desc.Digest, m.size, desc.Size)
+	}
+	if ro, ok := l.f.(rangeOpener); ok {
+		rc, err := ro.OpenRange(m.off, m.size)
+		if err != nil {
+			return nil, fmt.Errorf("blob %s: %w", desc.Digest, err)
+		}
+		return newVerifier(rc, desc), nil
 	}
 	return newVerifier(io.NewSectionReader(l.f, m.off, m.size), desc), nil
 }

@@ -17,6 +17,8 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+
+	"kiln/machined/internal/safefile"
 )
 
 const (
@@ -190,9 +192,10 @@ func (st *State) SwitchTo(slot string) error {
 	return nil
 }
 
-// Read loads the state from a grubenv file.
+// Read loads the state from a grubenv file: a regular file, not a link, read up to a bound
+// (the block is Size bytes; a larger file is refused rather than read whole into PID 1).
 func Read(path string) (State, error) {
-	block, err := os.ReadFile(path)
+	block, err := safefile.ReadFile(path, 64*Size)
 	if err != nil {
 		return State{Default: "A"}, fmt.Errorf("boot state: %v", err)
 	}

@@ -160,3 +160,22 @@ func FuzzParse(f *testing.F) {
 		}
 	})
 }
+
+// BOOT is a drive like any other: its grubenv is read only as a regular file, and only so far.
+func TestReadRefusesLinksAndHugeFiles(t *testing.T) {
+	dir := t.TempDir()
+	link := filepath.Join(dir, "grubenv")
+	if err := os.Symlink("/dev/zero", link); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Read(link); err == nil {
+		t.Fatal("a grubenv link to /dev/zero was read")
+	}
+	huge := filepath.Join(dir, "huge")
+	if err := os.WriteFile(huge, make([]byte, 64*Size+1), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Read(huge); err == nil {
+		t.Fatal("an oversized grubenv was read")
+	}
+}

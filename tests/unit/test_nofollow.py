@@ -131,3 +131,10 @@ def test_paths_from_a_spec_never_climb_out(tree: Path) -> None:
     with pytest.raises(BuildError, match=r"'\.\.' component"):
         nofollow.write_in(tree, "usr/../../escape", b"")
     assert not (tree.parent / "escape").exists()
+
+
+def test_a_refusal_names_the_entry_with_its_control_characters_escaped(tree: Path, canary: Canary) -> None:
+    (tree / "usr/lib/\x1b[2Jevil").symlink_to(canary.dir)
+    with pytest.raises(LinkRefused) as refused:
+        nofollow.refuse_links(tree, "usr", what="modules")
+    assert "/usr/lib/\\x1b[2Jevil is a symbolic link" in str(refused.value)

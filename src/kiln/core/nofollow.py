@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kiln.core import treecopy
-from kiln.core.errors import BuildError
+from kiln.core.errors import BuildError, printable
 from kiln.core.paths import spec_parts
 
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -77,7 +77,8 @@ def _join(rel: str, name: str) -> str:
 
 
 def refuse(what: str, shown: str, needed: str = "a directory") -> LinkRefused:
-    """The error for a link found where `needed` was, naming the entry."""
+    """The error for a link found where `needed` was, naming the entry (escaped: the tree chose its name)."""
+    shown = printable(shown)
     return LinkRefused(f"{what}: {shown} is a symbolic link where Kiln needs {needed}; it never follows a tree's links")
 
 
@@ -101,7 +102,7 @@ def _open_child(parent: int, name: str, shown: str, *, create: bool, what: str) 
     if stat.S_ISLNK(info.st_mode):
         raise refuse(what, shown)
     if not stat.S_ISDIR(info.st_mode):
-        raise BuildError(f"{what}: {shown} is not a directory")
+        raise BuildError(f"{what}: {printable(shown)} is not a directory")
     try:
         return os.open(name, _DIR, dir_fd=parent)
     except OSError as error:  # swapped for a link or a file since the lstat
@@ -231,7 +232,7 @@ def opened_file(parent: int, name: str, shown: str, *, what: str = "tree") -> It
         raise
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise BuildError(f"{what}: {shown} is not a regular file")
+            raise BuildError(f"{what}: {printable(shown)} is not a regular file")
         yield fd
     finally:
         os.close(fd)

@@ -1,12 +1,13 @@
 package main
 
 // POST /v1/upgrade: pull an installer image (a registry reference, a release channel of a
-// repository, or an OCI layout tarball at a URL), check it (and its signature, when the config
-// names release keys), stop the services, unmount what lives on the owned disk, and run the
-// image's own machined (`install --upgrade`) in an isolated root that holds only the image and
-// the owned disk's device nodes. It writes the other slot and puts it on trial; machined
-// reboots into it. Every step before the reboot that fails leaves the machine on its current
-// version with its services running again, and says why in the status and the log.
+// repository, or an OCI layout tarball at a URL), check it and its signature (upgrade_policy.go:
+// unsigned only when the config allows it by name), stop the services, unmount what lives on the
+// owned disk, and run the image's own machined (`install --upgrade`) in a sandbox
+// (upgrade_sandbox.go) where only BOOT is writable. It writes the other slot and puts it on
+// trial; machined reboots into it. Every step before the reboot that fails leaves the machine on
+// its current version with its services running again and the boot state as it was, and says
+// why in the status and the log.
 // docs/upgrades.md tells the whole story.
 
 import (

@@ -4,7 +4,8 @@ package main
 // sees it, by the sandbox's user) and starts itself again as `machined upgrade-sandbox` in new
 // mount, PID, network, IPC, UTS and cgroup namespaces. That helper, still root but alone in its
 // namespaces, bind-mounts the unpacked image onto itself and BOOT at its /boot, pivot_roots into
-// the image and detaches the old root (no path back to the machine's files), remounts the image
+// the image and detaches the old root (no path back to the machine's files; see pivotIntoCwd for
+// the one case where it moves the image over / instead), remounts the image
 // read-only, drops every capability from the bounding set, becomes the unprivileged sandbox user,
 // sets no_new_privs and only then execs the image's installer. The installer so runs with no
 // capability at all, cannot gain one (no setuid, no file capabilities), sees no device node,
@@ -109,8 +110,7 @@ func enterSandbox(root, bootDir string) error {
 			return syscall.Mount("", filepath.Join(root, "boot"), "", syscall.MS_BIND|syscall.MS_REMOUNT|syscall.MS_NOSUID|syscall.MS_NODEV|syscall.MS_NOEXEC, "")
 		}},
 		{"entering the image", func() error { return syscall.Chdir(root) }},
-		{"pivot_root", func() error { return syscall.PivotRoot(".", ".") }},
-		{"detaching the old root", func() error { return syscall.Unmount(".", syscall.MNT_DETACH) }},
+		{"pivot_root", pivotIntoCwd},
 		{"chdir /", func() error { return syscall.Chdir("/") }},
 		{"the image read-only", func() error {
 			return syscall.Mount("", "/", "", syscall.MS_BIND|syscall.MS_REMOUNT|syscall.MS_RDONLY|syscall.MS_NOSUID|syscall.MS_NODEV, "")
@@ -133,6 +133,25 @@ func enterSandbox(root, bootDir string) error {
 		}
 	}
 	return nil
+}
+
+// pivotIntoCwd makes the current directory (a mount point) the root and detaches the old root.
+// Where the machine's own root cannot be pivoted away from (a root moved over the initramfs's
+// rootfs whose parent mount pivot_root refuses, EINVAL), it moves the directory over / and
+// chroots there, as switch_root does: the old mounts stay below, out of reach of a process that
+// has, as the installer will, no capability to chroot or mount again.
+func pivotIntoCwd() error {
+	err := syscall.PivotRoot(".", ".")
+	if err == nil {
+		return syscall.Unmount(".", syscall.MNT_DETACH)
+	}
+	if err != syscall.EINVAL {
+		return err
+	}
+	if merr := syscall.Mount(".", "/", "", syscall.MS_MOVE, ""); merr != nil {
+		return fmt.Errorf("%v; moving the image over / instead: %v", err, merr)
+	}
+	return syscall.Chroot(".")
 }
 
 // dropCapabilities empties this thread's bounding and ambient sets, so nothing it execs can

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"syscall"
 
 	"kiln/machined/internal/disk"
@@ -48,7 +49,7 @@ func decideConfigDrive(mode, kept string, probeErr error) driveVerdict {
 			kept, paramConfigDrive, configDriveReplace)
 	}
 	if mode != "" && mode != configDriveReplace {
-		v.why += fmt.Sprintf(" (%s=%q is not %q and means nothing)", paramConfigDrive, mode, configDriveReplace)
+		v.why = strings.TrimSpace(v.why + fmt.Sprintf(" (%s=%q is not %q and means nothing)", paramConfigDrive, mode, configDriveReplace))
 	}
 	return v
 }

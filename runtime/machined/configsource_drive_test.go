@@ -26,10 +26,11 @@ func TestConfigDriveRule(t *testing.T) {
 		{"replace", "", nil, true, "kiln.config.drive=replace"},
 		{"", "", errors.New("mount: EIO"), true, "no kept config could be read"},
 		{"yes", kept, nil, false, `kiln.config.drive="yes" is not "replace"`},
+		{"yes", "", nil, true, `(kiln.config.drive="yes" is not "replace"`},
 	}
 	for _, c := range cases {
 		v := decideConfigDrive(c.mode, c.kept, c.probeErr)
-		if !v.decided || v.allowed != c.allowed || !strings.Contains(v.why, c.why) {
+		if !v.decided || v.allowed != c.allowed || !strings.Contains(v.why, c.why) || strings.TrimSpace(v.why) != v.why {
 			t.Errorf("mode %q kept %q err %v: %+v", c.mode, c.kept, c.probeErr, v)
 		}
 	}

@@ -34,7 +34,7 @@ const (
 func OpenRemoteLayout(ctx context.Context, rawURL string, max int64, insecure bool, roots *x509.CertPool) (*Layout, error) {
 	u, err := url.Parse(rawURL)
 	if err != nil {
-		return nil, fmt.Errorf("layout URL: %v", err)
+		return nil, fmt.Errorf("layout URL: %v", redact.Error(err)) // url.Parse quotes the whole URL
 	}
 	if err := checkScheme(u, insecure); err != nil {
 		return nil, fmt.Errorf("layout URL: %w", err)

@@ -213,3 +213,19 @@ def test_download_lines() -> None:
     report("musl-1.2.3.tar.gz", 1048576, 2 * 1048576)
     report("musl-1.2.3.tar.gz", 2 * 1048576, 2 * 1048576)
     assert stream.getvalue().splitlines() == ["fetch: musl-1.2.3.tar.gz (2.0 MiB)", "fetch: musl-1.2.3.tar.gz: done"]
+
+
+def test_the_heaviest_chain_starts_first(graph: Graph, tmp_path: Path) -> None:
+    """With one worker, x (build order puts a first) goes first when its chain weighs more."""
+    builder = StubBuilder(graph, Store(tmp_path / "cache"), fail=set())
+    run(builder, ["top"], jobs=1, weigh=lambda name: 10 if name == "y" else 1)
+    assert builder.calls[:2] == ["x", "y"]  # y's weight makes x's chain (x, y, top) the heaviest
+    unweighed = StubBuilder(graph, Store(tmp_path / "cache2"), fail=set())
+    run(unweighed, ["top"], jobs=1)
+    assert unweighed.calls[0] == "a"  # no weights: build order
+
+
+def test_never_more_builds_than_jobs_even_with_many_ready(graph: Graph, tmp_path: Path) -> None:
+    builder = StubBuilder(graph, Store(tmp_path / "cache"), fail=set(), delay=0.05)
+    run(builder, ["top"], jobs=1)
+    assert builder.peak == 1 and len(builder.calls) == 6

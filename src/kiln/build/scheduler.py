@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import time
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -72,6 +73,7 @@ class Scheduler:
         pins: Pins | None = None,
         prebuilt: frozenset[str] = frozenset(),
         origin: float | None = None,
+        weigh: Callable[[str], float] | None = None,
     ) -> None:
         self.builder = builder
         self.progress = progress
@@ -81,6 +83,7 @@ class Scheduler:
         self.pins = pins
         self.prebuilt = prebuilt  # built by an earlier pass of this run (a cross build's tools): never rebuilt
         self.origin = time.monotonic() if origin is None else origin  # outcomes' times count from here
+        self.weigh = weigh or (lambda name: 0)  # a package's own cost (kiln.build.prefetch.source_bytes)
 
     def now(self) -> float:
         """Seconds since the run's origin, to the millisecond."""
@@ -113,20 +116,13 @@ class Scheduler:
         try:
             while True:
                 stop = stop or TOKEN.cancelled
-                for name in [n for n in pending if not waiting[n] and n not in blocked]:
-                    if stop:
-                        break
-                    pending.remove(name)
-                    # Without waiting: an entry being evicted right now goes to a worker, which rebuilds it.
-                    if (not self.no_cache or name in self.prebuilt) and pins.pin(keys[name], wait=False):
-                        self.builder.store.touch(keys[name])
-                        outcomes[name].status = CACHED
-                        outcomes[name].started = outcomes[name].finished = self.now()
-                        self.progress.done(outcomes[name])
-                        self._release(name, waiting)
-                        continue
-                    self.progress.started(name)
-                    running[pool.submit(self._build_one, outcomes[name], pins)] = name
+                if not stop:
+                    self._take_stored(pending, waiting, blocked, pins, outcomes)
+                    ready = [n for n in pending if not waiting[n] and n not in blocked]
+                    for name in self._first(ready, names)[: self.jobs - len(running)]:
+                        pending.remove(name)
+                        self.progress.started(name)
+                        running[pool.submit(self._build_one, outcomes[name], pins)] = name
                 if not running:
                     if not stop and any(not waiting[n] and n not in blocked for n in pending):
                         continue  # a cached package just unblocked more
@@ -240,6 +236,44 @@ class Scheduler:
                     f"package log {log}:\n{result.tail}"
                 )
             self.progress.done(outcome)
+
+    def _take_stored(
+        self,
+        pending: list[str],
+        waiting: dict[str, set[str]],
+        blocked: set[str],
+        pins: Pins,
+        outcomes: dict[str, Outcome],
+    ) -> None:
+        """Mark every ready package whose entry is stored as cached (no worker needed), until none is left."""
+        keys = self.builder.keys
+        found = True
+        while found:
+            found = False
+            for name in [n for n in pending if not waiting[n] and n not in blocked]:
+                # Without waiting: an entry being evicted right now goes to a worker, which rebuilds it.
+                if (not self.no_cache or name in self.prebuilt) and pins.pin(keys[name], wait=False):
+                    pending.remove(name)
+                    self.builder.store.touch(keys[name])
+                    outcomes[name].status = CACHED
+                    outcomes[name].started = outcomes[name].finished = self.now()
+                    self.progress.done(outcomes[name])
+                    self._release(name, waiting)
+                    found = True
+
+    def _first(self, ready: list[str], names: list[str]) -> list[str]:
+        """`ready` heaviest chain first: a package's weight plus the heaviest chain of the run's packages
+        that need it (the critical path by source bytes); ties keep build order."""
+        edges = self.builder.graph.edges
+        needed_by: dict[str, list[str]] = {name: [] for name in names}
+        for name in names:
+            for need in edges[name]:
+                if need in needed_by:
+                    needed_by[need].append(name)
+        chain: dict[str, float] = {}
+        for name in reversed(names):  # build order: a package's dependents come after it
+            chain[name] = self.weigh(name) + max((chain[d] for d in needed_by[name]), default=0)
+        return sorted(ready, key=lambda name: -chain[name])
 
     @staticmethod
     def _release(name: str, waiting: dict[str, set[str]]) -> None:

@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kiln.build import prefetch
 from kiln.build.bootstrap import ensure_stage0
 from kiln.build.builder import Builder, logs_dir
 from kiln.build.check import Checked, check_package
@@ -152,6 +153,7 @@ class Session:
             self.pins.release()  # a rebuild locks keys exclusively: our own pins would block it forever
         if cache_from and not no_cache:
             self.pull_needed(targets, cache_from)
+        prefetch.start(self.builder, self._to_build(names, no_cache=no_cache))  # overlaps the seed's bootstrap
         tools = self.build_tools(names, jobs, progress, no_cache=no_cache, keep_going=keep_going, origin=origin)
         if any(outcome.status == FAILED for outcome in tools.values()):
             return tools
@@ -166,6 +168,7 @@ class Session:
             pins=self.pins,
             prebuilt=frozenset(tools),
             origin=origin,
+            weigh=prefetch.source_bytes(self.builder),
         )
         outcomes = {**scheduler.run(targets), **tools}
         if cache_to:

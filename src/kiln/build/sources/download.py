@@ -14,6 +14,7 @@ import hashlib
 import os
 import re
 import tempfile
+import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -112,6 +113,8 @@ class Fetcher:
         self.backoff = backoff
         self.timeout = timeout
         self.apt_timeout = apt_timeout
+        self._guard = threading.Lock()
+        self._fetching: dict[str, threading.Lock] = {}  # one download per sha256 in this process
 
     def path_for(self, sha256: str) -> Path:
         return self.sources_dir / sha256
@@ -124,9 +127,12 @@ class Fetcher:
         if not SHA256_NAME.fullmatch(sha):
             raise FetchError(f"malformed sha256 {sha!r} for {source.url}: expected 64 lowercase hex digits", where)
         target = self.path_for(sha)
-        if not still_verified(target, sha):
-            self.sources_dir.mkdir(parents=True, exist_ok=True)
-            self._download(source, source.url, sha, target, where)
+        with self._guard:
+            fetching = self._fetching.setdefault(sha, threading.Lock())
+        with fetching:  # a build and the run's prefetch (kiln.build.prefetch) may ask at once
+            if not still_verified(target, sha):
+                self.sources_dir.mkdir(parents=True, exist_ok=True)
+                self._download(source, source.url, sha, target, where)
         self._check_once(target, source.url, where)
         return target
 

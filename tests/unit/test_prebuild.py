@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -35,6 +36,20 @@ def test_a_failing_build_is_reported_and_the_next_one_still_runs(capsys: pytest.
     assert lines[1].startswith("prebuild: good: ") and lines[1].endswith("exit 0")
 
 
+def gone_within(pid: int, seconds: float) -> bool:
+    """True once `pid` has exited (gone, or a zombie waiting for init to reap it)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:
+            return True
+        if state == "Z":
+            return True
+        time.sleep(0.05)  # the signal is delivered; the process is on its way out
+    return False
+
+
 def test_stop_ends_the_whole_group(tmp_path: Path) -> None:
     """A prebuild stopped mid-build takes its child (the kiln build) with it: nothing keeps building."""
     log = tmp_path / "log"
@@ -43,5 +58,5 @@ def test_stop_ends_the_whole_group(tmp_path: Path) -> None:
     assert process.stdout is not None
     pid = int(process.stdout.readline())  # the child runs: the group has two processes
     Background(process, log).stop()
-    assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
+    assert gone_within(pid, seconds=10)
     assert Background(process, log).summary() == []

@@ -5,11 +5,13 @@ ways on loopback with real mutual TLS: as it was before connection limits (TLS a
 nothing else) and as it is (256 connections, 32 per source, the oldest unauthenticated evicted,
 timeouts). For each it holds 0, 200 (10 source addresses x 20) and 2,000 (20 x 100) idle TCP
 connections that never start a handshake, counts the descriptors the server side holds for them
-(what PID 1 would spend), then times 200 sequential authenticated `GET /v1/status`: on a new
+(what PID 1 would spend), then times 500 sequential authenticated `GET /v1/status`: on a new
 connection each (a handshake each, as `kiln node` does) and on one kept-alive connection.
 
 The test runs `--rounds` times; each figure here is the median of the rounds' figures. The ratios are
-after / before at 200 and 2,000 idle connections. Run: `.venv/bin/python bench/api.py` (needs Go).
+after / before at 200 and 2,000 idle connections. Go benchmarks then time what the limits add alone:
+counting a connection in and out (its handshake timer included; a net.Pipe made per operation) and
+the role check per request. Run: `.venv/bin/python bench/api.py` (needs Go).
 Writes bench/results/api.json.
 """
 
@@ -42,6 +44,22 @@ def one_round(directory: Path, number: int) -> dict[str, Any]:
         sys.exit(f"go test failed:\n{result.stdout}\n{result.stderr}")
     data: dict[str, Any] = json.loads(out.read_text())
     return data
+
+
+def per_operation() -> dict[str, float]:
+    """What the limits and the role check cost alone (Go benchmarks): nanoseconds per connection, per request."""
+    wanted = "^(BenchmarkConnTrackerAdmitRelease|BenchmarkClientIdentity)$"
+    command = ["go", "test", "-run", "^$", "-bench", wanted, "."]
+    result = subprocess.run(command, cwd=MACHINED, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        sys.exit(f"go test -bench failed:\n{result.stdout}\n{result.stderr}")
+    found = {}
+    for line in result.stdout.splitlines():
+        fields = line.split()
+        if fields and fields[0].startswith("Benchmark") and "ns/op" in fields:
+            name = fields[0].removeprefix("Benchmark").rsplit("-", 1)[0]
+            found[f"{name}_ns"] = float(fields[fields.index("ns/op") - 1])
+    return found
 
 
 def medians(rounds: list[dict[str, Any]]) -> dict[str, Any]:
@@ -82,6 +100,7 @@ def main() -> int:
         "load_average_1m": round(os.getloadavg()[0], 2),
         "cases": cases,
         "ratios": ratios(cases),
+        "per_operation": per_operation(),
     }
     RESULTS.write_text(json.dumps(results, indent=2) + "\n")
     for case in CASES:
@@ -91,6 +110,7 @@ def main() -> int:
             f"kept alive p50 {kept['p50']:5.2f} ms p99 {kept['p99']:5.2f} ms | "
             f"server descriptors {cases[case]['server_descriptors']:g}"
         )
+    print(", ".join(f"{name} {ns:g}" for name, ns in results["per_operation"].items()))
     print(f"wrote {RESULTS.relative_to(ROOT)}")
     return 0
 

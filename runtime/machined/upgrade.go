@@ -640,7 +640,7 @@ func restoreBootState(env string, st bootstate.State) error {
 
 // installerCommand is the sandbox helper running the image's installer for slot, BOOT at /boot.
 func installerCommand(root, bootDir, slot string) *exec.Cmd {
-	cmd := exec.Command(sandboxExe, sandboxArgs(root, bootDir, "/usr/bin/installer", "install", "--upgrade",
+	cmd := exec.Command(sandboxExe, sandboxArgs(root, bootDir, []string{slot, "grub"}, "/usr/bin/installer", "install", "--upgrade",
 		"--boot-dir", "/boot", "--slot", slot, "--tries", fmt.Sprint(defaultTries))...)
 	cmd.Dir = "/"
 	cmd.Env = []string{"PATH=/usr/bin"}
@@ -653,6 +653,10 @@ func installerCommand(root, bootDir, slot string) *exec.Cmd {
 func (m *machine) runInstaller(root, bootDir, slot string) error {
 	if err := prepareSandboxRoot(root); err != nil {
 		return err
+	}
+	// the slot's directory must exist to be bound writable (BOOT is vfat: no links)
+	if err := os.MkdirAll(filepath.Join(bootDir, slot), 0o700); err != nil {
+		return fmt.Errorf("slot %s on BOOT: %v", slot, err)
 	}
 	cmd := installerCommand(root, bootDir, slot)
 	out, done, err := supervisor.Children().StartPiped(cmd)

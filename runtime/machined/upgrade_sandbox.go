@@ -9,7 +9,8 @@ package main
 // read-only, drops every capability from the bounding set, becomes the unprivileged sandbox user,
 // sets no_new_privs and only then execs the image's installer. The installer so runs with no
 // capability at all, cannot gain one (no setuid, no file capabilities), sees no device node,
-// and can write only BOOT. docs/upgrades.md ("Install") says the same for users.
+// and can write only the slot's directory on BOOT and BOOT's grub directory (the boot state);
+// the rest of BOOT it can read. docs/upgrades.md ("Install") says the same for users.
 
 import (
 	"errors"
@@ -75,26 +76,36 @@ func kindOf(m os.FileMode) string {
 	return "special file"
 }
 
-// sandboxMain is `machined upgrade-sandbox ROOT BOOTDIR PROGRAM [ARG...]`, started by
-// runInstaller in new namespaces. It never returns when it works: it execs PROGRAM.
+// sandboxMain is `machined upgrade-sandbox ROOT BOOTDIR WRITABLE PROGRAM [ARG...]`, started by
+// runInstaller in new namespaces: WRITABLE names the directories of BOOT the program may write
+// (the slot's and grub, for the boot state), comma-separated; the rest of BOOT is read-only. It
+// never returns when it works: it execs PROGRAM.
 func sandboxMain(args []string, stderr io.Writer) int {
-	if len(args) < 3 || !filepath.IsAbs(args[0]) || !filepath.IsAbs(args[1]) || !filepath.IsAbs(args[2]) {
-		fmt.Fprintln(stderr, "upgrade-sandbox: want ROOT BOOTDIR PROGRAM [ARG...], absolute paths")
+	if len(args) < 4 || !filepath.IsAbs(args[0]) || !filepath.IsAbs(args[1]) || !filepath.IsAbs(args[3]) {
+		fmt.Fprintln(stderr, "upgrade-sandbox: want ROOT BOOTDIR WRITABLE PROGRAM [ARG...], absolute paths")
 		return 2
+	}
+	writable := strings.Split(args[2], ",")
+	for _, w := range writable {
+		if w != "A" && w != "B" && w != "grub" {
+			fmt.Fprintf(stderr, "upgrade-sandbox: %q: BOOT's writable directories are A, B and grub\n", w)
+			return 2
+		}
 	}
 	// capabilities, no_new_privs and the exec belong to one thread
 	runtime.LockOSThread()
-	if err := enterSandbox(args[0], args[1]); err != nil {
+	if err := enterSandbox(args[0], args[1], writable); err != nil {
 		fmt.Fprintf(stderr, "upgrade-sandbox: %v\n", err)
 		return 1
 	}
-	err := syscall.Exec(args[2], args[2:], []string{"PATH=/usr/bin:/bin", "HOME=/"})
-	fmt.Fprintf(stderr, "upgrade-sandbox: exec %s: %v\n", args[2], err)
+	err := syscall.Exec(args[3], args[3:], []string{"PATH=/usr/bin:/bin", "HOME=/"})
+	fmt.Fprintf(stderr, "upgrade-sandbox: exec %s: %v\n", args[3], err)
 	return 1
 }
 
 // enterSandbox does everything but the exec; it must run in fresh namespaces.
-func enterSandbox(root, bootDir string) error {
+func enterSandbox(root, bootDir string, writable []string) error {
+	boot := filepath.Join(root, "boot")
 	if os.Getpid() != 1 {
 		return errors.New("not in its own PID namespace")
 	}
@@ -105,9 +116,20 @@ func enterSandbox(root, bootDir string) error {
 		{"making the mounts private", func() error { return syscall.Mount("", "/", "", syscall.MS_REC|syscall.MS_PRIVATE, "") }},
 		{"binding the image", func() error { return syscall.Mount(root, root, "", syscall.MS_BIND, "") }},
 		{"checking /boot", func() error { return prepareSandboxRoot(root) }},
-		{"binding BOOT", func() error { return syscall.Mount(bootDir, filepath.Join(root, "boot"), "", syscall.MS_BIND, "") }},
-		{"BOOT nosuid, nodev, noexec", func() error {
-			return syscall.Mount("", filepath.Join(root, "boot"), "", syscall.MS_BIND|syscall.MS_REMOUNT|syscall.MS_NOSUID|syscall.MS_NODEV|syscall.MS_NOEXEC, "")
+		{"binding BOOT", func() error { return syscall.Mount(bootDir, boot, "", syscall.MS_BIND, "") }},
+		{"BOOT read-only", func() error { return syscall.Mount("", boot, "", bootFlags|syscall.MS_RDONLY, "") }},
+		{"BOOT's writable directories", func() error {
+			// BOOT is vfat (no links) and mounted by machined: these joins stay on it
+			for _, w := range writable {
+				dir := filepath.Join(boot, w)
+				if err := syscall.Mount(filepath.Join(bootDir, w), dir, "", syscall.MS_BIND, ""); err != nil {
+					return fmt.Errorf("%s: %v", w, err)
+				}
+				if err := syscall.Mount("", dir, "", bootFlags, ""); err != nil {
+					return fmt.Errorf("%s: %v", w, err)
+				}
+			}
+			return nil
 		}},
 		{"entering the image", func() error { return syscall.Chdir(root) }},
 		{"pivot_root", pivotIntoCwd},
@@ -154,6 +176,9 @@ func pivotIntoCwd() error {
 	return syscall.Chroot(".")
 }
 
+// bootFlags remount a bind of BOOT: nothing on it runs, no device node on it opens
+const bootFlags = syscall.MS_BIND | syscall.MS_REMOUNT | syscall.MS_NOSUID | syscall.MS_NODEV | syscall.MS_NOEXEC
+
 // dropCapabilities empties this thread's bounding and ambient sets, so nothing it execs can
 // hold a capability, root or not.
 func dropCapabilities() error {
@@ -176,9 +201,9 @@ func prctl(option, arg uintptr) error {
 	return nil
 }
 
-// sandboxArgs is the helper's command line.
-func sandboxArgs(root, bootDir, program string, args ...string) []string {
-	return append([]string{sandboxCommand, root, bootDir, program}, args...)
+// sandboxArgs is the helper's command line; writable are BOOT's directories it may write.
+func sandboxArgs(root, bootDir string, writable []string, program string, args ...string) []string {
+	return append([]string{sandboxCommand, root, bootDir, strings.Join(writable, ","), program}, args...)
 }
 
 // lstatUnder looks at rel under root without following a link at any level (openat with

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"kiln/machined/internal/bootstate"
 )
 
 // TestMain lets the test binary be the sandbox helper, as machined is (main.go).
@@ -19,8 +21,8 @@ func TestMain(m *testing.M) {
 }
 
 // The installer runs as an unprivileged user with no capability and no_new_privs, in its own
-// PID namespace, on the image read-only after pivot_root, with BOOT its only writable place and
-// no device node.
+// PID namespace, on the image read-only after pivot_root, with the slot's directory and grub's on
+// BOOT its only writable places and no device node.
 func TestTheInstallerRunsIsolated(t *testing.T) {
 	if os.Getuid() != 0 {
 		t.Skip("needs root (namespaces, mounts)")
@@ -45,6 +47,10 @@ func TestTheInstallerRunsIsolated(t *testing.T) {
 		t.Skipf("mount: %v", err)
 	}
 	defer syscall.Unmount(boot, syscall.MNT_DETACH)
+	for _, d := range []string{"A", "B", "grub"} {
+		os.Mkdir(filepath.Join(boot, d), 0o700)
+		os.Chown(filepath.Join(boot, d), sandboxID, sandboxID)
+	}
 	if err := prepareSandboxRoot(root); err != nil {
 		t.Fatal(err)
 	}
@@ -64,7 +70,9 @@ func TestTheInstallerRunsIsolated(t *testing.T) {
 	}
 	for k, want := range map[string]string{
 		"pid": "1", "uid": "65533", "gid": "65533", "caps": "0/0", "bounding_chown": "0", "bounding_sys_admin": "0",
-		"no_new_privs": "1", "write_root": "open /x: read-only file system", "write_boot": "<nil>",
+		"no_new_privs": "1", "write_root": "open /x: read-only file system",
+		"write_boot": "open /boot/probe: read-only file system", "write_boot_A": "open /boot/A/probe: read-only file system",
+		"write_boot_B": "<nil>", "write_boot_grub": "<nil>",
 		"mount": "operation not permitted", "mknod": "operation not permitted",
 		"dev_sda": "stat /dev/sda: no such file or directory", "root": "boot,usr,",
 		"args": "[install --upgrade --boot-dir /boot --slot B --tries 3]",
@@ -73,8 +81,10 @@ func TestTheInstallerRunsIsolated(t *testing.T) {
 			t.Errorf("%s = %q, want %q", k, got[k], want)
 		}
 	}
-	if _, err := os.Stat(filepath.Join(boot, "probe")); err != nil {
-		t.Errorf("the write to BOOT did not land: %v", err)
+	for _, p := range []string{"B/probe", "grub/probe"} {
+		if _, err := os.Stat(filepath.Join(boot, p)); err != nil {
+			t.Errorf("the write to BOOT's %s did not land: %v", p, err)
+		}
 	}
 	if t.Failed() {
 		t.Logf("output:\n%s", out)
@@ -124,5 +134,75 @@ func TestLooksIntoThePulledTreeFollowNoLink(t *testing.T) {
 		if _, err := readRelease(root, "usr/share/kiln/release.json"); err == nil {
 			t.Errorf("%s: release.json was read through a link", name)
 		}
+	}
+}
+
+// machined itself, built static as an image holds it, writes a slot from inside the sandbox:
+// install --upgrade --boot-dir needs nothing the sandbox takes away, and guardBootState sees
+// the trial it wrote.
+func TestTheRealInstallerWritesItsSlotInTheSandbox(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("needs root (namespaces, mounts)")
+	}
+	if testing.Short() {
+		t.Skip("builds machined")
+	}
+	work := t.TempDir()
+	root, boot := filepath.Join(work, "root"), filepath.Join(work, "boot")
+	kiln := filepath.Join(root, "usr/share/kiln")
+	for _, d := range []string{filepath.Join(root, "usr/bin"), kiln, boot} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	build := exec.Command(filepath.Join(runtime.GOROOT(), "bin", "go"), "build", "-o", filepath.Join(root, "usr/bin/installer"), ".")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Skipf("cannot build machined: %v\n%s", err, out)
+	}
+	for name, body := range map[string]string{"release.json": goodRelease(), "vmlinuz": "kernel v2", "initramfs.zst": "initramfs v2"} {
+		if err := os.WriteFile(filepath.Join(kiln, name), []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := syscall.Mount("tmpfs", boot, "tmpfs", 0, "mode=0700"); err != nil {
+		t.Skipf("mount: %v", err)
+	}
+	defer syscall.Unmount(boot, syscall.MNT_DETACH)
+	before := bootstate.State{Default: "A", Versions: map[string]string{"A": "0.1.0"}}
+	for _, d := range []string{"A", "B", "grub"} {
+		os.Mkdir(filepath.Join(boot, d), 0o700)
+	}
+	os.WriteFile(filepath.Join(boot, "A", "vmlinuz"), []byte("kernel v1"), 0o644)
+	env := filepath.Join(boot, "grub", "grubenv")
+	if err := bootstate.Write(env, before); err != nil {
+		t.Fatal(err)
+	}
+	// as vfat mounted with uid= and gid= shows BOOT
+	filepath.Walk(boot, func(p string, _ os.FileInfo, _ error) error { return os.Chown(p, sandboxID, sandboxID) })
+	if err := prepareSandboxRoot(root); err != nil {
+		t.Fatal(err)
+	}
+
+	defer func(e string) { sandboxExe = e }(sandboxExe)
+	sandboxExe = os.Args[0]
+	var out []byte
+	err := guardBootState(env, "B", "0.2.0", func() error {
+		var err error
+		out, err = installerCommand(root, boot, "B").CombinedOutput()
+		return err
+	}, nil)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	st, _ := bootstate.Read(env)
+	if grubBoots(st) != "B" || st.Default != "A" {
+		t.Fatalf("state %+v\n%s", st, out)
+	}
+	cfg, _ := os.ReadFile(filepath.Join(boot, "B", "boot.cfg"))
+	kernel, _ := os.ReadFile(filepath.Join(boot, "B", "vmlinuz"))
+	old, _ := os.ReadFile(filepath.Join(boot, "A", "vmlinuz"))
+	if !strings.HasPrefix(string(cfg), "linux /B/vmlinuz console=ttyS0 panic=1 kiln.slot=B\n") || string(kernel) != "kernel v2" || string(old) != "kernel v1" {
+		t.Fatalf("boot.cfg %q, B's kernel %q, A's %q\n%s", cfg, kernel, old, out)
 	}
 }

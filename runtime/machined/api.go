@@ -179,6 +179,8 @@ func serveAPIWith(cfg APIConfig, limits apiLimits, b apiBackend, errorLog io.Wri
 		MaxHeaderBytes:    limits.MaxHeaderBytes,
 		ConnState:         tracker.connState,
 		ErrorLog:          logger,
+		// HTTP/1.1 only: the limits count requests per connection, and kiln node speaks 1.1
+		TLSNextProto: map[string]func(*http.Server, *tls.Conn, http.Handler){},
 	}
 	limited := limitedListener{Listener: ln, tracker: tracker}
 	safego.Go("api server", func() { _ = srv.Serve(tls.NewListener(limited, t.config)) })

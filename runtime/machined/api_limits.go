@@ -17,7 +17,8 @@ type apiLimits struct {
 	// starting a request (no TLS handshake done yet, or nothing sent after it) is closed to make
 	// room; when every one has started a request, the new connection is refused.
 	MaxConns int
-	// MaxConnsPerSource connections at once from one source address; beyond it, refused.
+	// MaxConnsPerSource connections at once from one source (an IPv4 address, an IPv6 /64);
+	// beyond it, refused.
 	MaxConnsPerSource int
 	// HandshakeTimeout: a connection must finish its TLS handshake and send a request's
 	// headers within this time, or it is closed.
@@ -172,9 +173,14 @@ func (t *connTracker) connState(conn net.Conn, state http.ConnState) {
 	}
 }
 
+// sourceOf is what the per-source cap counts by: an IPv4 address, or an IPv6 /64 (one
+// subscriber's network, where any host may pick as many addresses as it likes).
 func sourceOf(addr net.Addr) string {
 	if tcp, ok := addr.(*net.TCPAddr); ok {
-		return tcp.IP.String()
+		if tcp.IP.To4() != nil {
+			return tcp.IP.To4().String()
+		}
+		return tcp.IP.Mask(net.CIDRMask(64, 128)).String() + "/64"
 	}
 	host, _, err := net.SplitHostPort(addr.String())
 	if err != nil {

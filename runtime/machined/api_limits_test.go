@@ -245,3 +245,17 @@ func TestAPIReadTimeoutEndsASlowRequest(t *testing.T) {
 		t.Fatalf("a request cut short reached the machine: %+v", a.backend.upgrades)
 	}
 }
+
+func TestAPISourcesAreAddressesAndIPv6Networks(t *testing.T) {
+	for addr, want := range map[net.Addr]string{
+		&net.TCPAddr{IP: net.ParseIP("192.0.2.7"), Port: 1}:             "192.0.2.7",
+		&net.TCPAddr{IP: net.ParseIP("::ffff:192.0.2.7"), Port: 1}:      "192.0.2.7",
+		&net.TCPAddr{IP: net.ParseIP("2001:db8:1:2:aaaa::1"), Port: 1}:  "2001:db8:1:2::/64",
+		&net.TCPAddr{IP: net.ParseIP("2001:db8:1:2:bbbb::99"), Port: 1}: "2001:db8:1:2::/64",
+		&net.UnixAddr{Name: "@x", Net: "unix"}:                          "@x",
+	} {
+		if got := sourceOf(addr); got != want {
+			t.Errorf("%v: source %q, want %q", addr, got, want)
+		}
+	}
+}

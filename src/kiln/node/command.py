@@ -199,6 +199,7 @@ def _upgrade_text(upgrade: Any) -> str:
     text = state + _mib(upgrade.get("pulled_bytes"), upgrade.get("total_bytes"))
     text += f" {source}" if source else ""
     text += f" -> {version}" if version else ""
+    text += " (unsigned)" if upgrade.get("unsigned") is True else ""
     if state == "failed":
         text += f": {_text(upgrade.get('error')) or 'no reason given'}"
     return text

@@ -277,7 +277,7 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
     directory = tmp_path_factory.mktemp("pki")
     make_ca(directory, "ca")
     make_cert(directory, "ca", "machine", "subjectAltName=IP:127.0.0.1")
-    make_cert(directory, "ca", "admin", "extendedKeyUsage=clientAuth")
+    make_cert(directory, "ca", "admin", "extendedKeyUsage=clientAuth", role="admin")
     return directory
 
 

@@ -77,7 +77,7 @@ def world(tmp_path_factory: pytest.TempPathFactory, image_dir: Path) -> dict[str
     pki.mkdir()
     make_ca(pki, "ca")
     make_cert(pki, "ca", "machine", "subjectAltName=IP:127.0.0.1")
-    make_cert(pki, "ca", "admin", "extendedKeyUsage=clientAuth")
+    make_cert(pki, "ca", "admin", "extendedKeyUsage=clientAuth", role="admin")
     config = {"api": {"cert": (pki / "machine.crt").read_text(), "key": (pki / "machine.key").read_text()}}
     config["api"]["ca"] = (pki / "ca.crt").read_text()
     (root / "sb-metal.yaml").write_text(PROFILE.format(name="sb-metal", keys=root / "keys", config=json.dumps(config)))

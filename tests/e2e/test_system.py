@@ -299,7 +299,8 @@ def make_ca(directory: Path, name: str) -> None:
     )
 
 
-def make_cert(directory: Path, ca: str, name: str, extensions: str = "") -> None:
+def make_cert(directory: Path, ca: str, name: str, extensions: str = "", role: str = "") -> None:
+    """A certificate signed by `ca`; a client's `role` (admin, operator, reader) is its Organization."""
     openssl(
         "req",
         "-newkey",
@@ -312,7 +313,7 @@ def make_cert(directory: Path, ca: str, name: str, extensions: str = "") -> None
         "-out",
         f"{name}.csr",
         "-subj",
-        f"/CN={name}",
+        f"/O={role}/CN={name}" if role else f"/CN={name}",
         cwd=directory,
     )
     signed = [
@@ -338,14 +339,15 @@ def make_cert(directory: Path, ca: str, name: str, extensions: str = "") -> None
 
 @pytest.fixture
 def pki(tmp_path: Path) -> Path:
-    """A CA with the machine's and an admin's certificates, and a second CA with its own 'admin'."""
+    """A CA with the machine's, an admin's and a reader's certificates, and a second CA with its own 'admin'."""
     directory = tmp_path / "pki"
     directory.mkdir()
     make_ca(directory, "ca")
     make_cert(directory, "ca", "machine", "subjectAltName=IP:127.0.0.1,IP:10.0.2.15,DNS:e2e-api")
-    make_cert(directory, "ca", "admin", "extendedKeyUsage=clientAuth")
+    make_cert(directory, "ca", "admin", "extendedKeyUsage=clientAuth", role="admin")
+    make_cert(directory, "ca", "reader", "extendedKeyUsage=clientAuth", role="reader")
     make_ca(directory, "rogue-ca")
-    make_cert(directory, "rogue-ca", "rogue-admin", "extendedKeyUsage=clientAuth")
+    make_cert(directory, "rogue-ca", "rogue-admin", "extendedKeyUsage=clientAuth", role="admin")
     return directory
 
 
@@ -414,6 +416,14 @@ def refused(port: int, context: ssl.SSLContext) -> str:
     raise AssertionError(f"the API answered {status} without a valid client certificate: {body[:200]!r}")
 
 
+def forbidden(port: int, context: ssl.SSLContext, method: str, path: str) -> bool:
+    """True if the API refuses this client: 403, or no TLS session at all."""
+    try:
+        return request(port, context, method, path)[0] == 403
+    except (ssl.SSLError, ConnectionError, http.client.RemoteDisconnected):
+        return True
+
+
 def wait_for_line(log: Path, text: str, thread: threading.Thread, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -471,6 +481,10 @@ def test_api_mutual_tls_and_poweroff(image_dir: Path, pki: Path, config_server: 
         no_cert = refused(port, client_context(pki, None))
         wrong_ca = refused(port, client_context(pki, "rogue-admin"))
         assert no_cert and wrong_ca
+        # the machine's own certificate (no clientAuth, the machine's key) is no client; a reader only reads
+        assert forbidden(port, client_context(pki, "machine"), "GET", "/v1/status")
+        assert request(port, client_context(pki, "reader"), "GET", "/v1/status")[0] == 200
+        assert request(port, client_context(pki, "reader"), "POST", "/v1/poweroff")[0] == 403
         # still serving the right client after refusing the others
         assert request(port, client_context(pki, "admin"), "GET", "/v1/services")[0] == 200
 

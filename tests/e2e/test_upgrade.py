@@ -190,7 +190,8 @@ def upgrade_world(work: Path, keys: Path | None = None) -> Iterator[World]:
     pki.mkdir()
     make_ca(pki, "ca")
     make_cert(pki, "ca", "machine", "subjectAltName=IP:127.0.0.1,IP:10.0.2.15")
-    make_cert(pki, "ca", "admin", "extendedKeyUsage=clientAuth")
+    for role in ("admin", "operator", "reader"):
+        make_cert(pki, "ca", role, "extendedKeyUsage=clientAuth", role=role)
     stack = contextlib.ExitStack()
     registry, _ = stack.enter_context(contextlib.contextmanager(services.registry)())
     port = registry.rsplit(":", 1)[1]
@@ -205,7 +206,8 @@ def upgrade_world(work: Path, keys: Path | None = None) -> Iterator[World]:
             },
             "registries": [{"host": guest_registry, "insecure": True}, {"host": corrupt, "insecure": True}],
         }
-        | ({"release_keys": [(keys / "release.pub").read_text()]} if keys else {})
+        # without release keys, upgrades are refused unless the config allows unsigned ones by name
+        | ({"release_keys": [(keys / "release.pub").read_text()]} if keys else {"allow_unsigned": True})
     ).encode()
 
     class Config(http.server.BaseHTTPRequestHandler):
@@ -238,9 +240,12 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         yield built
 
 
-def api(port: int, pki: Path, method: str, path: str, body: object = None) -> tuple[int, dict[str, object]]:
+def api(
+    port: int, pki: Path, method: str, path: str, body: object = None, cert: str = "admin"
+) -> tuple[int, dict[str, object]]:
+    """One request as the client `cert` (admin, operator or reader: the role is in its Organization)."""
     context = ssl.create_default_context(cafile=str(pki / "ca.crt"))
-    context.load_cert_chain(str(pki / "admin.crt"), str(pki / "admin.key"))
+    context.load_cert_chain(str(pki / f"{cert}.crt"), str(pki / f"{cert}.key"))
     connection = http.client.HTTPSConnection("127.0.0.1", port, context=context, timeout=30)
     try:
         data = json.dumps(body).encode() if body is not None else None
@@ -425,8 +430,9 @@ def test_upgrade_rollback_and_refusals_under_bios(world: World) -> None:
     assert status["version"] == V2 and slots["slot"] == "B" and slots["booted_as"] == "default", slots
     assert slots["previous_slot"] == "A" and slots["previous_version"] == V1
     assert Disk(disk).state()["kiln_default"] == "B"
-    # a rollback request from 2 returns to 1
-    code, answer = api(session.port, world.pki, "POST", "/v1/rollback")
+    # a rollback request from 2 returns to 1: an operator's (a reader may not)
+    assert api(session.port, world.pki, "POST", "/v1/rollback", cert="reader")[0] == 403
+    code, answer = api(session.port, world.pki, "POST", "/v1/rollback", cert="operator")
     assert code == 202 and answer["slot"] == "A", answer
     assert session.end().exit_code == 0
     session = boot_and(world, disk, "bios", "rolled-back")

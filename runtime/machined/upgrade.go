@@ -32,7 +32,9 @@ import (
 
 	"kiln/machined/internal/bootstate"
 	"kiln/machined/internal/oci"
+	"kiln/machined/internal/persist"
 	"kiln/machined/internal/redact"
+	"kiln/machined/internal/safefile"
 	"kiln/machined/internal/safego"
 	"kiln/machined/internal/supervisor"
 )
@@ -585,7 +587,15 @@ func guardBootState(env, slot, version string, install, after func() error) erro
 	if err != nil {
 		return fmt.Errorf("the boot state before the install: %v", err)
 	}
+	grub := filepath.Dir(env)
+	menu, err := readGrubDir(grub)
+	if err != nil {
+		return fmt.Errorf("BOOT's grub directory before the install: %v", err)
+	}
 	err = install()
+	if merr := checkGrubDir(grub, menu); merr != nil && err == nil {
+		err = merr
+	}
 	if err == nil {
 		err = checkTrial(before, env, slot, version)
 	}
@@ -594,6 +604,9 @@ func guardBootState(env, slot, version string, install, after func() error) erro
 	}
 	if err == nil {
 		return nil
+	}
+	if rerr := restoreGrubDir(grub, menu); rerr != nil {
+		return fmt.Errorf("%v; putting BOOT's grub directory back failed too: %v", err, rerr)
 	}
 	if rerr := restoreBootState(env, before); rerr != nil {
 		return fmt.Errorf("%v; putting the boot state back failed too: %v", err, rerr)
@@ -617,6 +630,89 @@ func checkTrial(before bootstate.State, env, slot, version string) error {
 		return fmt.Errorf("the installer recorded version %q for slot %s, not %s", after.Versions[slot], slot, version)
 	case after.Versions[before.Default] != before.Versions[before.Default]:
 		return fmt.Errorf("the installer changed the version recorded for slot %s", before.Default)
+	}
+	return nil
+}
+
+// grubDirEntries and grubFileMax bound what readGrubDir keeps of BOOT's grub directory (the
+// menu is a few KiB).
+const (
+	grubDirEntries = 64
+	grubFileMax    = 4 << 20
+)
+
+// readGrubDir reads the regular files of BOOT's grub directory but the boot state (grub.cfg,
+// the menu, and whatever else the image put there); a subdirectory is kept by name only.
+func readGrubDir(dir string) (map[string][]byte, error) {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	if len(ents) > grubDirEntries {
+		return nil, fmt.Errorf("%d entries, more than %d", len(ents), grubDirEntries)
+	}
+	files := map[string][]byte{}
+	for _, e := range ents {
+		switch name := e.Name(); {
+		case name == "grubenv":
+		case e.IsDir():
+			files[name+"/"] = nil
+		case e.Type().IsRegular():
+			b, err := safefile.ReadFile(filepath.Join(dir, name), grubFileMax)
+			if err != nil {
+				return nil, err
+			}
+			files[name] = b
+		default:
+			return nil, fmt.Errorf("%s is not a regular file", name)
+		}
+	}
+	return files, nil
+}
+
+// checkGrubDir: the installer may replace the boot state (checkTrial checks it) and nothing else
+// in BOOT's grub directory; a leftover grubenv.new is tolerated.
+func checkGrubDir(dir string, before map[string][]byte) error {
+	after, err := readGrubDir(dir)
+	if err != nil {
+		return fmt.Errorf("BOOT's grub directory after the installer: %v", err)
+	}
+	delete(after, "grubenv.new")
+	for name, b := range before {
+		a, ok := after[name]
+		if !ok || string(a) != string(b) {
+			return fmt.Errorf("the installer changed grub/%s on BOOT, which it may not", name)
+		}
+	}
+	for name := range after {
+		if _, ok := before[name]; !ok {
+			return fmt.Errorf("the installer added grub/%s on BOOT, which it may not", name)
+		}
+	}
+	return nil
+}
+
+// restoreGrubDir puts the files readGrubDir read back as they were and removes any the
+// installer added (but the boot state, which restoreBootState puts back).
+func restoreGrubDir(dir string, before map[string][]byte) error {
+	after, err := readGrubDir(dir)
+	if err != nil {
+		return err
+	}
+	for name := range after {
+		if _, ok := before[name]; !ok && !strings.HasSuffix(name, "/") {
+			if err := os.Remove(filepath.Join(dir, name)); err != nil {
+				return err
+			}
+		}
+	}
+	for name, b := range before {
+		if strings.HasSuffix(name, "/") || string(after[name]) == string(b) {
+			continue
+		}
+		if err := persist.WriteFileAtomic(filepath.Join(dir, name), b, 0o644); err != nil {
+			return err
+		}
 	}
 	return nil
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"errors"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -84,5 +85,45 @@ func TestAnErrorAfterTheInstallerWroteTheBootStatePutsItBack(t *testing.T) {
 	st, _ := bootstate.Read(env)
 	if got := grubBoots(st); got != "B" || st.Default != "A" {
 		t.Fatalf("the next boot is slot %s (state %+v)", got, st)
+	}
+}
+
+// The installer may write the boot state in BOOT's grub directory and nothing else there: a
+// changed menu or an added file fails the upgrade and is put back.
+func TestTheInstallerCannotChangeTheGRUBMenu(t *testing.T) {
+	before := bootstate.State{Default: "A", Versions: map[string]string{"A": "0.1.0"}}
+	menu := "menuentry A { configfile /A/boot.cfg }\n"
+	for name, tc := range map[string]struct {
+		spoil func(grub string) error
+		want  string
+	}{
+		"a new menu": {func(grub string) error { return os.WriteFile(filepath.Join(grub, "grub.cfg"), []byte("evil\n"), 0o644) }, "changed grub/grub.cfg"},
+		"no menu":    {func(grub string) error { return os.Remove(filepath.Join(grub, "grub.cfg")) }, "changed grub/grub.cfg"},
+		"an added file": {func(grub string) error {
+			return os.WriteFile(filepath.Join(grub, "custom.cfg"), []byte("evil\n"), 0o644)
+		}, "added grub/custom.cfg"},
+	} {
+		boot := newBoot(t, before)
+		grub := filepath.Join(boot, "grub")
+		if err := os.WriteFile(filepath.Join(grub, "grub.cfg"), []byte(menu), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		env := filepath.Join(grub, "grubenv")
+		err := guardBootState(env, "B", "0.2.0", func() error {
+			if err := writeSlotInto(newRelease(t, goodRelease()), boot, "B", defaultTries, func(string, ...interface{}) {}); err != nil {
+				return err
+			}
+			return tc.spoil(grub)
+		}, nil)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v", name, err)
+			continue
+		}
+		got, _ := os.ReadFile(filepath.Join(grub, "grub.cfg"))
+		_, extra := os.Stat(filepath.Join(grub, "custom.cfg"))
+		st, _ := bootstate.Read(env)
+		if string(got) != menu || extra == nil || grubBoots(st) != "A" {
+			t.Errorf("%s: menu %q, custom.cfg there: %v, next boot %s", name, got, extra == nil, grubBoots(st))
+		}
 	}
 }

@@ -53,7 +53,9 @@ test: setup services
 # machined's fuzz targets, PACKAGE:Target (PACKAGE . is machined itself), each run FUZZTIME.
 GO_FUZZ := internal/yaml:FuzzParseYAML .:FuzzParseConfig internal/bootstate:FuzzParse \
 	internal/oci:FuzzParseReference internal/oci:FuzzUnpack internal/dhcp:FuzzParseLease \
-	internal/platform:FuzzParse internal/ntp:FuzzParsePacket internal/dhcp6:FuzzParseDHCP6
+	internal/platform:FuzzParse internal/ntp:FuzzParsePacket internal/dhcp6:FuzzParseDHCP6 \
+	.:FuzzClientIdentity .:FuzzGrubCmdline internal/redact:FuzzRedact internal/network:FuzzLinkLocalRoutes \
+	internal/oci:FuzzParseContentRange
 FUZZTIME ?= 13s
 
 # The Docker engine and the OCI registry on 127.0.0.1:5000 (installed and started if missing).

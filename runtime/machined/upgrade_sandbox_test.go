@@ -1,6 +1,8 @@
 package main
 
 import (
+	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -10,7 +12,24 @@ import (
 	"testing"
 
 	"kiln/machined/internal/bootstate"
+	"kiln/machined/internal/supervisor"
 )
+
+// runReaped runs cmd as runInstaller does, through the package's reaper (which some tests start,
+// and which would take the exit status from exec.Cmd.Wait), and returns its output.
+func runReaped(cmd *exec.Cmd) ([]byte, error) {
+	out, done, err := supervisor.Children().StartPiped(cmd)
+	if err != nil {
+		return nil, err
+	}
+	b, _ := io.ReadAll(out)
+	out.Close()
+	status := <-done
+	if !status.Exited() || status.ExitStatus() != 0 {
+		return b, fmt.Errorf("%s", supervisor.DescribeExit(status))
+	}
+	return b, nil
+}
 
 // TestMain lets the test binary be the sandbox helper, as machined is (main.go).
 func TestMain(m *testing.M) {
@@ -57,8 +76,7 @@ func TestTheInstallerRunsIsolated(t *testing.T) {
 
 	defer func(e string) { sandboxExe = e }(sandboxExe)
 	sandboxExe = os.Args[0]
-	cmd := installerCommand(root, boot, "B")
-	out, err := cmd.CombinedOutput()
+	out, err := runReaped(installerCommand(root, boot, "B"))
 	if err != nil {
 		t.Fatalf("%v\n%s", err, out)
 	}
@@ -189,7 +207,7 @@ func TestTheRealInstallerWritesItsSlotInTheSandbox(t *testing.T) {
 	var out []byte
 	err := guardBootState(env, "B", "0.2.0", func() error {
 		var err error
-		out, err = installerCommand(root, boot, "B").CombinedOutput()
+		out, err = runReaped(installerCommand(root, boot, "B"))
 		return err
 	}, nil)
 	if err != nil {

@@ -4,7 +4,9 @@ QEMU without KVM runs a guest on one core, so while the amd64 end-to-end tier bo
 core would idle. This starts the heavy builds that later tests need (the arm64 image's packages
 for tests/e2e/test_arm64.py, the full toolchain for tests/integration/test_toolchain_build.py,
 xfsprogs for tests/integration/test_pkgs_userland.py) at the start of the run, one after another,
-under `nice -n 19`, so they take only the CPU the foreground leaves. Nothing is built twice: the
+under `nice -n 19`, so they take only the CPU the foreground leaves (with the kernel's scheduler
+autogroups off, as .ci/run makes sure: each sandboxed step is a session of its own, and across
+autogroups nice means nothing). Nothing is built twice: the
 store's per-key build lock makes a test that reaches a key being built here wait for it and then
 find it stored. The arm64 tests run last in the end-to-end tier (tests/conftest.py), when their
 packages are most likely done.

@@ -102,15 +102,22 @@ class KernelProject:
         )
 
 
+def kernel_tree(root: Path) -> Path:
+    """root/pkgs with what the kernel package needs of the real tree; returns that pkgs dir."""
+    pkgs = root / "pkgs"
+    pkgs.mkdir(parents=True)
+    for name in ("vars.yaml", "stage0.yaml"):
+        shutil.copy(ROOT / "pkgs" / name, pkgs / name)
+    for name in ("kernel", "toolchain-seed"):
+        shutil.copytree(ROOT / "pkgs" / name, pkgs / name)
+    return pkgs
+
+
 @pytest.fixture(scope="module")
 def kproject(seed_store: Path, tmp_path_factory: pytest.TempPathFactory) -> KernelProject:
     base = tmp_path_factory.mktemp("kernel")
     root = base / "project"
-    (root / "pkgs").mkdir(parents=True)
-    for name in ("vars.yaml", "stage0.yaml"):
-        shutil.copy(ROOT / "pkgs" / name, root / "pkgs" / name)
-    for name in ("kernel", "toolchain-seed"):
-        shutil.copytree(ROOT / "pkgs" / name, root / "pkgs" / name)
+    kernel_tree(root)
     cache = base / "cache"
     seed_into(seed_store, cache, root / "pkgs")
     return KernelProject(root, cache)

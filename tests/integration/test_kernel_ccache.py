@@ -21,7 +21,6 @@ import hashlib
 import json
 import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -32,7 +31,8 @@ from kiln.build.keys import compute_keys, stage0_key
 from kiln.pkg.graph import Graph
 from kiln.pkg.loader import load_tree
 from kiln.pkg.variables import Platform
-from tests.integration.conftest import ROOT, Project, seed_into
+from tests.integration.conftest import Project, seed_into
+from tests.integration.test_kernel import kernel_tree
 
 # Four builds of a small kernel (two of them cold): not yet in CI's time budget, so it runs when
 # KILN_TEST_KERNEL_CCACHE=1 asks for it. Its first build has run here (799 of 812 compiles
@@ -159,11 +159,7 @@ def small_kernel_package(project: Project) -> None:
 def kproject(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Project:
     base = tmp_path_factory.mktemp("kernel-ccache")
     root = base / "project"
-    (root / "pkgs").mkdir(parents=True)
-    for name in ("vars.yaml", "stage0.yaml"):
-        shutil.copy(ROOT / "pkgs" / name, root / "pkgs" / name)
-    for name in ("kernel", "toolchain-seed"):
-        shutil.copytree(ROOT / "pkgs" / name, root / "pkgs" / name)
+    kernel_tree(root)
     cache = base / "cache"
     tree = load_tree(root / "pkgs", Platform.parse("linux/amd64"))
     # What the e2e tier built already is not built again: stage0 and toolchain-seed, same keys.

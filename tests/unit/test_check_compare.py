@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kiln.build.check import FileDifference, compare, first_difference
+from kiln.build.check import FileDifference, compare, first_difference, keep_evidence
 from kiln.build.store.manifest import FileRecord
 
 
@@ -50,3 +50,31 @@ def test_the_first_differing_byte_across_chunks_and_lengths(tmp_path: Path) -> N
     assert first_difference(a, b) is None
     b.write_bytes(b"x" * 99_000)
     assert first_difference(a, b, chunk=4096) == 99_000
+
+
+def test_the_evidence_is_copied_without_following_a_rebuilds_links(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A rebuild that puts a link where the stored tree has a directory (etc -> a host directory) gets
+    no host file copied into the evidence; a real difference beside it is kept, with its offset."""
+    monkeypatch.setenv("KILN_CACHE", str(tmp_path / "cache"))
+    host = tmp_path / "host"
+    host.mkdir()
+    (host / "secret").write_text("host only\n")
+    stored, rebuilt = tmp_path / "stored", tmp_path / "rebuilt"
+    for tree, data in ((stored, "abc"), (rebuilt, "abd")):
+        (tree / "bin").mkdir(parents=True)
+        (tree / "bin" / "tool").write_text(data)
+    (stored / "etc").mkdir()
+    (stored / "etc" / "secret").write_text("stored\n")
+    (rebuilt / "etc").symlink_to(host)
+    found = [
+        FileDifference("bin/tool", ["sha256 differs"]),
+        FileDifference("etc/secret", ["only in the stored output"]),
+    ]
+
+    kept = keep_evidence("pkg", "k" * 64, stored, rebuilt, found)
+
+    assert (kept / "rebuilt" / "bin" / "tool").read_text() == "abd"
+    assert found[0].first_offset == 2
+    assert not (kept / "rebuilt" / "etc").exists() and not (kept / "stored" / "etc").exists()
+    assert found[1].first_offset is None
+    assert not [p for p in kept.rglob("*") if p.is_file() and p.read_text(errors="replace") == "host only\n"]

@@ -32,6 +32,7 @@ CALLERS = {
     "kiln.rootfs.assemble": ["kernel_parts", "copy_vmlinuz", "_copy_init"],
     "kiln.image.imager": ["package_file"],
     "kiln.image.arch": ["loader_for"],
+    "kiln.build.check": ["_kept_copies"],
 }
 
 # attribute calls that act on a path with the host's view (follow links): `x.write_text(...)`, `os.walk(...)`

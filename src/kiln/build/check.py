@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import shutil
+import stat
 import subprocess
 import time
 from collections.abc import Callable
@@ -23,6 +24,8 @@ from typing import Any
 from kiln.build.builder import Builder
 from kiln.build.store import Store
 from kiln.build.store.manifest import MANIFEST, FileRecord, TreeScan, differences, read_manifest
+from kiln.core import nofollow
+from kiln.core.errors import BuildError
 from kiln.core.paths import cache_dir
 
 DIFFOSCOPE_SECONDS = 120  # per file: a report on a huge binary must not hold the check forever
@@ -119,30 +122,48 @@ def diffoscope_report(stored: Path, rebuilt: Path, report: Path) -> str | None:
 
 
 def keep_evidence(name: str, key: str, stored: Path, rebuilt: Path, found: list[FileDifference]) -> Path:
-    """Copy the differing files (stored and rebuilt) under $KILN_CACHE/check/<name>/<key>/ with reports."""
+    """Copy the differing files (stored and rebuilt) under $KILN_CACHE/check/<name>/<key>/ with reports.
+
+    Offsets and diffoscope reports are made from the copies: only _kept_copies touches the two trees."""
     where = cache_dir() / "check" / name / key
     if where.exists():
         shutil.rmtree(where)
     reported = 0
     for index, difference in enumerate(found):
-        a, b = stored / difference.path, rebuilt / difference.path
-        if not (a.is_file() and not a.is_symlink() and b.is_file() and not b.is_symlink()):
+        copies = _kept_copies(where, difference.path, stored, rebuilt)
+        if copies is None:
             continue
-        for side, source in (("stored", a), ("rebuilt", b)):
-            target = where / side / difference.path
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(source, target)
         report = None
         if reported < REPORTED_FILES:
-            report = diffoscope_report(
-                where / "stored" / difference.path,
-                where / "rebuilt" / difference.path,
-                where / f"{difference.path.replace('/', '_')}.diffoscope.txt",
-            )
+            report = diffoscope_report(*copies, where / f"{difference.path.replace('/', '_')}.diffoscope.txt")
             reported += 1
-        found[index] = FileDifference(difference.path, difference.what, first_difference(a, b), report)
+        found[index] = FileDifference(difference.path, difference.what, first_difference(*copies), report)
     where.mkdir(parents=True, exist_ok=True)
     return where
+
+
+def _kept_copies(where: Path, rel: str, stored: Path, rebuilt: Path) -> tuple[Path, Path] | None:
+    """Both sides of `rel` copied to where/stored/ and where/rebuilt/, or None unless both are regular files.
+
+    A build wrote both trees, so either may hold a link on the way to `rel` (the other side's directory
+    there made the manifests name it): reached through kiln.core.nofollow, such a file is left out."""
+    sides = (("stored", stored), ("rebuilt", rebuilt))
+    try:
+        infos = [nofollow.lstat_in(top, rel, what="check") for _, top in sides]
+    except nofollow.LinkRefused:
+        return None
+    if not all(info is not None and stat.S_ISREG(info.st_mode) for info in infos):
+        return None
+    copies = []
+    for side, top in sides:
+        target = where / side / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            nofollow.copy_file_in(top, rel, target, mode=0o644, what="check")
+        except (nofollow.LinkRefused, BuildError):  # swapped for a link or another type since the lstat
+            return None
+        copies.append(target)
+    return copies[0], copies[1]
 
 
 def check_package(

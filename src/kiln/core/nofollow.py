@@ -18,7 +18,9 @@ modules makes a raw open, write, chmod, utime, rename, walk or copy call instead
   vmlinuz for a profile that brings its own initramfs);
 - kiln.image.imager: package_file (machined for the installer image and for `kiln install`, which runs
   it on the host from that copy); kiln.image.arch: loader_for (GRUB's arm64 EFI modules, read by
-  grub-mkimage: no link on the way or below).
+  grub-mkimage: no link on the way or below);
+- kiln.build.check: keep_evidence's copies of the stored and rebuilt files that differ (both trees a
+  build wrote; the offsets and diffoscope reports are made from the copies).
 """
 
 from __future__ import annotations

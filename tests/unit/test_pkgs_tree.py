@@ -109,3 +109,12 @@ def test_the_kernel_compiles_through_a_kept_ccache_and_applies_its_patches(tree:
         assert any(source.destination == "kiln/patches" for source in step.sources), name
         prepare = "\n".join(step.prepare)
         assert prepare.index("tar -xf") < prepare.index("kiln/patches/*.patch") < prepare.index("compiler_check")
+
+
+def test_extension_modules_compile_through_ccache_too(tree: Tree) -> None:
+    """acpi-call, built against kernel-build, keeps a compiler cache of its own the same way."""
+    step = tree.packages["acpi-call"].steps[0]
+    env = dict(step.env)
+    assert step.cache == ("/tmp/ccache",)
+    assert env["CCACHE_CONFIGPATH"] == "/tmp/ccache.conf" and env["PATH"].startswith("/tmp/ccache-bin:")
+    assert "compiler_check" in "\n".join(step.prepare) and "ccache --print-stats" in "\n".join(step.build)

@@ -179,14 +179,15 @@ func (m *machine) Upgrade(req upgradeRequest) (*upgradeStatus, error) {
 	if err := req.check(); err != nil {
 		return nil, &apiError{400, err.Error()}
 	}
+	// the config's policy first: it is what the user must change, whatever the machine's disk
+	if err := m.upgradePolicy(); err != nil {
+		return nil, &apiError{409, err.Error()}
+	}
 	if m.slots == nil || m.slots.slot == "" {
 		return nil, &apiError{409, "this machine did not boot from an A/B disk; install it to a disk first"}
 	}
 	if m.slots.err != "" {
 		return nil, &apiError{409, "the boot state cannot be read: " + m.slots.err}
-	}
-	if err := m.upgradePolicy(); err != nil {
-		return nil, &apiError{409, err.Error()}
 	}
 	other := bootstate.Other(m.slots.slot)
 	if m.slots.state.Default == other {

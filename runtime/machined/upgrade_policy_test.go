@@ -54,6 +54,11 @@ func TestUpgradeWithoutReleaseKeysIsRefusedBeforeAnythingIsFetched(t *testing.T)
 	if m.upgrades.snapshot() != nil {
 		t.Fatal("an upgrade started")
 	}
+	// a machine without an A/B disk says the same: the policy is what its config must change
+	diskless := &machine{con: quietConsole(), cfg: &Config{}}
+	if _, err := diskless.Upgrade(upgradeRequest{Image: "127.0.0.1:1/kiln/installer:1.0.0"}); err == nil || !strings.Contains(err.Error(), "release_keys") {
+		t.Fatalf("diskless, no keys: %v", err)
+	}
 }
 
 func TestUnsignedUpgradesAreAllowedOnlyByNameAndSaidSo(t *testing.T) {

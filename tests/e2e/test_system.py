@@ -10,12 +10,14 @@ to the console itself, since a Kiln machine has no shell to ask. Six boots in al
 
 from __future__ import annotations
 
+import concurrent.futures
 import hashlib
 import http.client
 import http.server
 import json
 import os
 import re
+import resource
 import shutil
 import socket
 import ssl
@@ -87,6 +89,21 @@ def kernel_version() -> str:
     return str(variables["kernel_version"])
 
 
+def config_drive(path: Path, files: dict[str, bytes], links: dict[str, str] | None = None) -> Path:
+    """A KILNCFG disc (ISO 9660 with Rock Ridge, so a planted link stays a link) holding `files` and
+    the symbolic links `links` (name -> target)."""
+    tree = path.with_suffix(".d")
+    tree.mkdir()
+    for name, data in files.items():
+        (tree / name).write_bytes(data)
+    for name, target in (links or {}).items():
+        (tree / name).symlink_to(target)
+    subprocess.run(
+        ["xorriso", "-as", "mkisofs", "-quiet", "-R", "-V", "KILNCFG", "-o", str(path), str(tree)], check=True
+    )
+    return path
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -131,9 +148,14 @@ def probe_image(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_diskless_boot_reaches_ready_and_powers_off(image_dir: Path, tmp_path: Path) -> None:
-    """No disk: /var is a tmpfs; kiln.test=poweroff ends QEMU with exit code 0 after the ready line."""
+    """No disk: /var is a tmpfs; kiln.test=poweroff ends QEMU with exit code 0 after the ready line.
+
+    A config drive whose kiln.yaml is a link to /dev/zero sits in the CD drive: machined refuses the
+    link (reading through it would fill PID 1's memory), says so, and boots on defaults."""
     log = tmp_path / "console.log"
-    result = run_boot(machine(image_dir, "kiln.test=poweroff"), READY, log, until_exit=True)
+    booted = machine(image_dir, "kiln.test=poweroff")
+    booted.cdrom = config_drive(tmp_path / "zero.iso", {}, links={"kiln.yaml": "/dev/zero"})
+    result = run_boot(booted, READY, log, until_exit=True)
     assert result.exit_code == 0 and result.reason == "powered off"
     lines = console(log)
     line = ready(lines)
@@ -144,6 +166,8 @@ def test_diskless_boot_reaches_ready_and_powers_off(image_dir: Path, tmp_path: P
     assert line["platform"] == "metal"
     assert index_of(lines, r"kiln-init: rootfs mounted read-only with 0 extension") < index_of(lines, READY)
     assert index_of(lines, r"machined: disk: none .*/var is a tmpfs") < index_of(lines, READY)
+    refused = r"machined: config: /dev/sr\d+: kiln\.yaml: a symlink: not a regular file; using defaults"
+    assert index_of(lines, refused) < index_of(lines, READY)
     assert index_of(lines, READY) < index_of(lines, r"machined: poweroff now")
 
 
@@ -191,6 +215,10 @@ class DiskBoots:
 def disk_boots(probe_image: Path, tmp_path_factory: pytest.TempPathFactory) -> DiskBoots:
     """Two boots of the probe image on one qcow2 disk, blank at first; the disk is read between them.
 
+    A KILNCFG drive is in the CD drive each time: the first boot's (hostname e2e-kept) is the config
+    the machine keeps; the second boot's, a stick someone plugged in (hostname e2e-stick), must not
+    replace it.
+
     Each boot ends (QEMU is stopped) once the probe has been restarted, which is after it
     wrote and fsynced its /var marker, and (machined's 1 s restart backoff) after the ready line.
     """
@@ -199,12 +227,14 @@ def disk_boots(probe_image: Path, tmp_path_factory: pytest.TempPathFactory) -> D
     subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", str(disk), "1G"], check=True)
     booted = machine(probe_image)
     booted.blank_disk = disk
+    booted.cdrom = config_drive(work / "first.iso", {"kiln.json": json.dumps({"hostname": "e2e-kept"}).encode()})
     run_boot(booted, "e2e-probe: running", work / "first.log")
     raw = work / "disk.raw"
     subprocess.run(["qemu-img", "convert", "-O", "raw", str(disk), str(raw)], check=True)
     dump = subprocess.run(["sfdisk", "--json", str(raw)], capture_output=True, text=True)
     assert dump.returncode == 0, f"sfdisk cannot read the disk after the first boot: {dump.stderr}"
     table = json.loads(dump.stdout)["partitiontable"]
+    booted.cdrom = config_drive(work / "stick.iso", {"kiln.json": json.dumps({"hostname": "e2e-stick"}).encode()})
     run_boot(booted, "e2e-probe: running", work / "second.log")
     return DiskBoots(console(work / "first.log"), console(work / "second.log"), table, raw)
 
@@ -254,6 +284,19 @@ def test_var_survives_a_reboot(disk_boots: DiskBoots) -> None:
     index_of(second, r"e2e-probe: wrote /var marker: boot 2")
     assert not [x for x in second if re.search(r"machined: disk: (created|formatted)", x)], "second boot redid the disk"
     assert ready(second)["var"] == ready(first)["var"]
+
+
+def test_a_config_drive_counts_only_on_the_first_boot(disk_boots: DiskBoots) -> None:
+    """The first boot takes the KILNCFG drive's config and keeps it on STATE; a drive inserted later
+    does not replace it: the second boot says why it ignores the drive and runs on the kept config."""
+    first, second = disk_boots.first, disk_boots.second
+    assert index_of(first, r"machined: config: /dev/sr\d+:kiln\.json$") < index_of(first, READY)
+    index_of(first, r"e2e-probe: hostname e2e-kept$")
+    ignored = r"machined: config: config drive /dev/sr\d+ ignored: a config is kept in /dev/vda\d+:config\.json"
+    kept = r"machined: config: \S+/config\.json \(kept from an earlier boot\)"
+    assert index_of(second, ignored) < index_of(second, kept) < index_of(second, READY)
+    index_of(second, r"e2e-probe: hostname e2e-kept$")
+    assert not [line for line in second if "e2e-stick" in line]
 
 
 def test_extension_service_restarts_after_it_is_killed(disk_boots: DiskBoots) -> None:
@@ -339,12 +382,14 @@ def make_cert(directory: Path, ca: str, name: str, extensions: str = "", role: s
 
 @pytest.fixture
 def pki(tmp_path: Path) -> Path:
-    """A CA with the machine's, an admin's and a reader's certificates, and a second CA with its own 'admin'."""
+    """A CA with the machine's, an admin's, an operator's and a reader's certificates, and a second CA with
+    its own 'admin'."""
     directory = tmp_path / "pki"
     directory.mkdir()
     make_ca(directory, "ca")
     make_cert(directory, "ca", "machine", "subjectAltName=IP:127.0.0.1,IP:10.0.2.15,DNS:e2e-api")
     make_cert(directory, "ca", "admin", "extendedKeyUsage=clientAuth", role="admin")
+    make_cert(directory, "ca", "operator", "extendedKeyUsage=clientAuth", role="operator")
     make_cert(directory, "ca", "reader", "extendedKeyUsage=clientAuth", role="reader")
     make_ca(directory, "rogue-ca")
     make_cert(directory, "rogue-ca", "rogue-admin", "extendedKeyUsage=clientAuth", role="admin")
@@ -397,10 +442,10 @@ def client_context(pki: Path, cert: str | None) -> ssl.SSLContext:
     return context
 
 
-def request(port: int, context: ssl.SSLContext, method: str, path: str) -> tuple[int, bytes]:
+def request(port: int, context: ssl.SSLContext, method: str, path: str, body: object = None) -> tuple[int, bytes]:
     connection = http.client.HTTPSConnection("127.0.0.1", port, context=context, timeout=30)
     try:
-        connection.request(method, path)
+        connection.request(method, path, body=None if body is None else json.dumps(body).encode())
         response = connection.getresponse()
         return response.status, response.read()
     finally:
@@ -422,6 +467,16 @@ def forbidden(port: int, context: ssl.SSLContext, method: str, path: str) -> boo
         return request(port, context, method, path)[0] == 403
     except (ssl.SSLError, ConnectionError, http.client.RemoteDisconnected):
         return True
+
+
+def open_idle(port: int, count: int) -> list[socket.socket]:
+    """`count` TCP connections to 127.0.0.1:port that never send a byte (QEMU's user network accepts
+    each on the host side at once, then connects it to the guest)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < count + 512:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, count + 512), hard))
+    with concurrent.futures.ThreadPoolExecutor(32) as pool:
+        return list(pool.map(lambda _: socket.create_connection(("127.0.0.1", port), timeout=60), range(count)))
 
 
 def wait_for_line(log: Path, text: str, thread: threading.Thread, timeout: float) -> None:
@@ -450,11 +505,23 @@ def test_plain_http_config_is_refused_and_the_machine_boots_on_defaults(image_di
 
 
 def test_api_mutual_tls_and_poweroff(image_dir: Path, pki: Path, config_server: str, tmp_path: Path) -> None:
-    """Config from a URL turns the API on; only a client certificate from its CA gets answers; POST
-    /v1/poweroff powers the machine off (QEMU exits 0)."""
-    port = free_port()
+    """Config from a URL turns the API on; only a client certificate from its CA gets answers, each
+    within its role; upgrades are refused while the config names no release keys; 2,000 idle
+    connections from another address do not keep an admin out; POST /v1/poweroff powers the machine
+    off (QEMU exits 0).
+
+    The idle connections come through a second NIC on a QEMU user network of its own (10.0.3.0/24),
+    so machined sees them from another address than the admin's (10.0.2.2)."""
+    port, flood_port = free_port(), free_port()
+    assert port != flood_port
     booted = machine(image_dir, f"kiln.config={config_server}")
     booted.api_port = port
+    booted.extra = [
+        "-netdev",
+        f"user,id=net1,net=10.0.3.0/24,hostfwd=tcp:127.0.0.1:{flood_port}-:50000",
+        "-device",
+        "virtio-net-pci,netdev=net1",
+    ]
     log = tmp_path / "console.log"
     results: list[BootResult] = []
     thread = threading.Thread(
@@ -485,8 +552,31 @@ def test_api_mutual_tls_and_poweroff(image_dir: Path, pki: Path, config_server: 
         assert forbidden(port, client_context(pki, "machine"), "GET", "/v1/status")
         assert request(port, client_context(pki, "reader"), "GET", "/v1/status")[0] == 200
         assert request(port, client_context(pki, "reader"), "POST", "/v1/poweroff")[0] == 403
+        assert request(port, client_context(pki, "reader"), "POST", "/v1/upgrade", {"image": "x"})[0] == 403
+        assert request(port, client_context(pki, "reader"), "POST", "/v1/rollback")[0] == 403
+        # an operator may roll back (this diskless machine has nothing to roll back to: 409, not 403)
+        status, body = request(port, client_context(pki, "operator"), "POST", "/v1/rollback")
+        assert status == 409 and b"did not boot from an A/B disk" in body, body
+        # no release_keys and no allow_unsigned in the config: every upgrade is refused, before any fetch
+        image = {"image": f"{GUEST_HOST}:9/kiln/installer:9.9.9"}
+        status, body = request(port, client_context(pki, "operator"), "POST", "/v1/upgrade", image)
+        assert status == 409 and b"no release_keys" in body and b"allow_unsigned: true" in body, body
         # still serving the right client after refusing the others
         assert request(port, client_context(pki, "admin"), "GET", "/v1/services")[0] == 200
+
+        # the second NIC reaches the API; then 2,000 idle connections through it, and the admin still gets in
+        assert request(flood_port, client_context(pki, "admin"), "GET", "/v1/status")[0] == 200
+        idle = open_idle(flood_port, 2000)
+        try:
+            status, body = request(port, client_context(pki, "admin"), "GET", "/v1/status")
+            assert status == 200, body
+        finally:
+            for connection in idle:
+                connection.close()
+        # the flood reached machined: its own log (not the console) names the refusals past 32 from one address
+        status, body = request(port, client_context(pki, "admin"), "GET", "/v1/logs?service=machined&format=text")
+        assert status == 200, body
+        index_of(body.decode().splitlines(), r"api: refused a connection from 10\.0\.3\.2: it has 32 open")
 
         status, body = request(port, client_context(pki, "admin"), "POST", "/v1/poweroff")
         assert status == 202, body

@@ -139,9 +139,13 @@ def alternate(
     return times
 
 
-def image_with_jobs(jobs: str) -> Callable[[Path], list[str]]:
+def image_with_jobs(jobs: str, src: Path | None = None) -> Callable[[Path], list[str]]:
+    """The Kiln command; with `src`, the kiln package from that source tree (an older checkout's src/)."""
+    prefix = ["env", f"PYTHONPATH={src}"] if src else []
+    name = f"kiln-j{jobs}" + ("-before" if src else "")
+
     def command(work: Path) -> list[str]:
-        return [*KILN_IMAGE, "iso", "metal", "openstack", "--jobs", jobs, "--out", str(work / f"kiln-j{jobs}")]
+        return [*prefix, *KILN_IMAGE, "iso", "metal", "openstack", "--jobs", jobs, "--out", str(work / name)]
 
     return command
 
@@ -149,13 +153,20 @@ def image_with_jobs(jobs: str) -> Callable[[Path], list[str]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=2)
+    parser.add_argument(
+        "--before",
+        type=Path,
+        metavar="SRC",
+        help="also time the kiln package of this source tree (e.g. `git archive OLD src | tar -x -C DIR`, then "
+        "DIR/src), alternately with this one, and report this one against it (`--label` names the comparison)",
+    )
+    parser.add_argument("--label", default="", help="what --before is, recorded with the figures")
     args = parser.parse_args()
     parts = trees()
-    times = alternate(
-        args.runs,
-        lambda work: floor_script(parts, work, EPOCH),
-        {f"jobs{jobs}": image_with_jobs(jobs) for jobs in ("2", "1")},
-    )
+    kiln = {f"jobs{jobs}": image_with_jobs(jobs) for jobs in ("2", "1")}
+    if args.before:
+        kiln["before_jobs2"] = image_with_jobs("2", args.before.resolve())
+    times = alternate(args.runs, lambda work: floor_script(parts, work, EPOCH), kiln)
     best_floor, best_kiln, best_serial = min(times["script"]), min(times["jobs2"]), min(times["jobs1"])
     result = {
         "outputs": "rootfs, initramfs, iso, raw (metal), qcow2 (openstack)",
@@ -167,6 +178,14 @@ def main() -> None:
         "runs": args.runs,
         "load_average": os.getloadavg()[0],
     }
+    if args.before:
+        best_before = min(times["before_jobs2"])
+        result["before"] = {
+            "label": args.label,
+            "kiln_jobs2_s": round(best_before, 2),
+            "ratio_now_to_before_jobs2": round(best_kiln / best_before, 3),
+        }
+        print(f"the same with {args.label or args.before}: {best_before:6.1f} s  (now {best_kiln / best_before:.3f} x)")
     print(f"floor script (same tools, in sequence): {best_floor:6.1f} s")
     print(f"kiln image iso metal openstack --jobs 2: {best_kiln:6.1f} s  ({result['ratio_jobs2']} x the script)")
     print(f"kiln image iso metal openstack --jobs 1: {best_serial:6.1f} s  ({result['ratio_jobs1']} x the script)")

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from kiln.build.keys import compute_keys
+from kiln.build.sources.place import place_local
 from kiln.pkg.graph import Graph
 from kiln.pkg.loader import load_tree
 from kiln.pkg.variables import Platform
@@ -175,6 +176,39 @@ def test_local_source_files_are_hashed(tmp_path: Path) -> None:
     before = keys_of(pkgs)
     (tmp_path / "runtime/init/init.c").write_text("int main(void) { return 1; }\n")
     assert changed(before, keys_of(pkgs)) == {"init"}
+
+
+def test_excluded_paths_reach_neither_the_key_nor_the_copy(tmp_path: Path) -> None:
+    """A local source's `exclude` patterns (a developer's own `go build` output beside the code) leave the
+    key as it was and stay out of the build's copy; a source without the field keeps its old canonical form."""
+    tree = {
+        "init/pkg.yaml": """
+            name: init
+            variant: stage0
+            steps:
+              - sources: [{path: runtime/init, destination: src, exclude: [init, "*.test"]}]
+                build: [make]
+            finalize: [{from: /out, to: /}]
+            """,
+    }
+    pkgs = write_tree(tmp_path, tree)
+    code = tmp_path / "runtime/init"
+    (code / "sub").mkdir(parents=True)
+    (code / "init.c").write_text("int main(void) { return 0; }\n")
+    before = keys_of(pkgs)
+    (code / "init").write_bytes(b"\x7fELF built here")
+    (code / "sub" / "sub.test").write_bytes(b"\x7fELF go test -c")
+    assert keys_of(pkgs) == before
+    (code / "init.c").write_text("int main(void) { return 1; }\n")
+    assert changed(before, keys_of(pkgs)) == {"init"}
+
+    source = load_tree(pkgs, AMD64).packages["init"].steps[0].sources[0]
+    placed = place_local(tmp_path, source, tmp_path / "build")
+    assert sorted(p.relative_to(placed).as_posix() for p in placed.rglob("*")) == ["init.c", "sub"]
+
+    (pkgs / "init/pkg.yaml").write_text((pkgs / "init/pkg.yaml").read_text().replace(', exclude: [init, "*.test"]', ""))
+    canonical = load_tree(pkgs, AMD64).packages["init"].canonical()
+    assert canonical["steps"][0]["sources"] == [{"destination": "src", "path": "runtime/init"}]
 
 
 def test_jobs_does_not_reach_keys(pkgs: Path) -> None:

@@ -79,6 +79,31 @@ CASES: dict[str, tuple[dict[str, str], list[str]]] = {
         },
         ["pkgs/a/pkg.yaml:7: malformed sha256 'ABC123': expected 64 lowercase hex digits"],
     ),
+    "exclude on a remote source": (
+        {
+            "a/pkg.yaml": (
+                "name: a\nvariant: stage0\nsteps:\n  - sources:\n      - url: https://x.org/a.tgz\n"
+                f"        destination: a.tgz\n        sha256: {SHA}\n        exclude: [x]\n"
+                "finalize: [{from: /, to: /}]\n"
+            )
+        },
+        [
+            "pkgs/a/pkg.yaml:5: a source is either {url, destination, sha256[, debian]} "
+            "or a local {path, destination[, exclude]}"
+        ],
+    ),
+    "exclude pattern leading out": (
+        {
+            "a/pkg.yaml": (
+                "name: a\nvariant: stage0\nsteps:\n  - sources:\n      - path: src\n"
+                "        destination: src\n        exclude: [../x]\nfinalize: [{from: /, to: /}]\n"
+            )
+        },
+        [
+            "pkgs/a/pkg.yaml:7: exclude pattern must be relative to the source path without '..' "
+            "or control characters, not '../x'"
+        ],
+    ),
     "relative finalize path": (
         {"a/pkg.yaml": "name: a\nvariant: stage0\nfinalize:\n  - from: out\n    to: /\n"},
         ["pkgs/a/pkg.yaml:4: from must be an absolute path without '..' or control characters, not 'out'"],

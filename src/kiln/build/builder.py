@@ -79,7 +79,7 @@ class Builder:
                     if source.path is not None:
                         where = ("steps", s_index, "sources", index, "path")
                         self.local_digests[(package.name, s_index, index)] = local_source_digest(
-                            self.graph.tree, package, source.path, where
+                            self.graph.tree, package, source, where
                         )
 
     @property

@@ -17,17 +17,18 @@ from kiln.core.errors import InputError, Location
 from kiln.core.hashing import file_sha256, json_sha256
 from kiln.pkg.graph import Graph
 from kiln.pkg.loader import PKG_FILE, VARS_FILE, Tree
-from kiln.pkg.model import Package
+from kiln.pkg.model import Package, Source, excluded
 
 KEY_SCHEMA = "kiln-key-v1"
 
 
-def tree_digest(directory: Path, *, skip_package_dirs: bool = False) -> dict[str, str]:
+def tree_digest(directory: Path, *, skip_package_dirs: bool = False, exclude: tuple[str, ...] = ()) -> dict[str, str]:
     """Relative path -> content hash for every file below `directory`.
 
     Symlinks hash their target text; executables are marked, since a script's
     mode changes what a build does. Nested package directories belong to their
-    own package and are skipped when asked.
+    own package and are skipped when asked; so are paths matching `exclude`
+    (a local source's patterns, which its copy leaves out as well).
     """
     out: dict[str, str] = {}
     for dirpath, dirnames, filenames in os.walk(directory):
@@ -37,6 +38,8 @@ def tree_digest(directory: Path, *, skip_package_dirs: bool = False) -> dict[str
             sub = base / d
             if d.startswith(".") or (skip_package_dirs and (sub / PKG_FILE).is_file()):
                 continue
+            if excluded(sub.relative_to(directory).as_posix(), exclude):
+                continue
             if sub.is_symlink():
                 out[sub.relative_to(directory).as_posix()] = "link:" + os.readlink(sub)
                 continue
@@ -45,6 +48,8 @@ def tree_digest(directory: Path, *, skip_package_dirs: bool = False) -> dict[str
         for name in sorted(filenames):
             path = base / name
             rel = path.relative_to(directory).as_posix()
+            if excluded(rel, exclude):
+                continue
             info = path.lstat()
             if stat.S_ISLNK(info.st_mode):
                 out[rel] = "link:" + os.readlink(path)
@@ -87,8 +92,9 @@ def stage0_key(tree: Tree) -> str:
     )
 
 
-def local_source_digest(tree: Tree, package: Package, path: str, where: tuple[str | int, ...]) -> dict[str, str]:
+def local_source_digest(tree: Tree, package: Package, source: Source, where: tuple[str | int, ...]) -> dict[str, str]:
     project_root = tree.project_root_of(package)
+    path = str(source.path)
     root = project_root / path
     if not root.exists():
         raise InputError(
@@ -96,8 +102,13 @@ def local_source_digest(tree: Tree, package: Package, path: str, where: tuple[st
             Location(str(package.file), package.line(where)),
         )
     if root.is_file():
+        if source.exclude is not None:
+            raise InputError(
+                f"local source path {path!r} is a file: exclude is for directories",
+                Location(str(package.file), package.line(where)),
+            )
         return {root.name: file_sha256(root)}
-    return tree_digest(root)
+    return tree_digest(root, exclude=source.exclude or ())
 
 
 def compute_keys(graph: Graph) -> dict[str, str]:
@@ -122,7 +133,7 @@ def compute_keys(graph: Graph) -> dict[str, str]:
             for index, source in enumerate(step.sources):
                 if source.path is not None:
                     where = ("steps", s_index, "sources", index, "path")
-                    sources.append({"local": local_source_digest(tree, package, source.path, where)})
+                    sources.append({"local": local_source_digest(tree, package, source, where)})
                 else:
                     sources.append(source.sha256)
         keys[name] = json_sha256(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fnmatch
 import functools
 import os
 import re
@@ -26,10 +27,19 @@ class Source:
     sha256: str | None = None
     debian: str | None = None
     path: str | None = None
+    # Of a local directory: glob patterns (relative to `path`) left out of the copy and the key, such as
+    # a build output a developer's own `go build` leaves there. None, not empty, when absent: the
+    # canonical spec omits None, so the keys of sources without one stay what they were.
+    exclude: tuple[str, ...] | None = None
 
     @property
     def is_local(self) -> bool:
         return self.path is not None
+
+
+def excluded(rel: str, patterns: tuple[str, ...]) -> bool:
+    """Whether `rel` (a path below a local source, slash-separated) matches one of its `exclude` patterns."""
+    return any(fnmatch.fnmatchcase(rel, pattern) for pattern in patterns)
 
 
 @dataclass(frozen=True)
@@ -116,6 +126,7 @@ class Package:
                         sha256=s.get("sha256"),
                         debian=s.get("debian"),
                         path=s.get("path"),
+                        exclude=tuple(s["exclude"]) if "exclude" in s else None,
                     )
                     for s in st.get("sources", [])
                 ),

@@ -6,6 +6,7 @@ import hashlib
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 
 from kiln.build.sources.cache import SHA256_NAME, forget
@@ -14,7 +15,7 @@ from kiln.core.errors import BuildError
 from kiln.core.hashing import CHUNK
 from kiln.core.paths import PathEscape, join_inside
 from kiln.core.treecopy import copy_path
-from kiln.pkg.model import Source
+from kiln.pkg.model import Source, excluded
 
 
 def place_source(fetched: Path, build_dir: Path, destination: str) -> Path:
@@ -51,7 +52,8 @@ def place_local(project_root: Path, source: Source, build_dir: Path) -> Path:
     """Copy a local source (a file or a tree of the project) to build_dir/destination.
 
     Symlinks are copied as links, never followed, so nothing outside the tree leaks
-    in; hidden directories are skipped, as the cache key (keys.tree_digest) skips them.
+    in; hidden directories and the source's `exclude` patterns are skipped, as the
+    cache key (keys.tree_digest) skips them.
     """
     if source.path is None:
         raise FetchError(f"source {source.destination!r} is not local: fetch it")
@@ -65,23 +67,24 @@ def place_local(project_root: Path, source: Source, build_dir: Path) -> Path:
     if not origin.resolve().is_relative_to(root):
         raise FetchError(f"local source path {source.path!r} leads out of the project ({origin.resolve()})")
     target = _target(build_dir, source.destination)
+    ignore = _ignored(origin, source.exclude or ())
     if target.is_dir():  # an earlier source is there: merge without following the links it left
-        _merge_local(origin, build_dir, source.destination)
+        _merge_local(origin, build_dir, source.destination, ignore)
     elif origin.is_dir():
-        shutil.copytree(origin, target, symlinks=True, ignore=_hidden_dirs)
+        shutil.copytree(origin, target, symlinks=True, ignore=ignore)
     else:
         shutil.copy2(origin, target, follow_symlinks=False)
     return target
 
 
-def _merge_local(origin: Path, build_dir: Path, destination: str) -> None:
+def _merge_local(origin: Path, build_dir: Path, destination: str, ignore: Callable[[str, list[str]], set[str]]) -> None:
     """Copy `origin` onto a directory an earlier source filled, as finalize copies: the
     destination is walked without following links, so a link the earlier source placed
     (say `x -> /etc/passwd`) is replaced, never written through."""
     with tempfile.TemporaryDirectory(prefix=".local-", dir=build_dir.parent) as tmp:
         staged = Path(tmp) / "tree"
         if origin.is_dir():
-            shutil.copytree(origin, staged, symlinks=True, ignore=_hidden_dirs)
+            shutil.copytree(origin, staged, symlinks=True, ignore=ignore)
         else:
             staged.mkdir()
             shutil.copy2(origin, staged / origin.name, follow_symlinks=False)
@@ -91,9 +94,16 @@ def _merge_local(origin: Path, build_dir: Path, destination: str) -> None:
             raise FetchError(f"local source onto {destination!r}: {exc.message}") from None
 
 
-def _hidden_dirs(directory: str, names: list[str]) -> set[str]:
-    base = Path(directory)
-    return {n for n in names if n.startswith(".") and (base / n).is_dir() and not (base / n).is_symlink()}
+def _ignored(origin: Path, exclude: tuple[str, ...]) -> Callable[[str, list[str]], set[str]]:
+    """copytree's ignore for a local source: hidden directories and paths matching its `exclude` patterns."""
+
+    def ignore(directory: str, names: list[str]) -> set[str]:
+        base = Path(directory)
+        hidden = {n for n in names if n.startswith(".") and (base / n).is_dir() and not (base / n).is_symlink()}
+        rel = base.relative_to(origin)
+        return hidden | {n for n in names if excluded((rel / n).as_posix(), exclude)}
+
+    return ignore
 
 
 def _target(build_dir: Path, destination: str) -> Path:

@@ -70,7 +70,8 @@ KINDS: dict[str, OutputKind] = {
 
 
 def kinds_where(*, boot: Boot | None = None, secureboot: bool | None = None) -> tuple[str, ...]:
-    """The kinds' names, in KINDS' order, that boot as `boot` and/or can be signed as `secureboot` says."""
+    """The kinds' names, in KINDS' order, that boot as `boot` and can be signed as `secureboot` says (None:
+    either way)."""
     return tuple(
         name
         for name, kind in KINDS.items()

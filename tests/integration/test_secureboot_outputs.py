@@ -16,7 +16,7 @@ import pytest
 from kiln.image.assets import BootAssets, Loader
 from kiln.image.outputs.disk import build_raw
 from kiln.image.outputs.secureboot import GRUB_EFI_NAME, SBAT_GENERATION
-from kiln.image.uki import build_uki, os_release
+from kiln.image.outputs.uki import build_uki, os_release
 from kiln.signing.generate import generate
 from kiln.signing.keyset import KeySet
 from kiln.signing.pcr import MEASURED, SYSTEMD_MEASURE, policy_digest

@@ -69,7 +69,7 @@ def test_shipped_cloud_profiles_have_their_platform_format_and_console() -> None
         assert profile.platform == name
         assert f"kiln.platform={name}" in profile.cmdline().split()
         assert any(a.startswith("console=ttyS0") for a in profile.cmdline().split()), name
-    # <platform>-<arch>.<format>, then out_format's suffix (the tarball holds disk.raw, imager.GCP_MEMBER)
+    # <platform>-<arch>.<format>, then out_format's suffix (the tarball holds disk.raw, outputs.image.GCP_MEMBER)
     assert load_profile(PROFILES / "gcp.yaml").file_name == "gcp-amd64.raw"
     assert load_profile(PROFILES / "azure.yaml").for_arch("arm64").file_name == "azure-arm64.vhd"
     metal = load_profile(PROFILES / "metal.yaml")

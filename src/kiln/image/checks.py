@@ -14,6 +14,7 @@ from kiln.core.errors import InputError, InputErrors, KilnError
 from kiln.core.release_version import VERSION_VARIABLE
 from kiln.core.schema import suggest
 from kiln.image.oci_extension import Reference, is_oci
+from kiln.image.outputs.kinds import KINDS
 from kiln.image.profile import Profile
 from kiln.pkg.graph import Graph
 from kiln.rootfs.extension import manifest_for
@@ -36,8 +37,7 @@ def check_packages(profiles: list[Profile], graph: Graph) -> None:
                 fields += [
                     (("input", key, i), name) for i, name in enumerate(getattr(profile, key)) if not is_oci(name)
                 ]
-        if profile.kind == "installer":
-            fields.append((("output", "kind"), MACHINED))
+        fields += [(("output", "kind"), name) for name in KINDS[profile.kind].packages]
         if profile.loader_package:
             fields.append((("arch",) if profile.arch_given else ("output", "kind"), profile.loader_package))
         for path, name in fields:

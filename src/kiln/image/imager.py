@@ -29,12 +29,11 @@ from kiln.core.errors import BuildError, InputError, KilnError
 from kiln.core.hashing import file_sha256
 from kiln.image.arch import check_kernel_arch, check_kernel_files, loader_for
 from kiln.image.assets import BootAssets
-from kiln.image.checks import MACHINED
-from kiln.image.compress import compress
 from kiln.image.keys import boot_chain_keys, module_signer, resolve_keys
 from kiln.image.manifest import SbomPackage, load_spdx, write_manifest, write_sbom
 from kiln.image.oci_extension import Pulled, Reference, extension_layers, is_oci, pull_all
 from kiln.image.order import expected_cost
+from kiln.image.outputs.kinds import KINDS, Writer
 from kiln.image.profile import CONFIG_PATH, Profile
 from kiln.image.sbom_cyclonedx import write_cyclonedx
 from kiln.pkg.graph import Graph
@@ -79,9 +78,7 @@ def build_packages(
 
     targets: list[str] = list(extra)
     for profile in profiles:
-        targets += profile.packages_to_build()
-        if profile.kind == "installer":
-            targets.append(MACHINED)
+        targets += [*profile.packages_to_build(), *KINDS[profile.kind].packages]
     targets = list(dict.fromkeys(targets))
     # before the build: a reference that does not resolve, verify or fit this arch fails at once
     pulled = pull_all([e for p in profiles for e in p.oci_extensions], graph.tree.platform.arch)
@@ -193,46 +190,12 @@ class AssetMaker:
 
 
 def write_output(profile: Profile, assets: BootAssets, dest: Path, built: Built) -> None:
-    """The profile's output kind, in dest (an empty directory)."""
-    kind, artifact = profile.kind, dest / profile.artifact_name
-    if kind == "kernel":
-        shutil.copyfile(assets.vmlinuz, artifact)
-    elif kind == "initramfs":
-        shutil.copyfile(assets.initramfs, artifact)
-    elif kind == "iso":
-        from kiln.image.outputs.iso import build_iso
-
-        compress(build_iso(assets, dest / f"{profile.artifact_stem}.iso"), profile.out_format, assets.epoch, artifact)
-    elif kind == "pxe":
-        from kiln.image.outputs.pxe import build_pxe
-
-        build_pxe(assets, dest)
-    elif kind == "image":
-        from kiln.image.outputs.disk import build_raw
-        from kiln.image.outputs.formats import convert
-
-        with tempfile.TemporaryDirectory(prefix="disk-", dir=dest.parent) as tmp:
-            raw = build_raw(assets, Path(tmp) / GCP_MEMBER, profile.disk_size)
-            final = dest / profile.file_name
-            if profile.disk_format != "raw":
-                convert(raw, profile.disk_format, final, assets)
-                compress(final, profile.out_format, assets.epoch, artifact)
-            else:  # compressed from its temporary name: a .tar.gz holds it as disk.raw, as GCP wants
-                compress(raw, profile.out_format, assets.epoch, artifact)
-    elif kind == "uki":
-        from kiln.image.uki import build_uki
-
-        build_uki(assets, artifact, assets.cmdline, assets.keys, arch=profile.arch)
-    elif kind == "installer":
-        from kiln.image.outputs.disk import build_raw
-        from kiln.image.outputs.installer import build_installer
-
-        with tempfile.TemporaryDirectory(prefix="disk-", dir=dest.parent) as tmp:
-            machined = package_file(built.trees[MACHINED], MACHINED_PATH, Path(tmp) / "machined", 0o755, "machined")
-            raw = build_raw(assets, Path(tmp) / "disk.raw", profile.disk_size)
-            build_installer(assets, raw, machined, dest, profile.installer_name, profile_arch=profile.arch)
-    else:  # the schema allows nothing else
-        raise InputError(f"unknown output kind {kind}", profile.location("output", "kind"))
+    """The profile's output kind, in dest (an empty directory), by the kind's writer (outputs.kinds)."""
+    kind = KINDS.get(profile.kind)
+    if kind is None:  # the schema allows nothing else
+        raise InputError(f"unknown output kind {profile.kind}", profile.location("output", "kind"))
+    writer: Writer = importlib.import_module(kind.module).write
+    writer(profile, assets, dest, built.trees)
 
 
 MACHINED_PATH = "usr/sbin/machined"
@@ -246,9 +209,6 @@ def package_file(tree: Path, rel: str, dest: Path, mode: int, what: str) -> Path
     except FileNotFoundError:
         raise InputError(f"{what}: /{rel} does not exist in its output ({tree})") from None
     return dest
-
-
-GCP_MEMBER = "disk.raw"  # the name of the disk inside a .tar.gz (GCP takes no other)
 
 
 def manifest_inputs(profile: Profile, assets: BootAssets, built: Built) -> dict[str, Any]:
@@ -356,21 +316,14 @@ def make_profile(profile: Profile, maker: AssetMaker, out: Path, say: Say) -> Re
     return Result(profile, final, artifacts, seconds)
 
 
-# The modules write_output and AssetMaker import for each output kind. They are imported in the
-# main thread before the pool starts: concurrent first imports from worker threads can race.
-_KIND_MODULES = {
-    "iso": ("kiln.image.outputs.iso",),
-    "pxe": ("kiln.image.outputs.pxe",),
-    "image": ("kiln.image.outputs.disk", "kiln.image.outputs.formats"),
-    "installer": ("kiln.image.outputs.disk", "kiln.image.outputs.installer"),
-    "uki": ("kiln.image.uki",),
-}
+# The modules AssetMaker imports, and (outputs.kinds) each kind's writer: imported in the main thread
+# before the pool starts, as concurrent first imports from worker threads can race.
 _ASSET_MODULES = ("kiln.rootfs.extension", "kiln.rootfs.assemble")
 
 
 def load_worker_modules(profiles: list[Profile]) -> None:
     """Import, in this thread, everything the image workers will import for these profiles."""
-    for name in (*_ASSET_MODULES, *(m for p in profiles for m in _KIND_MODULES.get(p.kind, ()))):
+    for name in (*_ASSET_MODULES, *(KINDS[p.kind].module for p in profiles)):
         importlib.import_module(name)
     load_spdx()
 

@@ -9,7 +9,8 @@ previous DIR/<profile>/ or the complete new one:
   (arch_name: disk.raw -> disk-amd64.raw, kiln-arm64.iso stays, sbom.spdx.json ->
   sbom-arm64.spdx.json; a directory such as an installer's OCI layout is renamed the same way);
 - the files of an output that name each other (PXE: the loader loads grub.cfg, which loads vmlinuz
-  and initramfs.zst beside it) stay together, unchanged, in `<kind>-<arch>/` (GROUPED_KINDS);
+  and initramfs.zst beside it) stay together, unchanged, in `<kind>-<arch>/` (a kind's `grouped`
+  in outputs.kinds);
 - an installer also gets one OCI image index over its arches: `<name>-oci/` and
   `<name>-index.tar` (outputs.installer.build_installer_index);
 - one manifest.json (manifest.write_platforms_manifest) lists every artifact with its arch.
@@ -31,14 +32,13 @@ from kiln.image.checks import check_packages, with_release_version
 from kiln.image.imager import Built, Result, build_packages, make_images, replace_dir
 from kiln.image.keys import resolve_keys
 from kiln.image.manifest import MANIFEST, SBOMS, artifacts, write_platforms_manifest
+from kiln.image.outputs.kinds import KINDS
 from kiln.image.profile import Profile, raise_all, resolve_platform
 from kiln.pkg.graph import Graph
 from kiln.pkg.variables import Platform
 from kiln.signing.release import SIGNATURE, SUMS, sign_release
 
 Say = Callable[[str], None]
-# Outputs whose files name each other by name: kept together, unchanged, in <kind>-<arch>/.
-GROUPED_KINDS = ("pxe",)
 # What counts as an extension when the arch goes into a name (disk.raw.xz -> disk-amd64.raw.xz;
 # kiln-1.0.raw -> kiln-1.0-amd64.raw: "0" is no extension).
 EXTENSIONS = frozenset(
@@ -277,7 +277,7 @@ def _move_outputs(kind: str, arch: str, source: Path, dest: Path) -> dict[str, s
         if (dest / sbom).exists():
             raise BuildError(f"{dest.name}: the {arch} SBOM would be named {sbom}, which is taken")
         (source / document).rename(dest / sbom)
-    if kind in GROUPED_KINDS:
+    if KINDS[kind].grouped:  # its files name each other: kept together, unchanged
         group = dest / grouped_dir(kind, arch)
         group.mkdir()
         for entry in names:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from kiln.image.outputs.kinds import KINDS
 from kiln.image.profile import Profile
 
 # Seconds per 1 GiB disk profile on this 2-core machine, measured with all 13 shipped profiles
@@ -12,11 +13,11 @@ _FORMAT_COST = {"vhd": 1.3, "ova": 1.0, "vmdk": 1.0, "qcow2": 0.4}
 
 
 def expected_cost(profile: Profile) -> float:
-    """How long a profile's output takes, roughly (only the order matters)."""
-    if profile.kind == "installer":
-        return 3.5  # a disk, its gzip, and the gzip of the layer holding it
-    if profile.kind != "image":
-        return 0.5
+    """How long a profile's output takes, roughly (only the order matters): its kind's hint (outputs.kinds),
+    else its disk's."""
+    cost = KINDS[profile.kind].cost
+    if cost is not None:
+        return cost
     if profile.disk_format != "raw":
         return _FORMAT_COST.get(profile.disk_format, 1.0)
     return _DISK_COST.get(profile.out_format, 1.0)

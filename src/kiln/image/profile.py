@@ -23,7 +23,8 @@ from kiln.core.errors import InputError, InputErrors, Location
 from kiln.core.sizes import parse_size
 from kiln.core.yamlfile import Positioned, read_yaml_file
 from kiln.image.assets import ARCH_FIRMWARE
-from kiln.image.profile_rules import BOOTED_KINDS, DEFAULT_ARCH, arch_rules, rules
+from kiln.image.outputs.kinds import KINDS
+from kiln.image.profile_rules import DEFAULT_ARCH, arch_rules, rules
 from kiln.pkg.variables import Platform
 from kiln.rootfs.assemble import BASE_ROOTFS
 
@@ -118,13 +119,13 @@ class Profile:
     @property
     def loader_package(self) -> str | None:
         """The package the boot loader's modules come from: none on amd64 (the host's GRUB)."""
-        return GRUB_ARM64 if self.arch == "arm64" and self.kind in BOOTED_KINDS else None
+        return GRUB_ARM64 if self.arch == "arm64" and KINDS[self.kind].boot == "loader" else None
 
     @property
     def signed_boot(self) -> bool:
-        """Whether the firmware verifies this profile's boot chain (a Secure Boot output or a UKI):
-        its kernel then runs locked down and its modules are signed."""
-        return self.secureboot or self.kind == "uki"
+        """Whether the firmware verifies this profile's boot chain (a Secure Boot output, or a kind the
+        firmware starts itself: a UKI): its kernel then runs locked down and its modules are signed."""
+        return self.secureboot or KINDS[self.kind].boot == "firmware"
 
     def cmdline(self) -> str:
         """The kernel command line: the profile's arguments, the platform, the embedded config."""
@@ -156,13 +157,8 @@ class Profile:
         """The one file this profile's kind writes, compressed as out_format asks ("" for pxe and the
         installer, which write a set of files): what the imager names it and the factory serves."""
         compressed = "" if self.out_format == "raw" else self.out_format
-        return {
-            "kernel": f"kernel-{self.arch}",
-            "initramfs": f"initramfs-{self.arch}.zst",
-            "iso": f"{self.artifact_stem}.iso{compressed}",
-            "image": f"{self.file_name}{compressed}",
-            "uki": f"{self.artifact_stem}-uki.efi",
-        }.get(self.kind, "")
+        pattern = KINDS[self.kind].artifact  # outputs.kinds
+        return pattern.format(arch=self.arch, stem=self.artifact_stem, file_name=self.file_name, compressed=compressed)
 
     def for_arch(self, arch: str) -> Profile:
         """This profile for `arch`: its file inputs given per arch become that arch's file (None when the

@@ -11,10 +11,11 @@ from kiln.core.errors import InputError
 from kiln.core.sizes import parse_size
 from kiln.core.yamlfile import Path_
 from kiln.image.assets import ARCH_FIRMWARE
+from kiln.image.outputs.kinds import kinds_where
 
 DEFAULT_ARCH = "amd64"
-# Outputs a boot loader boots.
-BOOTED_KINDS = ("iso", "image", "pxe", "installer")
+# Outputs a boot loader boots (outputs.kinds).
+BOOTED_KINDS = kinds_where(boot="loader")
 
 
 def arch_rules(arch: str, kind: str, firmware: list[str] | None, disk_format: str, why: str) -> list[tuple[Path_, str]]:
@@ -111,7 +112,8 @@ def rules(data: dict[str, Any]) -> list[tuple[Path_, str]]:
     return found
 
 
-SECUREBOOT_KINDS = ("iso", "image", "installer")
+# Outputs `secureboot: true` can put behind the signed chain (outputs.kinds).
+SECUREBOOT_KINDS = kinds_where(secureboot=True)
 
 
 def _secureboot_rules(data: dict[str, Any], kind: str, arch: str) -> list[tuple[Path_, str]]:

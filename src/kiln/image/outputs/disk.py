@@ -35,7 +35,7 @@ from kiln.core.errors import BuildError, InputError
 from kiln.image.assets import HOST_GRUB, BootAssets, derived_uuid
 from kiln.image.outputs import secureboot
 from kiln.image.outputs.grub import ENV_NAME, environment_block, mkimage, require_tools, slot_boot_config, slots_config
-from kiln.image.uki import UKI_NAME
+from kiln.image.outputs.uki import UKI_NAME
 
 MIB = 1 << 20
 SECTOR = 512

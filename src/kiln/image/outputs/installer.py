@@ -33,16 +33,21 @@ import shutil
 import struct
 import tarfile
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kiln.core.errors import BuildError, InputError
 from kiln.core.hashing import CHUNK
 from kiln.image.assets import BootAssets
 from kiln.image.chunked import GZIP_LEVEL, write_gzip
+from kiln.image.outputs.disk import build_raw
 from kiln.image.outputs.grub import SLOTS
+
+if TYPE_CHECKING:
+    from kiln.image.profile import Profile
 
 REPOSITORY = "kiln-installer"
 ENTRYPOINT = "usr/bin/installer"
@@ -86,6 +91,18 @@ def image_tag(version: str) -> str:
     """The tag for a version: characters Docker refuses in tags (such as '+') become '-'."""
     tag = re.sub(r"[^A-Za-z0-9_.-]", "-", version)[:128]
     return tag if tag and tag[0] not in ".-" else "v" + tag[:127]
+
+
+def write(profile: Profile, assets: BootAssets, dest: Path, trees: Mapping[str, Path]) -> None:
+    """The installer output: machined (copied out of its package) and the raw disk it installs, in
+    an OCI image."""
+    from kiln.image.checks import MACHINED
+    from kiln.image.imager import MACHINED_PATH, package_file  # the one nofollow copy of a package's file
+
+    with tempfile.TemporaryDirectory(prefix="disk-", dir=dest.parent) as tmp:
+        machined = package_file(trees[MACHINED], MACHINED_PATH, Path(tmp) / "machined", 0o755, "machined")
+        raw = build_raw(assets, Path(tmp) / "disk.raw", profile.disk_size)
+        build_installer(assets, raw, machined, dest, profile.installer_name, profile_arch=profile.arch)
 
 
 def build_installer(

@@ -19,14 +19,20 @@ from __future__ import annotations
 import os
 import re
 import tempfile
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kiln.core import tools
 from kiln.image.assets import HOST_GRUB, BootAssets, derived_uuid
+from kiln.image.compress import compress
 from kiln.image.outputs import secureboot
 from kiln.image.outputs.grub import chainload_menu, grub_config, mkimage, require_tools
-from kiln.image.uki import UKI_NAME, build_uki
+from kiln.image.outputs.uki import UKI_NAME, build_uki
+
+if TYPE_CHECKING:
+    from kiln.image.profile import Profile
 
 GRUB_LIB = HOST_GRUB
 # Modules built into the GRUB core images: nothing is loaded from the ISO but grub.cfg, so the
@@ -70,6 +76,12 @@ def iso_date(epoch: int) -> str:
 def grub_uuid(epoch: int) -> str:
     date = iso_date(epoch)
     return "-".join([date[0:4], *(date[i : i + 2] for i in range(4, 16, 2))])
+
+
+def write(profile: Profile, assets: BootAssets, dest: Path, trees: Mapping[str, Path]) -> None:
+    """The iso output: the ISO, compressed as out_format asks."""
+    iso = build_iso(assets, dest / f"{profile.artifact_stem}.iso")
+    compress(iso, profile.out_format, assets.epoch, dest / profile.artifact_name)
 
 
 def build_iso(assets: BootAssets, out: Path) -> Path:

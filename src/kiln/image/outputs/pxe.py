@@ -25,11 +25,16 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kiln.core.errors import BuildError
 from kiln.image.assets import BootAssets
 from kiln.image.outputs.grub import grub_config, mkimage
+
+if TYPE_CHECKING:
+    from kiln.image.profile import Profile
 
 SCRIPT = "boot.ipxe"
 KERNEL = "vmlinuz"
@@ -55,6 +60,11 @@ def ipxe_script(assets: BootAssets) -> str:
             "",
         ]
     )
+
+
+def write(profile: Profile, assets: BootAssets, dest: Path, trees: Mapping[str, Path]) -> None:
+    """The pxe output: its set of files, in `dest` itself."""
+    build_pxe(assets, dest)
 
 
 def build_pxe(assets: BootAssets, out_dir: Path) -> list[Path]:

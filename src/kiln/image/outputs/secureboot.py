@@ -21,7 +21,7 @@ from pathlib import Path
 from kiln.core.errors import BuildError
 from kiln.image.assets import BootAssets
 from kiln.image.outputs.grub import mkimage
-from kiln.image.uki import UKI_NAME, build_uki
+from kiln.image.outputs.uki import UKI_NAME, build_uki
 from kiln.signing import pe
 from kiln.signing.keyset import KeySet
 from kiln.signing.shim import MOK_MANAGER, SHIM

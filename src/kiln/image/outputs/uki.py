@@ -14,13 +14,18 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kiln.core import tools
 from kiln.core.errors import BuildError, InputError
 from kiln.image.assets import BootAssets
 from kiln.signing import pcr, pe
 from kiln.signing.keyset import KeySet
+
+if TYPE_CHECKING:
+    from kiln.image.profile import Profile
 
 STUBS = {"amd64": Path("/usr/lib/systemd/boot/efi/linuxx64.efi.stub")}
 PAGE = 0x1000
@@ -40,6 +45,11 @@ def stub_for(arch: str) -> Path:
     if not stub.exists():
         raise BuildError(f"building a UKI needs systemd's EFI stub {stub}: apt install systemd-boot-efi")
     return stub
+
+
+def write(profile: Profile, assets: BootAssets, dest: Path, trees: Mapping[str, Path]) -> None:
+    """The uki output: one UKI with the profile's command line, signed when the profile has keys."""
+    build_uki(assets, dest / profile.artifact_name, assets.cmdline, assets.keys, arch=profile.arch)
 
 
 def build_uki(assets: BootAssets, out: Path, cmdline: str, keys: KeySet | None = None, arch: str | None = None) -> Path:

@@ -71,11 +71,13 @@ func (w *Watch) matches(md Metadata) bool {
 	return w.match[md.Type] && (w.id == "" || w.id == md.ID)
 }
 
-// push records ev as the latest for its resource and wakes the reader without blocking.
+// push records ev as the latest for its resource and wakes the reader without blocking. The
+// token goes in under w.mu, so drain takes events and token together: a token never outlives
+// the events it announced (which would wake the reader for nothing).
 func (w *Watch) push(ev Event) {
 	w.mu.Lock()
+	defer w.mu.Unlock()
 	w.pending[key{ev.Resource.Type, ev.Resource.ID}] = ev
-	w.mu.Unlock()
 	select {
 	case w.wake <- struct{}{}:
 	default: // already woken: the reader will find this event with the others
@@ -104,6 +106,10 @@ func (w *Watch) Next(ctx context.Context) ([]Event, error) {
 func (w *Watch) drain() []Event {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	select {
+	case <-w.wake:
+	default:
+	}
 	out := make([]Event, 0, len(w.pending))
 	for k, ev := range w.pending {
 		out = append(out, ev)

@@ -277,7 +277,7 @@ func (m *machine) startServices(logDir string) {
 	opts.LogDir = logDir
 	opts.Events = func(line string) { m.con.printf("%s", line) }
 	sup := supervisor.New(opts)
-	m.setServices(sup)
+	m.setSupervisor(sup)
 	if err := sup.Start(supervisor.MergeServices(specs, m.cfg.Services)); err != nil {
 		m.con.printf("services: %v; none started", err)
 	}
@@ -290,7 +290,7 @@ func (m *machine) currentSupervisor() *supervisor.Supervisor {
 	return m.sup
 }
 
-func (m *machine) setServices(sup *supervisor.Supervisor) {
+func (m *machine) setSupervisor(sup *supervisor.Supervisor) {
 	m.supMu.Lock()
 	defer m.supMu.Unlock()
 	m.sup = sup

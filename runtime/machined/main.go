@@ -76,7 +76,7 @@ func userMode(m *machine, configPath, services, logDir string) {
 	opts.LogDir = logDir
 	opts.Events = func(line string) { m.con.printf("%s", line) }
 	sup := supervisor.New(opts)
-	m.setServices(sup)
+	m.setSupervisor(sup)
 	if err := sup.Start(supervisor.MergeServices(specs, m.cfg.Services)); err != nil {
 		m.con.printf("services: %v", err)
 		os.Exit(2)

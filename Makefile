@@ -42,10 +42,10 @@ release: setup
 
 # Everything the tests need runs first: the host tools (setup), and the Docker engine and OCI
 # registry the runner, cache and installer tests use (services). Then the Python tests, and
-# machined's Go tests and fuzz targets.
+# machined's Go tests under the race detector (which needs cgo), and its fuzz targets.
 test: setup services
 	$(BIN)/pytest -q
-	cd runtime/machined && go test ./...
+	cd runtime/machined && CGO_ENABLED=1 go test -race ./...
 	cd runtime/machined && for target in $(GO_FUZZ); do \
 		go test -run='^$$' -fuzz="^$${target#*:}$$" -fuzztime=$(FUZZTIME) ./$${target%%:*} || exit 1; \
 	done

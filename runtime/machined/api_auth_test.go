@@ -195,7 +195,16 @@ func TestAPIEveryEndpointNeedsItsRole(t *testing.T) {
 			t.Errorf("%s: an unknown endpoint: %d, want 404", name, code)
 		}
 	}
-	time.Sleep(300 * time.Millisecond) // the power actions run after their answers
+	// the power actions run 200 ms after their answers: wait for the admin's poweroff (a
+	// loaded machine, or the race detector, may take well longer than that)
+	countPoweroffs := func() int {
+		a.backend.mu.Lock()
+		defer a.backend.mu.Unlock()
+		return strings.Count(strings.Join(a.backend.actions, ","), "poweroff")
+	}
+	for deadline := time.Now().Add(10 * time.Second); countPoweroffs() == 0 && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
+	}
 	a.backend.mu.Lock()
 	defer a.backend.mu.Unlock()
 	poweroffs := strings.Count(strings.Join(a.backend.actions, ","), "poweroff")

@@ -35,8 +35,9 @@ type machine struct {
 	extensions   []Extension
 	schematic    string // the image's schematic ID (kiln image --schematic), "" for none
 	net          *network.Network
-	sup          *supervisor.Supervisor
-	apiAddr      string // "" when the API is off
+	supMu        sync.Mutex             // guards sup: a failed upgrade's resume replaces it while the API reads it
+	sup          *supervisor.Supervisor // read through currentSupervisor()
+	apiAddr      string                 // "" when the API is off
 	stopAPI      func()
 	started      time.Time
 	power        chan string
@@ -108,7 +109,10 @@ func (m *machine) boot() {
 	}
 	var wg sync.WaitGroup
 	wg.Add(1)
-	safego.Go("network setup", func() { defer wg.Done(); m.net.Configure(m.cfg.Network, 5*time.Second) })
+	// the network config is taken here: setupVar may replace m.cfg (a config kept on STATE)
+	// while the network comes up beside it
+	netCfg := m.cfg.Network
+	safego.Go("network setup", func() { defer wg.Done(); m.net.Configure(netCfg, 5*time.Second) })
 	m.setupVar()
 	m.phases.mark("var")
 	wg.Wait()
@@ -272,10 +276,24 @@ func (m *machine) startServices(logDir string) {
 	opts := supervisor.DefaultOptions()
 	opts.LogDir = logDir
 	opts.Events = func(line string) { m.con.printf("%s", line) }
-	m.sup = supervisor.New(opts)
-	if err := m.sup.Start(supervisor.MergeServices(specs, m.cfg.Services)); err != nil {
+	sup := supervisor.New(opts)
+	m.setSupervisor(sup)
+	if err := sup.Start(supervisor.MergeServices(specs, m.cfg.Services)); err != nil {
 		m.con.printf("services: %v; none started", err)
 	}
+}
+
+// currentSupervisor is the supervisor running the services now, nil before there is one.
+func (m *machine) currentSupervisor() *supervisor.Supervisor {
+	m.supMu.Lock()
+	defer m.supMu.Unlock()
+	return m.sup
+}
+
+func (m *machine) setSupervisor(sup *supervisor.Supervisor) {
+	m.supMu.Lock()
+	defer m.supMu.Unlock()
+	m.sup = sup
 }
 
 func (m *machine) startAPI() {
@@ -311,7 +329,7 @@ func (m *machine) watchTrial() {
 	if line := m.slots.describe(); line != "" {
 		m.con.printf("%s", line)
 	}
-	if m.slots.booted != "trial" || !m.pid1 {
+	if m.slots.bootedAs() != "trial" || !m.pid1 {
 		return
 	}
 	limit := trialTimeout(m.params)
@@ -331,7 +349,7 @@ func (m *machine) ready() {
 	// and it is the default before the ready line says so
 	if err := m.slots.markGood(m.version); err != nil {
 		m.con.printf("boot: slot %s reached ready but could not be made the default: %v", m.slots.slot, err)
-	} else if m.slots != nil && m.slots.marked {
+	} else if m.slots.markedGood() {
 		m.con.printf("boot: slot %s reached ready and is the default now", m.slots.slot)
 	}
 	if m.isReady != nil {
@@ -443,20 +461,22 @@ func (m *machine) Rollback() (string, error) {
 }
 
 func (m *machine) Services() []supervisor.ServiceStatus {
-	if m.sup == nil {
+	sup := m.currentSupervisor()
+	if sup == nil {
 		return []supervisor.ServiceStatus{}
 	}
-	return m.sup.Status()
+	return sup.Status()
 }
 
 func (m *machine) Logs(name string) ([]string, bool) {
 	if name == "machined" {
 		return m.con.log.Lines(), true
 	}
-	if m.sup == nil {
+	sup := m.currentSupervisor()
+	if sup == nil {
 		return nil, false
 	}
-	return m.sup.Logs(name)
+	return sup.Logs(name)
 }
 
 func (m *machine) Power(action string) { m.power <- action }

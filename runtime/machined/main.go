@@ -75,8 +75,9 @@ func userMode(m *machine, configPath, services, logDir string) {
 	opts := supervisor.DefaultOptions()
 	opts.LogDir = logDir
 	opts.Events = func(line string) { m.con.printf("%s", line) }
-	m.sup = supervisor.New(opts)
-	if err := m.sup.Start(supervisor.MergeServices(specs, m.cfg.Services)); err != nil {
+	sup := supervisor.New(opts)
+	m.setSupervisor(sup)
+	if err := sup.Start(supervisor.MergeServices(specs, m.cfg.Services)); err != nil {
 		m.con.printf("services: %v", err)
 		os.Exit(2)
 	}

@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -29,11 +30,14 @@ var platformTimeNTP = map[string][]string{
 // platformState is what the platform said, kept for the ready line, the status and the
 // ready report Azure waits for.
 type platformState struct {
-	impl   platform.Platform
-	env    platform.Env
-	facts  platform.Facts
-	err    string
-	report string // Azure's health report: "", "sent" or the error
+	impl  platform.Platform
+	env   platform.Env
+	facts platform.Facts
+	err   string
+	// report is Azure's health report: "", "sent" or the error; the report's goroutine writes
+	// it while the API reads it, so it is only touched under reportMu
+	reportMu sync.Mutex
+	report   string
 	// fromConfigDrive: the facts came from a drive labelled like a config drive (nocloud's
 	// cidata), which the config drive's rule governs (configsource_drive.go)
 	fromConfigDrive bool
@@ -57,8 +61,20 @@ func (p *platformState) status() map[string]interface{} {
 		"hostname":     p.facts.Hostname,
 		"warnings":     p.facts.Warnings,
 		"error":        p.err,
-		"ready_report": p.report,
+		"ready_report": p.readyReport(),
 	}
+}
+
+func (p *platformState) readyReport() string {
+	p.reportMu.Lock()
+	defer p.reportMu.Unlock()
+	return p.report
+}
+
+func (p *platformState) setReadyReport(report string) {
+	p.reportMu.Lock()
+	defer p.reportMu.Unlock()
+	p.report = report
 }
 
 // needsNetwork says whether the platform's facts come over the network (a metadata service)
@@ -272,12 +288,12 @@ func (m *machine) reportPlatformReady() {
 	p := m.platform
 	safego.Go("platform ready report", func() {
 		if err := p.impl.ReportReady(context.Background(), p.env, p.facts); err != nil {
-			p.report = err.Error()
+			p.setReadyReport(err.Error())
 			m.con.printf("platform: %s: ready report: %v", p.impl.Name(), err)
 			return
 		}
 		if p.impl.Name() == "azure" {
-			p.report = "sent"
+			p.setReadyReport("sent")
 			m.con.printf("platform: azure: reported Ready to the WireServer")
 		}
 	})

@@ -42,8 +42,8 @@ func handleSignals(power chan<- string, say func(string, ...interface{})) {
 func (m *machine) shutdown(action string) {
 	m.shutdownOnce.Do(func() {
 		m.con.printf("%s: stopping services", action)
-		if m.sup != nil {
-			m.sup.Stop()
+		if sup := m.currentSupervisor(); sup != nil {
+			sup.Stop()
 		}
 		if m.stopAPI != nil {
 			m.stopAPI()

@@ -78,3 +78,22 @@ func eventually(t *testing.T, what string, max time.Duration, cond func() bool) 
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// A failed upgrade's resume starts a new supervisor while the API lists services and reads
+// their logs; under -race this shows the swap is guarded.
+func TestSupervisorSwapWhileAPIReads(t *testing.T) {
+	m := &machine{con: quietConsole(), cfg: &Config{}}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := 0; i < 50; i++ {
+			_ = m.Services()
+			_, _ = m.Logs("none")
+		}
+	}()
+	for i := 0; i < 20; i++ {
+		m.startServices(t.TempDir())
+		m.currentSupervisor().Stop()
+	}
+	<-done
+}

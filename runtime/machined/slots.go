@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"sync"
 	"syscall"
 	"time"
 
@@ -24,14 +25,17 @@ const (
 )
 
 // slots is the boot state as this boot found it; slot is "" when the boot came from no
-// A/B disk (ISO, PXE, a kernel and initramfs), and then nothing here acts.
+// A/B disk (ISO, PXE, a kernel and initramfs), and then nothing here acts. slot, device and
+// err are set once by findSlots; the rest changes while the API reads it (a rollback, the
+// trial marked good), so it is only touched under mu.
 type slots struct {
 	slot   string
 	device string // the BOOT partition
+	err    string // why the state could not be read
+	mu     sync.Mutex
 	state  bootstate.State
 	booted string // "trial", "default" or "other"
 	marked bool   // this boot made its trial slot the default
-	err    string // why the state could not be read or written
 }
 
 // findSlots reads the boot state from the BOOT partition of the owned disk.
@@ -88,9 +92,12 @@ func (s *slots) write() error {
 
 // describe is the console line saying what this boot is.
 func (s *slots) describe() string {
-	switch {
-	case s == nil || s.slot == "":
+	if s == nil || s.slot == "" {
 		return ""
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
 	case s.err != "":
 		return fmt.Sprintf("boot: slot %s; boot state: %s", s.slot, s.err)
 	case s.booted == "trial":
@@ -104,7 +111,12 @@ func (s *slots) describe() string {
 
 // markGood makes a trial slot the default once machined is ready, recording its version.
 func (s *slots) markGood(version string) error {
-	if s == nil || s.slot == "" || s.err != "" || s.booted != "trial" {
+	if s == nil || s.slot == "" || s.err != "" {
+		return nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.booted != "trial" {
 		return nil
 	}
 	st := s.state
@@ -130,6 +142,8 @@ func (s *slots) rollback() (string, error) {
 	if s.err != "" {
 		return "", errors.New("the boot state cannot be read: " + s.err)
 	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	other := bootstate.Other(s.slot)
 	if s.state.Rollback == other {
 		return "", fmt.Errorf("slot %s did not reach ready when it was tried and was rolled back; it is no system to return to", other)
@@ -159,6 +173,8 @@ func (s *slots) status() map[string]interface{} {
 	if s == nil || s.slot == "" {
 		return nil
 	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	other := bootstate.Other(s.slot)
 	out := map[string]interface{}{
 		"slot":             s.slot,
@@ -179,6 +195,30 @@ func (s *slots) status() map[string]interface{} {
 		out["error"] = s.err
 	}
 	return out
+}
+
+// defaultSlot is the slot GRUB boots by default now.
+func (s *slots) defaultSlot() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.state.Default
+}
+
+// bootedAs says what this boot is: "trial", "default" or "other" ("" off an A/B disk).
+func (s *slots) bootedAs() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.booted
+}
+
+// markedGood says whether this boot made its trial slot the default.
+func (s *slots) markedGood() bool {
+	if s == nil {
+		return false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.marked
 }
 
 // trialTimeout is how long a trial boot may take to reach ready (kiln.trial_timeout=, seconds).

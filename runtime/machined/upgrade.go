@@ -190,7 +190,7 @@ func (m *machine) Upgrade(req upgradeRequest) (*upgradeStatus, error) {
 		return nil, &apiError{409, "the boot state cannot be read: " + m.slots.err}
 	}
 	other := bootstate.Other(m.slots.slot)
-	if m.slots.state.Default == other {
+	if m.slots.defaultSlot() == other {
 		return nil, &apiError{409, fmt.Sprintf("slot %s runs but slot %s is the default; roll back or reboot before upgrading", m.slots.slot, other)}
 	}
 	m.upgrades.mu.Lock()
@@ -512,8 +512,8 @@ func (c *countingReader) Read(p []byte) (int, error) {
 // disk is in use while the installer writes it.
 func (m *machine) stopForInstall() error {
 	m.con.printf("upgrade: stopping services")
-	if m.sup != nil {
-		m.sup.Stop()
+	if sup := m.currentSupervisor(); sup != nil {
+		sup.Stop()
 	}
 	syscall.Sync()
 	for _, target := range []string{"/var", stateMount} {

@@ -169,7 +169,11 @@ func TestDnsmasqDHCP6ClientHelper(t *testing.T) {
 	if d := time.Since(began); d > time.Second {
 		t.Errorf("Configure waited %s for DHCPv6", d)
 	}
-	waitFor(t, 15*time.Second, "a DHCPv6 lease", func() bool { return n.Leases()[ifname+"/dhcp6"].Address != "" })
+	// the client applies the address (its Bound hook) before it reports the bound state
+	waitFor(t, 15*time.Second, "a DHCPv6 lease", func() bool {
+		li := n.Leases()[ifname+"/dhcp6"]
+		return li.Address != "" && li.State == "bound"
+	})
 	t.Logf("DHCPv6 lease %s after Configure", time.Since(began).Round(time.Millisecond))
 	li := n.Leases()[ifname+"/dhcp6"]
 	if li.Address != "2001:db8:1::100/128" || li.State != "bound" || li.LeaseSeconds != 120 || !reflect.DeepEqual(li.DNS, []string{"2001:db8::53"}) {

@@ -25,11 +25,12 @@ const (
 // Retry policy: each request gets a few seconds; connection errors, 429 and 5xx are retried
 // with exponential backoff (the service may still be coming up with the network), 404 and
 // other 4xx are answers and are not retried. The whole Fetch is bounded by Env.Deadline.
+var requestTimeout = 5 * time.Second // a var only so that a test can give a slow machine longer
+
 const (
-	requestTimeout = 5 * time.Second
-	maxAttempts    = 8
-	firstBackoff   = 250 * time.Millisecond
-	maxBackoff     = 5 * time.Second
+	maxAttempts  = 8
+	firstBackoff = 250 * time.Millisecond
+	maxBackoff   = 5 * time.Second
 )
 
 // errNotFound is a 404: for user data it means "none", for other documents it is an error.

@@ -257,17 +257,18 @@ func (s *Supervisor) runOnce(svc *service) (syscall.WaitStatus, error) {
 	s.setState(svc, StateRunning)
 	svc.note("started pid %d", svc.pid)
 	s.event("service %s: started (pid %d)", svc.spec.Name, svc.pid)
+	file := svc.file // taken under s.mu: Stop clears it while the output may still be draining
 	s.mu.Unlock()
-	safego.Go("service "+svc.spec.Name+" output", func() { svc.collect(out) })
+	safego.Go("service "+svc.spec.Name+" output", func() { svc.collect(out, file) })
 	return <-done, nil
 }
 
-// collect copies the service's output into its ring buffer and log file until EOF.
-func (svc *service) collect(out io.ReadCloser) {
+// collect copies the service's output into its ring buffer and log file (nil for none) until EOF.
+func (svc *service) collect(out io.ReadCloser, file *os.File) {
 	defer out.Close()
 	var w io.Writer = svc.log
-	if svc.file != nil {
-		w = io.MultiWriter(svc.log, svc.file)
+	if file != nil {
+		w = io.MultiWriter(svc.log, file)
 	}
 	_, _ = io.Copy(w, out)
 }

@@ -173,9 +173,13 @@ func TestDependenciesStartInOrder(t *testing.T) {
 func TestStopEscalatesToSIGKILL(t *testing.T) {
 	s, _ := testSupervisor(t,
 		sh("polite", "exec sleep 60", RestartAlways),
-		sh("stubborn", "trap '' TERM; while :; do sleep 0.05; done", RestartAlways))
-	eventually(t, "both running", 3*time.Second, func() bool {
-		return status(s, "polite").State == StateRunning && status(s, "stubborn").State == StateRunning
+		sh("stubborn", "trap '' TERM; echo ignoring TERM; while :; do sleep 0.05; done", RestartAlways))
+	// running is not enough: on a loaded machine the shell may not have set its trap yet, and
+	// then SIGTERM ends it at once
+	eventually(t, "both running, stubborn ignoring TERM", 3*time.Second, func() bool {
+		lines, _ := s.Logs("stubborn")
+		return status(s, "polite").State == StateRunning && status(s, "stubborn").State == StateRunning &&
+			strings.Contains(strings.Join(lines, "\n"), "ignoring TERM")
 	})
 	pids := []int{status(s, "polite").PID, status(s, "stubborn").PID}
 	began := time.Now()

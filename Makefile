@@ -42,7 +42,7 @@ release: setup
 
 # Everything the tests need runs first: the host tools (setup), and the Docker engine and OCI
 # registry the runner, cache and installer tests use (services). Then the Python tests, and
-# machined's Go tests under the race detector (which needs cgo), and its fuzz targets.
+# machined's Go tests under the race detector (which needs cgo: gcc and libc6-dev), and its fuzz targets.
 test: setup services
 	$(BIN)/pytest -q
 	cd runtime/machined && CGO_ENABLED=1 go test -race ./...

@@ -12,6 +12,7 @@ IMAGE_PACKAGES="python3-venv git bubblewrap debootstrap util-linux tar xz-utils 
   squashfs-tools kmod grub-common grub-pc-bin grub-efi-amd64-bin xorriso mtools dosfstools fdisk
   binutils binutils-aarch64-linux-gnu qemu-user-static"
 PACKAGES="python3-venv graphviz fonts-dejavu-core fish diffoscope-minimal bubblewrap debootstrap util-linux tar xz-utils zstd cpio squashfs-tools kmod qemu-system-x86 qemu-utils ovmf golang-go
+  gcc libc6-dev
   grub-common grub-pc-bin grub-efi-amd64-bin xorriso mtools dosfstools e2fsprogs fdisk gdisk ipxe-qemu gzip
   lvm2 mdadm ntfs-3g exfatprogs f2fs-tools lzip dnsmasq-base chrony iproute2 socat
   qemu-system-arm qemu-efi-aarch64 qemu-user-static binutils-aarch64-linux-gnu

@@ -35,7 +35,7 @@ MARKERS = (
     ("setup", "./scripts/setup-host.sh"),
     ("services", "./scripts/ci-services.sh"),
     ("pytest", "/bin/pytest -q"),
-    ("go test", "go test ./..."),
+    ("go test", "go test -race ./..."),
     ("go fuzz", "for target in"),
     ("lint", "/bin/ruff check"),
 )

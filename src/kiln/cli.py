@@ -37,7 +37,7 @@ from kiln.pkg.graph import Graph
 from kiln.pkg.loader import Tree, load_tree
 from kiln.pkg.show import GRAPH_FORMATS, dump_yaml, render_graph
 from kiln.pkg.template import render_string
-from kiln.pkg.variables import Platform, host_platform, parse_overrides
+from kiln.pkg.variables import DEFAULT_PLATFORM, Platform, host_platform, parse_overrides
 from kiln.report import command as report_command
 from kiln.report.graph import PICTURE_FORMATS, draw_graph
 from kiln.report.output import write
@@ -49,7 +49,6 @@ if TYPE_CHECKING:
 
 Handler = Callable[[argparse.Namespace], int]
 # --platform's default. It parses as None so `kiln image` can tell a profile's arch from an explicit --platform.
-DEFAULT_PLATFORM = "linux/amd64"
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, str]:

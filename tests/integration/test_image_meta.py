@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from kiln.image.compress import compress
-from kiln.image.manifest import SbomPackage, write_manifest, write_sbom
+from kiln.image.manifest import SbomPackage, write_manifest, write_spdx
 from kiln.image.sbom_cyclonedx import write_cyclonedx
 from kiln.pkg.loader import Tree, load_tree
 from kiln.pkg.variables import Platform
@@ -84,7 +84,7 @@ def test_sbom_validates_lists_the_packages_and_is_reproducible(tmp_path: Path) -
     from spdx_tools.spdx.parser.parse_anything import parse_file
     from spdx_tools.spdx.validation.document_validator import validate_full_spdx_document
 
-    tree, outputs = written_twice(write_sbom, ["kmod", "e2fsprogs"], tmp_path)
+    tree, outputs = written_twice(write_spdx, ["kmod", "e2fsprogs"], tmp_path)
     assert outputs[0].read_bytes() == outputs[1].read_bytes()
     document = parse_file(str(outputs[0]))
     assert validate_full_spdx_document(document) == []
@@ -146,7 +146,7 @@ def test_a_registry_extension_is_in_both_sboms_by_its_pinned_reference(tmp_path:
     item = registry_sbom_package(Pulled(reference, manifest, tmp_path, {}))
     assert item.purl == f"pkg:oci/lldpd@sha256:{'d' * 64}?repository_url=127.0.0.1:5000/team/lldpd&tag=1.0.16"
     (tmp_path / "spdx").mkdir()
-    spdx = write_sbom(tmp_path / "spdx", "metal", "0.1.0", "ab" * 32, EPOCH, [item])
+    spdx = write_spdx(tmp_path / "spdx", "metal", "0.1.0", "ab" * 32, EPOCH, [item])
     document = parse_file(str(spdx))
     assert validate_full_spdx_document(document) == []
     [package] = [p for p in document.packages if p.name == "lldpd"]

@@ -12,11 +12,10 @@ from kiln.core.console import say_line
 from kiln.core.errors import InputError
 from kiln.image import kernel_initramfs
 from kiln.pkg.graph import Graph
+from kiln.pkg.variables import DEFAULT_PLATFORM
 
 if TYPE_CHECKING:
     from kiln.image.profile import Profile
-
-DEFAULT_PLATFORM = "linux/amd64"  # without profiles and without --platform
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -30,7 +30,7 @@ from kiln.core.hashing import file_sha256
 from kiln.image.arch import check_kernel_arch, check_kernel_files, loader_for
 from kiln.image.assets import BootAssets
 from kiln.image.keys import boot_chain_keys, module_signer, resolve_keys
-from kiln.image.manifest import SbomPackage, load_spdx, write_manifest, write_sbom
+from kiln.image.manifest import SbomPackage, load_spdx, write_manifest, write_spdx
 from kiln.image.oci_extension import Pulled, Reference, extension_layers, is_oci, pull_all
 from kiln.image.order import expected_cost
 from kiln.image.outputs.kinds import KINDS, Writer
@@ -294,7 +294,7 @@ def make_profile(profile: Profile, maker: AssetMaker, out: Path, say: Say) -> Re
         write_output(profile, assets, dest, maker.built)
         contents = sbom_packages(profile, maker.built)
         schematic = profile.schematic.id if profile.schematic else None
-        write_sbom(dest, profile.name, profile.version, assets.seed, assets.epoch, contents, schematic=schematic)
+        write_spdx(dest, profile.name, profile.version, assets.seed, assets.epoch, contents, schematic=schematic)
         write_cyclonedx(dest, profile.name, profile.version, assets.seed, assets.epoch, contents, schematic=schematic)
         identity = {
             "name": profile.name,

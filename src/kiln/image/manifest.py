@@ -28,7 +28,7 @@ SBOM = "sbom.spdx.json"
 CYCLONEDX = "sbom.cdx.json"  # kiln.image.sbom_cyclonedx
 SBOMS = (SBOM, CYCLONEDX)
 
-# What write_sbom imports. spdx-tools costs about 0.5 s to import, so only image making pays for
+# What write_spdx imports. spdx-tools costs about 0.5 s to import, so only image making pays for
 # it; and concurrent first imports of one package from worker threads race inside importlib
 # (KeyError: 'spdx_tools.spdx.model', seen about one run in six), so load_spdx() runs first.
 _SPDX_MODULES = (
@@ -45,7 +45,7 @@ _SPDX_MODULES = (
 
 
 def load_spdx() -> None:
-    """Import spdx-tools in the calling thread, before worker threads call write_sbom."""
+    """Import spdx-tools in the calling thread, before worker threads call write_spdx."""
     for name in _SPDX_MODULES:
         importlib.import_module(name)
 
@@ -169,7 +169,7 @@ def write_platforms_manifest(
     return path
 
 
-def write_sbom(
+def write_spdx(
     directory: Path,
     name: str,
     version: str,

@@ -85,10 +85,6 @@ class Tree:
         """Name of the package `variant: toolchain` packages build with."""
         return str(self.variables.get("toolchain", "toolchain"))
 
-    @property
-    def stage0_file(self) -> Path:
-        return self.root / STAGE0_FILE
-
     def package_context(self, package: Package) -> dict[str, Any]:
         """The variables a package's template saw."""
         return package_variables(self.root_of(package), package.directory, self.variables, self.overrides)

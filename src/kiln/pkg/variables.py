@@ -19,6 +19,7 @@ DEFAULT_SOURCE_DATE_EPOCH = 1704067200
 # `jobs` renders as a shell reference the runner fills at build time, so cache keys
 # stay the same on machines with different core counts.
 JOBS_REFERENCE = "${KILN_JOBS}"
+DEFAULT_PLATFORM = "linux/amd64"  # without profiles and without --platform
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"kiln/machined/internal/safego"
 )
 
 // Controller owns some resource types and keeps them true to what it reads.
@@ -135,7 +137,7 @@ func (rt *Runtime) reconcile(ctx context.Context, c Controller) (err error) {
 	run := &Run{state: rt.state, owner: c.Name(), put: map[key]bool{}}
 	defer func() {
 		if p := recover(); p != nil {
-			err = fmt.Errorf("panic: %v; stack: %s", p, oneLineStack(debug.Stack()))
+			err = fmt.Errorf("panic: %v; stack: %s", p, safego.OneLineStack(debug.Stack()))
 		}
 	}()
 	if err := c.Reconcile(ctx, run); err != nil {
@@ -177,15 +179,4 @@ func sleep(ctx context.Context, d time.Duration) bool {
 	case <-t.C:
 		return true
 	}
-}
-
-// oneLineStack folds a stack into one console line (frames separated by " < ").
-func oneLineStack(stack []byte) string {
-	var frames []string
-	for _, l := range strings.Split(strings.TrimSpace(string(stack)), "\n") {
-		if l = strings.TrimSpace(l); l != "" && !strings.HasPrefix(l, "goroutine ") {
-			frames = append(frames, l)
-		}
-	}
-	return strings.Join(frames, " < ")
 }

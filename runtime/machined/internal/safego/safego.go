@@ -32,12 +32,12 @@ func reportPanic(name string, value interface{}, stack []byte) {
 	panicMu.Lock()
 	say := panicSay
 	panicMu.Unlock()
-	say("machined: panic in %s: %v; stack: %s", name, value, oneLineStack(stack))
+	say("machined: panic in %s: %v; stack: %s", name, value, OneLineStack(stack))
 }
 
-// oneLineStack folds a goroutine's stack into one line (frames separated by " < ") so the
+// OneLineStack folds a goroutine's stack into one line (frames separated by " < ") so the
 // report stays one console line and one entry of the machined log.
-func oneLineStack(stack []byte) string {
+func OneLineStack(stack []byte) string {
 	var frames []string
 	for _, l := range strings.Split(strings.TrimSpace(string(stack)), "\n") {
 		if l = strings.TrimSpace(l); l != "" && !strings.HasPrefix(l, "goroutine ") {

@@ -7,7 +7,7 @@ KILN := $(BIN)/kiln
 # default; setup-image installs none of them.
 EXTRAS ?= [test]
 
-.PHONY: setup setup-image services image test unit lint bench bench-runners release clean
+.PHONY: setup setup-image services image test go-test unit lint bench bench-runners release clean
 
 $(BIN)/kiln: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -41,10 +41,15 @@ release: setup
 	$(KILN) image $(RELEASE_PROFILES) --set toolchain=toolchain --out _release
 
 # Everything the tests need runs first: the host tools (setup), and the Docker engine and OCI
-# registry the runner, cache and installer tests use (services). Then the Python tests, and
-# machined's Go tests under the race detector (which needs cgo: gcc and libc6-dev), and its fuzz targets.
+# registry the runner, cache and installer tests use (services). Then two lanes at once
+# (scripts/test_lanes.py): the QEMU boots (tests/e2e), and beside them, niced, the unit and
+# integration tests, then machined's Go tests (go-test).
 test: setup services
-	$(BIN)/pytest -q
+	$(BIN)/python scripts/test_lanes.py $(BIN)/python
+
+# machined's Go tests under the race detector (which needs cgo: gcc and libc6-dev), then its
+# fuzz targets.
+go-test:
 	cd runtime/machined && CGO_ENABLED=1 go test -race ./...
 	cd runtime/machined && for target in $(GO_FUZZ); do \
 		go test -run='^$$' -fuzz="^$${target#*:}$$" -fuzztime=$(FUZZTIME) ./$${target%%:*} || exit 1; \

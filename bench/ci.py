@@ -1,9 +1,10 @@
 """Benchmark: `.ci/run` as CI runs it (a fresh clone of HEAD, CI=true, no terminal), timed by phase.
 
-The phases are read from the run itself: make's echo of each command (setup, services, pytest, Go
-tests, fuzz targets, lint) timestamped as it appears, pytest's per-test times (a JUnit XML file,
-grouped by tier: e2e, integration, unit) and the background prebuilds' own lines
-(tests/prebuild.py). The budget is 70 minutes cold and 25 warm on 2 idle cores.
+The phases are read from the run itself: make's echo of each command (setup, services, the test
+lanes, lint) timestamped as it appears, each lane's seconds (scripts/test_lanes.py: the boots,
+and beside them the other tiers then machined's Go tests and fuzz targets), pytest's per-test
+times (a JUnit XML file per lane, grouped by tier: e2e, integration, unit) and the background
+prebuilds' own lines (tests/prebuild.py). The budget is 70 minutes cold and 25 warm on 2 idle cores.
 
 Cold means empty stores: `--cold` points HOME (the store, pip's and Go's caches, the seed) at an
 empty directory (`--home DIR`, which must hold no Kiln store: on a fresh machine, the real HOME,
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -30,13 +32,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench/results/ci.json"
 BUDGET_MIN = {"cold": 70, "warm": 25}
+PREBUILD = re.compile(r"^(\[\w+\] )?prebuild: ")
 # make echoes each recipe line before running it: the first line of each phase.
 MARKERS = (
     ("setup", "./scripts/setup-host.sh"),
     ("services", "./scripts/ci-services.sh"),
-    ("pytest", "/bin/pytest -q"),
-    ("go test", "go test -race ./..."),
-    ("go fuzz", "for target in"),
+    ("tests", "scripts/test_lanes.py"),
     ("lint", "/bin/ruff check"),
 )
 
@@ -53,25 +54,34 @@ def phases(lines: list[tuple[float, str]], end: float) -> dict[str, float]:
     return {name: round(stop - at, 1) for (name, at), stop in zip(starts, bounds, strict=True)}
 
 
-def tiers(junit: Path) -> dict[str, float]:
+LANE_END = re.compile(r"^\[(\w+)\] lane \w+: (\d+) s, exit (-?\d+)$")
+
+
+def lanes(lines: list[tuple[float, str]]) -> dict[str, dict[str, int]]:
+    """Each test lane's seconds and exit code, from its last line."""
+    found = (LANE_END.match(line) for _, line in lines)
+    return {m[1]: {"s": int(m[2]), "exit": int(m[3])} for m in found if m}
+
+
+def cases(junit_dir: Path) -> list[ET.Element]:
+    """Every test case of every lane's JUnit file."""
+    return [case for path in sorted(junit_dir.glob("*.xml")) for case in ET.parse(path).getroot().iter("testcase")]
+
+
+def tiers(junit_dir: Path) -> dict[str, float]:
     """pytest's seconds per tier (tests/<tier>/...), setup and teardown included."""
-    if not junit.exists():
-        return {}
     seconds: dict[str, float] = defaultdict(float)
-    for case in ET.parse(junit).getroot().iter("testcase"):
+    for case in cases(junit_dir):
         tier = case.get("classname", "").split(".")[1:2] or ["?"]
         seconds[tier[0]] += float(case.get("time", "0"))
     return {tier: round(value, 1) for tier, value in sorted(seconds.items())}
 
 
-def slowest(junit: Path, count: int = 15) -> list[dict[str, object]]:
-    if not junit.exists():
-        return []
-    cases = [
-        (float(case.get("time", "0")), f"{case.get('classname')}::{case.get('name')}")
-        for case in ET.parse(junit).getroot().iter("testcase")
+def slowest(junit_dir: Path, count: int = 15) -> list[dict[str, object]]:
+    timed = [
+        (float(case.get("time", "0")), f"{case.get('classname')}::{case.get('name')}") for case in cases(junit_dir)
     ]
-    return [{"test": name, "s": round(at, 1)} for at, name in sorted(cases, reverse=True)[:count]]
+    return [{"test": name, "s": round(at, 1)} for at, name in sorted(timed, reverse=True)[:count]]
 
 
 def empty_docker() -> None:
@@ -109,9 +119,9 @@ def main() -> None:
     clone = work / "clone"
     subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=clone, capture_output=True, text=True).stdout.strip()
-    junit = work / "junit.xml"
+    junit = work / "junit"
     env = {k: v for k, v in os.environ.items() if k not in ("TERM", "KILN_CACHE", "VIRTUAL_ENV")}
-    env |= {"CI": "true", "PYTEST_ADDOPTS": f"--junitxml={junit}"}
+    env |= {"CI": "true", "KILN_TEST_JUNIT_DIR": str(junit)}
     if args.cold:
         home = args.home or work / "home"
         store = home / ".cache/kiln"
@@ -133,8 +143,9 @@ def main() -> None:
         "total_min": round(total / 60, 1),
         "budget_min": BUDGET_MIN[kind],
         "phases_s": phases(lines, total),
+        "lanes": lanes(lines),
         "pytest_tiers_s": tiers(junit),
-        "prebuilds": [line.split("prebuild: ", 1)[1] for _, line in lines if line.startswith("prebuild: ")],
+        "prebuilds": [line.split("prebuild: ", 1)[1] for _, line in lines if PREBUILD.match(line)],
         "slowest_tests": slowest(junit),
     }
     history = json.loads(RESULTS.read_text()) if RESULTS.exists() else []

@@ -56,7 +56,8 @@ def kiln(capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest
 
 
 # The arm64 end-to-end tests run last in their tier, and what later tests build starts in the
-# background at once (tests/prebuild.py): the idle core of a TCG boot builds it.
+# background at once (tests/prebuild.py): the core a TCG boot or a single-threaded step leaves
+# idle builds it.
 ARM64_E2E = "tests/e2e/test_arm64.py"
 _background: Background | None = None
 
@@ -76,13 +77,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """Start the prebuilds when this run boots anything (otherwise no core idles)."""
+    """Start the prebuilds the selected tests need (make test's lanes: each for its own tests)."""
     global _background
-    modules = {_module_of(item) for item in session.items}
-    if session.config.option.collectonly or not any(module.startswith("tests/e2e/") for module in modules):
+    if session.config.option.collectonly:
         return
     out = Path(tempfile.mkdtemp(prefix="kiln-prebuild-out-"))
-    _background = start(wanted(modules, out))
+    _background = start(wanted({_module_of(item) for item in session.items}, out))
     if _background is not None:
         print(f"\nprebuild: building in the background (log {_background.log})", flush=True)
 

@@ -1,17 +1,18 @@
-"""Build in the background, on the core a TCG boot leaves idle, what later tests of this run need.
+"""Build in the background, on a core the foreground leaves idle, what later tests of this run need.
 
-QEMU without KVM runs a guest on one core, so while the amd64 end-to-end tier boots, the other
-core would idle. This starts the heavy builds that later tests need (the arm64 image's packages
-for tests/e2e/test_arm64.py, the full toolchain for tests/integration/test_toolchain_build.py,
-xfsprogs for tests/integration/test_pkgs_userland.py) at the start of the run, one after another,
-under `nice -n 19`, so they take only the CPU the foreground leaves (with the kernel's scheduler
-autogroups off, as .ci/run makes sure: each sandboxed step is a session of its own, and across
-autogroups nice means nothing). Nothing is built twice: the
-store's per-key build lock makes a test that reaches a key being built here wait for it and then
-find it stored. The arm64 tests run last in the end-to-end tier (tests/conftest.py), when their
-packages are most likely done.
+QEMU without KVM runs a guest on one core, and many integration steps are single-threaded (an
+xz unpack, a configure script), so a core often idles. This starts the heavy builds that later
+tests need (the arm64 image's packages for tests/e2e/test_arm64.py, the full toolchain for
+tests/integration/test_toolchain_build.py, xfsprogs for tests/integration/test_pkgs_userland.py)
+at the start of the run, one after another, under `nice -n 19`, so they take only the CPU the
+foreground leaves (with the kernel's scheduler autogroups off, as .ci/run makes sure: each
+sandboxed step is a session of its own, and across autogroups nice means nothing). `make test`
+runs the boots and the other tiers as two pytest processes (scripts/test_lanes.py); each starts
+the prebuilds of its own selected tests. Nothing is built twice: the store's per-key build lock
+makes a test that reaches a key being built here wait for it and then find it stored. The arm64
+tests run last in the end-to-end tier (tests/conftest.py), when their packages are most likely done.
 
-Only when the run boots (an e2e test is selected) and KILN_TEST_PREBUILD is not "0". The log and
+Only for selected tests that have a prebuild, and when KILN_TEST_PREBUILD is not "0". The log and
 the seconds each build took are in the file `log` names; the summary goes to the terminal report
 (bench/ci.py reads it into bench/results/ci.json).
 """

@@ -60,8 +60,9 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The real pkgs/ packages this test needs, built into the default store; returns the export dir.
 
     The default store is the one the end-to-end tier builds its images from (tests/e2e, which
-    `make test` runs first), so on a cold machine each of these packages is built once, from the
-    seed, by whichever tier asks first, and a package whose inputs change is rebuilt.
+    `make test` runs beside this tier), so on a cold machine each of these packages is built once,
+    from the seed, by whichever tier asks first (the other waits on its build lock), and a package
+    whose inputs change is rebuilt.
     """
     out = tmp_path_factory.mktemp("userland") / "out"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}

@@ -17,6 +17,7 @@ import (
 	"kiln/machined/internal/network"
 	"kiln/machined/internal/ntp"
 	"kiln/machined/internal/persist"
+	"kiln/machined/internal/resource"
 	"kiln/machined/internal/safefile"
 	"kiln/machined/internal/safego"
 	"kiln/machined/internal/supervisor"
@@ -35,6 +36,7 @@ type machine struct {
 	extensions   []Extension
 	schematic    string // the image's schematic ID (kiln image --schematic), "" for none
 	net          *network.Network
+	resources    *resource.State        // the machine's resources, which its controllers keep (controllers.go)
 	supMu        sync.Mutex             // guards sup: a failed upgrade's resume replaces it while the API reads it
 	sup          *supervisor.Supervisor // read through currentSupervisor()
 	apiAddr      string                 // "" when the API is off
@@ -102,20 +104,19 @@ func (m *machine) boot() {
 	m.fetchPlatform()
 	m.applyPlatform()
 	m.phases.mark("config")
-	if m.cfg.Hostname != "" {
-		if err := syscall.Sethostname([]byte(m.cfg.Hostname)); err != nil {
-			m.con.printf("hostname %s: %v", m.cfg.Hostname, err)
-		}
-	}
-	var wg sync.WaitGroup
-	wg.Add(1)
-	// the network config is taken here: setupVar may replace m.cfg (a config kept on STATE)
-	// while the network comes up beside it
-	netCfg := m.cfg.Network
-	safego.Go("network setup", func() { defer wg.Done(); m.net.Configure(netCfg, 5*time.Second) })
+	m.setHostname()
+	// The network controller applies the config published now beside setupVar, and again
+	// whatever setupVar changes of it (a config kept on STATE replaces a drive's or the defaults).
+	m.startControllers(m.net)
+	m.publishConfig()
+	published := m.cfg
 	m.setupVar()
+	if m.cfg != published {
+		m.applyPlatform() // the kept config: without a network or hostname it takes the platform's
+		m.setHostname()
+	}
 	m.phases.mark("var")
-	wg.Wait()
+	m.waitNetwork(m.publishConfig(), 20*time.Second)
 	m.phases.mark("network") // the wait for the network beyond /var, which ran beside it
 	m.startClock()
 
@@ -134,6 +135,16 @@ func (m *machine) boot() {
 	}
 	for action := range m.power {
 		m.shutdown(action)
+	}
+}
+
+// setHostname sets the config's hostname, if it has one.
+func (m *machine) setHostname() {
+	if m.cfg.Hostname == "" {
+		return
+	}
+	if err := syscall.Sethostname([]byte(m.cfg.Hostname)); err != nil {
+		m.con.printf("hostname %s: %v", m.cfg.Hostname, err)
 	}
 }
 
@@ -251,9 +262,6 @@ func (m *machine) persistConfig() {
 		}
 		m.cfg, m.configSource = cfg, path
 		m.con.printf("config: %s (kept from an earlier boot)", path)
-		if cfg.Hostname != "" {
-			_ = syscall.Sethostname([]byte(cfg.Hostname))
-		}
 		return
 	}
 	data, err := json.MarshalIndent(m.cfg, "", "  ")

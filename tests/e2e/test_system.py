@@ -211,13 +211,27 @@ class DiskBoots:
     raw: Path  # the disk as raw, between the two boots
 
 
+# The config the first boot's drive gives and the machine keeps: a static address on eth0 with
+# DHCP off, inside QEMU's user network (10.0.2.0/24, the host's gateway at 10.0.2.2).
+KEPT_ADDRESS = "10.0.2.77/24"
+KEPT_CONFIG = {
+    "hostname": "e2e-kept",
+    "network": {
+        "interfaces": [
+            {"name": "eth0", "addresses": [KEPT_ADDRESS], "gateway": GUEST_HOST, "dhcp": False, "dhcp6": False}
+        ],
+        "nameservers": ["10.0.2.3"],
+    },
+}
+
+
 @pytest.fixture(scope="module")
 def disk_boots(probe_image: Path, tmp_path_factory: pytest.TempPathFactory) -> DiskBoots:
     """Two boots of the probe image on one qcow2 disk, blank at first; the disk is read between them.
 
-    A KILNCFG drive is in the CD drive each time: the first boot's (hostname e2e-kept) is the config
-    the machine keeps; the second boot's, a stick someone plugged in (hostname e2e-stick), must not
-    replace it.
+    A KILNCFG drive is in the CD drive each time: the first boot's (KEPT_CONFIG: hostname e2e-kept,
+    a static address) is the config the machine keeps; the second boot's, a stick someone plugged
+    in (hostname e2e-stick), must not replace it.
 
     Each boot ends (QEMU is stopped) once the probe has been restarted, which is after it
     wrote and fsynced its /var marker, and (machined's 1 s restart backoff) after the ready line.
@@ -227,7 +241,7 @@ def disk_boots(probe_image: Path, tmp_path_factory: pytest.TempPathFactory) -> D
     subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", str(disk), "1G"], check=True)
     booted = machine(probe_image)
     booted.blank_disk = disk
-    booted.cdrom = config_drive(work / "first.iso", {"kiln.json": json.dumps({"hostname": "e2e-kept"}).encode()})
+    booted.cdrom = config_drive(work / "first.iso", {"kiln.json": json.dumps(KEPT_CONFIG).encode()})
     run_boot(booted, "e2e-probe: running", work / "first.log")
     raw = work / "disk.raw"
     subprocess.run(["qemu-img", "convert", "-O", "raw", str(disk), str(raw)], check=True)
@@ -297,6 +311,22 @@ def test_a_config_drive_counts_only_on_the_first_boot(disk_boots: DiskBoots) -> 
     assert index_of(second, ignored) < index_of(second, kept) < index_of(second, READY)
     index_of(second, r"e2e-probe: hostname e2e-kept$")
     assert not [line for line in second if "e2e-stick" in line]
+
+
+def test_the_kept_config_network_is_applied(disk_boots: DiskBoots) -> None:
+    """The static address of the config is on eth0 before ready on both boots: on the second, the
+    kept config's network replaces the defaults the boot started with (DHCP on every NIC), and a
+    lease DHCP got before the kept config was read is given up before ready."""
+    static = rf"machined: network: eth0: {re.escape(KEPT_ADDRESS)} \(static\)$"
+    first, second = disk_boots.first, disk_boots.second
+    assert index_of(first, static) < index_of(first, READY)
+    assert not [line for line in first if "via DHCP" in line]
+    assert index_of(second, static) < index_of(second, READY)
+    before_ready = second[: index_of(second, READY)]
+    leases = [i for i, line in enumerate(before_ready) if re.search(r"network: eth0: \S+ via DHCP", line)]
+    given_up = [i for i, line in enumerate(before_ready) if "network: eth0: DHCP lease" in line and "given up" in line]
+    assert len(given_up) == len(leases), before_ready
+    assert all(gone > lease for gone, lease in zip(given_up, leases, strict=True)), before_ready
 
 
 def test_extension_service_restarts_after_it_is_killed(disk_boots: DiskBoots) -> None:

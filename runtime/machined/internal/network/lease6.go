@@ -47,15 +47,24 @@ func (n *Network) link6(name string) *dhcp6Link {
 	return d
 }
 
-// startDHCP6 runs dhcp6Loop, again should it panic. Nothing waits for it: DHCPv6 never
-// holds up the boot.
+// startDHCP6 starts the interface's DHCPv6 client unless one runs, and runs it again should
+// it panic, until Apply stops it. Nothing waits for it: DHCPv6 never holds up the boot.
 func (n *Network) startDHCP6(iface net.Interface) {
-	safego.Forever("dhcp6 "+iface.Name, func() { n.dhcp6Loop(iface) })
+	l := n.startLoop(n.dhcp6, iface.Name)
+	if l == nil {
+		return
+	}
+	safego.Forever("dhcp6 "+iface.Name, func() {
+		defer l.finish()
+		if l.ctx.Err() == nil {
+			n.runDHCP6(l.ctx, iface)
+		}
+	})
 }
 
-// dhcp6Loop runs the interface's DHCPv6 client for good.
-func (n *Network) dhcp6Loop(iface net.Interface) {
-	waitCarrier(iface.Name, 3*time.Second)
+// dhcp6Loop runs the interface's DHCPv6 client until ctx ends; then its address is removed.
+func (n *Network) dhcp6Loop(ctx context.Context, iface net.Interface) {
+	waitCarrier(ctx, iface.Name, 3*time.Second)
 	c := &dhcp6.Client{
 		MAC: iface.HardwareAddr,
 		// DAD on the link-local address takes about a second after the carrier comes up
@@ -66,7 +75,10 @@ func (n *Network) dhcp6Loop(iface net.Interface) {
 			Lost:  func(l dhcp6.Lease, reason string) { n.dropLease6(iface, l, reason) },
 		},
 	}
-	c.Run(context.Background())
+	c.Run(ctx)
+	if ctx.Err() != nil {
+		n.endDHCP6(iface)
+	}
 }
 
 // applyLease6 puts a DHCPv6 address on the interface as a /128, replacing the previous

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -14,10 +15,16 @@ import (
 	"kiln/machined/internal/dhcp"
 )
 
-// recorder stands in for rtnetlink: it logs each request.
-type recorder struct{ calls []string }
+// recorder stands in for rtnetlink: it logs each request (from any goroutine: the DHCP
+// clients apply their leases on their own).
+type recorder struct {
+	mu    sync.Mutex
+	calls []string
+}
 
 func (r *recorder) log(format string, args ...interface{}) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	r.calls = append(r.calls, fmt.Sprintf(format, args...))
 	return nil
 }
@@ -30,10 +37,13 @@ func (r *recorder) delRoute(i int, rt route) error {
 	return syscall.ESRCH // already gone: must not be reported
 }
 func (r *recorder) setMTU(i int, mtu int) error { return r.log("mtu %d", mtu) }
+func (r *recorder) linkUp(i int) error          { return nil }
 func (r *recorder) Close()                      {}
 
 // take returns the calls so far and forgets them.
 func (r *recorder) take() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	s := strings.Join(r.calls, "; ")
 	r.calls = nil
 	return s
@@ -43,7 +53,12 @@ var t0 = time.Date(2024, 1, 1, 0, 0, 0, 0, time.UTC)
 
 func testNetwork(t *testing.T) (*Network, *recorder, *[]string) {
 	var said []string
-	n := New(func(f string, a ...interface{}) { said = append(said, fmt.Sprintf(f, a...)) })
+	var saidMu sync.Mutex
+	n := New(func(f string, a ...interface{}) {
+		saidMu.Lock()
+		defer saidMu.Unlock()
+		said = append(said, fmt.Sprintf(f, a...))
+	})
 	rec := &recorder{}
 	n.openLinks = func() (linkOps, error) { return rec, nil }
 	n.resolvConf = filepath.Join(t.TempDir(), "resolv.conf")

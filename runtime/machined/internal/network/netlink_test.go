@@ -411,3 +411,33 @@ func hexIP6(h string) net.IP {
 	}
 	return ip
 }
+
+// Apply on real interfaces: a second config's address and gateway replace the first's, and
+// the first's are gone from the kernel.
+func TestApplyInANetworkNamespace(t *testing.T) {
+	inNetns(t, func(nl *netlinkConn) {
+		if addVeth(t, nl, "kd0", "kd0p") == nil {
+			return
+		}
+		n := New(t.Logf)
+		n.resolvConf = filepath.Join(t.TempDir(), "resolv.conf")
+		no := false
+		first := NetworkConfig{Interfaces: []InterfaceConfig{{Name: "kd0", Addresses: []string{"10.40.0.5/24"}, Gateway: "10.40.0.1", DHCP: &no}}}
+		n.Apply(first, time.Second)
+		kd0, _ := net.InterfaceByName("kd0")
+		if addrs, _ := kd0.Addrs(); addrsString(addrs) != "10.40.0.5/24" {
+			t.Fatalf("kd0 after the first config: %v", addrs)
+		}
+		second := NetworkConfig{Interfaces: []InterfaceConfig{{Name: "kd0", Addresses: []string{"10.50.0.7/24"}, Gateway: "10.50.0.1", DHCP: &no}}}
+		n.Apply(second, time.Second)
+		if addrs, _ := kd0.Addrs(); addrsString(addrs) != "10.50.0.7/24" {
+			t.Errorf("kd0 after the second config: %v", addrs)
+		}
+		if got := strings.Join(kernelRoutes(t, "kd0"), ", "); got != "0.0.0.0/0 via 10.50.0.1, 10.50.0.0/24 on-link" { // the kernel's prefix route beside it
+			t.Errorf("kd0's routes after the second config: %s", got)
+		}
+		if got := n.Addresses()["kd0"]; len(got) != 1 || got[0] != "10.50.0.7/24" {
+			t.Errorf("status addresses: %v", got)
+		}
+	})
+}

@@ -31,15 +31,21 @@ const (
 // with no network config, every Ethernet interface) statically or by DHCP. DHCP leases
 // are renewed in the background for as long as machined runs.
 type Network struct {
-	say        func(string, ...interface{})
-	mu         sync.Mutex
-	addrs      map[string][]string // interface -> CIDRs, for /v1/status
-	dns        []string
-	staticDNS  bool
-	dhcp       map[string]bool      // interfaces with a DHCP loop running
-	links      map[string]*dhcpLink // interface -> its DHCP state
-	dhcp6      map[string]bool      // interfaces with a DHCPv6 loop running
-	links6     map[string]*dhcp6Link
+	say       func(string, ...interface{})
+	mu        sync.Mutex
+	addrs     map[string][]string // interface -> CIDRs, for /v1/status
+	dns       []string
+	staticDNS bool
+	dhcp      map[string]*loop     // interfaces with a DHCP client running
+	links     map[string]*dhcpLink // interface -> its DHCP state
+	dhcp6     map[string]*loop     // interfaces with a DHCPv6 client running
+	links6    map[string]*dhcp6Link
+	applyMu   sync.Mutex               // one Apply at a time
+	static    map[string]staticApplied // interface -> what the last Apply set on it (apply.go)
+	lookup    func(name string) (*net.Interface, error)
+	// runDHCP and runDHCP6 are the clients' loops (dhcpLoop, dhcp6Loop); tests stand in for them
+	runDHCP    func(ctx context.Context, iface net.Interface, first chan struct{})
+	runDHCP6   func(ctx context.Context, iface net.Interface)
 	resolvConf string
 	openLinks  func() (linkOps, error) // rtnetlink; a recorder in tests
 	now        func() time.Time
@@ -50,8 +56,11 @@ type Network struct {
 
 // New returns a Network that reports on say; Configure brings the interfaces up.
 func New(say func(string, ...interface{})) *Network {
-	return &Network{say: say, addrs: map[string][]string{}, dhcp: map[string]bool{}, links: map[string]*dhcpLink{},
-		dhcp6: map[string]bool{}, links6: map[string]*dhcp6Link{}, resolvConf: resolvConf, openLinks: openLinkOps, now: time.Now}
+	n := &Network{say: say, addrs: map[string][]string{}, dhcp: map[string]*loop{}, links: map[string]*dhcpLink{},
+		dhcp6: map[string]*loop{}, links6: map[string]*dhcp6Link{}, static: map[string]staticApplied{},
+		resolvConf: resolvConf, openLinks: openLinkOps, now: time.Now, lookup: net.InterfaceByName}
+	n.runDHCP, n.runDHCP6 = n.dhcpLoop, n.dhcp6Loop
+	return n
 }
 
 // ethernetInterfaces lists /sys/class/net entries of type Ethernet (ARPHRD_ETHER).
@@ -67,54 +76,50 @@ func ethernetInterfaces(sysRoot string) []string {
 	return out
 }
 
-// Configure applies the config and waits up to wait for the first DHCP leases, so the
-// ready line usually comes with an address; slow servers finish in the background.
+// Configure adds what cfg says to what the interfaces have (the boot's first steps: DHCP
+// everywhere to reach a config URL or a metadata service) and waits up to wait for the first
+// DHCP leases, so the ready line usually comes with an address; slow servers finish in the
+// background. Apply, not Configure, makes the interfaces exactly what the machine config says.
 func (n *Network) Configure(cfg NetworkConfig, wait time.Duration) {
-	nl, err := openNetlink()
+	n.configure(cfg, wait)
+}
+
+// configure brings up each interface cfg names (every Ethernet interface when it names none),
+// with its static addresses and routes, and starts DHCP and DHCPv6 where they are wanted and
+// not running; it returns what it set statically per interface.
+func (n *Network) configure(cfg NetworkConfig, wait time.Duration) map[string]staticApplied {
+	applied := map[string]staticApplied{}
+	ops, err := n.openLinks()
 	if err != nil {
 		n.say("network: %v", err)
-		return
+		return applied
 	}
-	defer nl.Close()
-	if lo, err := net.InterfaceByName("lo"); err == nil {
-		_ = nl.linkUp(lo.Index)
-		_ = nl.addAddress(lo.Index, &net.IPNet{IP: net.IPv4(127, 0, 0, 1), Mask: net.CIDRMask(8, 32)})
+	defer ops.Close()
+	if lo, err := n.lookup("lo"); err == nil {
+		_ = ops.linkUp(lo.Index)
+		_ = ops.addAddress(lo.Index, &net.IPNet{IP: net.IPv4(127, 0, 0, 1), Mask: net.CIDRMask(8, 32)})
 	}
 	n.setDNS(cfg.Nameservers, true)
-	ifaces := cfg.Interfaces
-	if len(ifaces) == 0 {
-		for _, name := range ethernetInterfaces("/sys") {
-			ifaces = append(ifaces, InterfaceConfig{Name: name})
-		}
-	}
 	var wg sync.WaitGroup
-	for _, ic := range ifaces {
-		iface, err := net.InterfaceByName(ic.Name)
+	for _, ic := range n.interfaces(cfg) {
+		iface, err := n.lookup(ic.Name)
 		if err != nil {
 			n.say("network: interface %s: %v", ic.Name, err)
 			continue
 		}
-		if err := nl.linkUp(iface.Index); err != nil {
+		if err := ops.linkUp(iface.Index); err != nil {
 			n.say("network: %s up: %v", ic.Name, err)
 			continue
 		}
-		n.applyStatic(nl, *iface, ic)
+		applied[ic.Name] = n.applyStatic(ops, *iface, ic)
 		if ic.UsesDHCP() {
 			n.setConfig(ic)
 		}
-		n.mu.Lock()
-		running := n.dhcp[ic.Name]
-		n.dhcp[ic.Name] = n.dhcp[ic.Name] || ic.UsesDHCP()
-		running6 := n.dhcp6[ic.Name]
-		n.dhcp6[ic.Name] = n.dhcp6[ic.Name] || ic.UsesDHCP6()
-		n.mu.Unlock()
-		if ic.UsesDHCP6() && !running6 {
-			n.startDHCP6(*iface) // not waited for
+		if ic.UsesDHCP6() {
+			n.startDHCP6(*iface) // not waited for; a no-op where it runs already
 		}
-		if ic.UsesDHCP() && !running {
+		if first := n.startDHCP(*iface, ic.UsesDHCP()); first != nil {
 			wg.Add(1)
-			first := make(chan struct{})
-			n.startDHCP(*iface, first)
 			safego.Go("dhcp wait "+ic.Name, func() { <-first; wg.Done() })
 		}
 	}
@@ -125,10 +130,24 @@ func (n *Network) Configure(cfg NetworkConfig, wait time.Duration) {
 	case <-time.After(wait):
 		n.say("network: no DHCP lease yet after %s; still trying in the background", wait)
 	}
+	return applied
 }
 
-// applyStatic applies the config's MTU, addresses and routes.
-func (n *Network) applyStatic(ops linkOps, ifc net.Interface, ic InterfaceConfig) {
+// interfaces is what cfg configures: its interfaces, or every Ethernet interface with DHCP.
+func (n *Network) interfaces(cfg NetworkConfig) []InterfaceConfig {
+	if len(cfg.Interfaces) > 0 {
+		return cfg.Interfaces
+	}
+	var all []InterfaceConfig
+	for _, name := range ethernetInterfaces("/sys") {
+		all = append(all, InterfaceConfig{Name: name})
+	}
+	return all
+}
+
+// applyStatic applies the config's MTU, addresses and routes, and returns what the kernel took.
+func (n *Network) applyStatic(ops linkOps, ifc net.Interface, ic InterfaceConfig) staticApplied {
+	var done staticApplied
 	if ic.MTU > 0 {
 		if err := ops.setMTU(ifc.Index, ic.MTU); err != nil {
 			n.say("network: %s: MTU %d: %v", ic.Name, ic.MTU, err)
@@ -141,10 +160,15 @@ func (n *Network) applyStatic(ops linkOps, ifc net.Interface, ic InterfaceConfig
 			continue
 		}
 		n.record(ic.Name, p.String())
+		done.prefixes = append(done.prefixes, p)
 	}
 	if len(ic.Addresses) > 0 { // with DHCP alone, the gateways are likely in the lease's subnet: applyLease adds them
-		n.addRoutes(ops, ifc, ic.staticPrefixes(), ic.staticRoutes())
+		done.routes = n.addRoutes(ops, ifc, ic.staticPrefixes(), ic.staticRoutes())
 	}
+	if len(done.prefixes) > 0 {
+		n.say("network: %s: %s (static)", ic.Name, prefixesText(done.prefixes))
+	}
+	return done
 }
 
 func (n *Network) record(ifname, cidr string) {
@@ -190,25 +214,41 @@ func (n *Network) setDNS(servers []string, fromConfig bool) {
 	}
 }
 
-// startDHCP runs dhcpLoop and runs it again should it panic (a hostile DHCP answer must not
-// leave the interface without renewals); a restart gets a fresh first channel, since the
-// panicking run has closed the old one.
-func (n *Network) startDHCP(iface net.Interface, first chan struct{}) {
+// startDHCP starts the interface's DHCP client when want says so and none runs, and returns a
+// channel closed at its first lease (nil when nothing was started). The client runs again
+// should it panic (a hostile DHCP answer must not leave the interface without renewals); a
+// restart gets a fresh first channel, since the panicking run has closed the old one. It runs
+// until Apply stops it.
+func (n *Network) startDHCP(iface net.Interface, want bool) chan struct{} {
+	if !want {
+		return nil
+	}
+	l := n.startLoop(n.dhcp, iface.Name)
+	if l == nil {
+		return nil
+	}
+	first := make(chan struct{})
 	next := first
 	safego.Forever("dhcp "+iface.Name, func() {
+		defer l.finish()
+		if l.ctx.Err() != nil {
+			return
+		}
 		ch := next
 		next = make(chan struct{})
-		n.dhcpLoop(iface, ch)
+		n.runDHCP(l.ctx, iface, ch)
 	})
+	return first
 }
 
-// dhcpLoop runs the interface's DHCP client for good, applying each lease it gets and
+// dhcpLoop runs the interface's DHCP client until ctx ends, applying each lease it gets and
 // removing each it loses; first is closed at the first lease so Configure can stop waiting.
-func (n *Network) dhcpLoop(iface net.Interface, first chan struct{}) {
+// When ctx ends (the config turned DHCP off here), the lease it holds is removed.
+func (n *Network) dhcpLoop(ctx context.Context, iface net.Interface, first chan struct{}) {
 	once := sync.Once{}
 	signalFirst := func() { once.Do(func() { close(first) }) }
 	defer signalFirst()
-	waitCarrier(iface.Name, 3*time.Second)
+	waitCarrier(ctx, iface.Name, 3*time.Second)
 	c := &dhcp.Client{
 		MAC:  iface.HardwareAddr,
 		Open: func() (dhcp.Transport, error) { return dhcp.NewUDPTransport(iface.Name) },
@@ -218,14 +258,17 @@ func (n *Network) dhcpLoop(iface net.Interface, first chan struct{}) {
 			Lost:  func(l dhcp.Lease, reason string) { n.dropLease(iface, l, reason) },
 		},
 	}
-	c.Run(context.Background())
+	c.Run(ctx)
+	if ctx.Err() != nil {
+		n.endDHCP(iface)
+	}
 }
 
 // waitCarrier waits briefly for the link to come up after IFF_UP (virtio is instant,
 // real NICs take a moment); DHCP is tried either way.
-func waitCarrier(ifname string, max time.Duration) {
+func waitCarrier(ctx context.Context, ifname string, max time.Duration) {
 	deadline := time.Now().Add(max)
-	for time.Now().Before(deadline) {
+	for time.Now().Before(deadline) && ctx.Err() == nil {
 		if readUint(filepath.Join("/sys/class/net", ifname, "carrier")) == 1 {
 			return
 		}

@@ -136,6 +136,7 @@ func sameDestination(r route, routes []route) bool {
 // linkOps are the rtnetlink requests applying a config or a lease needs: netlinkConn on
 // the machine, a recorder in tests.
 type linkOps interface {
+	linkUp(index int) error
 	addAddress(index int, ipnet *net.IPNet) error
 	delAddress(index int, ipnet *net.IPNet) error
 	addRoute(index int, r route) error

@@ -1,0 +1,112 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"kiln/machined/internal/network"
+	"kiln/machined/internal/resource"
+	"kiln/machined/internal/safego"
+)
+
+// The machine's resources (internal/resource) and the controllers that own them.
+//
+// The boot owns the machine config resource: it puts the config it has at each point of the
+// boot (a config drive's or URL's, then the one kept on STATE once /var is set up), and the
+// controllers that read it converge on the latest, whatever they did for an earlier one.
+const (
+	machineConfigType resource.Type = "config/machine"
+	networkStatusType resource.Type = "network/status"
+
+	machineConfigID = "machine" // the one machine config resource
+	networkStatusID = "applied" // the one network status resource
+
+	configOwner = "config"
+)
+
+// machineConfigSpec is the part of the machine config the controllers read, and where it came from.
+type machineConfigSpec struct {
+	Source  string
+	Network network.NetworkConfig
+}
+
+// networkStatusSpec says which machine config version's network is applied.
+type networkStatusSpec struct {
+	ConfigVersion uint64
+	Source        string
+}
+
+// networkApplier is what the network controller drives (network.Network; a recorder in tests).
+type networkApplier interface {
+	Apply(cfg network.NetworkConfig, wait time.Duration)
+}
+
+// networkController makes the links, addresses, routes, resolvers and DHCP clients what the
+// latest machine config says (network.Apply: DHCP stopped where the config turns it off).
+type networkController struct {
+	net  networkApplier
+	wait time.Duration // for the first DHCP leases of each apply
+}
+
+func (c *networkController) Name() string             { return "network" }
+func (c *networkController) Inputs() []resource.Type  { return []resource.Type{machineConfigType} }
+func (c *networkController) Outputs() []resource.Type { return []resource.Type{networkStatusType} }
+
+func (c *networkController) Reconcile(ctx context.Context, r *resource.Run) error {
+	res, ok := r.Get(machineConfigType, machineConfigID)
+	if !ok || res.Phase != resource.Running {
+		return nil // no config yet: nothing to apply (and no status)
+	}
+	spec, ok := resource.SpecOf[machineConfigSpec](res)
+	if !ok {
+		return fmt.Errorf("%s/%s holds a %T", machineConfigType, machineConfigID, res.Spec)
+	}
+	c.net.Apply(spec.Network, c.wait)
+	return r.Put(networkStatusType, networkStatusID, networkStatusSpec{ConfigVersion: res.Version, Source: spec.Source})
+}
+
+// startControllers makes the machine's resource state and runs its controllers for good.
+func (m *machine) startControllers(net networkApplier) {
+	m.resources = resource.NewState()
+	rt := resource.NewRuntime(m.resources, m.con.printf)
+	if err := m.resources.Claim(machineConfigType, configOwner); err != nil {
+		m.fatal("resources: %v", err)
+	}
+	if err := rt.Register(&networkController{net: net, wait: 5 * time.Second}); err != nil {
+		m.fatal("resources: %v", err)
+	}
+	safego.Go("controllers", func() { rt.Run(context.Background()) })
+}
+
+// publishConfig puts the config the machine has now as the machine config resource and
+// returns its version (unchanged when the config is).
+func (m *machine) publishConfig() uint64 {
+	spec := machineConfigSpec{Source: m.configSource, Network: m.cfg.Network}
+	if _, err := m.resources.Put(configOwner, machineConfigType, machineConfigID, spec); err != nil {
+		m.con.printf("config: %v", err)
+	}
+	res, _ := m.resources.Get(machineConfigType, machineConfigID)
+	return res.Version
+}
+
+// waitNetwork waits until the network controller has applied machine config version (or
+// limit passes: the network then goes on converging in the background, as a slow DHCP
+// server's lease does).
+func (m *machine) waitNetwork(version uint64, limit time.Duration) {
+	w := m.resources.Watch(networkStatusType, networkStatusID)
+	defer w.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
+	defer cancel()
+	for {
+		if res, ok := m.resources.Get(networkStatusType, networkStatusID); ok {
+			if spec, ok := resource.SpecOf[networkStatusSpec](res); ok && spec.ConfigVersion >= version {
+				return
+			}
+		}
+		if _, err := w.Next(ctx); err != nil {
+			m.con.printf("network: the config's network is not applied after %s; going on", limit)
+			return
+		}
+	}
+}

@@ -1,0 +1,99 @@
+package main
+
+import (
+	"reflect"
+	"sync"
+	"testing"
+	"time"
+
+	"kiln/machined/internal/network"
+)
+
+// applyRecorder stands in for network.Network (whose Apply internal/network tests on a
+// recorder and in a network namespace): it keeps every config applied, and can be held back
+// to show the boot waiting for it.
+type applyRecorder struct {
+	mu      sync.Mutex
+	applied []network.NetworkConfig
+	gate    chan struct{} // when set, each Apply waits for a token
+}
+
+func (a *applyRecorder) Apply(cfg network.NetworkConfig, wait time.Duration) {
+	if a.gate != nil {
+		<-a.gate
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.applied = append(a.applied, cfg)
+}
+
+func (a *applyRecorder) last() (network.NetworkConfig, int) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if len(a.applied) == 0 {
+		return network.NetworkConfig{}, 0
+	}
+	return a.applied[len(a.applied)-1], len(a.applied)
+}
+
+func staticConfig(addr string) network.NetworkConfig {
+	no := false
+	return network.NetworkConfig{Interfaces: []network.InterfaceConfig{{Name: "eth0", Addresses: []string{addr}, DHCP: &no}}}
+}
+
+// The boot publishes a drive's config, then the kept one replaces it while the network is
+// still being applied: the network ends on the kept config's, and the boot's wait returns
+// only once that one is applied (the bug this replaced: the network used the config of the
+// moment it started, so a kept static address was never applied).
+func TestTheNetworkConvergesOnTheLatestConfig(t *testing.T) {
+	rec := &applyRecorder{gate: make(chan struct{})}
+	m := &machine{con: quietConsole(), cfg: &Config{Network: staticConfig("10.0.2.50/24")}, configSource: "/dev/sr0:kiln.json"}
+	m.startControllers(rec)
+	first := m.publishConfig()
+	m.cfg, m.configSource = &Config{Network: staticConfig("10.0.2.77/24")}, "/state/config.json"
+	kept := m.publishConfig()
+	if kept <= first {
+		t.Fatalf("versions %d then %d", first, kept)
+	}
+	waited := make(chan struct{})
+	go func() { m.waitNetwork(kept, 10*time.Second); close(waited) }()
+	rec.gate <- struct{}{} // the first apply (whichever config it read) ends
+	select {
+	case <-waited:
+		if cfg, _ := rec.last(); !reflect.DeepEqual(cfg, staticConfig("10.0.2.77/24")) {
+			t.Fatalf("the wait ended before the kept config was applied: %+v", cfg)
+		}
+		return
+	case <-time.After(200 * time.Millisecond):
+	}
+	rec.gate <- struct{}{} // the second apply: the kept config
+	select {
+	case <-waited:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the boot still waits after the kept config was applied")
+	}
+	if cfg, n := rec.last(); !reflect.DeepEqual(cfg, staticConfig("10.0.2.77/24")) || n != 2 {
+		t.Errorf("applied %d configs, the last %+v", n, cfg)
+	}
+	close(rec.gate) // nothing else may be applied: the config did not change again
+	m.publishConfig()
+	time.Sleep(50 * time.Millisecond) // a spurious reconcile would show within this
+	if _, n := rec.last(); n != 2 {
+		t.Errorf("an unchanged config was applied again (%d applies)", n)
+	}
+}
+
+func TestWaitNetworkGivesUpAfterItsLimit(t *testing.T) {
+	rec := &applyRecorder{gate: make(chan struct{})} // never lets an apply finish
+	m := &machine{con: quietConsole(), cfg: &Config{}}
+	m.startControllers(rec)
+	began := time.Now()
+	m.waitNetwork(m.publishConfig(), 100*time.Millisecond)
+	if took := time.Since(began); took > 2*time.Second {
+		t.Errorf("waited %s", took)
+	}
+	if lines := m.con.log.Lines(); len(lines) == 0 || lines[len(lines)-1] != "machined: network: the config's network is not applied after 100ms; going on" {
+		t.Errorf("console: %q", lines)
+	}
+	close(rec.gate)
+}

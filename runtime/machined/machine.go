@@ -106,9 +106,13 @@ func (m *machine) boot() {
 	m.phases.mark("config")
 	m.setHostname()
 	// The network controller applies the config published now beside setupVar, and again
-	// whatever setupVar changes of it (a config kept on STATE replaces a drive's or the defaults).
+	// whatever setupVar changes of it. Only a boot without a config of its own takes the one
+	// kept on STATE, and only from a disk with a STATE partition: then the network waits for
+	// setupVar instead of starting DHCP on defaults it would give up moments later.
 	m.startControllers(m.net)
-	m.publishConfig()
+	if m.configSource != "" || !hasStatePartition(disk.ListBlockDevices("/sys")) {
+		m.publishConfig()
+	}
 	published := m.cfg
 	m.setupVar()
 	if m.cfg != published {
@@ -136,6 +140,16 @@ func (m *machine) boot() {
 	for action := range m.power {
 		m.shutdown(action)
 	}
+}
+
+// hasStatePartition says whether any disk has a STATE partition, where a config may be kept.
+func hasStatePartition(devs []disk.BlockDev) bool {
+	for _, b := range devs {
+		if b.IsPartition() && b.PartName == "STATE" {
+			return true
+		}
+	}
+	return false
 }
 
 // setHostname sets the config's hostname, if it has one.

@@ -25,37 +25,38 @@ import (
 
 // machine is machined's state: what the boot found and set up, served by the API.
 type machine struct {
-	pid1         bool
-	con          *console
-	version      string
-	kernel       string
-	params       map[string]string
-	cfg          *Config
-	configSource string
-	varSource    string // the EPHEMERAL device, or "tmpfs"
-	extensions   []Extension
-	schematic    string // the image's schematic ID (kiln image --schematic), "" for none
-	net          *network.Network
-	resources    *resource.State        // the machine's resources, which its controllers keep (controllers.go)
-	supMu        sync.Mutex             // guards sup: a failed upgrade's resume replaces it while the API reads it
-	sup          *supervisor.Supervisor // read through currentSupervisor()
-	apiAddr      string                 // "" when the API is off
-	stopAPI      func()
-	started      time.Time
-	power        chan string
-	shutdownOnce sync.Once
-	slots        *slots         // the A/B boot state; empty when the boot came from no A/B disk
-	ownedDisk    string         // the disk machined owns ("" when none)
-	stateDev     string         // STATE, mounted at stateMount ("" when not)
-	upgrades     upgrader       // the upgrade under way or the last one that failed
-	isReady      chan struct{}  // closed once the machine is ready
-	platform     *platformState // what kiln.platform='s metadata said
-	clock        *ntp.Syncer    // nil when time sync is off
-	firmware     firmwareState  // UEFI or BIOS, and whether Secure Boot is on
-	lockdown     string         // the kernel's lockdown mode ("" without the lockdown LSM)
-	tpm          *tpmState      // PCR 11 of the TPM 2.0, nil without one
-	phases       phases         // how long each part of the boot took
-	configDrive  driveVerdict   // whether a config drive may replace the kept config (configsource_drive.go)
+	pid1          bool
+	con           *console
+	version       string
+	kernel        string
+	params        map[string]string
+	cfg           *Config
+	configSource  string
+	configProblem string // why a config that was there could not be used ("" when none), for the trial's verdict
+	varSource     string // the EPHEMERAL device, or "tmpfs"
+	extensions    []Extension
+	schematic     string // the image's schematic ID (kiln image --schematic), "" for none
+	net           *network.Network
+	resources     *resource.State        // the machine's resources, which its controllers keep (controllers.go)
+	supMu         sync.Mutex             // guards sup: a failed upgrade's resume replaces it while the API reads it
+	sup           *supervisor.Supervisor // read through currentSupervisor()
+	apiAddr       string                 // "" when the API is off
+	stopAPI       func()
+	started       time.Time
+	power         chan string
+	shutdownOnce  sync.Once
+	slots         *slots         // the A/B boot state; empty when the boot came from no A/B disk
+	ownedDisk     string         // the disk machined owns ("" when none)
+	stateDev      string         // STATE, mounted at stateMount ("" when not)
+	upgrades      upgrader       // the upgrade under way or the last one that failed
+	isReady       chan struct{}  // closed once the machine is ready
+	platform      *platformState // what kiln.platform='s metadata said
+	clock         *ntp.Syncer    // nil when time sync is off
+	firmware      firmwareState  // UEFI or BIOS, and whether Secure Boot is on
+	lockdown      string         // the kernel's lockdown mode ("" without the lockdown LSM)
+	tpm           *tpmState      // PCR 11 of the TPM 2.0, nil without one
+	phases        phases         // how long each part of the boot took
+	configDrive   driveVerdict   // whether a config drive may replace the kept config (configsource_drive.go)
 }
 
 // boot brings the machine up as PID 1, in order: kernel filesystems and the read-only root
@@ -204,6 +205,7 @@ func (m *machine) loadConfig() {
 		cfg, err := configFromParam(value, m.con.printf)
 		if err != nil {
 			m.con.printf("config: %v; using defaults", err)
+			m.configProblem = err.Error()
 			return
 		}
 		m.cfg, m.configSource = cfg, configSourceName(value) // a URL without credentials or query
@@ -211,6 +213,7 @@ func (m *machine) loadConfig() {
 		cfg, source, err := configFromDrive(dev, fstype)
 		if err != nil {
 			m.con.printf("config: %v; using defaults", err)
+			m.configProblem = err.Error()
 			return
 		}
 		m.cfg, m.configSource = cfg, source
@@ -267,11 +270,13 @@ func (m *machine) persistConfig() {
 		}
 		if err != nil {
 			m.con.printf("config: kept config: %v", err)
+			m.configProblem = "kept config: " + err.Error()
 			return
 		}
 		cfg, err := parseConfig(path, data, true)
 		if err != nil {
 			m.con.printf("config: kept config: %v", err)
+			m.configProblem = "kept config: " + err.Error()
 			return
 		}
 		m.cfg, m.configSource = cfg, path
@@ -367,8 +372,14 @@ func (m *machine) watchTrial() {
 }
 
 func (m *machine) ready() {
-	// ready means config applied and services started: a trial slot is good from here on,
-	// and it is the default before the ready line says so
+	// ready means config applied and services started: a trial slot that is also healthy
+	// (trial.go) is good from here on, and it is the default before the ready line says so
+	if m.slots.bootedAs() == "trial" {
+		if problems := m.trialProblems(); len(problems) > 0 {
+			m.failTrial(problems)
+			return
+		}
+	}
 	if err := m.slots.markGood(m.version); err != nil {
 		m.con.printf("boot: slot %s reached ready but could not be made the default: %v", m.slots.slot, err)
 	} else if m.slots.markedGood() {
@@ -471,14 +482,23 @@ func (m *machine) timeStatus() interface{} {
 	return m.clock.Status()
 }
 
-// Rollback makes the other slot the default; the API reboots once the reply is sent.
+// Rollback puts the other slot on trial; the API reboots once the reply is sent. It waits for
+// no upgrade: while one is under way (or done and rebooting) it is refused, since both write
+// the boot state, and the upgrade's check of the default slot runs under the same lock.
 func (m *machine) Rollback() (string, error) {
+	m.upgrades.mu.Lock()
+	defer m.upgrades.mu.Unlock()
+	if s := m.upgrades.status; s != nil && s.State != upgradeFailed {
+		err := fmt.Errorf("an upgrade is %s; roll back once it is over", s.State)
+		m.con.printf("rollback: %v", err)
+		return "", err
+	}
 	slot, err := m.slots.rollback()
 	if err != nil {
 		m.con.printf("rollback: %v", err)
 		return "", err
 	}
-	m.con.printf("rollback: slot %s is the default now; rebooting", slot)
+	m.con.printf("rollback: slot %s is on trial now; rebooting", slot)
 	return slot, nil
 }
 

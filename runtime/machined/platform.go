@@ -204,6 +204,7 @@ func (m *machine) applyPlatform() {
 		cfg, err := parseConfig(source, facts.UserData, false)
 		if err != nil {
 			m.con.printf("config: %v; using defaults", err)
+			m.configProblem = err.Error()
 		} else {
 			m.cfg, m.configSource = cfg, source
 			m.con.printf("config: %s", source)

@@ -134,7 +134,12 @@ func (s *slots) markGood(version string) error {
 	return nil
 }
 
-// rollback makes the other slot the default (it must hold a kernel); the caller reboots.
+// rollbackTries is how many boots a rolled-back-to slot gets to prove itself healthy before
+// GRUB returns to the slot that asked for the rollback.
+const rollbackTries = 3
+
+// rollback puts the other slot on trial (it must hold a kernel): it becomes the default once
+// it is ready and healthy, and GRUB falls back to this slot should it fail. The caller reboots.
 func (s *slots) rollback() (string, error) {
 	if s == nil || s.slot == "" {
 		return "", errors.New("this machine did not boot from an A/B disk")
@@ -156,7 +161,7 @@ func (s *slots) rollback() (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("slot %s holds no system to roll back to", other)
 	}
-	if err := st.SwitchTo(other); err != nil {
+	if err := st.Try(other, st.Versions[other], rollbackTries); err != nil {
 		return "", err
 	}
 	old := s.state
@@ -202,6 +207,13 @@ func (s *slots) defaultSlot() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.state.Default
+}
+
+// trialSlot is the slot on trial now, "" when none.
+func (s *slots) trialSlot() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.state.Next
 }
 
 // bootedAs says what this boot is: "trial", "default" or "other" ("" off an A/B disk).

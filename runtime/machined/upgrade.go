@@ -190,13 +190,13 @@ func (m *machine) Upgrade(req upgradeRequest) (*upgradeStatus, error) {
 		return nil, &apiError{409, "the boot state cannot be read: " + m.slots.err}
 	}
 	other := bootstate.Other(m.slots.slot)
-	if m.slots.defaultSlot() == other {
-		return nil, &apiError{409, fmt.Sprintf("slot %s runs but slot %s is the default; roll back or reboot before upgrading", m.slots.slot, other)}
-	}
-	m.upgrades.mu.Lock()
+	m.upgrades.mu.Lock() // a rollback holds it while it changes the boot state
 	defer m.upgrades.mu.Unlock()
 	if s := m.upgrades.status; s != nil && s.State != upgradeFailed {
 		return nil, &apiError{409, "an upgrade is already " + s.State}
+	}
+	if m.slots.defaultSlot() == other || m.slots.trialSlot() == other {
+		return nil, &apiError{409, fmt.Sprintf("slot %s runs but slot %s is the default or on trial; roll back or reboot before upgrading", m.slots.slot, other)}
 	}
 	m.upgrades.status = &upgradeStatus{State: upgradePulling, Image: req.describe(), Slot: other, Preserve: req.preserve()}
 	first := *m.upgrades.status

@@ -68,9 +68,9 @@ def slot_b(disk: Disk, tmp_path: Path, *, initramfs: bytes, cmdline: str) -> Non
     disk.write("B/boot.cfg", cfg.encode(), tmp_path / "boot.cfg")
 
 
-def boot_disk(disk: Disk, firmware: str, expect: str, log: Path) -> BootResult:
+def boot_disk(disk: Disk, firmware: str, expect: str, log: Path, *, network: bool = True) -> BootResult:
     """Boot the disk itself (no snapshot: what GRUB and machined write stays), stop at `expect`."""
-    machine = Machine(firmware=firmware, extra=["-drive", f"file={disk.path},format=raw,if=virtio"])
+    machine = Machine(firmware=firmware, extra=["-drive", f"file={disk.path},format=raw,if=virtio"], network=network)
     result = boot(machine, expect, BOOT_TIMEOUT, log)
     assert result.ok, f"{firmware}: waiting for {expect!r}: {result.reason}; console:\n" + "\n".join(result.tail)
     return result
@@ -128,3 +128,27 @@ def test_a_trial_slot_that_reaches_ready_becomes_the_default(disk: Disk, tmp_pat
     boot_disk(disk, "bios", READY, log)
     assert booted_slot(log) == "B"
     assert "boot: slot B (default)" in log.read_text(errors="replace")
+
+
+def test_a_trial_slot_that_cannot_be_reached_falls_back(disk: Disk, tmp_path: Path) -> None:
+    """A trial slot that reaches the point of ready but has no address (the machine's NIC is gone) is
+    not made the default: machined says why and reboots without the ready line, and with no tries
+    left GRUB falls back to slot A, marking B rolled back."""
+    slot_b(disk, tmp_path, initramfs=disk.read("A/initramfs.zst"), cmdline="console=ttyS0 kiln.trial_network_wait=3")
+    disk.write(
+        "grub/grubenv",
+        environment_block({"kiln_default": "A", "kiln_next": "B", "kiln_tries": "1", "kiln_version_A": __version__}),
+        tmp_path / "env",
+    )
+    log = tmp_path / "trial.log"
+    boot_disk(disk, "bios", "rebooting for the next try", log, network=False)
+    assert booted_slot(log) == "B"
+    text = log.read_text(errors="replace")
+    assert "boot: slot B is on trial and not healthy: no interface has an address after 3s" in text
+    assert READY not in text and "is the default now" not in text
+    assert disk.state()["kiln_default"] == "A"
+    log = tmp_path / "fallback.log"
+    boot_disk(disk, "bios", READY, log)
+    assert booted_slot(log) == "A"
+    state = disk.state()
+    assert state["kiln_default"] == "A" and state["kiln_rollback"] == "B", state

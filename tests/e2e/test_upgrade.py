@@ -435,8 +435,11 @@ def test_upgrade_rollback_and_refusals_under_bios(world: World) -> None:
     code, answer = api(session.port, world.pki, "POST", "/v1/rollback", cert="operator")
     assert code == 202 and answer["slot"] == "A", answer
     assert session.end().exit_code == 0
+    state = Disk(disk).state()  # A is on trial: should it fail, GRUB returns to B
+    assert state["kiln_default"] == "B" and state["kiln_next"] == "A" and state["kiln_tries"] == "3", state
     session = boot_and(world, disk, "bios", "rolled-back")
     assert ready_version(session.log) == V1
+    assert "boot: slot A reached ready and is the default now" in session.log.read_text(errors="replace")
 
     # the stable channel: 0.3.0 is alpha, so 0.2.0 is the one
     session.upgrade(world.pki, {"channel": "stable", "repository": f"{world.guest_registry}/{REPO}"})

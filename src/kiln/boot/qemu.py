@@ -55,6 +55,7 @@ class Machine:
     blank_disk: Path | None = None
     api_port: int | None = None
     net_options: str = ""  # appended to QEMU's user network, e.g. net=, guestfwd= for a fake metadata service
+    network: bool = True  # False: no NIC at all (a machine with its cable out)
     extra: list[str] = field(default_factory=list)
     arch: str = "amd64"
     pxe_bootfile: str = ""
@@ -167,6 +168,8 @@ class Machine:
 
     def _net_args(self, platform: Platform) -> list[str]:
         """QEMU's user network (API forward, extra options, TFTP for PXE) on a virtio NIC, and an RNG."""
+        if not self.network:
+            return ["-nic", "none", "-device", "virtio-rng-pci"]
         net = "user,id=net0"
         if self.api_port:
             net += f",hostfwd=tcp:127.0.0.1:{self.api_port}-:50000"

@@ -183,15 +183,6 @@ func (st *State) Try(slot, version string, tries int) error {
 	return nil
 }
 
-// SwitchTo makes `slot` the default at once, with no trial (a rollback to a slot that booted before).
-func (st *State) SwitchTo(slot string) error {
-	if !Valid(slot) {
-		return fmt.Errorf("boot state: no slot %q", slot)
-	}
-	st.Default, st.Next, st.Tries, st.Rollback = slot, "", 0, ""
-	return nil
-}
-
 // Read loads the state from a grubenv file: a regular file, not a link, read up to a bound
 // (the block is Size bytes; a larger file is refused rather than read whole into PID 1).
 func Read(path string) (State, error) {

@@ -329,6 +329,8 @@ def test_amd64_command_lines_are_unchanged(fake_qemu: None) -> None:
         "-x",
     ]
     assert Machine().boot_firmware() == "bios"
+    unplugged = Machine(kernel=Path("k"), initrd=Path("i"), network=False)
+    assert unplugged.command()[-5:] == ["console=ttyS0", "-nic", "none", "-device", "virtio-rng-pci"]
 
 
 def test_a_tpm_is_swtpms_control_socket_on_a_tis_device(fake_qemu: None) -> None:

@@ -24,17 +24,19 @@ type apiBackend interface {
 	Power(action string)                                // "reboot" or "poweroff"; called after the response is sent
 	Rollback() (string, error)                          // make the other A/B slot the default; the handler then reboots
 	Upgrade(req upgradeRequest) (*upgradeStatus, error) // start one; an *apiError says how to refuse
+	Resources(t string) []apiResource                   // the machine's resources of type t ("" for all), sorted
 }
 
 // apiRoutes are the v1 API's endpoints and the least role each needs (api_auth.go).
 var apiRoutes = map[string]role{
-	"/v1/status":   roleReader,
-	"/v1/services": roleReader,
-	"/v1/logs":     roleReader,
-	"/v1/reboot":   roleOperator,
-	"/v1/rollback": roleOperator,
-	"/v1/upgrade":  roleOperator, // preserve: false (wiping /var) needs admin
-	"/v1/poweroff": roleAdmin,    // nobody may be there to power the machine on again
+	"/v1/status":    roleReader,
+	"/v1/services":  roleReader,
+	"/v1/logs":      roleReader,
+	"/v1/resources": roleReader,
+	"/v1/reboot":    roleOperator,
+	"/v1/rollback":  roleOperator,
+	"/v1/upgrade":   roleOperator, // preserve: false (wiping /var) needs admin
+	"/v1/poweroff":  roleAdmin,    // nobody may be there to power the machine on again
 }
 
 // apiHandler routes the v1 API. Every route sits behind mutual TLS (see serveAPI) and
@@ -50,6 +52,9 @@ func apiHandler(b apiBackend, serverKey []byte, refused func(string)) http.Handl
 	}
 	handle("/v1/status", method(http.MethodGet, func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, b.Status())
+	}))
+	handle("/v1/resources", method(http.MethodGet, func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]interface{}{"resources": b.Resources(r.URL.Query().Get("type"))})
 	}))
 	handle("/v1/services", method(http.MethodGet, func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]interface{}{"services": b.Services()})

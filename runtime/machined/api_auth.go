@@ -16,7 +16,7 @@ type role int
 
 const (
 	roleNone     role = iota
-	roleReader        // status, services, logs
+	roleReader        // status, services, resources, logs
 	roleOperator      // reader's, plus reboot, rollback and upgrade (keeping /var)
 	roleAdmin         // everything: poweroff, and upgrades that wipe /var
 )

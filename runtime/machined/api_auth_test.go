@@ -157,6 +157,7 @@ var endpointRoles = []struct {
 	{"GET", "/v1/status", "", roleReader},
 	{"GET", "/v1/services", "", roleReader},
 	{"GET", "/v1/logs?service=web", "", roleReader},
+	{"GET", "/v1/resources?type=network/status", "", roleReader},
 	{"POST", "/v1/reboot", "", roleOperator},
 	{"POST", "/v1/rollback", "", roleOperator},
 	{"POST", "/v1/upgrade", `{"image": "10.0.2.2:5000/kiln/installer:0.2.0"}`, roleOperator},

@@ -44,6 +44,13 @@ func (f *fakeBackend) Rollback() (string, error) {
 }
 
 func (f *fakeBackend) Status() interface{} { return map[string]string{"version": "test"} }
+func (f *fakeBackend) Resources(t string) []apiResource {
+	all := []apiResource{{Type: "config/machine", ID: "machine", Version: 2, Phase: "running", Owner: "config", Spec: map[string]string{"source": "x"}}}
+	if t != "" && t != "config/machine" {
+		return []apiResource{}
+	}
+	return all
+}
 func (f *fakeBackend) Services() []supervisor.ServiceStatus {
 	return []supervisor.ServiceStatus{{Name: "web", State: supervisor.StateRunning, PID: 42, Restart: supervisor.RestartAlways}}
 }

@@ -27,14 +27,14 @@ const (
 
 // machineConfigSpec is the part of the machine config the controllers read, and where it came from.
 type machineConfigSpec struct {
-	Source  string
-	Network network.NetworkConfig
+	Source  string                `json:"source"`
+	Network network.NetworkConfig `json:"network"`
 }
 
 // networkStatusSpec says which machine config version's network is applied.
 type networkStatusSpec struct {
-	ConfigVersion uint64
-	Source        string
+	ConfigVersion uint64 `json:"config_version"`
+	Source        string `json:"source"`
 }
 
 // networkApplier is what the network controller drives (network.Network; a recorder in tests).
@@ -109,4 +109,35 @@ func (m *machine) waitNetwork(version uint64, limit time.Duration) {
 			return
 		}
 	}
+}
+
+// apiResource is one resource as GET /v1/resources shows it (kiln node get).
+type apiResource struct {
+	Type    string      `json:"type"`
+	ID      string      `json:"id"`
+	Version uint64      `json:"version"`
+	Phase   string      `json:"phase"`
+	Owner   string      `json:"owner"`
+	Spec    interface{} `json:"spec"`
+}
+
+// resourceTypes are the types the machine has, in the order GET /v1/resources lists them.
+var resourceTypes = []resource.Type{machineConfigType, networkStatusType}
+
+// Resources lists the machine's resources of type t (every type when t is ""); none before
+// the boot has made its state.
+func (m *machine) Resources(t string) []apiResource {
+	out := []apiResource{}
+	if m.resources == nil {
+		return out
+	}
+	for _, rt := range resourceTypes {
+		if t != "" && string(rt) != t {
+			continue
+		}
+		for _, r := range m.resources.List(rt) {
+			out = append(out, apiResource{Type: string(r.Type), ID: r.ID, Version: r.Version, Phase: r.Phase.String(), Owner: r.Owner, Spec: r.Spec})
+		}
+	}
+	return out
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"reflect"
 	"sync"
 	"testing"
@@ -96,4 +97,29 @@ func TestWaitNetworkGivesUpAfterItsLimit(t *testing.T) {
 		t.Errorf("console: %q", lines)
 	}
 	close(rec.gate)
+}
+
+// GET /v1/resources (kiln node get) lists the machine's resources with their versions and specs.
+func TestResourcesListTheMachinesState(t *testing.T) {
+	m := &machine{con: quietConsole(), cfg: &Config{Network: staticConfig("10.0.2.77/24")}, configSource: "/dev/sr0:kiln.json"}
+	if got := m.Resources(""); len(got) != 0 {
+		t.Fatalf("before the boot made its state: %v", got)
+	}
+	rec := &applyRecorder{}
+	m.startControllers(rec)
+	m.waitNetwork(m.publishConfig(), 5*time.Second)
+	all := m.Resources("")
+	if len(all) != 2 || all[0].Type != "config/machine" || all[1].Type != "network/status" {
+		t.Fatalf("resources: %+v", all)
+	}
+	if all[0].Owner != "config" || all[1].Owner != "network" || all[1].Phase != "running" || all[0].Version != 1 {
+		t.Errorf("metadata: %+v", all)
+	}
+	data, _ := json.Marshal(m.Resources("network/status"))
+	if want := `[{"type":"network/status","id":"applied","version":1,"phase":"running","owner":"network","spec":{"config_version":1,"source":"/dev/sr0:kiln.json"}}]`; string(data) != want {
+		t.Errorf("JSON\n%s\nwant\n%s", data, want)
+	}
+	if got := m.Resources("nosuch/type"); len(got) != 0 {
+		t.Errorf("an unknown type: %v", got)
+	}
 }

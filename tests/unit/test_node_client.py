@@ -38,6 +38,26 @@ def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
     return make_certs(tmp_path_factory.mktemp("certs"))
 
 
+RESOURCES = [
+    {
+        "type": "config/machine",
+        "id": "machine",
+        "version": 2,
+        "phase": "running",
+        "owner": "config",
+        "spec": {"source": "/run/kiln/state/config.json", "network": {"nameservers": ["\x1b[2J10.0.2.3"]}},
+    },
+    {
+        "type": "network/status",
+        "id": "applied",
+        "version": 1,
+        "phase": "running",
+        "owner": "network",
+        "spec": {"config_version": 2, "source": "/run/kiln/state/config.json"},
+    },
+]
+
+
 class FakeMachine:
     """machined's API on 127.0.0.1; `outcome` is what an upgrade does: upgrade, rollback (GRUB falls
     back to the old slot) or fail (before the reboot)."""
@@ -174,6 +194,9 @@ def _handler(machine: FakeMachine) -> type[BaseHTTPRequestHandler]:
                 self.answer(200, machine.status())
             elif url.path == "/v1/services":
                 self.answer(200, {"services": machine.status()["services"]})
+            elif url.path == "/v1/resources":
+                kind = parse_qs(url.query).get("type", [""])[0]
+                self.answer(200, {"resources": [r for r in RESOURCES if kind in ("", r["type"])]})
             elif url.path == "/v1/logs":
                 service = parse_qs(url.query).get("service", [""])[0]
                 if service != "machined":
@@ -339,6 +362,24 @@ def test_kiln_node_logs_prints_the_lines_made_printable(
 ) -> None:
     result = kiln("node", "logs", *flags(certs, machines()))
     assert result.code == 0 and result.out == "machined: boot\napi: \\x1b[2Jlistening\n"
+
+
+def test_kiln_node_get_lists_the_resources_of_each_node(
+    certs: Certs, machines: Callable[..., FakeMachine], kiln: Kiln
+) -> None:
+    machine = machines()
+    result = kiln("node", "get", *flags(certs, machine))
+    assert result.code == 0, result.err
+    header, config, status = result.out.splitlines()
+    assert header.split() == ["NODE", "TYPE", "ID", "VERSION", "PHASE", "OWNER", "SPEC"]
+    assert config.split()[:6] == [machine.endpoint, "config/machine", "machine", "2", "running", "config"]
+    assert "\\u001b[2J10.0.2.3" in config and "\x1b" not in result.out  # a spec cannot drive the terminal
+    assert status.split()[1] == "network/status" and status.endswith(
+        '{"config_version":2,"source":"/run/kiln/state/config.json"}'
+    )
+    only = kiln("node", "get", "network/status", "--json", *flags(certs, machine))
+    assert json.loads(only.out) == [{"node": machine.endpoint, "resources": [RESOURCES[1]]}]
+    assert ("GET", "/v1/resources") in machine.requests
 
 
 def test_a_network_failure_is_one_line_and_exit_1(

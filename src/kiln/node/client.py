@@ -213,6 +213,14 @@ class NodeClient:
             raise NodeError(self.name, "answered /v1/logs without a list of lines")
         return [str(line) for line in lines]
 
+    def resources(self, kind: str = "") -> list[dict[str, Any]]:
+        """GET /v1/resources[?type=TYPE]: the machine's resources (type, id, version, phase, owner, spec)."""
+        path = "/v1/resources" + ("?" + urlencode({"type": kind}) if kind else "")
+        resources = self._object("GET", path).get("resources")
+        if not isinstance(resources, list):
+            raise NodeError(self.name, "answered /v1/resources without a list of resources")
+        return [r for r in resources if isinstance(r, dict)]
+
     def rollback(self) -> dict[str, Any]:
         """POST /v1/rollback: `{"slot"}` the machine reboots into; ApiError 409 when it cannot."""
         return self._object("POST", "/v1/rollback", body={})

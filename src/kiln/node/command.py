@@ -1,4 +1,4 @@
-"""`kiln node status|logs|rollback|upgrade`: machined's API on the machines of a context, one at a time.
+"""`kiln node status|get|logs|rollback|upgrade`: machined's API on the machines of a context, one at a time.
 
 Argument parsing and output only: the config is `config`, the HTTPS client `client`, the order and
 the waiting of rollbacks and rolling upgrades `rollout`.
@@ -36,6 +36,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "status", parents=[connection], help="each node's version, boot slots, upgrade and services"
     )
     status.add_argument("--json", action="store_true", help="the status objects as one JSON list")
+    get = actions.add_parser(
+        "get", parents=[connection], help="each node's resources (its config, network, ...) as machined keeps them"
+    )
+    get.add_argument("type", nargs="?", default="", help="only this resource type, e.g. network/status")
+    get.add_argument("--json", action="store_true", help="the resources as one JSON list per node")
     logs = actions.add_parser("logs", parents=[connection], help="a service's kept log lines from each node")
     logs.add_argument("service", nargs="?", default="machined", help="the service (default machined: its own log)")
     rollback = actions.add_parser(
@@ -114,6 +119,7 @@ def run(args: argparse.Namespace) -> int:
         return _upgrade(args, target, request)
     actions: dict[str, Callable[[argparse.Namespace, Target], int]] = {
         "status": _status,
+        "get": _get,
         "logs": _logs,
         "rollback": _rollback,
     }
@@ -215,6 +221,36 @@ def _services_text(services: Any) -> str:
     parts = [f"{len(names)} {state}" for state, names in sorted(states.items())]
     troubled = sorted(name for state in ("failed", "backoff") for name in states.get(state, []))
     return ", ".join(parts) + (f" ({', '.join(troubled)})" if troubled else "")
+
+
+def _get(args: argparse.Namespace, target: Target) -> int:
+    answers: list[dict[str, Any]] = []
+    for client in target.clients():
+        try:
+            answers.append({"node": client.name, "resources": client.resources(args.type)})
+        except NodeError as exc:
+            answers.append({"node": client.name, "error": exc.reason})
+    if args.json:
+        print(json.dumps(answers, indent=2))
+    for answer in answers:
+        if "error" in answer:
+            console.error(f"{answer['node']}: {answer['error']}")
+        elif not args.json:
+            print("\n".join(resource_lines(answer["node"], answer["resources"])))
+    return 1 if any("error" in answer for answer in answers) else 0
+
+
+def resource_lines(node: str, resources: list[dict[str, Any]]) -> list[str]:
+    """One node's resources as a table (node, type, id, version, phase, owner), each row ending in its spec's JSON."""
+    columns = ("type", "id", "version", "phase", "owner")
+    rows = [["NODE", *(name.upper() for name in columns)]]
+    rows += [[printable(node), *(_text(r.get(name)) for name in columns)] for r in resources]
+    specs = ["SPEC", *(printable(json.dumps(r.get("spec"), sort_keys=True, separators=(",", ":"))) for r in resources)]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return [
+        "  ".join([*(cell.ljust(w) for cell, w in zip(row, widths, strict=True)), spec])
+        for row, spec in zip(rows, specs, strict=True)
+    ]
 
 
 def _logs(args: argparse.Namespace, target: Target) -> int:

@@ -152,3 +152,17 @@ def test_a_trial_slot_that_cannot_be_reached_falls_back(disk: Disk, tmp_path: Pa
     assert booted_slot(log) == "A"
     state = disk.state()
     assert state["kiln_default"] == "A" and state["kiln_rollback"] == "B", state
+
+
+def test_a_default_slot_that_will_not_load_falls_back_to_the_other(disk: Disk, tmp_path: Path) -> None:
+    """Slot B is the default but its kernel is gone (a damaged BOOT): GRUB's fallback entry boots
+    slot A, which machined reports as the other slot, and nothing in the boot state changes."""
+    slot_b(disk, tmp_path, initramfs=disk.read("A/initramfs.zst"), cmdline="console=ttyS0")
+    subprocess.run(["mdel", "-i", disk.target, "::/B/vmlinuz"], check=True, env=MTOOLS_ENV)
+    before = {"kiln_default": "B", "kiln_version_A": __version__, "kiln_version_B": __version__}
+    disk.write("grub/grubenv", environment_block(before), tmp_path / "env")
+    log = tmp_path / "fallback.log"
+    boot_disk(disk, "bios", READY, log)
+    assert booted_slot(log) == "A"
+    assert "boot: slot A (other)" in log.read_text(errors="replace")
+    assert disk.state() == before

@@ -33,6 +33,17 @@ def test_a_trial_slot_costs_one_try_per_boot_then_rolls_back() -> None:
     assert menu.index("save_env") < menu.index("menuentry")
 
 
+def test_the_other_slot_is_the_fallback_entry() -> None:
+    """Entry 0 boots the chosen slot, entry 1 (when the other slot has a boot.cfg) the other one."""
+    menu = slots_config()
+    assert "set default=0\nset fallback=1\n" in menu
+    entries = re.findall(r'menuentry "([^"]+)"', menu)
+    assert entries == [
+        "Kiln $kiln_this_version, slot $kiln_slot",
+        "Kiln $kiln_other_version, slot $kiln_other (the other slot)",
+    ]
+
+
 def test_slot_names_from_the_block_are_a_or_b_only() -> None:
     menu = slots_config()
     assert 'if [ "$kiln_default" != "B" ]; then set kiln_default="A"; fi' in menu

@@ -97,7 +97,8 @@ def slot_boot_config(assets: BootAssets, slot: str, kernel: str, initrd: str) ->
 
 
 def slots_config(timeout: int = 1, *, serial: bool = True) -> str:
-    """The disk's grub.cfg: pick the slot from the environment block, count a trial's tries, boot it.
+    """The disk's grub.cfg: pick the slot from the environment block, count a trial's tries, boot it,
+    and boot the other slot should the chosen one fail to load.
 
     Only the four state variables are loaded (a hostile grubenv cannot set `prefix` or `root`),
     and a slot name that is not A or B reads as A. `serial`: see console().
@@ -112,6 +113,8 @@ def slots_config(timeout: int = 1, *, serial: bool = True) -> str:
         *console(serial=serial),
         f"set timeout={timeout}",
         "set default=0",
+        # The other slot, when the chosen slot's kernel or initramfs will not load (damaged, gone).
+        "set fallback=1",
         'set kiln_default="A"',
         'set kiln_next=""',
         'set kiln_tries=""',

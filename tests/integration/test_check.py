@@ -69,3 +69,29 @@ def test_a_difference_exits_1_names_the_file_and_keeps_the_evidence(project: Pro
     assert text.code == 1 and "noisy: NOT reproducible: 1 of 2 files differ" in text.out
     assert "share/stamp.txt: sha256 " in text.out and "first at byte" in text.out
     assert sorted((project.cache / "store").glob("*/manifest.json")) == sorted(stored)  # nothing new stored
+
+
+def test_a_changed_stored_file_fails_the_check_and_names_the_damage(project: Project) -> None:
+    """The rebuild is compared with the stored files, not only with their record: one byte changed in
+    the store (the manifest left as it was) fails the check, which says the entry is damaged."""
+    project.kiln("build", "greet-lib", check=True)
+    [entry] = [
+        meta.parent
+        for meta in (project.cache / "store").glob("*/meta.json")
+        if json.loads(meta.read_text())["name"] == "greet-lib"
+    ]
+    stored = next(p for p in sorted((entry / "tree").rglob("*")) if p.is_file() and not p.is_symlink())
+    data = bytearray(stored.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    stored.chmod(0o644)
+    stored.write_bytes(bytes(data))
+    rel = str(stored.relative_to(entry / "tree"))
+    result = project.kiln("build", "greet-lib", "--check", "--json")
+    assert result.code == 1, result.out + result.err
+    checked = json.loads(result.out)["packages"]["greet-lib"]
+    assert checked["reproducible"] is False and checked["damaged"] == [rel]
+    [difference] = checked["differences"]
+    assert difference["path"] == rel and difference["first_offset"] == len(data) // 2
+    text = project.kiln("build", "greet-lib", "--check")
+    assert text.code == 1 and "greet-lib: NOT reproducible: 1 of " in text.out
+    assert f"no longer matches its own manifest ({rel})" in text.out and "kiln cache rm " in text.out

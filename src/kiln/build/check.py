@@ -1,10 +1,13 @@
 """`kiln build --check TARGET...`: is a stored package what its inputs make? (as Nix's --check)
 
 Each package is built again in a fresh root, from the same stored inputs, and never stored; its
-tree is normalized as the store normalizes one and compared with the stored entry's manifest, file
-by file (type, mode, size, sha256, symlink target). A file that differs is kept beside a copy of the
-stored one under $KILN_CACHE/check/<name>/<key>/, with Debian's diffoscope report when diffoscope is
-installed, else the offset of the first differing byte. `--deep` checks the target's whole closure,
+tree is normalized as the store normalizes one and compared with the stored entry's files as they
+are on disk now, file by file (type, mode, size, sha256, symlink target): the question is whether
+what the store holds is what the inputs make. When the stored files no longer match the entry's own
+manifest (a damaged store, as `kiln cache verify` finds), the check says so too. A file that
+differs is kept beside a copy of the stored one under $KILN_CACHE/check/<name>/<key>/, with
+Debian's diffoscope report when diffoscope is installed, else the offset of the first differing
+byte. `--deep` checks the target's whole closure,
 in build order (every package's rebuild still mounts the stored inputs, so one difference does not
 cascade).
 """
@@ -50,10 +53,11 @@ class Checked:
     files: int
     differences: list[FileDifference] = field(default_factory=list)
     kept: Path | None = None
+    damaged: list[str] = field(default_factory=list)  # paths where the stored files differ from the entry's manifest
 
     @property
     def same(self) -> bool:
-        return not self.differences
+        return not self.differences and not self.damaged
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -66,6 +70,7 @@ class Checked:
                 for d in self.differences
             ],
             "kept": str(self.kept) if self.kept else None,
+            "damaged": self.damaged,
         }
 
 
@@ -181,13 +186,22 @@ def check_package(
         log = cache_dir() / "check" / name / f"{key}.log"
         tree = builder.rebuild(name, staging, log, on_phase)
         rebuilt = TreeScan(tree, normalize=True, source_date_epoch=source_date_epoch).run()
-        found = compare(read_manifest(entry.path / MANIFEST), rebuilt)
+        held = TreeScan(entry.tree, normalize=False).run()  # the stored bytes, not only their record
+        found = compare(held, rebuilt)
+        damaged = [d.path for d in compare(read_manifest(entry.path / MANIFEST), held)]
         kept = keep_evidence(name, key, entry.tree, tree, found) if found else None
     files = sum(1 for r in rebuilt if r.type != "dir")
-    return Checked(name, key, time.monotonic() - began, files, found, kept)
+    return Checked(name, key, time.monotonic() - began, files, found, kept, damaged)
 
 
 def summary_line(checked: Checked) -> str:
+    damaged = []
+    if checked.damaged:
+        paths = ", ".join(checked.damaged[:5]) + (", ..." if len(checked.damaged) > 5 else "")
+        damaged = [
+            f"  the stored entry {checked.key[:12]} no longer matches its own manifest ({paths}): the store is damaged "
+            f"(`kiln cache verify` lists it; `kiln cache rm {checked.key[:12]}`, and the next build makes it again)"
+        ]
     if checked.same:
         files = f"{checked.files} file{'' if checked.files == 1 else 's'}"
         return f"{checked.name}: reproducible ({files}, rebuilt in {checked.seconds:.1f} s)"
@@ -198,11 +212,14 @@ def summary_line(checked: Checked) -> str:
     more = len(checked.differences) - len(shown)
     tail = [f"  ... and {more} more"] if more > 0 else []
     where = [f"  kept in {checked.kept}" + (" with diffoscope reports" if shutil.which("diffoscope") else "")]
+    if not checked.differences:
+        return "\n".join([f"{checked.name}: the rebuild matches its record but not the stored files", *damaged])
     return "\n".join(
         [
             f"{checked.name}: NOT reproducible: {len(checked.differences)} of {checked.files} files differ",
             *shown,
             *tail,
             *where,
+            *damaged,
         ]
     )

@@ -7,9 +7,13 @@ In a project holding the real pkgs/kernel (and toolchain-seed, stage0.yaml, vars
   and the config Kconfig resolves from config-amd64 has every option Kiln requires;
 - a fragment selected with `--set kernel_fragments=...` reaches the `.config` of a package build
   that runs the kernel package's own steps up to configuration (unpack, kconfig.sh) and stops;
-- a fragment whose option Kconfig drops fails that build, naming the option.
+  without fragments the same steps give the main config alone;
+- kconfig.sh fails a configuration with a fragment whose option Kconfig drops, naming the option,
+  and one with a fragment that does not exist.
 
-Each case unpacks the kernel source (about 140 MB of xz) once: about a minute each on 2 cores.
+Unpacking the kernel source (about 140 MB of xz, 1.3 GB of files) is most of each case's time, so
+the configure build unpacks it once and runs kconfig.sh for all four selections, each into an
+object directory of its own; each olddefconfig run unpacks it once too.
 """
 
 from __future__ import annotations
@@ -145,24 +149,44 @@ def test_olddefconfig_keeps_the_shipped_config(kproject: KernelProject, arch: st
 
 
 SENTINEL = "@KERNEL_FRAGMENTS@"
+OBJ = "/tmp/build/obj"
+# What the one configure build runs kconfig.sh for, besides the fragments --set selects: no
+# fragment, a fragment whose option Kconfig drops, a fragment that does not exist. The last two
+# must fail; their stderr is kept.
+SELECTIONS = {"plain": "", "gvt": "gvt", "nosuch": "nosuch"}
 
 
 def configure_only_package(kproject: KernelProject) -> None:
-    """pkgs/kernel-configure: the kernel package's rendered steps up to kconfig.sh, then the .config.
+    """pkgs/kernel-configure: the kernel package's rendered steps up to kconfig.sh, then the .configs.
 
     Made from `kiln dump kernel` (so it runs exactly what the kernel package runs), renamed, with
     the compile, install and test snippets dropped, and `{{ kernel_fragments }}` put back where the
-    kernel package has it, so `--set kernel_fragments=...` reaches it the same way.
+    kernel package has it, so `--set kernel_fragments=...` reaches it the same way. The kernel
+    source is unpacked once (about a minute) and configured four times: as --set selects, then
+    for each of SELECTIONS into an object directory of its own.
     """
     dumped = kproject.kiln("dump", "kernel", "--json", "--set", f"kernel_fragments={SENTINEL}")
     assert dumped.returncode == 0, dumped.stderr
     spec = {key: value for key, value in json.loads(dumped.stdout)["kernel"].items() if value is not None}
     step = spec["steps"][0]
     configure = [s for s in step["build"] if "kconfig.sh" in s]
-    assert len(configure) == 1 and SENTINEL in configure[0], step["build"]
+    assert len(configure) == 1 and SENTINEL in configure[0] and f" {OBJ} " in configure[0], step["build"]
+    build = [configure[0]]
+    finalize = [{"from": f"{OBJ}/.config", "to": "/boot/config"}]
+    for name, selection in SELECTIONS.items():
+        command = configure[0].replace(f" {OBJ} ", f" {OBJ}-{name} ").replace(SENTINEL, selection)
+        if name == "plain":
+            build.append(command)
+            finalize.append({"from": f"{OBJ}-{name}/.config", "to": f"/boot/config-{name}"})
+        else:  # must fail: its exit code and stderr are kept
+            build.append(
+                f"mkdir -p /tmp/build/fail; {{ {command.strip()}; }} 2> /tmp/build/fail/{name}.err "
+                f"&& echo 0 > /tmp/build/fail/{name}.code || echo $? > /tmp/build/fail/{name}.code"
+            )
+    finalize.append({"from": "/tmp/build/fail", "to": "/fail"})
     spec["name"] = "kernel-configure"
-    spec["steps"] = [{**step, "build": configure, "install": [], "test": []}]
-    spec["finalize"] = [{"from": "/tmp/build/obj/.config", "to": "/boot/config"}]
+    spec["steps"] = [{**step, "build": build, "install": [], "test": []}]
+    spec["finalize"] = finalize
     text = yaml.safe_dump(spec, sort_keys=False)
     assert "{{" not in text and "{%" not in text and "{#" not in text  # rendered: no template syntax left
     (kproject.root / "pkgs" / "kernel-configure").mkdir(exist_ok=True)
@@ -171,33 +195,39 @@ def configure_only_package(kproject: KernelProject) -> None:
     )
 
 
-def test_fragment_reaches_the_built_config(kproject: KernelProject) -> None:
+@pytest.fixture(scope="module")
+def configured(kproject: KernelProject) -> Path:
+    """The configure build's output, built with --set kernel_fragments=wireguard,debug."""
     configure_only_package(kproject)
+    # GVT-g needs the i915 driver, which config-amd64 does not have: Kconfig drops the option.
+    gvt = kproject.kernel / "fragments" / "gvt.config"
+    gvt.write_text("CONFIG_DRM_I915_GVT=y\n")
     out = kproject.root / "_out"
-    result = kproject.kiln("build", "kernel-configure", "--set", "kernel_fragments=wireguard,debug", "--out", str(out))
+    try:
+        result = kproject.kiln(
+            "build", "kernel-configure", "--set", "kernel_fragments=wireguard,debug", "--out", str(out)
+        )
+    finally:
+        gvt.unlink()
     assert result.returncode == 0, result.stdout + result.stderr[-4000:]
-    options = kconfig.parse_file(out / "kernel-configure" / "boot" / "config")
+    return out / "kernel-configure"
+
+
+def test_fragment_reaches_the_built_config(configured: Path) -> None:
+    options = kconfig.parse_file(configured / "boot" / "config")
     assert options["CONFIG_WIREGUARD"] == "m"  # not in config-amd64: only the fragment asks for it
     assert options["CONFIG_MAGIC_SYSRQ"] == "y"  # config-amd64 turns it off; the debug fragment wins
     assert options.get("CONFIG_PANIC_ON_OOPS", "n") == "n"
-    # and without fragments, the same package gives the main config alone
-    plain = kproject.kiln("build", "kernel-configure", "--out", str(out))
-    assert plain.returncode == 0, plain.stderr[-4000:]
-    options = kconfig.parse_file(out / "kernel-configure" / "boot" / "config")
+    # and without fragments, the same package's configuration gives the main config alone
+    options = kconfig.parse_file(configured / "boot" / "config-plain")
     assert "CONFIG_WIREGUARD" not in options or options["CONFIG_WIREGUARD"] == "n"
     assert options.get("CONFIG_MAGIC_SYSRQ", "n") == "n"
 
 
-def test_a_dropped_fragment_option_fails_the_build(kproject: KernelProject) -> None:
-    configure_only_package(kproject)
-    # GVT-g needs the i915 driver, which config-amd64 does not have: Kconfig drops the option.
-    (kproject.kernel / "fragments" / "gvt.config").write_text("CONFIG_DRM_I915_GVT=y\n")
-    try:
-        result = kproject.kiln("build", "kernel-configure", "--set", "kernel_fragments=gvt")
-        assert result.returncode == 1, result.stdout + result.stderr[-4000:]
-        assert "CONFIG_DRM_I915_GVT asked for =y, the final .config has is not set" in result.stderr
-        missing = kproject.kiln("build", "kernel-configure", "--set", "kernel_fragments=nosuch")
-        assert missing.returncode == 1
-        assert "no fragment 'nosuch'" in missing.stderr and "available: " in missing.stderr
-    finally:
-        (kproject.kernel / "fragments" / "gvt.config").unlink()
+def test_a_dropped_fragment_option_fails_the_build(configured: Path) -> None:
+    fail = configured / "fail"
+    assert (fail / "gvt.code").read_text().strip() == "1", (fail / "gvt.err").read_text()
+    assert "CONFIG_DRM_I915_GVT asked for =y, the final .config has is not set" in (fail / "gvt.err").read_text()
+    assert (fail / "nosuch.code").read_text().strip() == "2"
+    missing = (fail / "nosuch.err").read_text()
+    assert "no fragment 'nosuch'" in missing and "available: " in missing

@@ -43,7 +43,7 @@ release: setup
 # Everything the tests need runs first: the host tools (setup), and the Docker engine and OCI
 # registry the runner, cache and installer tests use (services). Then two lanes at once
 # (scripts/test_lanes.py): the QEMU boots (tests/e2e), and beside them, niced, the unit and
-# integration tests, then machined's Go tests (go-test).
+# integration tests; machined's Go tests (go-test) start when the first of the two ends.
 test: setup services
 	$(BIN)/python scripts/test_lanes.py $(BIN)/python
 

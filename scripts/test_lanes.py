@@ -4,9 +4,10 @@ QEMU without KVM runs a guest on one core, so a run that boots one test after an
 the other core idle for most of the end-to-end tier. This runs two lanes side by side:
 
 - boots: pytest over tests/e2e, at normal priority (its boots wait on consoles with deadlines);
-- builds: pytest over tests/unit and tests/integration, then machined's Go tests under the race
-  detector and its fuzz targets (`make go-test`), all under `nice -n 19`, so they take the CPU
-  the boots leave (with the kernel's scheduler autogroups off, which .ci/run makes sure of).
+- builds: pytest over tests/unit and tests/integration, under `nice -n 19`, so it takes the CPU
+  the boots leave (with the kernel's scheduler autogroups off, which .ci/run makes sure of);
+- go: machined's Go tests under the race detector and its fuzz targets (`make go-test`), niced
+  too, started when the first of the other two lanes ends, on the core it leaves.
 
 Both lanes share the default store; its per-key build locks make a lane that reaches a package
 the other is building wait and then find it stored, so nothing is built twice. Each lane's lines
@@ -33,10 +34,12 @@ NICE = ("nice", "-n", "19")
 
 @dataclass(frozen=True)
 class Lane:
-    """Commands run one after another; the lane stops at the first that fails."""
+    """Commands run one after another; the lane stops at the first that fails. A lane `after_first`
+    starts once any lane without it has ended."""
 
     name: str
     commands: tuple[tuple[str, ...], ...]
+    after_first: bool = False
 
 
 def pytest(python: str, lane: str, *paths: str) -> tuple[str, ...]:
@@ -48,13 +51,8 @@ def pytest(python: str, lane: str, *paths: str) -> tuple[str, ...]:
 def lanes(python: str) -> list[Lane]:
     return [
         Lane("boots", (pytest(python, "boots", "tests/e2e"),)),
-        Lane(
-            "builds",
-            (
-                (*NICE, *pytest(python, "builds", "tests/unit", "tests/integration")),
-                (*NICE, "make", "--no-print-directory", "go-test"),
-            ),
-        ),
+        Lane("builds", ((*NICE, *pytest(python, "builds", "tests/unit", "tests/integration")),)),
+        Lane("go", ((*NICE, "make", "--no-print-directory", "go-test"),), after_first=True),
     ]
 
 
@@ -87,10 +85,22 @@ def run_lane(lane: Lane, codes: dict[str, int], out_lock: threading.Lock) -> Non
 
 
 def run(chosen: list[Lane]) -> int:
-    """Run the lanes side by side; the first failing lane's exit code, or 0."""
+    """Run the lanes side by side (the `after_first` ones from the first end on); the first failing
+    lane's exit code, or 0."""
     codes: dict[str, int] = {}
     out_lock = threading.Lock()
-    threads = [threading.Thread(target=run_lane, args=(lane, codes, out_lock), name=lane.name) for lane in chosen]
+    first_done = threading.Event()
+
+    def lane_thread(lane: Lane) -> None:
+        if lane.after_first:
+            first_done.wait()
+        run_lane(lane, codes, out_lock)
+        if not lane.after_first:
+            first_done.set()
+
+    threads = [threading.Thread(target=lane_thread, args=(lane,), name=lane.name) for lane in chosen]
+    if all(lane.after_first for lane in chosen):
+        first_done.set()
     for thread in threads:
         thread.start()
     for thread in threads:

@@ -13,15 +13,16 @@ import pytest
 from scripts.test_lanes import ROOT, Lane, lanes, run
 
 
-def test_every_test_tier_runs_in_a_lane_and_go_test_after_the_builds_tier() -> None:
+def test_every_test_tier_runs_in_a_lane_and_go_test_once_a_lane_ends() -> None:
     commands = [command for lane in lanes(sys.executable) for command in lane.commands]
     selected = {arg for command in commands for arg in command if arg.startswith("tests/")}
     tiers = {f"tests/{path.parent.name}" for path in (ROOT / "tests").glob("*/test_*.py")}
     assert tiers == selected == {"tests/unit", "tests/integration", "tests/e2e"}
-    boots, builds = lanes(sys.executable)
+    boots, builds, go = lanes(sys.executable)
     assert boots.commands[0][0] == sys.executable  # boots at normal priority
-    assert all(command[:3] == ("nice", "-n", "19") for command in builds.commands)
-    assert builds.commands[-1][-1] == "go-test"
+    assert all(command[:3] == ("nice", "-n", "19") for command in (*builds.commands, *go.commands))
+    assert go.commands[-1][-1] == "go-test" and go.after_first
+    assert not boots.after_first and not builds.after_first
 
 
 def test_lanes_run_side_by_side_with_their_lines_prefixed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -43,3 +44,16 @@ def test_a_failing_command_ends_its_lane_and_sets_the_exit_code(capsys: pytest.C
     captured = capsys.readouterr()
     assert "never" not in captured.out
     assert "test lanes failed: bad" in captured.err
+
+
+def test_an_after_first_lane_starts_once_another_lane_has_ended(tmp_path: Path) -> None:
+    """The late lane sees the short lane's marker (it started after that lane ended) while the long
+    lane still runs (it waits for the late lane's marker)."""
+    short, late = tmp_path / "short", tmp_path / "late"
+    wait = "for i in $(seq 200); do [ -e {0} ] && exit 0; sleep 0.05; done; exit 9"
+    chosen = [
+        Lane("long", (("sh", "-c", wait.format(late)),)),
+        Lane("short", (("sh", "-c", f"sleep 0.2; touch {short}"),)),
+        Lane("late", (("sh", "-c", f"[ -e {short} ] && touch {late}"),), after_first=True),
+    ]
+    assert run(chosen) == 0

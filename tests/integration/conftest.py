@@ -117,3 +117,14 @@ def grub_tree(seed_store: Path, tmp_path_factory: pytest.TempPathFactory) -> Pat
     )
     assert result.returncode == 0, result.stdout + result.stderr[-4000:]
     return base / "out" / "grub-efi-arm64"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Give integration tests the end-to-end tier's room for a cold store (pyproject's default is 30
+    minutes a test). `make test` runs this tier beside the boots, so on a cold machine a fixture may
+    wait for a package the other lane is building (the store's build lock), or share the cores with
+    the kernel's compile while it makes the test seed; 90 minutes still ends a hung test.
+    """
+    for item in items:
+        if item.nodeid.startswith("tests/integration/") and not item.get_closest_marker("timeout"):
+            item.add_marker(pytest.mark.timeout(5400))

@@ -20,7 +20,7 @@ def test_every_test_tier_runs_in_a_lane_and_go_test_once_a_lane_ends() -> None:
     assert tiers == selected == {"tests/unit", "tests/integration", "tests/e2e"}
     boots, builds, go = lanes(sys.executable)
     assert boots.commands[0][0] == sys.executable  # boots at normal priority
-    assert all(command[:3] == ("nice", "-n", "19") for command in (*builds.commands, *go.commands))
+    assert all(command[:3] == ("nice", "-n", "5") for command in (*builds.commands, *go.commands))
     assert go.commands[-1][-1] == "go-test" and go.after_first
     assert not boots.after_first and not builds.after_first
 

@@ -66,14 +66,20 @@ def run_lane(lane: Lane, codes: dict[str, int], out_lock: threading.Lock) -> Non
     for command in lane.commands:
         with out_lock:
             print(f"[{lane.name}] lane {lane.name}: {' '.join(command)}", flush=True)
-        process = subprocess.Popen(
-            command,
-            cwd=ROOT,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
+        try:
+            process = subprocess.Popen(
+                command,
+                cwd=ROOT,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )
+        except OSError as exc:
+            with out_lock:
+                print(f"[{lane.name}] lane {lane.name}: cannot run {command[0]}: {exc.strerror}", flush=True)
+            code = 127
+            break
         assert process.stdout is not None
         for raw in process.stdout:
             line = raw.decode(errors="replace").rstrip("\n")
@@ -97,9 +103,11 @@ def run(chosen: list[Lane]) -> int:
     def lane_thread(lane: Lane) -> None:
         if lane.after_first:
             first_done.wait()
-        run_lane(lane, codes, out_lock)
-        if not lane.after_first:
-            first_done.set()
+        try:
+            run_lane(lane, codes, out_lock)
+        finally:  # a lane that could not even start its command must not hold the late ones back
+            if not lane.after_first:
+                first_done.set()
 
     threads = [threading.Thread(target=lane_thread, args=(lane,), name=lane.name) for lane in chosen]
     if all(lane.after_first for lane in chosen):

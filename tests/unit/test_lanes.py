@@ -57,3 +57,13 @@ def test_an_after_first_lane_starts_once_another_lane_has_ended(tmp_path: Path) 
         Lane("late", (("sh", "-c", f"[ -e {short} ] && touch {late}"),), after_first=True),
     ]
     assert run(chosen) == 0
+
+
+def test_a_lane_whose_command_cannot_start_fails_and_releases_the_late_lanes(tmp_path: Path) -> None:
+    late = tmp_path / "late"
+    chosen = [
+        Lane("broken", (("/nonexistent/program",),)),
+        Lane("late", (("touch", str(late)),), after_first=True),
+    ]
+    assert run(chosen) == 127
+    assert late.exists()

@@ -16,7 +16,7 @@ from typing import Any
 
 from kiln.core import console
 from kiln.core.errors import InputError, printable
-from kiln.node.client import NodeError, UpgradeRequest
+from kiln.node.client import NodeClient, NodeError, UpgradeRequest
 from kiln.node.config import Flags, Target, resolve
 from kiln.node.rollout import Progress, Reporter, Rollout, rolling_rollback, rolling_upgrade
 
@@ -146,19 +146,32 @@ def upgrade_request(args: argparse.Namespace) -> UpgradeRequest:
 
 
 def _status(args: argparse.Namespace, target: Target) -> int:
+    return _ask_each(target, "status", lambda client: client.status(), status_lines, json_output=args.json)
+
+
+def _ask_each(
+    target: Target,
+    key: str,
+    ask: Callable[[NodeClient], Any],
+    lines: Callable[[str, Any], list[str]],
+    *,
+    json_output: bool,
+) -> int:
+    """Ask every node of `target`, then print the answers as one JSON list ({"node", key} or {"node",
+    "error"}) or as each node's `lines`; a node that did not answer is a line on stderr and exit 1."""
     answers: list[dict[str, Any]] = []
     for client in target.clients():
         try:
-            answers.append({"node": client.name, "status": client.status()})
+            answers.append({"node": client.name, key: ask(client)})
         except NodeError as exc:
             answers.append({"node": client.name, "error": exc.reason})
-    if args.json:
+    if json_output:
         print(json.dumps(answers, indent=2))
     for answer in answers:
         if "error" in answer:
             console.error(f"{answer['node']}: {answer['error']}")
-        elif not args.json:
-            print("\n".join(status_lines(answer["node"], answer["status"])))
+        elif not json_output:
+            print("\n".join(lines(answer["node"], answer[key])))
     return 1 if any("error" in answer for answer in answers) else 0
 
 
@@ -224,20 +237,9 @@ def _services_text(services: Any) -> str:
 
 
 def _get(args: argparse.Namespace, target: Target) -> int:
-    answers: list[dict[str, Any]] = []
-    for client in target.clients():
-        try:
-            answers.append({"node": client.name, "resources": client.resources(args.type)})
-        except NodeError as exc:
-            answers.append({"node": client.name, "error": exc.reason})
-    if args.json:
-        print(json.dumps(answers, indent=2))
-    for answer in answers:
-        if "error" in answer:
-            console.error(f"{answer['node']}: {answer['error']}")
-        elif not args.json:
-            print("\n".join(resource_lines(answer["node"], answer["resources"])))
-    return 1 if any("error" in answer for answer in answers) else 0
+    return _ask_each(
+        target, "resources", lambda client: client.resources(args.type), resource_lines, json_output=args.json
+    )
 
 
 def resource_lines(node: str, resources: list[dict[str, Any]]) -> list[str]:

@@ -20,6 +20,7 @@ from kiln.build import cancel
 from kiln.build.keys import compute_keys
 from kiln.build.progress import PROGRESS_ENV, PROGRESS_MODES
 from kiln.build.progress import set_mode as set_progress_mode
+from kiln.cloud import command as upload_command
 from kiln.core import console
 from kiln.core.environment import help_text as environment_help
 from kiln.core.errors import InputError, InputErrors, KilnError
@@ -656,7 +657,9 @@ def build_parser() -> argparse.ArgumentParser:
     install_command.add_arguments(install)
 
     release = verbs.add_parser(
-        "release", help="publish releases to an OCI registry", description="publish releases to an OCI registry"
+        "release",
+        help="publish releases to an OCI registry or a cloud",
+        description="publish releases to an OCI registry or a cloud",
     )
     release_verbs = release.add_subparsers(dest="release_verb", metavar="ACTION", required=True)
     release_push = release_verbs.add_parser(
@@ -668,6 +671,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     release_command.add_arguments(release_push)
     release_push.set_defaults(handler=cmd_release)
+    release_upload = release_verbs.add_parser(
+        "upload",
+        help="publish a kiln image output directory to a cloud: an AWS AMI (EBS snapshot, copies, SSM parameter)",
+        description="publish a kiln image output directory to a cloud (docs/clouds.md)",
+    )
+    upload_command.add_arguments(release_upload)
+    release_upload.set_defaults(handler=upload_command.run)
 
     def room_verb(name: str, room: Any, help_text: str, description: str | None = None) -> None:
         """A verb that reads no package tree: its room's add_arguments and run."""

@@ -1,0 +1,1 @@
+"""Publishing images to clouds: `kiln release upload` (an AWS AMI through the EBS direct APIs)."""

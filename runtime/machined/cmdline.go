@@ -13,6 +13,7 @@ const (
 	paramSlot         = "kiln.slot"               // the A/B slot GRUB booted (disk images only)
 	paramTrial        = "kiln.trial_timeout"      // seconds a trial slot may take to reach ready before machined reboots
 	paramTrialNetwork = "kiln.trial_network_wait" // seconds a trial boot waits for an address before it is judged unhealthy
+	paramTrialGrace   = "kiln.trial_grace"        // seconds a trial slot must stay healthy after ready to become the default
 	paramPlatform     = "kiln.platform"           // where the machine runs: metal, aws, gcp, azure, ... (its metadata source)
 	// "replace": a config drive replaces the config kept on STATE (by default only the first boot's does)
 	paramConfigDrive = "kiln.config.drive"

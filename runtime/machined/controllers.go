@@ -70,8 +70,10 @@ func (c *networkController) Reconcile(ctx context.Context, r *resource.Run) erro
 func (m *machine) startControllers(net networkApplier) {
 	m.resources = resource.NewState()
 	rt := resource.NewRuntime(m.resources, m.con.printf)
-	if err := m.resources.Claim(machineConfigType, configOwner); err != nil {
-		m.fatal("resources: %v", err)
+	for t, owner := range map[resource.Type]string{machineConfigType: configOwner, healthType: healthOwner} {
+		if err := m.resources.Claim(t, owner); err != nil {
+			m.fatal("resources: %v", err)
+		}
 	}
 	if err := rt.Register(&networkController{net: net, wait: 5 * time.Second}); err != nil {
 		m.fatal("resources: %v", err)
@@ -122,7 +124,7 @@ type apiResource struct {
 }
 
 // resourceTypes are the types the machine has, in the order GET /v1/resources lists them.
-var resourceTypes = []resource.Type{machineConfigType, networkStatusType}
+var resourceTypes = []resource.Type{machineConfigType, networkStatusType, healthType}
 
 // Resources lists the machine's resources of type t (every type when t is ""); none before
 // the boot has made its state.

@@ -372,19 +372,16 @@ func (m *machine) watchTrial() {
 }
 
 func (m *machine) ready() {
-	// ready means config applied and services started: a trial slot that is also healthy
-	// (trial.go) is good from here on, and it is the default before the ready line says so
+	// ready means config applied and services started. A trial slot that cannot be healthy
+	// (trial.go) reboots before the ready line; one that can becomes the default once its
+	// health has held for the grace period (health.go)
 	if m.slots.bootedAs() == "trial" {
 		if problems := m.trialProblems(); len(problems) > 0 {
 			m.failTrial(problems)
 			return
 		}
 	}
-	if err := m.slots.markGood(m.version); err != nil {
-		m.con.printf("boot: slot %s reached ready but could not be made the default: %v", m.slots.slot, err)
-	} else if m.slots.markedGood() {
-		m.con.printf("boot: slot %s reached ready and is the default now", m.slots.slot)
-	}
+	m.watchHealth(time.Now())
 	if m.isReady != nil {
 		close(m.isReady)
 	}

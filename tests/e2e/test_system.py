@@ -34,6 +34,7 @@ import yaml
 from kiln import __version__
 from kiln.boot.qemu import READY, BootResult, Machine, boot, machine_for
 from kiln.rootfs.archive import cpio_newc
+from tests.e2e.config_drive import config_drive
 from tests.e2e.conftest import KILN, ROOT, kiln
 
 pytestmark = pytest.mark.e2e
@@ -87,21 +88,6 @@ def index_of(lines: list[str], pattern: str) -> int:
 def kernel_version() -> str:
     variables = yaml.safe_load((ROOT / "pkgs" / "vars.yaml").read_text())
     return str(variables["kernel_version"])
-
-
-def config_drive(path: Path, files: dict[str, bytes], links: dict[str, str] | None = None) -> Path:
-    """A KILNCFG disc (ISO 9660 with Rock Ridge, so a planted link stays a link) holding `files` and
-    the symbolic links `links` (name -> target)."""
-    tree = path.with_suffix(".d")
-    tree.mkdir()
-    for name, data in files.items():
-        (tree / name).write_bytes(data)
-    for name, target in (links or {}).items():
-        (tree / name).symlink_to(target)
-    subprocess.run(
-        ["xorriso", "-as", "mkisofs", "-quiet", "-R", "-V", "KILNCFG", "-o", str(path), str(tree)], check=True
-    )
-    return path
 
 
 def free_port() -> int:

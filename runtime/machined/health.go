@@ -248,6 +248,9 @@ func (m *machine) watchHealth(readyAt time.Time) {
 	if trial {
 		m.con.printf("boot: slot %s becomes the default once healthy for %s", m.slots.slot, grace)
 	}
+	// judged in the background from the start, so the ready line does not wait on slow checks;
+	// the resource is there from the ready line on
+	m.publishHealth([]string{"not judged yet"}, readyAt)
 	safego.Go("health", func() {
 		for ; ; time.Sleep(healthEvery(trial)) {
 			now := time.Now()

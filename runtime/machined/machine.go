@@ -135,8 +135,13 @@ func (m *machine) boot() {
 	m.phases.mark("services")
 	m.con.printf("boot: %s", m.phases.describe(uptime()))
 	m.ready()
-	if m.params[paramTest] == actionPoweroff {
+	switch m.params[paramTest] {
+	case actionPoweroff:
 		m.shutdown(actionPoweroff)
+	case testCrash:
+		// what a machined that dies after ready looks like: PID 1 gone, the kernel panics
+		m.con.printf("test: machined exits after ready, as a crash would")
+		os.Exit(1)
 	}
 	for action := range m.power {
 		m.shutdown(action)

@@ -32,8 +32,12 @@ BOOT_TIMEOUT = 300.0
 EPOCH = 1704067200
 SIZE = 1 << 30
 MTOOLS_ENV = {**os.environ, "MTOOLS_SKIP_CHECK": "1"}
-# a machine config whose health check nothing on the machine answers (the discard port)
-HEALTH_CHECKED = {"health": {"checks": [{"tcp": "127.0.0.1:9"}]}}
+# a machine config whose health check nothing on the machine answers (the discard port), and whose
+# service cannot start (no such program), so it crash-loops
+UNHEALTHY = {
+    "health": {"checks": [{"tcp": "127.0.0.1:9"}]},
+    "services": [{"name": "crashy", "command": "/usr/bin/no-such-program", "restart": "always"}],
+}
 
 
 class Disk:
@@ -165,27 +169,55 @@ def test_a_trial_slot_that_cannot_be_reached_falls_back(disk: Disk, tmp_path: Pa
     assert state["kiln_default"] == "A" and state["kiln_rollback"] == "B", state
 
 
-def test_a_trial_slot_that_fails_its_health_check_after_ready_falls_back(disk: Disk, tmp_path: Path) -> None:
+def test_a_trial_slot_that_is_unhealthy_after_ready_falls_back(disk: Disk, tmp_path: Path) -> None:
     """A trial slot that reaches ready but whose config's health check never answers (a TCP port
-    nothing listens on) is not made the default: the health resource names the check, the trial's
-    deadline reboots it, and with no tries left GRUB falls back to slot A, marking B rolled back."""
+    nothing listens on) and whose service crash-loops is not made the default: the trial's deadline
+    reboots it, naming both, and with no tries left GRUB falls back to slot A, marking B rolled back."""
     cmdline = "console=ttyS0 panic=1 kiln.trial_grace=3 kiln.trial_timeout=30 kiln.trial_network_wait=10"
     slot_b(disk, tmp_path, initramfs=disk.read("A/initramfs.zst"), cmdline=cmdline)
-    disk.write(
-        "grub/grubenv",
-        environment_block({"kiln_default": "A", "kiln_next": "B", "kiln_tries": "1", "kiln_version_A": __version__}),
-        tmp_path / "env",
-    )
-    drive = config_drive(tmp_path / "health.iso", {"kiln.json": json.dumps(HEALTH_CHECKED).encode()})
+    one_try_of_b(disk, tmp_path)
+    drive = config_drive(tmp_path / "health.iso", {"kiln.json": json.dumps(UNHEALTHY).encode()})
     log = tmp_path / "trial.log"
     boot_disk(disk, "bios", "rebooting for the next try", log, cdrom=drive)
     assert booted_slot(log) == "B"
     text = log.read_text(errors="replace")
     assert READY in text and "is the default now" not in text
-    assert re.search(r"boot: slot B is on trial and not healthy: check tcp 127\.0\.0\.1:9: .*refused", text), text
+    verdict = re.search(r"boot: slot B is on trial and not healthy: (.*); rebooting for the next try", text)
+    assert verdict, text
+    assert "service crashy is backoff" in verdict[1] and re.search(r"check tcp 127\.0\.0\.1:9: .*refused", verdict[1])
     assert disk.state()["kiln_default"] == "A"
+    assert_falls_back_to_a(disk, tmp_path, cdrom=drive)
+
+
+def test_a_trial_machined_that_dies_within_the_grace_period_is_a_failed_try(disk: Disk, tmp_path: Path) -> None:
+    """machined on a trial slot reaches ready, then exits (kiln.test=crash: PID 1 gone, the kernel
+    panics) before the grace period is over: the slot was never made the default, so the boot
+    counts as a failed try and GRUB falls back to slot A."""
+    slot_b(disk, tmp_path, initramfs=disk.read("A/initramfs.zst"), cmdline="console=ttyS0 panic=1 kiln.test=crash")
+    one_try_of_b(disk, tmp_path)
+    log = tmp_path / "trial.log"
+    boot_disk(disk, "bios", "Kernel panic", log)
+    assert booted_slot(log) == "B"
+    text = log.read_text(errors="replace")
+    assert text.index(READY) < text.index("test: machined exits after ready") and "is the default now" not in text
+    state = disk.state()
+    assert state["kiln_default"] == "A" and state["kiln_next"] == "B" and state["kiln_tries"] == "0", state
+    assert_falls_back_to_a(disk, tmp_path)
+
+
+def one_try_of_b(disk: Disk, tmp_path: Path) -> None:
+    """The boot state of an upgrade to slot B with one try left."""
+    disk.write(
+        "grub/grubenv",
+        environment_block({"kiln_default": "A", "kiln_next": "B", "kiln_tries": "1", "kiln_version_A": __version__}),
+        tmp_path / "env",
+    )
+
+
+def assert_falls_back_to_a(disk: Disk, tmp_path: Path, *, cdrom: Path | None = None) -> None:
+    """The next boot is slot A's, ready, with B marked rolled back."""
     log = tmp_path / "fallback.log"
-    boot_disk(disk, "bios", READY, log, cdrom=drive)
+    boot_disk(disk, "bios", READY, log, cdrom=cdrom)
     assert booted_slot(log) == "A"
     state = disk.state()
     assert state["kiln_default"] == "A" and state["kiln_rollback"] == "B", state

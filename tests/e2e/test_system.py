@@ -563,11 +563,16 @@ def test_api_mutual_tls_and_poweroff(image_dir: Path, pki: Path, config_server: 
         # the machine's own certificate (no clientAuth, the machine's key) is no client; a reader only reads
         assert forbidden(port, client_context(pki, "machine"), "GET", "/v1/status")
         assert request(port, client_context(pki, "reader"), "GET", "/v1/status")[0] == 200
-        # the machine's resources: the config it runs (fetched from the config server) and the
-        # network applied from it
+        # the machine's resources: the config it runs (fetched from the config server), the
+        # network applied from it, and the machine's health
         status, body = request(port, client_context(pki, "reader"), "GET", "/v1/resources")
         resources = {(r["type"], r["id"]): r for r in json.loads(body)["resources"]}
-        assert status == 200 and set(resources) == {("config/machine", "machine"), ("network/status", "applied")}
+        assert status == 200 and set(resources) == {
+            ("config/machine", "machine"),
+            ("network/status", "applied"),
+            ("health/machine", "machine"),
+        }
+        assert resources[("health/machine", "machine")]["owner"] == "health", resources
         applied = resources[("network/status", "applied")]
         assert applied["owner"] == "network" and applied["phase"] == "running", applied
         assert applied["spec"]["config_version"] == resources[("config/machine", "machine")]["version"], resources

@@ -23,6 +23,10 @@ const (
 	networkStatusID = "applied" // the one network status resource
 
 	configOwner = "config"
+
+	readyType  resource.Type = "machine/ready" // the ready line's facts, once the machine is ready
+	readyID                  = "machine"
+	readyOwner               = "boot"
 )
 
 // machineConfigSpec is the part of the machine config the controllers read, and where it came from.
@@ -70,7 +74,8 @@ func (c *networkController) Reconcile(ctx context.Context, r *resource.Run) erro
 func (m *machine) startControllers(net networkApplier) {
 	m.resources = resource.NewState()
 	rt := resource.NewRuntime(m.resources, m.con.printf)
-	for t, owner := range map[resource.Type]string{machineConfigType: configOwner, healthType: healthOwner} {
+	owners := map[resource.Type]string{machineConfigType: configOwner, healthType: healthOwner, readyType: readyOwner}
+	for t, owner := range owners {
 		if err := m.resources.Claim(t, owner); err != nil {
 			m.fatal("resources: %v", err)
 		}
@@ -124,7 +129,7 @@ type apiResource struct {
 }
 
 // resourceTypes are the types the machine has, in the order GET /v1/resources lists them.
-var resourceTypes = []resource.Type{machineConfigType, networkStatusType, healthType}
+var resourceTypes = []resource.Type{machineConfigType, networkStatusType, healthType, readyType}
 
 // Resources lists the machine's resources of type t (every type when t is ""); none before
 // the boot has made its state.

@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -170,5 +171,22 @@ func TestHealthResourceKeepsItsSinceWhileTheVerdictHolds(t *testing.T) {
 	}
 	if got := m.Resources(string(healthType)); len(got) != 1 || got[0].Owner != healthOwner {
 		t.Fatalf("GET /v1/resources?type=health/machine: %+v", got)
+	}
+}
+
+func TestTheReadyLineIsAResourceToo(t *testing.T) {
+	m := &machine{con: quietConsole(), resources: resource.NewState(), version: "v1", kernel: "6.1", varSource: "/dev/vda6",
+		extensions: []Extension{{Name: "lldpd"}}}
+	if err := m.resources.Claim(readyType, readyOwner); err != nil {
+		t.Fatal(err)
+	}
+	m.publishReady()
+	got := m.Resources(string(readyType))
+	want := readySpec{Version: "v1", Kernel: "6.1", Extensions: []string{"lldpd"}, Var: "/dev/vda6", Platform: "metal"}
+	if len(got) != 1 || got[0].Owner != readyOwner || !reflect.DeepEqual(got[0].Spec, want) {
+		t.Fatalf("machine/ready: %+v", got)
+	}
+	if line := m.readyLine(); line != "machined ready: version=v1 kernel=6.1 extensions=[lldpd] var=/dev/vda6 platform=metal" {
+		t.Fatalf("ready line: %q", line)
 	}
 }

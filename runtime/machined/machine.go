@@ -343,12 +343,33 @@ func (m *machine) startAPI() {
 // readyLine is the one line the boot harness waits for, exactly as the boot contract specifies it
 // (tests match it whole); whether the API is on is said on the line before it.
 func (m *machine) readyLine() string {
+	r := m.readySpec()
+	return fmt.Sprintf("machined ready: version=%s kernel=%s extensions=[%s] var=%s platform=%s",
+		r.Version, r.Kernel, strings.Join(r.Extensions, ","), r.Var, r.Platform)
+}
+
+// readySpec is the ready line as a resource (machine/ready): what came up, from where.
+type readySpec struct {
+	Version    string   `json:"version"`
+	Kernel     string   `json:"kernel"`
+	Extensions []string `json:"extensions"`
+	Var        string   `json:"var"`
+	Platform   string   `json:"platform"`
+}
+
+func (m *machine) readySpec() readySpec {
 	names := make([]string, len(m.extensions))
 	for i, e := range m.extensions {
 		names[i] = e.Name
 	}
-	return fmt.Sprintf("machined ready: version=%s kernel=%s extensions=[%s] var=%s platform=%s",
-		m.version, m.kernel, strings.Join(names, ","), m.varSource, m.platform.name())
+	return readySpec{Version: m.version, Kernel: m.kernel, Extensions: names, Var: m.varSource, Platform: m.platform.name()}
+}
+
+// publishReady puts the ready line's facts as the machine/ready resource, just before the line.
+func (m *machine) publishReady() {
+	if _, err := m.resources.Put(readyOwner, readyType, readyID, m.readySpec()); err != nil {
+		m.con.printf("ready: %v", err)
+	}
 }
 
 // watchTrial reboots a trial boot that does not reach ready in time, so that GRUB counts the
@@ -395,6 +416,7 @@ func (m *machine) ready() {
 	} else {
 		m.con.printf("api: off (no api certificates in the machine config)")
 	}
+	m.publishReady()
 	m.con.line(m.readyLine())
 	m.reportPlatformReady()
 }

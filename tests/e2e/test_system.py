@@ -571,8 +571,10 @@ def test_api_mutual_tls_and_poweroff(image_dir: Path, pki: Path, config_server: 
             ("config/machine", "machine"),
             ("network/status", "applied"),
             ("health/machine", "machine"),
+            ("machine/ready", "machine"),
         }
         assert resources[("health/machine", "machine")]["owner"] == "health", resources
+        assert resources[("machine/ready", "machine")]["spec"]["var"] == "tmpfs", resources
         applied = resources[("network/status", "applied")]
         assert applied["owner"] == "network" and applied["phase"] == "running", applied
         assert applied["spec"]["config_version"] == resources[("config/machine", "machine")]["version"], resources

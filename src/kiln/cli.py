@@ -722,9 +722,10 @@ def build_parser() -> argparse.ArgumentParser:
     room_verb(
         "verify",
         verify_command,
-        "check DIR against its SHA256SUMS and the release key's signature over it",
-        "check that DIR holds exactly the files its SHA256SUMS lists, and that SHA256SUMS.sig "
-        "is the release key's signature over it (docs/release-signing.md)",
+        "check DIR against its SHA256SUMS, its provenance and the release key's signatures over them",
+        "check that DIR holds exactly the files its SHA256SUMS lists, that SHA256SUMS.sig is the release key's "
+        "signature over it, and that its provenance (provenance.intoto.jsonl) is signed by the same key and names "
+        "the same files and digests (docs/release-signing.md, docs/provenance.md)",
     )
 
     completion = verbs.add_parser(

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from kiln.core.console import say_line
 from kiln.core.errors import InputError
+from kiln.core.project import RUNNERS
 from kiln.image import kernel_initramfs
 from kiln.pkg.graph import Graph
 from kiln.pkg.variables import DEFAULT_PLATFORM
@@ -48,6 +49,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--cache-from",
         metavar="oci://HOST/REPO",
         help="with profiles: pull needed packages from this registry cache first (default: the project's cache_from:)",
+    )
+    parser.add_argument(
+        "--runner",
+        choices=RUNNERS,
+        default="sandbox",
+        help="with profiles: where the packages' steps run (default sandbox, whatever the project's runner: says): "
+        "sandbox (bubblewrap), docker (an engine at DOCKER_HOST), buildkit; the provenance names it",
     )
     kernel_initramfs.add_arguments(parser)
 
@@ -100,7 +108,9 @@ def run(args: argparse.Namespace, load: Callable[[str], Graph]) -> int:
     graph = load(arches[0])
     check_packages(profiles, graph)
     profiles = with_release_version(profiles, graph)
-    built = build_packages(profiles, graph, args.jobs, json_output=args.json, cache_from=args.cache_from)
+    built = build_packages(
+        profiles, graph, args.jobs, json_output=args.json, cache_from=args.cache_from, runner=args.runner
+    )
     out = Path(args.out or "_out")
     results = make_images(profiles, built, out, args.jobs, say_line)
     sums = write_release_sums(out)
@@ -152,7 +162,9 @@ def run_platforms(
     from kiln.image.manifest import write_release_sums
     from kiln.image.multiarch import build_platforms, make_platform_images
 
-    parts = build_platforms(load, profiles, platforms, args.jobs, json_output=args.json, say=say_line)
+    parts = build_platforms(
+        load, profiles, platforms, args.jobs, json_output=args.json, say=say_line, runner=args.runner
+    )
     out = Path(args.out or "_out")
     results, times = make_platform_images(parts, out, args.jobs, say_line)
     sums = write_release_sums(out)

@@ -74,9 +74,10 @@ def build_packages(
     json_output: bool,
     extra: tuple[str, ...] = (),
     cache_from: str | None = None,
+    runner: str = "sandbox",
 ) -> Built:
-    """Build (or find in the store) every package the profiles need, plus `extra` ones; with `cache_from`,
-    what a registry cache has is pulled first (kiln build --cache-from)."""
+    """Build (or find in the store) every package the profiles need, plus `extra` ones, on `runner`; with
+    `cache_from`, what a registry cache has is pulled first (kiln build --cache-from)."""
     from kiln.build.session import Session, choose_progress
 
     started = time.time()
@@ -86,7 +87,7 @@ def build_packages(
     targets = list(dict.fromkeys(targets))
     # before the build: a reference that does not resolve, verify or fit this arch fails at once
     pulled = pull_all([e for p in profiles for e in p.oci_extensions], graph.tree.platform.arch)
-    session = Session.open(graph)
+    session = Session.open(graph, runner)
     if targets:
         progress = choose_progress(json_output=json_output)
         session.build_all(targets, jobs, progress, purpose="cannot make the images", cache_from=cache_from)

@@ -161,6 +161,7 @@ def build_platforms(
     *,
     json_output: bool,
     say: Say,
+    runner: str = "sandbox",
 ) -> list[PlatformBuild]:
     """Resolve and check the profiles for every platform (each its own graph; every error before any
     build), then build each platform's packages in turn (sources are fetched once, shared)."""
@@ -184,7 +185,7 @@ def build_platforms(
     for platform in platforms:
         began = time.monotonic()
         say(f"{platform}: building packages")
-        built = build_packages(resolved[platform], graphs[platform], jobs, json_output=json_output)
+        built = build_packages(resolved[platform], graphs[platform], jobs, json_output=json_output, runner=runner)
         parts.append(PlatformBuild(platform, resolved[platform], built, time.monotonic() - began))
         say(f"{platform}: packages ready in {parts[-1].package_seconds:.1f} s")
     return parts

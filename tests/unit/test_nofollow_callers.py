@@ -33,6 +33,8 @@ CALLERS = {
     "kiln.image.imager": ["package_file"],
     "kiln.image.arch": ["loader_for"],
     "kiln.build.check": ["_kept_copies"],
+    "kiln.signing.rebuild.compare": ["disk_digest", "_copy_release_file", "_regular"],
+    "kiln.signing.rebuild.checkout": ["_sha256_in", "kiln_of"],
 }
 
 # attribute calls that act on a path with the host's view (follow links): `x.write_text(...)`, `os.walk(...)`

@@ -20,7 +20,9 @@ modules makes a raw open, write, chmod, utime, rename, walk or copy call instead
   it on the host from that copy); kiln.image.arch: loader_for (GRUB's arm64 EFI modules, read by
   grub-mkimage: no link on the way or below);
 - kiln.build.check: keep_evidence's copies of the stored and rebuilt files that differ (both trees a
-  build wrote; the offsets and diffoscope reports are made from the copies).
+  build wrote; the offsets and diffoscope reports are made from the copies); kiln.signing.rebuild.compare
+  and kiln.signing.rebuild.checkout: disk_digest, _copy_release_file, _sha256_in, kiln_of (a release's and
+  a checkout's files, hashed or copied out for diffoscope).
 """
 
 from __future__ import annotations

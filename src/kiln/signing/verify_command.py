@@ -1,9 +1,11 @@
 """`kiln verify DIR|IMAGE --key release.pub`: check a release directory against its signed SHA256SUMS
 and its signed provenance (kiln.signing.attestation), or an installer image in a registry against
-its signatures (kiln.signing.image_signature).
+its signatures (kiln.signing.image_signature). `kiln verify --rebuild RELEASE_DIR` builds the
+release again from its provenance and compares (kiln.signing.rebuild).
 
-Exit 0 when every file is what the release key signed; 1 (a VerificationError) when the directory
-fails the check; 2 when the command is wrong (no key named, a key file that is not Ed25519).
+Exit 0 when every file is what the release key signed (or what the rebuild made); 1 (a
+VerificationError) when the directory fails the check or the rebuild differs; 2 when the command
+is wrong (no key named, a key file that is not Ed25519) or the release cannot be rebuilt.
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from kiln.core import console
 from kiln.core.errors import InputError, KilnError, display_path, printable
+from kiln.core.project import RUNNERS
 from kiln.signing.attestation import check_provenance
 from kiln.signing.release import ENVELOPE, SUMS, VerificationError, check_directory, fingerprint, load_public_key
 
@@ -33,10 +37,59 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--json", action="store_true", help="the result as JSON: ok, and what was verified or the error"
     )
+    add_rebuild_arguments(parser)
+
+
+# The options only --rebuild takes: (attribute, flag)
+REBUILD_ONLY = (
+    ("store", "--store"),
+    ("rebuild_runner", "--runner"),
+    ("allow_dirty", "--allow-dirty"),
+    ("keep", "--keep"),
+    ("schematic", "--schematic"),
+)
+
+
+def add_rebuild_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--rebuild",
+        action="store_true",
+        help="build DIR (a release: its output directories) again from each provenance, with the recorded "
+        "commit's own kiln image in a scratch checkout and a store of its own, and compare every artifact's "
+        "sha256; exit 1 naming each that differs, with a diffoscope report (docs/provenance.md)",
+    )
+    parser.add_argument(
+        "--store", type=Path, metavar="DIR", help="with --rebuild: the store to build in (default: a new empty one)"
+    )
+    parser.add_argument(
+        "--runner",
+        dest="rebuild_runner",  # not `runner`: the CLI fills that one from the project file
+        choices=RUNNERS,
+        help="with --rebuild: where packages build (default: the recorded runner)",
+    )
+    parser.add_argument(
+        "--allow-dirty",
+        action="store_true",
+        help="with --rebuild: rebuild a release made from a dirty tree from its commit (it may differ)",
+    )
+    parser.add_argument(
+        "--keep", action="store_true", help="with --rebuild: keep the checkout, the store and the rebuilt outputs"
+    )
+    parser.add_argument(
+        "--schematic",
+        type=Path,
+        metavar="FILE",
+        help="with --rebuild: the schematic the release was made with, when its provenance redacted a secret",
+    )
 
 
 def run(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> int:
     try:
+        if getattr(args, "rebuild", False):
+            return _rebuild(args, environ)
+        given = [flag for name, flag in REBUILD_ONLY if getattr(args, name, None) not in (None, False)]
+        if given:
+            raise InputError(f"{', '.join(given)}: only with --rebuild (kiln verify --rebuild RELEASE_DIR)")
         result = _verify(args, environ)
     except KilnError as exc:
         if not getattr(args, "json", False):
@@ -55,6 +108,36 @@ def run(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> in
         for each in result["images"]:
             print(f"verified {printable(args.directory)}: {each['digest']} signed by {each['signer']}")
     return 0
+
+
+def _rebuild(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    """`--rebuild`: the outcome as lines (differences on stderr) or JSON; 0 when every artifact is the same."""
+    from kiln.core.project import current
+    from kiln.signing.rebuild.run import Options, as_json, rebuild, summary_lines
+
+    value = args.key or environ.get(ENV)
+    project = getattr(args, "project", None) or current()
+    options = Options(
+        release=Path(args.directory),
+        project_root=project.root,
+        key=load_public_key(Path(value)) if value else None,
+        store=args.store,
+        runner=args.rebuild_runner,
+        allow_dirty=args.allow_dirty,
+        keep=args.keep,
+        schematic=args.schematic,
+        progress=getattr(args, "progress", None),
+    )
+    outcome = rebuild(options)
+    if args.json:
+        print(json.dumps(as_json(outcome), indent=2))
+        return 0 if outcome.ok else 1
+    out, err = summary_lines(outcome)
+    for line in out:
+        print(printable(line))
+    for line in err:
+        console.error(printable(line))
+    return 0 if outcome.ok else 1
 
 
 def _verify(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[str, Any]:

@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -458,3 +459,18 @@ def test_kiln_image_takes_the_runner_a_rebuild_names_and_defaults_to_the_sandbox
     parser = build_parser()
     assert parser.parse_args(["image", "metal"]).runner == "sandbox"
     assert parser.parse_args(["image", "metal", "--runner=docker"]).runner == "docker"
+
+
+def test_an_interrupted_rebuild_stops_its_kiln_even_one_that_ignores_sigterm(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from kiln.signing.rebuild import run
+
+    monkeypatch.setattr(run, "OWN_STOP_SECONDS", 0.1)
+    monkeypatch.setattr(run, "STOP_SECONDS", 0.2)
+    stubborn = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print(flush=True); time.sleep(60)"
+    process = subprocess.Popen([sys.executable, "-c", stubborn], stdout=subprocess.PIPE)
+    assert process.stdout is not None and process.stdout.readline()  # its handler is set
+    began = time.monotonic()
+    run._stop(process)
+    assert process.returncode == -9 and time.monotonic() - began < 5

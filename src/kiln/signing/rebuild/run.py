@@ -46,7 +46,8 @@ from kiln.signing.rebuild.recorded import Recorded, output_directories, parse, r
 from kiln.signing.release import MAX_PROVENANCE, PROVENANCE, VerificationError, read_signed
 
 Say = Callable[[str], None]
-STOP_SECONDS = 60  # how long an interrupted kiln image gets to stop its steps before it is killed
+OWN_STOP_SECONDS = 10  # how long an interrupted kiln image gets to stop on the terminal's signal alone
+STOP_SECONDS = 60  # ... and after a SIGTERM, before it is killed
 
 
 @dataclass(frozen=True)
@@ -172,25 +173,26 @@ def _rebuild_all(options: Options, repo: Repository, outcome: Outcome, say: Say)
             with timed(outcome, "checkout", commit[:12], say):
                 where = outcome.work / f"checkout-{commit[:12]}"
                 checkouts[commit] = stack.enter_context(checked_out(repo, commit, where, keep=options.keep))
+        # every profile found before the first build: a missing one fails in seconds, not after a kernel
+        profiles = [find_profile(checkouts[str(d.recorded.commit)], repo, d.recorded) for d in outcome.directories]
         rebuilt: list[Path] = []
-        for index, directory in enumerate(outcome.directories, start=1):
+        for index, (directory, profile) in enumerate(zip(outcome.directories, profiles, strict=True), start=1):
             name = directory.recorded.name
             say(f"rebuild: building {name} ({index} of {len(outcome.directories)})")
             with timed(outcome, "build", name, say):
                 checkout = checkouts[str(directory.recorded.commit)]
-                rebuilt.append(_build(directory, checkout, repo, outcome, options, say))
+                rebuilt.append(_build(directory, checkout, profile, repo, outcome, options, say))
         with timed(outcome, "compare", "", say):
             for directory, made in zip(outcome.directories, rebuilt, strict=True):
                 _compare(directory, made, options, outcome)
 
 
 def _build(
-    directory: Directory, checkout: Path, repo: Repository, outcome: Outcome, options: Options, say: Say
+    directory: Directory, checkout: Path, profile: Path, repo: Repository, outcome: Outcome, options: Options, say: Say
 ) -> Path:
-    """Run the checkout's kiln image for one directory; the directory it made."""
+    """Run the checkout's kiln image on `profile` for one directory; the directory it made."""
     recorded = directory.recorded
     project = checkout / repo.project if repo.project else checkout
-    profile = find_profile(checkout, repo, recorded)
     out = outcome.work / "out" / recorded.name
     schematic = _schematic_file(recorded, options, outcome.work)
     runner = options.runner or recorded.runner
@@ -241,14 +243,24 @@ def run_kiln(argv: list[str], cwd: Path, env: dict[str, str], log: Path) -> int:
         try:
             return process.wait()
         except BaseException:
-            with contextlib.suppress(ProcessLookupError):
-                process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout=STOP_SECONDS)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+            _stop(process)
             raise
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    """Stop an interrupted kiln: a terminal's Ctrl-C reached it too, so it gets a moment to stop on its own
+    (a second signal would make it exit at once), then SIGTERM, then SIGKILL after STOP_SECONDS."""
+    for signum in (None, signal.SIGTERM):
+        if signum is not None:
+            with contextlib.suppress(ProcessLookupError):
+                process.send_signal(signum)
+        try:
+            process.wait(timeout=OWN_STOP_SECONDS if signum is None else STOP_SECONDS)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+    process.kill()
+    process.wait()
 
 
 def _made(out: Path) -> Path:

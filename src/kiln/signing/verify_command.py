@@ -1,8 +1,9 @@
-"""`kiln verify DIR|IMAGE --key release.pub`: check a release directory against its signed SHA256SUMS,
-or an installer image in a registry against its signatures (kiln.signing.image_signature).
+"""`kiln verify DIR|IMAGE --key KEY`: check a release directory against its signed SHA256SUMS (KEY is
+release.pub), or an installer image in a registry against its signatures (kiln.signing.image_signature;
+KEY is release-image.pub, or release.pub for an image signed in the first Kiln format).
 
-Exit 0 when every file is what the release key signed; 1 (a VerificationError) when the directory
-fails the check; 2 when the command is wrong (no key named, a key file that is not Ed25519).
+Exit 0 when everything is what the key signed; 1 (a VerificationError) when the directory or image
+fails the check; 2 when the command is wrong (no key named, a key file of the wrong type).
 """
 
 from __future__ import annotations
@@ -18,6 +19,10 @@ from kiln.core.errors import InputError, KilnError, display_path, printable
 from kiln.signing.release import SUMS, fingerprint, load_public_key, verify_directory
 
 ENV = "KILN_RELEASE_KEY"  # the release public key when --key is absent
+OLD_FORMAT_NOTE = (
+    "in the first Kiln signature format, which machined refuses from Kiln 0.3.0: "
+    "re-sign it with kiln release push --sign KEYDIR"
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -27,7 +32,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="a profile's output directory holding SHA256SUMS(.sig), or an image in a registry: "
         "HOST[:PORT]/REPO:TAG or HOST[:PORT]/REPO@sha256:... (kiln release push --sign)",
     )
-    parser.add_argument("--key", metavar="FILE", help=f"the release public key, release.pub (default: ${ENV})")
+    parser.add_argument(
+        "--key",
+        metavar="FILE",
+        help=f"the public key: release.pub for a directory, release-image.pub for an image (default: ${ENV})",
+    )
     parser.add_argument(
         "--json", action="store_true", help="the result as JSON: ok, and what was verified or the error"
     )
@@ -48,7 +57,8 @@ def run(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> in
         print(f"verified {result['files']} files in {shown} ({SUMS} signed by {result['signer']})")
     else:
         for each in result["images"]:
-            print(f"verified {printable(args.directory)}: {each['digest']} signed by {each['signer']}")
+            old = f" ({OLD_FORMAT_NOTE})" if each["format"] != "cosign" else ""
+            print(f"verified {printable(args.directory)}: {each['digest']} signed by {each['signer']}{old}")
     return 0
 
 
@@ -57,10 +67,11 @@ def _verify(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[str, A
     key = key_path(args.key, environ)
     directory = Path(args.directory)
     if not directory.exists() and "/" in args.directory and (":" in args.directory or "@" in args.directory):
-        from kiln.signing.image_signature import verify_image
+        from kiln.signing import image_signature
 
-        found = verify_image(args.directory, [load_public_key(key)])
-        return {"image": args.directory, "images": [{"digest": d, "signer": s} for d, s in found]}
+        found = image_signature.verify_image(args.directory, [image_signature.load_public_key(key)])
+        images = [{"digest": v.digest, "signer": v.signer, "format": v.format} for v in found]
+        return {"image": args.directory, "images": images}
     names = verify_directory(directory, key)
     return {"directory": str(directory), "files": len(names), "signer": fingerprint(load_public_key(key))}
 

@@ -65,7 +65,7 @@ func (m *machine) checkSignature(ctx context.Context, src oci.Source, digest str
 	if err != nil {
 		return "", err
 	}
-	signer, err := oci.VerifySignature(ctx, src, digest, keys)
+	v, err := oci.VerifySignature(ctx, src, digest, keys)
 	if errors.Is(err, oci.ErrNoTag) && m.cfg.unsignedAllowed() {
 		m.con.printf("upgrade: UNSIGNED: %s has no signature; installed anyway (allow_unsigned: true)", digest)
 		return "", nil
@@ -73,8 +73,13 @@ func (m *machine) checkSignature(ctx context.Context, src oci.Source, digest str
 	if err != nil {
 		return "", err
 	}
-	m.con.printf("upgrade: signature of %s by release key %s", digest, signer)
-	return signer, nil
+	if v.Legacy {
+		m.con.printf("upgrade: signature of %s by release key %s, in the first Kiln signature format, which machined "+
+			"refuses from Kiln %s: re-sign the image with kiln release push --sign KEYDIR", digest, v.Signer, oci.LegacySignatureUntil)
+		return v.Signer, nil
+	}
+	m.con.printf("upgrade: signature of %s by release key %s", digest, v.Signer)
+	return v.Signer, nil
 }
 
 // signatureNote is how the status line names a check's outcome.

@@ -186,7 +186,7 @@ def upgrade_world(work: Path, keys: Path | None = None) -> Iterator[World]:
     """Versions 1 and 2 built, a registry, a corrupting proxy and the config server (bench/upgrade.py too).
 
     With `keys` (a key directory), both versions are Secure Boot releases signed with them and the
-    machine config trusts only releases signed with their release key (release_keys)."""
+    machine config trusts only releases signed with their image release key (release_keys)."""
     if shutil.which("debugfs") is None or shutil.which("mcopy") is None:
         services.unavailable("debugfs and mtools", "apt-get install e2fsprogs mtools")
     pki = work / "pki"
@@ -210,7 +210,7 @@ def upgrade_world(work: Path, keys: Path | None = None) -> Iterator[World]:
             "registries": [{"host": guest_registry, "insecure": True}, {"host": corrupt, "insecure": True}],
         }
         # without release keys, upgrades are refused unless the config allows unsigned ones by name
-        | ({"release_keys": [(keys / "release.pub").read_text()]} if keys else {"allow_unsigned": True})
+        | ({"release_keys": [(keys / "release-image.pub").read_text()]} if keys else {"allow_unsigned": True})
     ).encode()
 
     class Config(http.server.BaseHTTPRequestHandler):

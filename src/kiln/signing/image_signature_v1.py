@@ -73,10 +73,10 @@ def push_signature(client: Client, digest: str, key: Ed25519PrivateKey) -> str:
 
 
 def is_v1(manifest: bytes) -> bool:
-    """Whether a signature manifest is in this format (its layers are this format's payload)."""
+    """Whether a signature manifest is in this format: a layer of it is this format's payload (machined's test too)."""
     try:
         layers = json.loads(manifest)["layers"]
-        return bool(layers) and all(layer["mediaType"] == LAYER_TYPE for layer in layers)
+        return any(isinstance(layer, dict) and layer.get("mediaType") == LAYER_TYPE for layer in layers)
     except (ValueError, KeyError, TypeError):
         return False
 

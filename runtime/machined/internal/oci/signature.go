@@ -142,7 +142,8 @@ func checkTrustedKey(key crypto.PublicKey) error {
 		}
 		return nil
 	case *ecdsa.PublicKey:
-		if k == nil || k.Curve != elliptic.P256() || k.X == nil || k.Y == nil {
+		// Go's P-256 code panics on a point off the curve: a key must be on it before it is used
+		if k == nil || k.Curve != elliptic.P256() || k.X == nil || k.Y == nil || !k.Curve.IsOnCurve(k.X, k.Y) {
 			return errors.New("an ECDSA key not on P-256: release keys are ECDSA P-256 or Ed25519")
 		}
 		return nil

@@ -16,6 +16,7 @@ import (
 	"encoding/pem"
 	"errors"
 	"io"
+	"math/big"
 	"os"
 	"path/filepath"
 	"strings"
@@ -382,4 +383,14 @@ func TestVerifyCosignNeverPanicsOnMangledManifests(t *testing.T) {
 			_, _ = VerifySignature(context.Background(), reg, imageDigest, keys)
 		}
 	}
+}
+
+// A key handed in off its curve is refused before Go's P-256 code could panic on it.
+func TestVerifyRefusesAnECDSAKeyOffItsCurve(t *testing.T) {
+	priv := ecdsaKey(t)
+	f := newFakeRegistry(t, nil)
+	newCosign(t, imageDigest, priv, nil).publish(f, imageDigest)
+	off := &ecdsa.PublicKey{Curve: elliptic.P256(), X: big.NewInt(1), Y: big.NewInt(1)}
+	_, err := VerifySignature(context.Background(), f.registry(), imageDigest, []crypto.PublicKey{&priv.PublicKey, off})
+	wantErr(t, err, "trusted key 1: an ECDSA key not on P-256")
 }

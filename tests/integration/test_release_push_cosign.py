@@ -1,13 +1,13 @@
-"""`kiln release push --sign` checked by a real client: skopeo, with a sigstoreSigned policy, copies a
-signed installer image from a real registry (Debian's docker-registry) and refuses it once the
-signature is another key's, or once the tag names a changed manifest (unsigned, or carrying the old
-manifest's signature). `kiln verify` says the same each time.
+"""`kiln release push --sign` checked by real clients: skopeo, with a sigstoreSigned policy, copies a
+signed installer image from a real registry (Debian's docker-registry), and `cosign verify --key`
+accepts it; both refuse it once the signature is another key's, or once the tag names a changed
+manifest (unsigned, or carrying the old manifest's signature). `kiln verify` says the same each time.
 
 Debian 12's skopeo (1.9.3) has sigstore verification compiled out (a Debian patch: "Debian-local
-change: sigstore disabled"), so it can verify no sigstore signature at all; Debian 13's skopeo
-(1.18) can. scripts/setup-host.sh installs Debian 13's beside the system's, in SKOPEO_HOME; the test
-takes $KILN_SKOPEO, then that one, then skopeo on PATH, and proves it can verify before it believes
-a refusal.
+change: sigstore disabled"), so it can verify no sigstore signature at all, and Debian 12 has no
+cosign; Debian 13's skopeo (1.18) and cosign (2.5) do both. scripts/setup-host.sh installs those
+in VERIFIERS_HOME; the test takes $KILN_SKOPEO and $KILN_COSIGN, then those, then the ones on PATH,
+and proves skopeo can verify before it believes a refusal.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from tests.integration.test_release_push import KILN, REPO, ROOT, small_installe
 
 pytestmark = pytest.mark.integration
 
-SKOPEO_HOME = Path("/usr/local/lib/kiln/skopeo")  # where scripts/setup-host.sh puts Debian 13's skopeo
+VERIFIERS_HOME = Path("/usr/local/lib/kiln/debian13")  # where scripts/setup-host.sh puts Debian 13's skopeo and cosign
 DISABLED = "Debian-local change: sigstore disabled"
 
 
@@ -60,12 +60,12 @@ def image_keys(root: Path) -> tuple[KeySet, ec.EllipticCurvePrivateKey]:
     return keys, key
 
 
-def skopeo_command() -> list[str]:
-    """The skopeo to run: $KILN_SKOPEO, Debian 13's from setup-host.sh, or the one on PATH."""
-    for candidate in (os.environ.get("KILN_SKOPEO"), str(SKOPEO_HOME / "skopeo"), shutil.which("skopeo")):
+def tool(name: str) -> list[str]:
+    """The skopeo or cosign to run: $KILN_SKOPEO / $KILN_COSIGN, Debian 13's from setup-host.sh, or PATH's."""
+    for candidate in (os.environ.get(f"KILN_{name.upper()}"), str(VERIFIERS_HOME / name), shutil.which(name)):
         if candidate and os.access(candidate, os.X_OK):
             return [candidate]
-    services.unavailable("skopeo", "scripts/setup-host.sh installs it (apt-get install skopeo, and Debian 13's)")
+    services.unavailable(name, "scripts/setup-host.sh installs it (Debian 13's, in /usr/local/lib/kiln/debian13)")
     raise AssertionError("unreachable")
 
 
@@ -74,7 +74,7 @@ class Skopeo:
 
     def __init__(self, work: Path, host: str, public_key: Path) -> None:
         self.work, self.host = work, host
-        self.command = skopeo_command()
+        self.command = tool("skopeo")
         policy = {
             "default": [{"type": "reject"}],
             "transports": {
@@ -105,6 +105,15 @@ class Skopeo:
         )  # fmt: skip
 
 
+def cosign_verify(work: Path, public_key: Path, image: str) -> subprocess.CompletedProcess[str]:
+    """`cosign verify --key`: no transparency log (Kiln writes none), plain HTTP, its cache in `work`."""
+    return subprocess.run(
+        [*tool("cosign"), "verify", "--key", str(public_key), "--insecure-ignore-tlog", "--allow-insecure-registry",
+         "--allow-http-registry", image],
+        capture_output=True, text=True, timeout=300, check=False, env={**os.environ, "HOME": str(work)},
+    )  # fmt: skip
+
+
 def kiln(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*KILN, *args], cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
 
@@ -116,50 +125,54 @@ def push(layout_dir: Path, host: str, *extra: str) -> dict[str, Any]:
 
 
 def refused(result: subprocess.CompletedProcess[str], *reasons: str) -> None:
-    """skopeo refused the image for one of `reasons` (its message, printed for the record)."""
-    print(f"skopeo exit {result.returncode}: {result.stderr.strip()}")
+    """skopeo or cosign refused the image for one of `reasons` (its message, printed for the record)."""
+    print(f"exit {result.returncode}: {result.stderr.strip()}")
     assert result.returncode != 0, result.stdout + result.stderr
-    assert "Source image rejected" in result.stderr, result.stderr
     assert any(reason in result.stderr for reason in reasons), result.stderr
 
 
-def test_skopeo_accepts_a_signed_release_and_refuses_a_foreign_or_moved_signature(
+def test_skopeo_and_cosign_accept_a_signed_release_and_refuse_a_foreign_or_moved_signature(
     layout: tuple[Path, Path], registry: tuple[str, Path], tmp_path: Path
 ) -> None:
     host, _ = registry
     (mine, _), (_, other) = image_keys(tmp_path / "mine"), image_keys(tmp_path / "other")
     pushed = push(layout[0], host, "--sign", str(mine.root))
     digest, tag = pushed["digest"], pushed["tag"]
-    skopeo = Skopeo(tmp_path, host, mine.release_image_public)
+    image, key = f"{host}/{REPO}:{tag}", mine.release_image_public
+    skopeo = Skopeo(tmp_path, host, key)
 
     accepted = skopeo.copy(tag)
     print(f"skopeo exit {accepted.returncode}: {accepted.stdout.strip()} {accepted.stderr.strip()}")
     if accepted.returncode != 0 and DISABLED in accepted.stderr:
         services.unavailable(
             f"a skopeo that verifies sigstore signatures ({skopeo.command[0]} says {DISABLED!r})",
-            f"Debian 12's has it compiled out; scripts/setup-host.sh puts Debian 13's in {SKOPEO_HOME}",
+            f"Debian 12's has it compiled out; scripts/setup-host.sh puts Debian 13's in {VERIFIERS_HOME}",
         )
-    assert accepted.returncode == 0, accepted.stdout + accepted.stderr
-    assert "Storing signatures" in accepted.stdout
-    image = f"{host}/{REPO}:{tag}"
-    assert kiln("verify", image, "--key", str(mine.release_image_public)).returncode == 0
+    assert accepted.returncode == 0 and "Storing signatures" in accepted.stdout, accepted.stdout + accepted.stderr
+    cosign = cosign_verify(tmp_path, key, image)
+    print(f"cosign exit {cosign.returncode}: {cosign.stdout.strip()}")
+    assert cosign.returncode == 0 and f'"docker-manifest-digest":"{digest}"' in cosign.stdout, cosign.stderr
+    assert kiln("verify", image, "--key", str(key)).returncode == 0
 
     # (a) the signature swapped for one by another key, over the same payload
     client = Client(Ref.parse(f"{host}/{REPO}"))
     forged = sign_digest(digest, f"{host}/{REPO}", other)
     put_artifact(client, digest, forged.blobs, forged.manifest)
-    refused(skopeo.copy(tag), "cryptographic signature verification failed", "invalid signature")
-    assert "is not by a trusted key" in kiln("verify", image, "--key", str(mine.release_image_public)).stderr
+    refused(skopeo.copy(tag), "Source image rejected: cryptographic signature verification failed")
+    refused(cosign_verify(tmp_path, key, image), "no matching signatures")
+    assert "is not by a trusted key" in kiln("verify", image, "--key", str(key)).stderr
 
     # (b) the tag moved to a changed manifest: unsigned, then carrying the first manifest's good signature
     push(layout[0], host, "--sign", str(mine.root))  # the genuine signature back
-    assert skopeo.copy(tag).returncode == 0
+    assert skopeo.copy(tag).returncode == 0 and cosign_verify(tmp_path, key, image).returncode == 0
     changed = push(layout[0], host, "--upgrade-from", "1.0.0")  # same layout, another manifest, same tag
     assert changed["tag"] == tag and changed["digest"] != digest
-    refused(skopeo.copy(tag), "A signature was required, but no signature exists")
+    refused(skopeo.copy(tag), "Source image rejected: A signature was required, but no signature exists")
+    refused(cosign_verify(tmp_path, key, image), "no signatures found")
     genuine = client.get_manifest(f"sha256-{digest[7:]}.sig")
     assert genuine is not None
     client.put_manifest(f"sha256-{changed['digest'][7:]}.sig", genuine[0])
     refused(skopeo.copy(tag), "does not match")
-    verdict = kiln("verify", image, "--key", str(mine.release_image_public))
+    refused(cosign_verify(tmp_path, key, image), "no matching signatures")
+    verdict = kiln("verify", image, "--key", str(key))
     assert verdict.returncode == 1 and f"names {digest}, not the image {changed['digest']}" in verdict.stderr

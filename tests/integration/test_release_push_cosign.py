@@ -176,3 +176,27 @@ def test_skopeo_and_cosign_accept_a_signed_release_and_refuse_a_foreign_or_moved
     refused(cosign_verify(tmp_path, key, image), "no matching signatures")
     verdict = kiln("verify", image, "--key", str(key))
     assert verdict.returncode == 1 and f"names {digest}, not the image {changed['digest']}" in verdict.stderr
+
+
+def test_kiln_verify_takes_what_cosign_signs(
+    layout: tuple[Path, Path], registry: tuple[str, Path], tmp_path: Path
+) -> None:
+    """The other way round: `cosign sign --key` (its own key pair, no transparency log) over an unsigned
+    push, and `kiln verify` accepts it with cosign's public key, and only with it."""
+    host, _ = registry
+    pushed = push(layout[0], host)
+    image = f"{host}/{REPO}@{pushed['digest']}"
+    cosign = tool("cosign")
+    env = {**os.environ, "HOME": str(tmp_path), "COSIGN_PASSWORD": "not secret"}
+    for args in (
+        ["generate-key-pair", "--output-key-prefix", str(tmp_path / "cosign")],
+        ["sign", "--key", str(tmp_path / "cosign.key"), "--tlog-upload=false", "--allow-insecure-registry",
+         "--allow-http-registry", "-y", image],
+    ):  # fmt: skip
+        made = subprocess.run([*cosign, *args], capture_output=True, text=True, timeout=300, check=False, env=env)
+        assert made.returncode == 0, made.stdout + made.stderr
+    verdict = kiln("verify", image, "--key", str(tmp_path / "cosign.pub"))
+    assert verdict.returncode == 0 and f"{pushed['digest']} signed by" in verdict.stdout, verdict.stderr
+    other, _ = image_keys(tmp_path / "other")
+    foreign = kiln("verify", image, "--key", str(other.release_image_public))
+    assert foreign.returncode == 1 and "is not by a trusted key" in foreign.stderr, foreign.stderr

@@ -30,6 +30,7 @@ from kiln.signing.image_signature import (
     load_public_key,
     payload_for,
     sign_digest,
+    signature_config,
     signature_layers,
     signature_tag,
 )
@@ -261,3 +262,14 @@ def test_the_go_fixture_is_what_the_python_side_writes() -> None:
         check(manifest, payload, [key], cosign_golden.DIGEST)
         == (cosign_golden.GOLDEN / "fingerprint").read_text().strip()
     )
+
+
+def test_a_signature_cosign_made_verifies_and_its_config_is_the_one_kiln_writes() -> None:
+    """runtime/machined/internal/oci/testdata/cosign-made: `cosign sign --key` (cosign 2.5) over a pushed installer."""
+    made = cosign_golden.GOLDEN.parent / "cosign-made"
+    payload = (made / "payload.json").read_bytes()
+    assert (made / "config.json").read_bytes() == signature_config(payload)  # byte for byte
+    digest = (made / "digest").read_text().strip()
+    key = load_public_key(made / "key.pub")
+    assert check((made / "manifest.json").read_bytes(), payload, [key], digest) == key_fingerprint(key)
+    assert json.loads(payload)["optional"] is None  # cosign's, without annotations: accepted as well

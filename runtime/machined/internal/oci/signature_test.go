@@ -13,8 +13,10 @@ import (
 	"crypto/x509"
 	"encoding/base64"
 	"encoding/hex"
+	"encoding/json"
 	"encoding/pem"
 	"errors"
+	"fmt"
 	"io"
 	"math/big"
 	"os"
@@ -136,11 +138,12 @@ func TestVerifyCosignSignatureOfAResolvedImage(t *testing.T) {
 	}
 }
 
-// The signature the Python side writes (tests/unit/cosign_golden.py made these files, and a
-// Python test checks they are still what it writes) verifies here, with the same fingerprint.
-func TestVerifyGoldenSignatureFromPython(t *testing.T) {
+// fixtureSource serves a signature fixture from testdata/DIR: its digest, its public key, and a
+// source holding its manifest under the signature tag and its payload and config blobs.
+func fixtureSource(t *testing.T, dir string) (string, crypto.PublicKey, memSource) {
+	t.Helper()
 	read := func(name string) []byte {
-		b, err := os.ReadFile(filepath.Join("testdata", "cosign", name))
+		b, err := os.ReadFile(filepath.Join("testdata", dir, name))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -151,29 +154,52 @@ func TestVerifyGoldenSignatureFromPython(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	manifest, payload, config := read("manifest.json"), read("payload.json"), read("config.json")
-	src := memSource{manifests: map[string][]byte{SignatureTag(digest): manifest}, blobs: map[string][]byte{digestOf(payload): payload, digestOf(config): config}}
-	v, err := VerifySignature(context.Background(), src, digest, []crypto.PublicKey{key})
-	if err != nil {
-		t.Fatal(err)
+	payload, config := read("payload.json"), read("config.json")
+	return digest, key, memSource{
+		manifests: map[string][]byte{SignatureTag(digest): read("manifest.json")},
+		blobs:     map[string][]byte{digestOf(payload): payload, digestOf(config): config},
 	}
-	if want := strings.TrimSpace(string(read("fingerprint"))); v.Signer != want || v.Legacy {
-		t.Fatalf("%+v, want signer %s", v, want)
+}
+
+// The signature the Python side writes (tests/unit/cosign_golden.py made testdata/cosign, and a
+// Python test checks it is still what it writes) verifies here, with the same fingerprint; so
+// does one cosign 2.5 made (`cosign sign --key` over a pushed installer, testdata/cosign-made).
+func TestVerifyGoldenSignatures(t *testing.T) {
+	for _, dir := range []string{"cosign", "cosign-made"} {
+		t.Run(dir, func(t *testing.T) {
+			digest, key, src := fixtureSource(t, dir)
+			v, err := VerifySignature(context.Background(), src, digest, []crypto.PublicKey{key})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if v.Signer != KeyFingerprint(key) || v.Legacy {
+				t.Fatalf("%+v", v)
+			}
+			if b, err := os.ReadFile(filepath.Join("testdata", dir, "fingerprint")); err == nil && strings.TrimSpace(string(b)) != v.Signer {
+				t.Fatalf("signer %s, the Python side says %s", v.Signer, b)
+			}
+			// the same signature put beside another image: its payload names the fixture's digest
+			other := "sha256:" + strings.Repeat("7", 64)
+			src.manifests[SignatureTag(other)] = src.manifests[SignatureTag(digest)]
+			_, err = VerifySignature(context.Background(), src, other, []crypto.PublicKey{key})
+			wantErr(t, err, "signature payload names "+digest+", not the image "+other)
+			_, err = VerifySignature(context.Background(), src, digest, []crypto.PublicKey{&ecdsaKey(t).PublicKey})
+			wantErr(t, err, "signature of "+digest+" is not by a trusted key")
+			// a tampered payload, stored under its own digest so only the signature can tell
+			manifest := src.manifests[SignatureTag(digest)]
+			var m Manifest
+			if err := json.Unmarshal(manifest, &m); err != nil {
+				t.Fatal(err)
+			}
+			payload := src.blobs[m.Layers[0].Digest]
+			tampered := bytes.Replace(payload, []byte(`"critical"`), []byte(`"critical" `), 1)
+			src.manifests[SignatureTag(digest)] = bytes.Replace(bytes.Replace(manifest, []byte(digestOf(payload)), []byte(digestOf(tampered)), 1),
+				[]byte(fmt.Sprintf(`"size":%d`, len(payload))), []byte(fmt.Sprintf(`"size":%d`, len(tampered))), 1)
+			src.blobs[digestOf(tampered)] = tampered
+			_, err = VerifySignature(context.Background(), src, digest, []crypto.PublicKey{key})
+			wantErr(t, err, "signature of "+digest+" is not by a trusted key")
+		})
 	}
-	// the same signature put beside another image: its payload names the golden digest
-	other := "sha256:" + strings.Repeat("7", 64)
-	src.manifests[SignatureTag(other)] = manifest
-	_, err = VerifySignature(context.Background(), src, other, []crypto.PublicKey{key})
-	wantErr(t, err, "signature payload names "+digest+", not the image "+other)
-	// another key
-	_, err = VerifySignature(context.Background(), src, digest, []crypto.PublicKey{&ecdsaKey(t).PublicKey})
-	wantErr(t, err, "signature of "+digest+" is not by a trusted key")
-	// a tampered payload, stored under its own digest so only the signature can tell
-	tampered := bytes.Replace(payload, []byte("Kiln"), []byte("Evil"), 1)
-	src.manifests[SignatureTag(digest)] = bytes.Replace(manifest, []byte(digestOf(payload)), []byte(digestOf(tampered)), 1)
-	src.blobs[digestOf(tampered)] = tampered
-	_, err = VerifySignature(context.Background(), src, digest, []crypto.PublicKey{key})
-	wantErr(t, err, "signature of "+digest+" is not by a trusted key")
 }
 
 // memSource serves signature manifests by tag and blobs by digest from memory.

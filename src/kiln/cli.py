@@ -11,6 +11,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,7 +19,6 @@ from kiln import __version__
 from kiln.boot import command as boot_command
 from kiln.build import cancel
 from kiln.build.keys import compute_keys
-from kiln.build.progress import PROGRESS_ENV, PROGRESS_MODES
 from kiln.build.progress import set_mode as set_progress_mode
 from kiln.cloud import command as upload_command
 from kiln.core import console
@@ -26,7 +26,8 @@ from kiln.core.environment import help_text as environment_help
 from kiln.core.errors import InputError, InputErrors, KilnError
 from kiln.core.project import PACKAGE_TREE, PROFILES_DIR, Project
 from kiln.core.project import current as current_project
-from kiln.core.release_version import VERSION_ENV, VERSION_VARIABLE, release_version
+from kiln.core.verb import Context
+from kiln.factory import command as factory_command
 from kiln.image import command as image_command
 from kiln.image import dev as dev_command
 from kiln.image import extension_command, schematic_command
@@ -35,10 +36,10 @@ from kiln.installer import release_command
 from kiln.node import command as node_command
 from kiln.node import secrets_command
 from kiln.pkg.graph import Graph
-from kiln.pkg.loader import Tree, load_tree
+from kiln.pkg.options import add_tree_options, load_graph, package_trees
 from kiln.pkg.show import GRAPH_FORMATS, dump_yaml, render_graph
 from kiln.pkg.template import render_string
-from kiln.pkg.variables import DEFAULT_PLATFORM, Platform, host_platform, parse_overrides
+from kiln.pkg.variables import DEFAULT_PLATFORM, Platform, host_platform
 from kiln.report import command as report_command
 from kiln.report.graph import PICTURE_FORMATS, draw_graph
 from kiln.report.output import write
@@ -48,42 +49,19 @@ from kiln.signing import verify_command
 if TYPE_CHECKING:
     from kiln.build.session import Session
 
-Handler = Callable[[argparse.Namespace], int]
+Handler = Callable[[Context[Graph]], int]
 # --platform's default. It parses as None so `kiln image` can tell a profile's arch from an explicit --platform.
-
-
-def _overrides(args: argparse.Namespace) -> dict[str, str]:
-    """--set's variables, with kiln_version set to the release's one version (core.release_version)."""
-    project: Project = args.project
-    overrides = parse_overrides(args.set)
-    overrides[VERSION_VARIABLE] = release_version(
-        project.root, args.release_version, overrides, project.version, project.location("version")
-    )
-    return overrides
-
-
-def _load(args: argparse.Namespace) -> Graph:
-    from_tar = Path(args.from_tar) if args.from_tar else None
-    platform = Platform.parse(args.platform or DEFAULT_PLATFORM)
-    tree: Tree = load_tree(package_trees(args), platform, _overrides(args), from_tar)
-    return Graph(tree)
 
 
 # What a flag left unset takes when the project file does not say either.
 BUILTIN_DEFAULTS: dict[str, object] = {"jobs": 2, "runner": "sandbox", "cache_from": None, "cache_to": None}
 
 
-def package_trees(args: argparse.Namespace) -> list[Path]:
-    """The --pkgs trees in order (apply_project has filled in the project's)."""
-    return [Path(tree) for tree in args.pkgs]
-
-
-def apply_project(args: argparse.Namespace) -> None:
+def apply_project(args: argparse.Namespace) -> Project:
     """Fill what the command line left unset: from kiln-project.yaml (found by walking up from the
     working directory), then the built-in defaults. The tree and profiles are the project's."""
     set_progress_mode(args.progress)
     project = current_project()
-    args.project = project
     if args.pkgs is None:
         args.pkgs = [str(project.root / tree) for tree in project.pkgs] or [str(project.root / PACKAGE_TREE)]
     if getattr(args, "profiles_dir", "") is None:
@@ -91,11 +69,13 @@ def apply_project(args: argparse.Namespace) -> None:
     for name, builtin in BUILTIN_DEFAULTS.items():
         if hasattr(args, name) and getattr(args, name) is None:
             setattr(args, name, getattr(project, name) or builtin)
+    return project
 
 
-def cmd_validate(args: argparse.Namespace) -> int:
+def cmd_validate(ctx: Context[Graph]) -> int:
+    args = ctx.args
     try:
-        graph = _load(args)
+        graph = ctx.graph()
         compute_keys(graph)
     except KilnError as exc:
         if not args.json:
@@ -120,8 +100,9 @@ def error_json(error: KilnError) -> dict[str, Any]:
     }
 
 
-def cmd_ls(args: argparse.Namespace) -> int:
-    graph = _load(args)
+def cmd_ls(ctx: Context[Graph]) -> int:
+    args = ctx.args
+    graph = ctx.graph()
     keys = compute_keys(graph)
     packages = graph.tree.packages
     if args.json:
@@ -139,8 +120,9 @@ def cmd_ls(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_graph(args: argparse.Namespace) -> int:
-    graph = _load(args)
+def cmd_graph(ctx: Context[Graph]) -> int:
+    args = ctx.args
+    graph = ctx.graph()
     names = graph.closure(args.targets) if args.targets else graph.order
     keys = compute_keys(graph) if args.keys else None
     out = Path(args.out) if args.out else None
@@ -153,8 +135,9 @@ def cmd_graph(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_eval(args: argparse.Namespace) -> int:
-    graph = _load(args)
+def cmd_eval(ctx: Context[Graph]) -> int:
+    args = ctx.args
+    graph = ctx.graph()
     if args.target not in graph.tree.packages:
         graph.closure([args.target])  # raises with a suggestion
     context = graph.tree.package_context(graph.tree.packages[args.target])
@@ -162,8 +145,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_dump(args: argparse.Namespace) -> int:
-    graph = _load(args)
+def cmd_dump(ctx: Context[Graph]) -> int:
+    args = ctx.args
+    graph = ctx.graph()
     names = graph.closure(args.targets) if args.targets else graph.order
     data = {name: graph.tree.packages[name].canonical() for name in names}
     if args.json:
@@ -173,19 +157,20 @@ def cmd_dump(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_bootstrap(args: argparse.Namespace) -> int:
+def cmd_bootstrap(ctx: Context[Graph]) -> int:
     from kiln.build.session import Session
 
-    session = Session.open(_load(args))
+    session = Session.open(ctx.graph())
     key = session.bootstrap()
     print(f"stage0 {key}")
     return 0
 
 
-def cmd_fetch(args: argparse.Namespace) -> int:
+def cmd_fetch(ctx: Context[Graph]) -> int:
     from kiln.build.session import Session
 
-    graph = _load(args)
+    args = ctx.args
+    graph = ctx.graph()
     names = graph.closure(args.targets) if args.targets else graph.order
     fetched = Session.open(graph).fetch(names)
     if args.json:
@@ -195,10 +180,11 @@ def cmd_fetch(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_build(args: argparse.Namespace) -> int:
+def cmd_build(ctx: Context[Graph]) -> int:
     from kiln.build.session import Session, choose_progress, failures, outcome_json
 
-    graph = _load(args)
+    args = ctx.args
+    graph = ctx.graph()
     if args.all == bool(args.targets):
         raise InputError("name TARGETs to build, or --all (not both)")
     targets = list(graph.order) if args.all else args.targets
@@ -247,19 +233,21 @@ def check_build(session: Session, targets: list[str], args: argparse.Namespace) 
     return 0 if all(c.same for c in checked) else 1
 
 
-def cmd_shell(args: argparse.Namespace) -> int:
+def cmd_shell(ctx: Context[Graph]) -> int:
     from kiln.build.session import Session, shell
 
-    graph = _load(args)
+    args = ctx.args
+    graph = ctx.graph()
     graph.closure([args.target])
     return shell(Session.open(graph, args.runner), args.target, args.command or ["/bin/bash", "-i"])
 
 
-def cmd_export(args: argparse.Namespace) -> int:
+def cmd_export(ctx: Context[Graph]) -> int:
     from kiln.build.dockerfile import OUTPUTS
     from kiln.build.session import Session
 
-    graph = _load(args)
+    args = ctx.args
+    graph = ctx.graph()
     names = graph.closure(args.targets)
     out = Path(args.out)
     session = Session.open(graph, "none")
@@ -271,11 +259,12 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_log(args: argparse.Namespace) -> int:
+def cmd_log(ctx: Context[Graph]) -> int:
     from kiln.build.builder import logs_dir
     from kiln.build.store import Store
     from kiln.core.paths import cache_dir
 
+    args = ctx.args
     last = logs_dir(Store(cache_dir())) / args.target / "last.log"
     if not last.exists():
         raise InputError(f"no build log for '{args.target}' (build it first)")
@@ -283,26 +272,27 @@ def cmd_log(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_cache(args: argparse.Namespace) -> int:
+def cmd_cache(ctx: Context[Graph]) -> int:
     from kiln.build import cache_cmd
 
+    args = ctx.args
     if args.cache_verb == "pull":
-        graph = _load(args)
+        graph = ctx.graph()
         targets = args.names or list(graph.order)
         graph.closure(targets)  # unknown names fail here, with a suggestion
         return cache_cmd.pull(graph, targets, args.ref, json_output=args.json)
     return cache_cmd.run(args)
 
 
-def cmd_kernel(args: argparse.Namespace) -> int:
+def cmd_kernel(ctx: Context[Graph]) -> int:
     from kiln.build.session import Session
     from kiln.kernel import tool
 
+    args = ctx.args
     arch = args.arch or Platform.parse(args.platform or DEFAULT_PLATFORM).arch
-    from_tar = Path(args.from_tar) if args.from_tar else None
-    tree = load_tree(package_trees(args), host_platform(), _overrides(args), from_tar)
+    graph = ctx.graph(str(host_platform()))  # Kconfig is a host program: configured in the host's build root
     output = Path(args.output) if args.output else None
-    result = tool.run(Session.open(Graph(tree)), args.kernel_verb, arch, output)
+    result = tool.run(Session.open(graph), args.kernel_verb, arch, output)
     if args.json:
         written = str(result.written) if result.written is not None else None
         fields = {
@@ -322,34 +312,10 @@ def cmd_kernel(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_image(args: argparse.Namespace) -> int:
-    def load(platform: str) -> Graph:
-        args.platform = platform
-        return _load(args)
-
-    return image_command.run(args, load)
-
-
-def cmd_dev(args: argparse.Namespace) -> int:
-    return dev_command.run(_load(args), args)
-
-
-def cmd_extension(args: argparse.Namespace) -> int:
-    return extension_command.run(_load(args), args)
-
-
-def cmd_factory(args: argparse.Namespace) -> int:
-    from kiln.factory import command as factory_command
-
-    graph = _load(args)  # the tree must load: every build the factory runs starts from it
-    version = str(graph.tree.variables.get(VERSION_VARIABLE) or __version__)
-    trees = tuple(tree.resolve() for tree in package_trees(args))
-    return factory_command.run(args, args.project.root, trees, Path(args.profiles_dir).resolve(), version)
-
-
-def cmd_init(args: argparse.Namespace) -> int:
+def cmd_init(ctx: Context[Graph]) -> int:
     from kiln.pkg.scaffold import create_extension
 
+    args = ctx.args
     directory = Path(args.directory)
     stock = package_trees(args)[0]
     written = create_extension(args.extension, directory, stock, args.kind, args.author, __version__)
@@ -363,22 +329,6 @@ def cmd_init(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_install(args: argparse.Namespace) -> int:
-    def load(platform: str) -> Graph:
-        args.platform = platform
-        return _load(args)
-
-    return install_command.run(args, load)
-
-
-def cmd_release(args: argparse.Namespace) -> int:
-    def load(platform: str) -> Graph:
-        args.platform = platform
-        return _load(args)
-
-    return release_command.run(args, load)
-
-
 class Parser(argparse.ArgumentParser):
     """argparse without prefix matching: `--js` is an error, not `--json`, so an abbreviation in a
     script cannot start meaning another option when one is added. Subparsers inherit the class."""
@@ -388,61 +338,9 @@ class Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
 
-def _add_common(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
-    """The options of every verb that reads the package tree. The root parser holds them with their
-    defaults (so they may come before the verb: `kiln --pkgs DIR build`); each verb holds them with
-    no default, so one given after the verb wins and one given before it is not reset."""
-
-    def default(value: object) -> object:
-        return value if defaults else argparse.SUPPRESS
-
-    parser.add_argument(
-        "--pkgs",
-        action="append",
-        default=default(None),
-        metavar="DIR",
-        help="package tree (default: the project's `pkgs` setting, else its pkgs/; the project is the nearest "
-        "directory up holding kiln-project.yaml, else pkgs/); repeat it to load several trees as one, the "
-        "stock tree first (an extension author's tree after it)",
-    )
-    parser.add_argument(
-        "--platform",
-        default=default(None),
-        help="target platform: linux/amd64 (default; for kiln image, the profiles' arch) or linux/arm64; "
-        "kiln image and kiln release push take a comma-separated list (linux/amd64,linux/arm64)",
-    )
-    parser.add_argument(
-        "--set",
-        action="append",
-        default=default([]),
-        metavar="KEY=VALUE",
-        help="override a template variable (string value); repeatable, wins over vars.yaml",
-    )
-    parser.add_argument(
-        "--release-version",
-        default=default(None),
-        metavar="VERSION",
-        help=f"the release's one version (os-release, machined, manifests, SBOMs, installer tag, ISO label); "
-        f"default ${VERSION_ENV}, the project's version:, else the git describe of the project",
-    )
-    parser.add_argument(
-        "--progress",
-        choices=PROGRESS_MODES,
-        default=default(None),
-        help=f"how builds show progress: auto (a live view on a terminal, else lines; default, or ${PROGRESS_ENV}), "
-        "plain (lines) or tty (the live view even into a pipe)",
-    )
-    parser.add_argument(
-        "--from-tar",
-        default=default(None),
-        metavar="PATH",
-        help="use this root tarball or OCI archive as stage0 instead of debootstrap",
-    )
-
-
 def _common() -> Parser:
     common = Parser(add_help=False)
-    _add_common(common, defaults=False)
+    add_tree_options(common)
     return common
 
 
@@ -454,14 +352,21 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"kiln {__version__}")
-    _add_common(parser, defaults=True)
+    add_tree_options(parser, defaults=True)
     verbs = parser.add_subparsers(dest="verb", metavar="VERB")
     common = _common()
 
     def verb(name: str, handler: Handler, help_text: str) -> argparse.ArgumentParser:
-        sub = verbs.add_parser(name, parents=[common], help=help_text, description=help_text)
+        sub = verbs.add_parser(name, help=help_text, description=help_text)
+        add_tree_options(sub)
         sub.set_defaults(handler=handler)
         return sub
+
+    def room_verb(name: str, room: Any, help_text: str, description: str | None = None) -> None:
+        """A verb of a room's command module: its add_arguments and run."""
+        sub = verbs.add_parser(name, help=help_text, description=description or help_text)
+        room.add_arguments(sub)
+        sub.set_defaults(handler=room.run)
 
     validate = verb(
         "validate", cmd_validate, "check every pkg.yaml of the tree; print all errors as file:line: message"
@@ -599,21 +504,19 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_argument("--json", action="store_true", help="what was written, as JSON")
     kernel.set_defaults(handler=cmd_kernel)
 
-    image = verb(
+    room_verb(
         "image",
-        cmd_image,
+        image_command,
         "build what profiles need, then write their outputs (kiln image iso metal "
         "aws --out DIR); without a profile, vmlinuz and initramfs.zst",
     )
-    image_command.add_arguments(image)
 
-    dev = verb(
+    room_verb(
         "dev",
-        cmd_dev,
+        dev_command,
         "the inner loop: kiln dev boot rebuilds what changed, writes vmlinuz and initramfs.zst to _out/dev "
         "and boots them to machined's ready line, with the time of each phase",
     )
-    dev_command.add_arguments(dev)
 
     init = verb(
         "init",
@@ -631,30 +534,25 @@ def build_parser() -> argparse.ArgumentParser:
     )
     init.add_argument("--author", default="me", help="the extension's author, for its manifest")
 
-    ext = verb(
+    room_verb(
         "extension",
-        cmd_extension,
+        extension_command,
         "the extension author's loop: kiln extension build NAME builds NAME and the kernel, checks it as "
         "kiln image would (paths, Kiln and kernel ranges, vermagic) and writes its layer to _out/extensions",
     )
-    extension_command.add_arguments(ext)
 
-    factory = verb(
+    room_verb(
         "factory",
-        cmd_factory,
+        factory_command,
         "serve images on demand: schematics in, any profile's outputs out, over HTTP (docs/factory.md)",
     )
-    from kiln.factory.command import add_arguments as factory_arguments
 
-    factory_arguments(factory)
-
-    install = verb(
+    room_verb(
         "install",
-        cmd_install,
+        install_command,
         "write a profile's disk layout (default metal) onto a disk or disk "
         "file; a disk that is not empty needs --wipe, one in use is refused",
     )
-    install_command.add_arguments(install)
 
     release = verbs.add_parser(
         "release",
@@ -664,13 +562,12 @@ def build_parser() -> argparse.ArgumentParser:
     release_verbs = release.add_subparsers(dest="release_verb", metavar="ACTION", required=True)
     release_push = release_verbs.add_parser(
         "push",
-        parents=[common],
         help="push an installer image to HOST/REPO:<version> with release annotations (channel, architecture)",
         description="push an installer OCI layout (or its .tar, or an installer profile, built first) to a "
         "registry under the tag of its version, annotated with its channel, architecture and --upgrade-from",
     )
     release_command.add_arguments(release_push)
-    release_push.set_defaults(handler=cmd_release)
+    release_push.set_defaults(handler=release_command.run)
     release_upload = release_verbs.add_parser(
         "upload",
         help="publish a kiln image output directory to a cloud: an AWS AMI (EBS snapshot, copies, SSM parameter)",
@@ -678,12 +575,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     upload_command.add_arguments(release_upload)
     release_upload.set_defaults(handler=upload_command.run)
-
-    def room_verb(name: str, room: Any, help_text: str, description: str | None = None) -> None:
-        """A verb that reads no package tree: its room's add_arguments and run."""
-        sub = verbs.add_parser(name, help=help_text, description=description or help_text)
-        room.add_arguments(sub)
-        sub.set_defaults(handler=room.run)
 
     room_verb("boot", boot_command, "boot an artifact in QEMU and wait for machined's ready line")
     room_verb(
@@ -742,15 +633,16 @@ def build_parser() -> argparse.ArgumentParser:
 COMPLETION_SHELLS = ("bash", "zsh", "fish", "tcsh")
 
 
-def cmd_completion(args: argparse.Namespace) -> int:
+def cmd_completion(ctx: Context[Graph]) -> int:
+    args = ctx.args
     if args.shell == "fish":
         from kiln.core.fish_completion import fish_script
 
-        print(fish_script(build_parser(), "kiln"), end="")
+        print(fish_script(ctx.parser, "kiln"), end="")
         return 0
     import shtab
 
-    print(shtab.complete(build_parser(), shell=args.shell), end="")
+    print(shtab.complete(ctx.parser, shell=args.shell), end="")
     return 0
 
 
@@ -771,9 +663,10 @@ def _main(argv: list[str] | None) -> int:
         parser.print_help()
         return 2
     try:
-        apply_project(args)
+        project = apply_project(args)
+        ctx = Context(args, project, partial(load_graph, args, project), parser)
         with cancel.handlers():  # SIGINT/SIGTERM stop running steps; nothing half done is stored
-            return int(args.handler(args))
+            return int(args.handler(ctx))
     except cancel.Interrupted as exc:
         console.error(str(exc))
         return exc.exit_code

@@ -18,6 +18,7 @@ from kiln.boot.unpack import is_compressed, uncompressed
 from kiln.core.errors import BuildError, InputError
 from kiln.core.paths import cache_dir
 from kiln.core.renamed import renamed
+from kiln.core.verb import Context
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -106,7 +107,8 @@ def blank_disk_size(args: argparse.Namespace) -> str | None:
     return str(size) if size is not None else None
 
 
-def run(args: argparse.Namespace) -> int:
+def run(ctx: Context[object]) -> int:
+    args = ctx.args
     artifact = Path(args.artifact)
     arch = choose_arch(artifact, args.arch)
     print(f"kiln boot: booting as {arch.name} ({arch.why})", file=sys.stderr)

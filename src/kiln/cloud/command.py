@@ -11,6 +11,7 @@ from kiln.cloud import aws
 from kiln.cloud.artifact import CloudImage
 from kiln.core.console import say_line
 from kiln.core.errors import InputError
+from kiln.core.verb import Context
 
 CLOUDS = ("aws",)
 RAW_FORMATS = (".raw",)
@@ -50,7 +51,8 @@ def regions(args: argparse.Namespace) -> list[str]:
     return [str(default)]
 
 
-def run(args: argparse.Namespace) -> int:
+def run(ctx: Context[object]) -> int:
+    args = ctx.args
     if not 1 <= args.workers <= 64:
         raise InputError(f"--workers {args.workers}: choose 1 to 64")
     image = CloudImage.read(args.directory, "aws", RAW_FORMATS)

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import sys
 
+# How builds show progress (kiln.build.progress draws it): --progress, else $KILN_PROGRESS, else auto.
+PROGRESS_MODES = ("auto", "plain", "tty")
+PROGRESS_ENV = "KILN_PROGRESS"
+
 
 def is_terminal() -> bool:
     return sys.stdout.isatty()

@@ -11,6 +11,7 @@ import json
 import sys
 from pathlib import Path
 
+from kiln.core.verb import Context
 from kiln.image import schematic
 
 
@@ -20,7 +21,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="the ID and the canonical form, as JSON")
 
 
-def run(args: argparse.Namespace) -> int:
+def run(ctx: Context[object]) -> int:
+    args = ctx.args
     if str(args.file) == "-":
         loaded = schematic.parse(sys.stdin.read(schematic.MAX_BYTES + 1), "<stdin>")
     else:

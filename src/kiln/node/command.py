@@ -16,6 +16,7 @@ from typing import Any
 
 from kiln.core import console
 from kiln.core.errors import InputError, printable
+from kiln.core.verb import Context
 from kiln.node.client import NodeClient, NodeError, UpgradeRequest
 from kiln.node.config import Flags, Target, resolve
 from kiln.node.rollout import Progress, Reporter, Rollout, rolling_rollback, rolling_upgrade
@@ -108,8 +109,9 @@ def _seconds(text: str) -> float:
     return value
 
 
-def run(args: argparse.Namespace) -> int:
+def run(ctx: Context[object]) -> int:
     """Resolve the config and the flags (exit 2 on a problem), then do the action (exit 1 on a node's failure)."""
+    args = ctx.args
     flags = Flags(args.config, args.context, args.nodes, args.ca, args.cert, args.key)
     if args.node_action == "rollback" and not args.nodes:
         raise InputError("kiln node rollback reboots every node it is given: name them with --nodes A,B")

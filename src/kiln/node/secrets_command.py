@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from kiln.core.errors import InputError, display_path, printable
+from kiln.core.verb import Context
 from kiln.node import pki
 
 
@@ -64,7 +65,8 @@ def _common(parser: argparse.ArgumentParser, force_text: str) -> None:
     parser.add_argument("--json", action="store_true", help="list the files written as JSON")
 
 
-def run(args: argparse.Namespace) -> int:
+def run(ctx: Context[object]) -> int:
+    args = ctx.args
     root = Path(args.dir)
     if args.secrets_action == "generate":
         machines = dict(parse_machine(text) for text in args.machine)

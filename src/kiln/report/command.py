@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 from kiln.core import console
+from kiln.core.verb import Context
 from kiln.report.output import FORMATS, format_for, write
 
 
@@ -41,7 +42,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def run(args: argparse.Namespace) -> int:
+def run(ctx: Context[object]) -> int:
+    args = ctx.args
     if args.report_kind == "timeline":
         return _timeline(args)
     return _sizes(args)

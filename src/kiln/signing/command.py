@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from kiln.core.errors import display_path, printable
+from kiln.core.verb import Context
 from kiln.signing.generate import MAX_NAME, files, generate
 
 
@@ -27,7 +28,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     gen.add_argument("--json", action="store_true", help="list the files written as JSON")
 
 
-def run(args: argparse.Namespace) -> int:
+def run(ctx: Context[object]) -> int:
+    args = ctx.args
     keys = generate(Path(args.dir), common_name=args.name, force=args.force)
     if args.json:
         print(json.dumps({"files": [{"path": str(path), "what": what} for path, what in files(keys)]}, indent=2))

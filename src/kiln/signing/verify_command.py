@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from kiln.core.errors import InputError, KilnError, display_path, printable
+from kiln.core.verb import Context
 from kiln.signing.release import SUMS, fingerprint, load_public_key, verify_directory
 
 ENV = "KILN_RELEASE_KEY"  # the release public key when --key is absent
@@ -33,7 +34,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def run(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> int:
+def run(ctx: Context[object], environ: Mapping[str, str] = os.environ) -> int:
+    args = ctx.args
     try:
         result = _verify(args, environ)
     except KilnError as exc:

@@ -18,12 +18,20 @@ from typing import TYPE_CHECKING, Any
 from kiln import __version__
 from kiln.boot import command as boot_command
 from kiln.build import cancel
+from kiln.build.commands import bootstrap as bootstrap_cmd
+from kiln.build.commands import build as build_cmd
+from kiln.build.commands import export as export_cmd
+from kiln.build.commands import fetch as fetch_cmd
+from kiln.build.commands import log as log_cmd
+from kiln.build.commands import ls as ls_cmd
+from kiln.build.commands import shell as shell_cmd
+from kiln.build.commands import validate as validate_cmd
 from kiln.build.keys import compute_keys
 from kiln.build.progress import set_mode as set_progress_mode
 from kiln.cloud import command as upload_command
 from kiln.core import console
 from kiln.core.environment import help_text as environment_help
-from kiln.core.errors import InputError, InputErrors, KilnError
+from kiln.core.errors import InputErrors, KilnError
 from kiln.core.project import PACKAGE_TREE, PROFILES_DIR, Project
 from kiln.core.project import current as current_project
 from kiln.core.verb import Context
@@ -47,7 +55,7 @@ from kiln.signing import command as keys_command
 from kiln.signing import verify_command
 
 if TYPE_CHECKING:
-    from kiln.build.session import Session
+    pass
 
 Handler = Callable[[Context[Graph]], int]
 # --platform's default. It parses as None so `kiln image` can tell a profile's arch from an explicit --platform.
@@ -70,54 +78,6 @@ def apply_project(args: argparse.Namespace) -> Project:
         if hasattr(args, name) and getattr(args, name) is None:
             setattr(args, name, getattr(project, name) or builtin)
     return project
-
-
-def cmd_validate(ctx: Context[Graph]) -> int:
-    args = ctx.args
-    try:
-        graph = ctx.graph()
-        compute_keys(graph)
-    except KilnError as exc:
-        if not args.json:
-            raise
-        errors = exc.errors if isinstance(exc, InputErrors) else [exc]
-        print(json.dumps({"ok": False, "errors": [error_json(e) for e in errors]}, indent=2))
-        return exc.exit_code
-    if args.json:
-        print(json.dumps({"ok": True, "platform": str(graph.tree.platform), "packages": len(graph.order)}, indent=2))
-    else:
-        print(f"ok: {len(graph.order)} packages valid for {graph.tree.platform}")
-    return 0
-
-
-def error_json(error: KilnError) -> dict[str, Any]:
-    """One error as `--json` prints it: the file and line apart from the message."""
-    where = error.location
-    return {
-        "file": where.file if where else None,
-        "line": where.line if where and where.line else None,
-        "message": error.message,
-    }
-
-
-def cmd_ls(ctx: Context[Graph]) -> int:
-    args = ctx.args
-    graph = ctx.graph()
-    keys = compute_keys(graph)
-    packages = graph.tree.packages
-    if args.json:
-        data = {
-            name: {"variant": p.variant, "version": p.version, "needs": graph.edges[name], "key": keys[name]}
-            for name, p in packages.items()
-        }
-        print(json.dumps(data, indent=2))
-        return 0
-    rows = [
-        [name, p.variant, p.version or "-", ",".join(graph.edges[name]) or "-", keys[name][:12]]
-        for name, p in packages.items()
-    ]
-    console.print_table(f"packages ({graph.tree.platform})", ["name", "variant", "version", "needs", "key"], rows)
-    return 0
 
 
 def cmd_graph(ctx: Context[Graph]) -> int:
@@ -154,121 +114,6 @@ def cmd_dump(ctx: Context[Graph]) -> int:
         print(json.dumps(data, indent=2))
     else:
         print(dump_yaml(data), end="")
-    return 0
-
-
-def cmd_bootstrap(ctx: Context[Graph]) -> int:
-    from kiln.build.session import Session
-
-    session = Session.open(ctx.graph())
-    key = session.bootstrap()
-    print(f"stage0 {key}")
-    return 0
-
-
-def cmd_fetch(ctx: Context[Graph]) -> int:
-    from kiln.build.session import Session
-
-    args = ctx.args
-    graph = ctx.graph()
-    names = graph.closure(args.targets) if args.targets else graph.order
-    fetched = Session.open(graph).fetch(names)
-    if args.json:
-        print(json.dumps({"fetched": fetched, "packages": names}, indent=2))
-    else:
-        print(f"fetched {fetched} source(s) for {len(names)} package(s)")
-    return 0
-
-
-def cmd_build(ctx: Context[Graph]) -> int:
-    from kiln.build.session import Session, choose_progress, failures, outcome_json
-
-    args = ctx.args
-    graph = ctx.graph()
-    if args.all == bool(args.targets):
-        raise InputError("name TARGETs to build, or --all (not both)")
-    targets = list(graph.order) if args.all else args.targets
-    graph.closure(targets)  # unknown names fail here, with a suggestion
-    session = Session.open(graph, args.runner)
-    if args.check or args.deep:
-        return check_build(session, targets, args)
-    outcomes = session.build(
-        targets,
-        args.jobs,
-        choose_progress(json_output=args.json),
-        no_cache=args.no_cache,
-        keep_going=args.keep_going,
-        cache_from=args.cache_from,
-        cache_to=args.cache_to,
-    )
-    failed = failures(outcomes)
-    for outcome in failed:
-        console.error(str(outcome.error))
-    if args.out and not failed:
-        session.export(targets, Path(args.out))
-    if args.json:
-        print(outcome_json(outcomes))
-    return 1 if failed else 0
-
-
-def check_build(session: Session, targets: list[str], args: argparse.Namespace) -> int:
-    """kiln build --check [--deep]: 1 when a rebuild differs from what is stored."""
-    from kiln.build.check import summary_line
-    from kiln.build.session import choose_progress
-
-    if args.no_cache or args.cache_to or args.out:
-        raise InputError("--check compares rebuilds with the store: it takes no --no-cache, --cache-to or --out")
-    checked = session.check(
-        targets,
-        deep=args.deep,
-        jobs=args.jobs,
-        progress=choose_progress(json_output=args.json),
-        say=lambda line: print(f"kiln check: {line}", file=sys.stderr, flush=True),
-    )
-    if args.json:
-        print(json.dumps({"packages": {c.name: c.as_json() for c in checked}}, indent=2))
-    else:
-        for result in checked:
-            print(summary_line(result))
-    return 0 if all(c.same for c in checked) else 1
-
-
-def cmd_shell(ctx: Context[Graph]) -> int:
-    from kiln.build.session import Session, shell
-
-    args = ctx.args
-    graph = ctx.graph()
-    graph.closure([args.target])
-    return shell(Session.open(graph, args.runner), args.target, args.command or ["/bin/bash", "-i"])
-
-
-def cmd_export(ctx: Context[Graph]) -> int:
-    from kiln.build.dockerfile import OUTPUTS
-    from kiln.build.session import Session
-
-    args = ctx.args
-    graph = ctx.graph()
-    names = graph.closure(args.targets)
-    out = Path(args.out)
-    session = Session.open(graph, "none")
-    export = session.export_dockerfile(
-        names, args.targets, out, stage0=args.stage0, network_flags=not args.no_network_flags
-    )
-    print(f"wrote {export.dockerfile} ({len(names)} packages) and its build context in {out}")
-    print(f"build: DOCKER_BUILDKIT=1 docker build --target {OUTPUTS} --output type=local,dest=OUT {out}")
-    return 0
-
-
-def cmd_log(ctx: Context[Graph]) -> int:
-    from kiln.build.builder import logs_dir
-    from kiln.build.store import Store
-    from kiln.core.paths import cache_dir
-
-    args = ctx.args
-    last = logs_dir(Store(cache_dir())) / args.target / "last.log"
-    if not last.exists():
-        raise InputError(f"no build log for '{args.target}' (build it first)")
-    sys.stdout.write(last.read_text(errors="replace"))
     return 0
 
 
@@ -368,12 +213,8 @@ def build_parser() -> argparse.ArgumentParser:
         room.add_arguments(sub)
         sub.set_defaults(handler=room.run)
 
-    validate = verb(
-        "validate", cmd_validate, "check every pkg.yaml of the tree; print all errors as file:line: message"
-    )
-    validate.add_argument("--json", action="store_true", help="the result, or every error, as JSON")
-    ls = verb("ls", cmd_ls, "list packages with variant, version, what they need and their cache key")
-    ls.add_argument("--json", action="store_true", help="machine-readable output")
+    room_verb("validate", validate_cmd, "check every pkg.yaml of the tree; print all errors as file:line: message")
+    room_verb("ls", ls_cmd, "list packages with variant, version, what they need and their cache key")
     graph = verb("graph", cmd_graph, "print the dependency graph (build order), optionally of TARGETs only")
     graph.add_argument("targets", nargs="*", metavar="TARGET", help="limit to these packages and their needs")
     graph.add_argument(
@@ -396,68 +237,12 @@ def build_parser() -> argparse.ArgumentParser:
     dump.add_argument("targets", nargs="*", metavar="TARGET")
     dump.add_argument("--json", action="store_true", help="JSON instead of YAML")
 
-    verb("bootstrap", cmd_bootstrap, "make the stage0 seed root (debootstrap, or --from-tar PATH) and store it")
-    fetch = verb("fetch", cmd_fetch, "download and verify the sources of TARGETs (default: all packages)")
-    fetch.add_argument("targets", nargs="*", metavar="TARGET")
-    fetch.add_argument("--json", action="store_true", help="machine-readable summary")
-    build = verb("build", cmd_build, "build TARGETs and what they need, in parallel, skipping stored keys")
-    build.add_argument("targets", nargs="*", metavar="TARGET")
-    build.add_argument("--all", action="store_true", help="build every package of the tree")
-    build.add_argument(
-        "--jobs", "-j", type=int, metavar="N", help="packages built at once (default 2, or the project's jobs:)"
-    )
-    build.add_argument("--no-cache", action="store_true", help="rebuild even what is stored (not stage0)")
-    build.add_argument(
-        "--check",
-        action="store_true",
-        help="build TARGETs again in a fresh root and compare with their stored outputs file by file; exit 1 "
-        "when one differs (its files and diffoscope reports kept under $KILN_CACHE/check/)",
-    )
-    build.add_argument("--deep", action="store_true", help="with --check: check every package TARGETs need too")
-    build.add_argument("--keep-going", "-k", action="store_true", help="after a failure, build what does not need it")
-    build.add_argument("--out", metavar="DIR", help="export each target's output to DIR/<name>/")
-    build.add_argument("--json", action="store_true", help="print a JSON summary of every package at the end")
-    build.add_argument(
-        "--runner",
-        choices=["sandbox", "docker", "buildkit"],
-        help="where steps run (default sandbox, or the project's runner:): sandbox (bubblewrap), "
-        "docker (an engine at DOCKER_HOST), "
-        "buildkit (the graph as one Dockerfile)",
-    )
-    build.add_argument("--cache-from", metavar="oci://HOST/REPO", help="pull needed entries from this registry first")
-    build.add_argument("--cache-to", metavar="oci://HOST/REPO", help="push the closure's entries to this registry")
-    sh = verb("shell", cmd_shell, "open a shell in TARGET's build root (dependencies merged, sources in place)")
-    sh.add_argument("--runner", choices=["sandbox", "docker"], help="where the root is made (default sandbox)")
-    sh.add_argument("target", metavar="TARGET")
-    sh.add_argument("command", nargs="*", metavar="COMMAND", help="run this instead of an interactive bash")
-    export = verbs.add_parser(
-        "export", help="write the graph for other build systems", description="write the graph for other build systems"
-    )
-    export_kinds = export.add_subparsers(dest="export_kind", metavar="KIND", required=True)
-    dockerfile = export_kinds.add_parser(
-        "dockerfile",
-        parents=[common],
-        help="a multi-stage Dockerfile and build context for TARGETs' closure",
-        description="a multi-stage Dockerfile (one stage per package) and its build context, for BuildKit",
-    )
-    dockerfile.set_defaults(handler=cmd_export)
-    dockerfile.add_argument("targets", nargs="+", metavar="TARGET")
-    dockerfile.add_argument("--out", required=True, metavar="DIR", help="context directory (emptied first)")
-    dockerfile.add_argument(
-        "--stage0",
-        choices=["image", "tar"],
-        default="image",
-        help="seed as the image kiln/stage0:<key> (ARG KILN_STAGE0; default) or as a "
-        "stage0.tar in the context (no image store needed)",
-    )
-    dockerfile.add_argument(
-        "--no-network-flags",
-        action="store_true",
-        help="omit RUN --network= (frontends before dockerfile 1.3); isolate with "
-        "`docker build --network none` instead",
-    )
-    log = verb("log", cmd_log, "print TARGET's last build log")
-    log.add_argument("target", metavar="TARGET")
+    room_verb("bootstrap", bootstrap_cmd, "make the stage0 seed root (debootstrap, or --from-tar PATH) and store it")
+    room_verb("fetch", fetch_cmd, "download and verify the sources of TARGETs (default: all packages)")
+    room_verb("build", build_cmd, "build TARGETs and what they need, in parallel, skipping stored keys")
+    room_verb("shell", shell_cmd, "open a shell in TARGET's build root (dependencies merged, sources in place)")
+    room_verb("export", export_cmd, "write the graph for other build systems")
+    room_verb("log", log_cmd, "print TARGET's last build log")
 
     cache = verbs.add_parser("cache", help="inspect and clean the store", description="inspect and clean the store")
     cache_verbs = cache.add_subparsers(dest="cache_verb", metavar="ACTION", required=True)

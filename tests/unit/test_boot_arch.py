@@ -491,9 +491,10 @@ def test_kiln_boot_keeps_the_machine_running_with_api_or_keep(
     monkeypatch.setattr(boot_command, "boot", fake_boot)
     kernel = kernel_dir(tmp_path / "k", arm64_image())
     for extra in ([], ["--api", "50001"], ["--keep"], ["--keep-running"]):
-        assert boot_command.run(
-            context(parser.parse_args([str(kernel), "--log", str(tmp_path / "l"), "--quiet", *extra]))
-        ) == 0
+        assert (
+            boot_command.run(context(parser.parse_args([str(kernel), "--log", str(tmp_path / "l"), "--quiet", *extra])))
+            == 0
+        )
     assert [kw["until_exit"] for kw in asked] == [False, True, True, True]
 
 

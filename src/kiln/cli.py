@@ -20,6 +20,7 @@ from kiln.boot import command as boot_command
 from kiln.build import cancel
 from kiln.build.commands import bootstrap as bootstrap_cmd
 from kiln.build.commands import build as build_cmd
+from kiln.build.commands import cache as cache_cmd
 from kiln.build.commands import export as export_cmd
 from kiln.build.commands import fetch as fetch_cmd
 from kiln.build.commands import log as log_cmd
@@ -115,18 +116,6 @@ def cmd_dump(ctx: Context[Graph]) -> int:
     else:
         print(dump_yaml(data), end="")
     return 0
-
-
-def cmd_cache(ctx: Context[Graph]) -> int:
-    from kiln.build import cache_cmd
-
-    args = ctx.args
-    if args.cache_verb == "pull":
-        graph = ctx.graph()
-        targets = args.names or list(graph.order)
-        graph.closure(targets)  # unknown names fail here, with a suggestion
-        return cache_cmd.pull(graph, targets, args.ref, json_output=args.json)
-    return cache_cmd.run(args)
 
 
 def cmd_kernel(ctx: Context[Graph]) -> int:
@@ -244,33 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
     room_verb("export", export_cmd, "write the graph for other build systems")
     room_verb("log", log_cmd, "print TARGET's last build log")
 
-    cache = verbs.add_parser("cache", help="inspect and clean the store", description="inspect and clean the store")
-    cache_verbs = cache.add_subparsers(dest="cache_verb", metavar="ACTION", required=True)
-    cache_ls = cache_verbs.add_parser("ls", help="list store entries")
-    cache_ls.add_argument("--json", action="store_true", help="the entries as JSON: key, name, size, files")
-    cache_verify = cache_verbs.add_parser("verify", help="check entries against their recorded file lists")
-    cache_verify.add_argument("keys", nargs="*", metavar="KEY|NAME")
-    cache_verify.add_argument("--json", action="store_true", help="the result as JSON: ok, damaged entries")
-    cache_gc = cache_verbs.add_parser("gc", help="remove stale temporary dirs; with --max-size evict least used")
-    cache_gc.add_argument("--max-size", metavar="SIZE", help="e.g. 20G, 500M")
-    cache_gc.add_argument(
-        "--build-caches", action="store_true", help="also empty the packages' step caches (a step's cache:)"
-    )
-    cache_gc.add_argument("--json", action="store_true", help="what was removed, as JSON")
-    cache_rm = cache_verbs.add_parser("rm", help="remove entries by key (or prefix) or package name")
-    cache_rm.add_argument("keys", nargs="+", metavar="KEY|NAME")
-    cache_rm.add_argument("--json", action="store_true", help="what was removed, as JSON")
-    cache_push = cache_verbs.add_parser("push", help="upload store entries to an OCI registry (default: all)")
-    cache_push.add_argument("ref", metavar="oci://HOST/REPO")
-    cache_push.add_argument("names", nargs="*", metavar="KEY|NAME")
-    cache_push.add_argument("--json", action="store_true", help="how many entries were pushed, as JSON")
-    cache_pull = cache_verbs.add_parser(
-        "pull", parents=[common], help="fetch what TARGETs (default: all packages) need from an OCI registry"
-    )
-    cache_pull.add_argument("ref", metavar="oci://HOST/REPO")
-    cache_pull.add_argument("names", nargs="*", metavar="TARGET")
-    cache_pull.add_argument("--json", action="store_true", help="the keys pulled, as JSON")
-    cache.set_defaults(handler=cmd_cache)
+    room_verb("cache", cache_cmd, "inspect and clean the store")
 
     kernel = verbs.add_parser(
         "kernel",

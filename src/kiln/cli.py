@@ -44,10 +44,10 @@ from kiln.installer import command as install_command
 from kiln.installer import release_command
 from kiln.node import command as node_command
 from kiln.node import secrets_command
+from kiln.pkg import dump_command, eval_command, init_command
 from kiln.pkg.graph import Graph
-from kiln.pkg.options import add_tree_options, load_graph, package_trees
-from kiln.pkg.show import GRAPH_FORMATS, dump_yaml, render_graph
-from kiln.pkg.template import render_string
+from kiln.pkg.options import add_tree_options, load_graph
+from kiln.pkg.show import GRAPH_FORMATS, render_graph
 from kiln.pkg.variables import DEFAULT_PLATFORM, Platform, host_platform
 from kiln.report import command as report_command
 from kiln.report.graph import PICTURE_FORMATS, draw_graph
@@ -96,28 +96,6 @@ def cmd_graph(ctx: Context[Graph]) -> int:
     return 0
 
 
-def cmd_eval(ctx: Context[Graph]) -> int:
-    args = ctx.args
-    graph = ctx.graph()
-    if args.target not in graph.tree.packages:
-        graph.closure([args.target])  # raises with a suggestion
-    context = graph.tree.package_context(graph.tree.packages[args.target])
-    print(render_string(args.template, context))
-    return 0
-
-
-def cmd_dump(ctx: Context[Graph]) -> int:
-    args = ctx.args
-    graph = ctx.graph()
-    names = graph.closure(args.targets) if args.targets else graph.order
-    data = {name: graph.tree.packages[name].canonical() for name in names}
-    if args.json:
-        print(json.dumps(data, indent=2))
-    else:
-        print(dump_yaml(data), end="")
-    return 0
-
-
 def cmd_kernel(ctx: Context[Graph]) -> int:
     from kiln.build.session import Session
     from kiln.kernel import tool
@@ -143,23 +121,6 @@ def cmd_kernel(ctx: Context[Graph]) -> int:
         print(f"{'wrote' if result.changed else 'unchanged:'} {result.written}")
     if output is not None:
         print(f"full .config written to {output}")
-    return 0
-
-
-def cmd_init(ctx: Context[Graph]) -> int:
-    from kiln.pkg.scaffold import create_extension
-
-    args = ctx.args
-    directory = Path(args.directory)
-    stock = package_trees(args)[0]
-    written = create_extension(args.extension, directory, stock, args.kind, args.author, __version__)
-    for path in written:
-        print(path)
-    print(
-        f"kiln init: extension project {args.extension} in {directory}; next: cd {directory} && "
-        f"kiln extension build {args.extension}",
-        file=sys.stderr,
-    )
     return 0
 
 
@@ -215,16 +176,12 @@ def build_parser() -> argparse.ArgumentParser:
     graph.add_argument("-o", "--out", metavar="FILE", help="write to FILE instead of stdout (a png must go to a file)")
     graph.add_argument("--json", action="store_const", dest="format", const="json", help="the same as --format json")
     graph.add_argument("--keys", action="store_true", help="label nodes with their cache keys")
-    ev = verb(
+    room_verb(
         "eval",
-        cmd_eval,
+        eval_command,
         "render a Jinja2 template with TARGET's variables, e.g. kiln eval toolchain-seed '{{ target }}'",
     )
-    ev.add_argument("target", metavar="TARGET")
-    ev.add_argument("template", metavar="TEMPLATE")
-    dump = verb("dump", cmd_dump, "print the rendered, canonical spec of every package (or of TARGETs)")
-    dump.add_argument("targets", nargs="*", metavar="TARGET")
-    dump.add_argument("--json", action="store_true", help="JSON instead of YAML")
+    room_verb("dump", dump_command, "print the rendered, canonical spec of every package (or of TARGETs)")
 
     room_verb("bootstrap", bootstrap_cmd, "make the stage0 seed root (debootstrap, or --from-tar PATH) and store it")
     room_verb("fetch", fetch_cmd, "download and verify the sources of TARGETs (default: all packages)")
@@ -266,21 +223,12 @@ def build_parser() -> argparse.ArgumentParser:
         "and boots them to machined's ready line, with the time of each phase",
     )
 
-    init = verb(
+    room_verb(
         "init",
-        cmd_init,
+        init_command,
         "start an extension project: kiln init --extension NAME DIR writes DIR/kiln-project.yaml (the stock tree "
         "of --pkgs, then its own), pkgs/NAME and a README",
     )
-    init.add_argument("directory", metavar="DIR", help="where to write the project (absent or empty)")
-    init.add_argument("--extension", required=True, metavar="NAME", help="the extension package's name")
-    init.add_argument(
-        "--kind",
-        choices=("service", "module"),
-        default="service",
-        help="service: a static program machined supervises (default); module: an out-of-tree kernel module",
-    )
-    init.add_argument("--author", default="me", help="the extension's author, for its manifest")
 
     room_verb(
         "extension",

@@ -6,13 +6,11 @@ Over 400 lines because the parser of every verb is here; what a verb does lives 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import sys
 from collections.abc import Callable
 from functools import partial
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kiln import __version__
@@ -27,7 +25,6 @@ from kiln.build.commands import log as log_cmd
 from kiln.build.commands import ls as ls_cmd
 from kiln.build.commands import shell as shell_cmd
 from kiln.build.commands import validate as validate_cmd
-from kiln.build.keys import compute_keys
 from kiln.build.progress import set_mode as set_progress_mode
 from kiln.cloud import command as upload_command
 from kiln.core import console
@@ -42,16 +39,14 @@ from kiln.image import dev as dev_command
 from kiln.image import extension_command, schematic_command
 from kiln.installer import command as install_command
 from kiln.installer import release_command
+from kiln.kernel import command as kernel_command
 from kiln.node import command as node_command
 from kiln.node import secrets_command
 from kiln.pkg import dump_command, eval_command, init_command
 from kiln.pkg.graph import Graph
 from kiln.pkg.options import add_tree_options, load_graph
-from kiln.pkg.show import GRAPH_FORMATS, render_graph
-from kiln.pkg.variables import DEFAULT_PLATFORM, Platform, host_platform
 from kiln.report import command as report_command
-from kiln.report.graph import PICTURE_FORMATS, draw_graph
-from kiln.report.output import write
+from kiln.report import graph_command
 from kiln.signing import command as keys_command
 from kiln.signing import verify_command
 
@@ -81,49 +76,6 @@ def apply_project(args: argparse.Namespace) -> Project:
     return project
 
 
-def cmd_graph(ctx: Context[Graph]) -> int:
-    args = ctx.args
-    graph = ctx.graph()
-    names = graph.closure(args.targets) if args.targets else graph.order
-    keys = compute_keys(graph) if args.keys else None
-    out = Path(args.out) if args.out else None
-    if args.format in PICTURE_FORMATS:
-        write(draw_graph(graph, names, args.format, keys), out, args.format)
-    elif out is not None:
-        out.write_text(render_graph(graph, names, args.format, keys) + "\n")
-    else:
-        print(render_graph(graph, names, args.format, keys))
-    return 0
-
-
-def cmd_kernel(ctx: Context[Graph]) -> int:
-    from kiln.build.session import Session
-    from kiln.kernel import tool
-
-    args = ctx.args
-    arch = args.arch or Platform.parse(args.platform or DEFAULT_PLATFORM).arch
-    graph = ctx.graph(str(host_platform()))  # Kconfig is a host program: configured in the host's build root
-    output = Path(args.output) if args.output else None
-    result = tool.run(Session.open(graph), args.kernel_verb, arch, output)
-    if args.json:
-        written = str(result.written) if result.written is not None else None
-        fields = {
-            "arch": arch,
-            "written": written,
-            "changed": result.changed,
-            "output": str(output) if output else None,
-        }
-        print(json.dumps(fields, indent=2))
-        return 0
-    if result.written is None:
-        print("kernel_fragments is set: the main config was left as it is (fragments stay separate)")
-    else:
-        print(f"{'wrote' if result.changed else 'unchanged:'} {result.written}")
-    if output is not None:
-        print(f"full .config written to {output}")
-    return 0
-
-
 class Parser(argparse.ArgumentParser):
     """argparse without prefix matching: `--js` is an error, not `--json`, so an abbreviation in a
     script cannot start meaning another option when one is added. Subparsers inherit the class."""
@@ -131,12 +83,6 @@ class Parser(argparse.ArgumentParser):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
-
-
-def _common() -> Parser:
-    common = Parser(add_help=False)
-    add_tree_options(common)
-    return common
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -149,13 +95,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"kiln {__version__}")
     add_tree_options(parser, defaults=True)
     verbs = parser.add_subparsers(dest="verb", metavar="VERB")
-    common = _common()
-
-    def verb(name: str, handler: Handler, help_text: str) -> argparse.ArgumentParser:
-        sub = verbs.add_parser(name, help=help_text, description=help_text)
-        add_tree_options(sub)
-        sub.set_defaults(handler=handler)
-        return sub
 
     def room_verb(name: str, room: Any, help_text: str, description: str | None = None) -> None:
         """A verb of a room's command module: its add_arguments and run."""
@@ -165,17 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     room_verb("validate", validate_cmd, "check every pkg.yaml of the tree; print all errors as file:line: message")
     room_verb("ls", ls_cmd, "list packages with variant, version, what they need and their cache key")
-    graph = verb("graph", cmd_graph, "print the dependency graph (build order), optionally of TARGETs only")
-    graph.add_argument("targets", nargs="*", metavar="TARGET", help="limit to these packages and their needs")
-    graph.add_argument(
-        "--format",
-        choices=GRAPH_FORMATS + PICTURE_FORMATS,
-        default="dot",
-        help="output format (default: dot); svg and png are drawn by Graphviz's dot",
-    )
-    graph.add_argument("-o", "--out", metavar="FILE", help="write to FILE instead of stdout (a png must go to a file)")
-    graph.add_argument("--json", action="store_const", dest="format", const="json", help="the same as --format json")
-    graph.add_argument("--keys", action="store_true", help="label nodes with their cache keys")
+    room_verb("graph", graph_command, "print the dependency graph (build order), optionally of TARGETs only")
     room_verb(
         "eval",
         eval_command,
@@ -192,22 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     room_verb("cache", cache_cmd, "inspect and clean the store")
 
-    kernel = verbs.add_parser(
-        "kernel",
-        help="edit the kernel config in the kernel's build container",
-        description="edit the kernel config in the kernel's build container",
-    )
-    kernel_verbs = kernel.add_subparsers(dest="kernel_verb", metavar="ACTION", required=True)
-    for action, text in (
-        ("menuconfig", "edit pkgs/kernel/config-ARCH interactively, then save it in savedefconfig form"),
-        ("olddefconfig", "resolve config-ARCH (+ kernel_fragments) against the kernel source; write it back"),
-        ("savedefconfig", "rewrite config-ARCH in minimal (savedefconfig) form"),
-    ):
-        sub = kernel_verbs.add_parser(action, parents=[common], help=text, description=text)
-        sub.add_argument("--arch", choices=["amd64", "arm64"], help="which config (default: --platform's arch)")
-        sub.add_argument("--output", metavar="FILE", help="also write the full resolved .config here")
-        sub.add_argument("--json", action="store_true", help="what was written, as JSON")
-    kernel.set_defaults(handler=cmd_kernel)
+    room_verb("kernel", kernel_command, "edit the kernel config in the kernel's build container")
 
     room_verb(
         "image",

@@ -28,7 +28,6 @@ from kiln.build.commands import validate as validate_cmd
 from kiln.build.progress import set_mode as set_progress_mode
 from kiln.cloud import command as upload_command
 from kiln.core import console
-from kiln.core.environment import help_text as environment_help
 from kiln.core.errors import InputErrors, KilnError
 from kiln.core.project import PACKAGE_TREE, PROFILES_DIR, Project
 from kiln.core.project import current as current_project
@@ -49,6 +48,8 @@ from kiln.report import command as report_command
 from kiln.report import graph_command
 from kiln.signing import command as keys_command
 from kiln.signing import verify_command
+from kiln.usage import completion
+from kiln.usage.environment import help_text as environment_help
 
 if TYPE_CHECKING:
     pass
@@ -228,32 +229,8 @@ def build_parser() -> argparse.ArgumentParser:
         "is the release key's signature over it (docs/release-signing.md)",
     )
 
-    completion = verbs.add_parser(
-        "completion",
-        help="print a shell completion script: source <(kiln completion bash)",
-        description="print a completion script for SHELL (made from this parser: by shtab for bash, zsh and "
-        "tcsh), e.g. `kiln completion bash > /etc/bash_completion.d/kiln`, `source <(kiln completion bash)` or "
-        "`kiln completion fish > ~/.config/fish/completions/kiln.fish`",
-    )
-    completion.add_argument("shell", choices=COMPLETION_SHELLS, metavar="SHELL", help=", ".join(COMPLETION_SHELLS))
-    completion.set_defaults(handler=cmd_completion)
+    room_verb("completion", completion, "print a shell completion script: source <(kiln completion bash)")
     return parser
-
-
-COMPLETION_SHELLS = ("bash", "zsh", "fish", "tcsh")
-
-
-def cmd_completion(ctx: Context[Graph]) -> int:
-    args = ctx.args
-    if args.shell == "fish":
-        from kiln.core.fish_completion import fish_script
-
-        print(fish_script(ctx.parser, "kiln"), end="")
-        return 0
-    import shtab
-
-    print(shtab.complete(ctx.parser, shell=args.shell), end="")
-    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

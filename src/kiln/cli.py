@@ -1,6 +1,7 @@
-"""Command line: argument parsing and dispatch only.
+"""Command line: the global options, the table of verbs and the dispatch; nothing a verb does.
 
-Over 400 lines because the parser of every verb is here; what a verb does lives in its room.
+Each verb is its room's command module, with `add_arguments(parser)` and `run(ctx)` (kiln.core.verb).
+The modules are imported here to build the parser, and import their room's machinery only when they run.
 """
 
 from __future__ import annotations
@@ -9,72 +10,99 @@ import argparse
 import os
 import signal
 import sys
-from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from types import ModuleType
+from typing import Any
 
 from kiln import __version__
-from kiln.boot import command as boot_command
+from kiln.boot import command as boot
 from kiln.build import cancel
-from kiln.build.commands import bootstrap as bootstrap_cmd
-from kiln.build.commands import build as build_cmd
-from kiln.build.commands import cache as cache_cmd
-from kiln.build.commands import export as export_cmd
-from kiln.build.commands import fetch as fetch_cmd
-from kiln.build.commands import log as log_cmd
-from kiln.build.commands import ls as ls_cmd
-from kiln.build.commands import shell as shell_cmd
-from kiln.build.commands import validate as validate_cmd
+from kiln.build.commands import bootstrap, build, cache, export, fetch, log, ls, shell, validate
 from kiln.build.progress import set_mode as set_progress_mode
-from kiln.cloud import command as upload_command
+from kiln.cloud import command as upload
 from kiln.core import console
 from kiln.core.errors import InputErrors, KilnError
-from kiln.core.project import PACKAGE_TREE, PROFILES_DIR, Project
+from kiln.core.project import Project, fill_options
 from kiln.core.project import current as current_project
 from kiln.core.verb import Context
-from kiln.factory import command as factory_command
-from kiln.image import command as image_command
-from kiln.image import dev as dev_command
-from kiln.image import extension_command, schematic_command
-from kiln.installer import command as install_command
+from kiln.factory import command as factory
+from kiln.image import command as image
+from kiln.image import dev, extension_command, schematic_command
+from kiln.installer import command as install
 from kiln.installer import release_command
-from kiln.kernel import command as kernel_command
-from kiln.node import command as node_command
+from kiln.kernel import command as kernel
+from kiln.node import command as node
 from kiln.node import secrets_command
 from kiln.pkg import dump_command, eval_command, init_command
-from kiln.pkg.graph import Graph
 from kiln.pkg.options import add_tree_options, load_graph
-from kiln.report import command as report_command
+from kiln.report import command as report
 from kiln.report import graph_command
-from kiln.signing import command as keys_command
+from kiln.signing import command as keys
 from kiln.signing import verify_command
 from kiln.usage import completion
 from kiln.usage.environment import help_text as environment_help
 
-if TYPE_CHECKING:
-    pass
 
-Handler = Callable[[Context[Graph]], int]
-# --platform's default. It parses as None so `kiln image` can tell a profile's arch from an explicit --platform.
+@dataclass(frozen=True)
+class Verb:
+    """A verb: its command module (or the actions of several rooms it groups, as `kiln release push|upload`)
+    and its help, which is also its description unless the module sets one."""
+
+    name: str
+    module: ModuleType | None
+    help: str
+    actions: tuple[Verb, ...] = ()
 
 
-# What a flag left unset takes when the project file does not say either.
-BUILTIN_DEFAULTS: dict[str, object] = {"jobs": 2, "runner": "sandbox", "cache_from": None, "cache_to": None}
-
-
-def apply_project(args: argparse.Namespace) -> Project:
-    """Fill what the command line left unset: from kiln-project.yaml (found by walking up from the
-    working directory), then the built-in defaults. The tree and profiles are the project's."""
-    set_progress_mode(args.progress)
-    project = current_project()
-    if args.pkgs is None:
-        args.pkgs = [str(project.root / tree) for tree in project.pkgs] or [str(project.root / PACKAGE_TREE)]
-    if getattr(args, "profiles_dir", "") is None:
-        args.profiles_dir = str(project.root / PROFILES_DIR)
-    for name, builtin in BUILTIN_DEFAULTS.items():
-        if hasattr(args, name) and getattr(args, name) is None:
-            setattr(args, name, getattr(project, name) or builtin)
-    return project
+# fmt: off
+VERBS = (
+    Verb("validate", validate, "check every pkg.yaml of the tree; print all errors as file:line: message"),
+    Verb("ls", ls, "list packages with variant, version, what they need and their cache key"),
+    Verb("graph", graph_command, "print the dependency graph (build order), optionally of TARGETs only"),
+    Verb("eval", eval_command,
+         "render a Jinja2 template with TARGET's variables, e.g. kiln eval toolchain-seed '{{ target }}'"),
+    Verb("dump", dump_command, "print the rendered, canonical spec of every package (or of TARGETs)"),
+    Verb("bootstrap", bootstrap, "make the stage0 seed root (debootstrap, or --from-tar PATH) and store it"),
+    Verb("fetch", fetch, "download and verify the sources of TARGETs (default: all packages)"),
+    Verb("build", build, "build TARGETs and what they need, in parallel, skipping stored keys"),
+    Verb("shell", shell, "open a shell in TARGET's build root (dependencies merged, sources in place)"),
+    Verb("export", export, "write the graph for other build systems"),
+    Verb("log", log, "print TARGET's last build log"),
+    Verb("cache", cache, "inspect and clean the store"),
+    Verb("kernel", kernel, "edit the kernel config in the kernel's build container"),
+    Verb("image", image, "build what profiles need, then write their outputs (kiln image iso metal aws --out DIR); "
+         "without a profile, vmlinuz and initramfs.zst"),
+    Verb("dev", dev, "the inner loop: kiln dev boot rebuilds what changed, writes vmlinuz and initramfs.zst to "
+         "_out/dev and boots them to machined's ready line, with the time of each phase"),
+    Verb("init", init_command, "start an extension project: kiln init --extension NAME DIR writes "
+         "DIR/kiln-project.yaml (the stock tree of --pkgs, then its own), pkgs/NAME and a README"),
+    Verb("extension", extension_command, "the extension author's loop: kiln extension build NAME builds NAME and "
+         "the kernel, checks it as kiln image would (paths, Kiln and kernel ranges, vermagic) and writes its layer "
+         "to _out/extensions"),
+    Verb("factory", factory,
+         "serve images on demand: schematics in, any profile's outputs out, over HTTP (docs/factory.md)"),
+    Verb("install", install, "write a profile's disk layout (default metal) onto a disk or disk file; a disk that "
+         "is not empty needs --wipe, one in use is refused"),
+    Verb("release", None, "publish releases to an OCI registry or a cloud", actions=(
+        Verb("push", release_command,
+             "push an installer image to HOST/REPO:<version> with release annotations (channel, architecture)"),
+        Verb("upload", upload,
+             "publish a kiln image output directory to a cloud: an AWS AMI (EBS snapshot, copies, SSM parameter)"),
+    )),
+    Verb("boot", boot, "boot an artifact in QEMU and wait for machined's ready line"),
+    Verb("node", node,
+         "talk to running machines over machined's mutual-TLS API: status, logs, rollback, rolling upgrades"),
+    Verb("secrets", secrets_command,
+         "make a fleet's API certificates: two CAs, machines' (serverAuth) and clients' with a role"),
+    Verb("keys", keys, "make your own Secure Boot, kernel module and release keys"),
+    Verb("report", report, "pictures: a build's timeline (kiln build --json) or what takes the space in an image"),
+    Verb("schematic", schematic_command,
+         "check a schematic and print its ID (what kiln image --schematic records and a factory serves)"),
+    Verb("verify", verify_command, "check DIR against its SHA256SUMS and the release key's signature over it"),
+    Verb("completion", completion, "print a shell completion script: source <(kiln completion bash)"),
+)
+# fmt: on
 
 
 class Parser(argparse.ArgumentParser):
@@ -87,6 +115,7 @@ class Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The global options (the package tree's, which may come before the verb) and every verb of VERBS."""
     parser = Parser(
         prog="kiln",
         description="Build minimal, immutable Linux images from a declarative package graph.",
@@ -95,142 +124,27 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"kiln {__version__}")
     add_tree_options(parser, defaults=True)
-    verbs = parser.add_subparsers(dest="verb", metavar="VERB")
-
-    def room_verb(name: str, room: Any, help_text: str, description: str | None = None) -> None:
-        """A verb of a room's command module: its add_arguments and run."""
-        sub = verbs.add_parser(name, help=help_text, description=description or help_text)
-        room.add_arguments(sub)
-        sub.set_defaults(handler=room.run)
-
-    room_verb("validate", validate_cmd, "check every pkg.yaml of the tree; print all errors as file:line: message")
-    room_verb("ls", ls_cmd, "list packages with variant, version, what they need and their cache key")
-    room_verb("graph", graph_command, "print the dependency graph (build order), optionally of TARGETs only")
-    room_verb(
-        "eval",
-        eval_command,
-        "render a Jinja2 template with TARGET's variables, e.g. kiln eval toolchain-seed '{{ target }}'",
-    )
-    room_verb("dump", dump_command, "print the rendered, canonical spec of every package (or of TARGETs)")
-
-    room_verb("bootstrap", bootstrap_cmd, "make the stage0 seed root (debootstrap, or --from-tar PATH) and store it")
-    room_verb("fetch", fetch_cmd, "download and verify the sources of TARGETs (default: all packages)")
-    room_verb("build", build_cmd, "build TARGETs and what they need, in parallel, skipping stored keys")
-    room_verb("shell", shell_cmd, "open a shell in TARGET's build root (dependencies merged, sources in place)")
-    room_verb("export", export_cmd, "write the graph for other build systems")
-    room_verb("log", log_cmd, "print TARGET's last build log")
-
-    room_verb("cache", cache_cmd, "inspect and clean the store")
-
-    room_verb("kernel", kernel_command, "edit the kernel config in the kernel's build container")
-
-    room_verb(
-        "image",
-        image_command,
-        "build what profiles need, then write their outputs (kiln image iso metal "
-        "aws --out DIR); without a profile, vmlinuz and initramfs.zst",
-    )
-
-    room_verb(
-        "dev",
-        dev_command,
-        "the inner loop: kiln dev boot rebuilds what changed, writes vmlinuz and initramfs.zst to _out/dev "
-        "and boots them to machined's ready line, with the time of each phase",
-    )
-
-    room_verb(
-        "init",
-        init_command,
-        "start an extension project: kiln init --extension NAME DIR writes DIR/kiln-project.yaml (the stock tree "
-        "of --pkgs, then its own), pkgs/NAME and a README",
-    )
-
-    room_verb(
-        "extension",
-        extension_command,
-        "the extension author's loop: kiln extension build NAME builds NAME and the kernel, checks it as "
-        "kiln image would (paths, Kiln and kernel ranges, vermagic) and writes its layer to _out/extensions",
-    )
-
-    room_verb(
-        "factory",
-        factory_command,
-        "serve images on demand: schematics in, any profile's outputs out, over HTTP (docs/factory.md)",
-    )
-
-    room_verb(
-        "install",
-        install_command,
-        "write a profile's disk layout (default metal) onto a disk or disk "
-        "file; a disk that is not empty needs --wipe, one in use is refused",
-    )
-
-    release = verbs.add_parser(
-        "release",
-        help="publish releases to an OCI registry or a cloud",
-        description="publish releases to an OCI registry or a cloud",
-    )
-    release_verbs = release.add_subparsers(dest="release_verb", metavar="ACTION", required=True)
-    release_push = release_verbs.add_parser(
-        "push",
-        help="push an installer image to HOST/REPO:<version> with release annotations (channel, architecture)",
-        description="push an installer OCI layout (or its .tar, or an installer profile, built first) to a "
-        "registry under the tag of its version, annotated with its channel, architecture and --upgrade-from",
-    )
-    release_command.add_arguments(release_push)
-    release_push.set_defaults(handler=release_command.run)
-    release_upload = release_verbs.add_parser(
-        "upload",
-        help="publish a kiln image output directory to a cloud: an AWS AMI (EBS snapshot, copies, SSM parameter)",
-        description="publish a kiln image output directory to a cloud (docs/clouds.md)",
-    )
-    upload_command.add_arguments(release_upload)
-    release_upload.set_defaults(handler=upload_command.run)
-
-    room_verb("boot", boot_command, "boot an artifact in QEMU and wait for machined's ready line")
-    room_verb(
-        "node",
-        node_command,
-        "talk to running machines over machined's mutual-TLS API: status, logs, rollback, rolling upgrades",
-        "talk to running machines over machined's mutual-TLS API (docs/node-client.md)",
-    )
-    room_verb(
-        "secrets",
-        secrets_command,
-        "make a fleet's API certificates: two CAs, machines' (serverAuth) and clients' with a role",
-        "make a fleet's API certificates: a machines CA and a clients CA, each machine's server certificate and "
-        "api: section, each client's certificate (role admin, operator or reader) and kiln node config "
-        "(docs/machine-config.md#the-api)",
-    )
-    room_verb(
-        "keys",
-        keys_command,
-        "make your own Secure Boot, kernel module and release keys",
-        "make your own Secure Boot, kernel module and release keys (docs/secure-boot.md)",
-    )
-    room_verb(
-        "report",
-        report_command,
-        "pictures: a build's timeline (kiln build --json) or what takes the space in an image",
-        "draw a build's timeline from kiln build --json, or measure what takes the space in an image",
-    )
-    room_verb(
-        "schematic",
-        schematic_command,
-        "check a schematic and print its ID (what kiln image --schematic records and a factory serves)",
-        "check a schematic (extensions, kernel arguments, machine config; docs/factory.md) and print its ID, "
-        "the sha256 of its canonical form",
-    )
-    room_verb(
-        "verify",
-        verify_command,
-        "check DIR against its SHA256SUMS and the release key's signature over it",
-        "check that DIR holds exactly the files its SHA256SUMS lists, and that SHA256SUMS.sig "
-        "is the release key's signature over it (docs/release-signing.md)",
-    )
-
-    room_verb("completion", completion, "print a shell completion script: source <(kiln completion bash)")
+    add_verbs(parser.add_subparsers(dest="verb", metavar="VERB"), VERBS)
     return parser
+
+
+def add_verbs(subparsers: argparse._SubParsersAction[Parser], verbs: tuple[Verb, ...]) -> None:
+    for verb in verbs:
+        sub = subparsers.add_parser(verb.name, help=verb.help, description=verb.help)
+        if verb.module is None:
+            add_verbs(sub.add_subparsers(dest=f"{verb.name}_verb", metavar="ACTION", required=True), verb.actions)
+        else:
+            verb.module.add_arguments(sub)
+            sub.set_defaults(handler=verb.module.run)
+
+
+def apply_project(args: argparse.Namespace) -> Project:
+    """The project around the working directory (kiln-project.yaml, found by walking up), with what the
+    command line left unset filled from it (core.project.fill_options); --progress taken."""
+    set_progress_mode(args.progress)
+    project = current_project()
+    fill_options(args, project)
+    return project
 
 
 def main(argv: list[str] | None = None) -> int:

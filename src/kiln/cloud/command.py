@@ -18,6 +18,7 @@ RAW_FORMATS = (".raw",)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = "publish a kiln image output directory to a cloud (docs/clouds.md)"
     parser.add_argument("cloud", choices=CLOUDS, help="the cloud to publish to")
     parser.add_argument("directory", type=Path, metavar="DIR", help="a kiln image output directory (e.g. _out/aws)")
     parser.add_argument(

@@ -11,6 +11,7 @@ given on the command line wins over the file; the environment wins where it has 
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 from dataclasses import dataclass, field
@@ -27,6 +28,8 @@ LEGACY_PROJECT_FILE = "kiln.yaml"
 PACKAGE_TREE = "pkgs"
 PROFILES_DIR = "profiles"
 RUNNERS = ("sandbox", "docker", "buildkit")
+# What a flag left unset takes when the project file does not say either.
+BUILTIN_DEFAULTS: dict[str, object] = {"jobs": 2, "runner": "sandbox", "cache_from": None, "cache_to": None}
 
 
 def find_root(start: Path) -> Path:
@@ -141,3 +144,15 @@ def load_project(root: Path) -> Project:
 def current() -> Project:
     """The project around the working directory."""
     return load_project(find_root(Path(os.getcwd())))
+
+
+def fill_options(args: argparse.Namespace, project: Project) -> None:
+    """Fill what the command line left unset: from the project's file, then the built-in defaults. The
+    package trees (--pkgs) and the profiles directory (--profiles-dir) are the project's."""
+    if args.pkgs is None:
+        args.pkgs = [str(project.root / tree) for tree in project.pkgs] or [str(project.root / PACKAGE_TREE)]
+    if getattr(args, "profiles_dir", "") is None:
+        args.profiles_dir = str(project.root / PROFILES_DIR)
+    for name, builtin in BUILTIN_DEFAULTS.items():
+        if hasattr(args, name) and getattr(args, name) is None:
+            setattr(args, name, getattr(project, name) or builtin)

@@ -13,6 +13,7 @@ import os
 import secrets
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kiln import __version__
 from kiln.core.console import say_line
@@ -20,9 +21,11 @@ from kiln.core.errors import InputError
 from kiln.core.paths import cache_dir
 from kiln.core.release_version import VERSION_VARIABLE
 from kiln.core.verb import Context
-from kiln.factory.server import Limits
 from kiln.pkg.graph import Graph
 from kiln.pkg.options import add_tree_options, package_trees
+
+if TYPE_CHECKING:  # the server is imported when the factory serves, not when a command line is parsed
+    from kiln.factory.server import Limits
 
 TOKEN_ENV = "KILN_FACTORY_TOKEN"
 
@@ -93,6 +96,8 @@ def listen_address(text: str) -> tuple[str, int]:
 
 def limits(args: argparse.Namespace) -> Limits:
     """The server's bounds from the flags: a client may hold a quarter of the connections (at least one)."""
+    from kiln.factory.server import Limits
+
     if args.connections < 1 or args.waiting < 0 or args.rate < 0:
         raise InputError("--connections must be at least 1, --waiting and --rate at least 0")
     burst = max(1, int(args.rate * 5))

@@ -16,6 +16,10 @@ from kiln.image import schematic
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "check a schematic (extensions, kernel arguments, machine config; docs/factory.md) and print its ID, "
+        "the sha256 of its canonical form"
+    )
     parser.add_argument("action", choices=("id",), help="id: check FILE and print its ID")
     parser.add_argument("file", type=Path, metavar="FILE", help="the schematic (YAML or JSON); - for standard input")
     parser.add_argument("--json", action="store_true", help="the ID and the canonical form, as JSON")

@@ -28,6 +28,10 @@ if TYPE_CHECKING:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "push an installer OCI layout (or its .tar, or an installer profile, built first) to a "
+        "registry under the tag of its version, annotated with its channel, architecture and --upgrade-from"
+    )
     add_tree_options(parser)
     parser.add_argument(
         "source",

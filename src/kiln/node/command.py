@@ -31,6 +31,7 @@ LINE_EVERY = 10.0  # plain progress: a line when the state changes, else at most
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """`kiln node ACTION`, each action with the connection flags."""
+    parser.description = "talk to running machines over machined's mutual-TLS API (docs/node-client.md)"
     connection = _connection_flags()
     actions = parser.add_subparsers(dest="node_action", metavar="ACTION", required=True)
     status = actions.add_parser(

@@ -13,6 +13,11 @@ from kiln.node import pki
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """`kiln secrets ACTION DIR`: a new fleet, or one more machine or client in it."""
+    parser.description = (
+        "make a fleet's API certificates: a machines CA and a clients CA, each machine's server certificate and "
+        "api: section, each client's certificate (role admin, operator or reader) and kiln node config "
+        "(docs/machine-config.md#the-api)"
+    )
     actions = parser.add_subparsers(dest="secrets_action", metavar="ACTION", required=True)
     text = "write a fleet's two CAs (machines, clients), machines' API certificates and clients' certificates into DIR"
     gen = actions.add_parser("generate", help=text, description=f"{text} (docs/machine-config.md#the-api)")

@@ -15,6 +15,7 @@ from kiln.report.output import FORMATS, format_for, write
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = "draw a build's timeline from kiln build --json, or measure what takes the space in an image"
     kinds = parser.add_subparsers(dest="report_kind", metavar="KIND", required=True)
     timeline = kinds.add_parser(
         "timeline",

@@ -13,6 +13,7 @@ from kiln.signing.generate import MAX_NAME, files, generate
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """`kiln keys ACTION`: only `generate` so far."""
+    parser.description = "make your own Secure Boot, kernel module and release keys (docs/secure-boot.md)"
     actions = parser.add_subparsers(dest="keys_action", metavar="ACTION", required=True)
     text = "write new Secure Boot (PK, KEK, db), kernel module and release keys into DIR"
     gen = actions.add_parser("generate", help=text, description=f"{text} (docs/secure-boot.md)")

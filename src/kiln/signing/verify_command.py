@@ -22,6 +22,10 @@ ENV = "KILN_RELEASE_KEY"  # the release public key when --key is absent
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "check that DIR holds exactly the files its SHA256SUMS lists, and that SHA256SUMS.sig "
+        "is the release key's signature over it (docs/release-signing.md)"
+    )
     parser.add_argument(
         "directory",
         metavar="DIR|IMAGE",

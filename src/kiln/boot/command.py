@@ -17,8 +17,12 @@ from kiln.boot.qemu import READY, BootResult, Machine, boot, machine_for
 from kiln.boot.unpack import is_compressed, uncompressed
 from kiln.core.errors import BuildError, InputError
 from kiln.core.paths import cache_dir
-from kiln.core.renamed import renamed
+from kiln.core.renamed import Renamed
 from kiln.core.verb import Context
+
+# `--disk` names the target device in kiln install, so here the old spelling is only accepted
+OLD_DISK = Renamed("boot", "--disk SIZE", "--blank-disk SIZE", "old_disk", "kiln install's --disk names a device")
+OLD_KEEP = Renamed("boot", "--keep-running", "--keep", "old_keep")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -50,8 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="give the machine a TPM 2.0 (swtpm, fresh each boot): a UKI's sections are measured into PCR 11",
     )
     parser.add_argument("--blank-disk", metavar="SIZE", help="attach a blank virtio disk of SIZE (e.g. 4G)")
-    # the old spelling; `--disk` names the target device in kiln install, so here it is only accepted
-    parser.add_argument("--disk", dest="old_disk", metavar="SIZE", help=argparse.SUPPRESS)
+    OLD_DISK.add_to(parser, metavar="SIZE")
     parser.add_argument(
         "--disk-file", metavar="PATH", help="attach this qcow2 disk (created with --blank-disk SIZE if missing)"
     )
@@ -70,7 +73,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="after the expected line, keep the machine running (its API forwarded with --api) until it powers "
         "off or Ctrl-C",
     )
-    parser.add_argument("--keep-running", dest="old_keep", action="store_true", help=argparse.SUPPRESS)  # old name
+    OLD_KEEP.add_to(parser, action="store_true")
     parser.add_argument("--memory", default="1024", help="guest memory in MiB (default 1024)")
     parser.add_argument(
         "--accel",
@@ -96,14 +99,7 @@ def _shows_banner(machine: Machine, seconds: float) -> bool:
 
 def blank_disk_size(args: argparse.Namespace) -> str | None:
     """--blank-disk SIZE, or the old --disk SIZE with a word on the new name."""
-    size = renamed(
-        "boot",
-        "--disk SIZE",
-        "--blank-disk SIZE",
-        args.old_disk,
-        args.blank_disk,
-        "kiln install's --disk names a device",
-    )
+    size = OLD_DISK.value(args, args.blank_disk)
     return str(size) if size is not None else None
 
 
@@ -131,7 +127,7 @@ def _boot(args: argparse.Namespace, artifact: Path, arch: str) -> int:
     print(f"kiln boot: {accel.accel} ({accel.why})", file=sys.stderr)
     machine.api_port = args.api
     size = blank_disk_size(args)
-    old_keep = bool(renamed("boot", "--keep-running", "--keep", args.old_keep or None, None))  # both: no clash
+    old_keep = bool(OLD_KEEP.value(args, None))  # both may be given: no clash
     keep = args.keep or old_keep or args.api is not None
     with tempfile.TemporaryDirectory(prefix="kiln-disk-") as tmp:
         if size or args.disk_file:

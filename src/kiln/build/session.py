@@ -20,10 +20,10 @@ from pathlib import Path
 from kiln.build import prefetch
 from kiln.build.bootstrap import ensure_stage0
 from kiln.build.builder import Builder, logs_dir
+from kiln.build.cache_keys import compute_keys, stage0_key
 from kiln.build.check import Checked, check_package
 from kiln.build.dockerfile import Export, Exporter
 from kiln.build.emulation import cannot_run_reason
-from kiln.build.keys import compute_keys, stage0_key
 from kiln.build.progress import LiveProgress, PlainProgress, download_progress
 from kiln.build.progress import live as progress_live
 from kiln.build.rootplan import RootPlan

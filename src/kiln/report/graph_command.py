@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from kiln.build.keys import compute_keys
+from kiln.build.cache_keys import compute_keys
 from kiln.core.verb import Context
 from kiln.pkg.graph import Graph
 from kiln.pkg.options import add_tree_options

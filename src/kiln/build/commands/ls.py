@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from kiln.build.keys import compute_keys
+from kiln.build.cache_keys import compute_keys
 from kiln.core import console
 from kiln.core.verb import Context
 from kiln.pkg.graph import Graph

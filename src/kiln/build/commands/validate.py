@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from kiln.build.keys import compute_keys
+from kiln.build.cache_keys import compute_keys
 from kiln.core.errors import InputErrors, KilnError
 from kiln.core.verb import Context
 from kiln.pkg.graph import Graph

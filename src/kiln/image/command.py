@@ -81,9 +81,9 @@ def run(ctx: Context[Graph]) -> int:
         return kernel_initramfs.run(load(platforms[0] if platforms else DEFAULT_PLATFORM), args)
     from kiln.image.checks import check_packages, with_release_version
     from kiln.image.imager import build_packages, make_images
-    from kiln.image.keys import with_keys
     from kiln.image.manifest import write_release_sums
     from kiln.image.profile import load_profiles, resolve_platform
+    from kiln.image.signing_keys import with_keys
 
     if args.package or args.kind is not None or args.old_output is not None:
         raise InputError(

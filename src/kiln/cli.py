@@ -38,8 +38,7 @@ from kiln.pkg import dump_command, eval_command, init_command
 from kiln.pkg.options import add_tree_options, load_graph
 from kiln.report import command as report
 from kiln.report import graph_command
-from kiln.signing import command as keys
-from kiln.signing import verify_command
+from kiln.signing import keys_command, verify_command
 from kiln.usage import completion
 from kiln.usage.environment import help_text as environment_help
 
@@ -95,7 +94,7 @@ VERBS = (
          "talk to running machines over machined's mutual-TLS API: status, logs, rollback, rolling upgrades"),
     Verb("secrets", secrets_command,
          "make a fleet's API certificates: two CAs, machines' (serverAuth) and clients' with a role"),
-    Verb("keys", keys, "make your own Secure Boot, kernel module and release keys"),
+    Verb("keys", keys_command, "make your own Secure Boot, kernel module and release keys"),
     Verb("report", report, "pictures: a build's timeline (kiln build --json) or what takes the space in an image"),
     Verb("schematic", schematic_command,
          "check a schematic and print its ID (what kiln image --schematic records and a factory serves)"),

@@ -28,7 +28,7 @@ from kiln.core.project import current as current_project
 from kiln.core.verb import Context
 from kiln.factory import command as factory
 from kiln.image import command as image
-from kiln.image import dev, extension_command, schematic_command
+from kiln.image import dev_command, extension_command, schematic_command
 from kiln.installer import command as install
 from kiln.installer import release_command
 from kiln.kernel import command as kernel
@@ -72,7 +72,7 @@ VERBS = (
     Verb("kernel", kernel, "edit the kernel config in the kernel's build container"),
     Verb("image", image, "build what profiles need, then write their outputs (kiln image iso metal aws --out DIR); "
          "without a profile, vmlinuz and initramfs.zst"),
-    Verb("dev", dev, "the inner loop: kiln dev boot rebuilds what changed, writes vmlinuz and initramfs.zst to "
+    Verb("dev", dev_command, "the inner loop: kiln dev boot rebuilds what changed, writes vmlinuz and initramfs.zst to "
          "_out/dev and boots them to machined's ready line, with the time of each phase"),
     Verb("init", init_command, "start an extension project: kiln init --extension NAME DIR writes "
          "DIR/kiln-project.yaml (the stock tree of --pkgs, then its own), pkgs/NAME and a README"),

@@ -31,7 +31,7 @@ from kiln.image import command as image
 from kiln.image import dev_command, extension_command, schematic_command
 from kiln.installer import command as install
 from kiln.installer import release_command
-from kiln.kernel import command as kernel
+from kiln.kconfig import command as kernel
 from kiln.node import command as node
 from kiln.node import secrets_command
 from kiln.pkg import dump_command, eval_command, init_command

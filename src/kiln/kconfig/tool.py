@@ -25,7 +25,7 @@ from pathlib import Path
 
 from kiln.build.session import Session, failures
 from kiln.core.errors import BuildError, InputError
-from kiln.kernel import config as kconfig
+from kiln.kconfig import config as kconfig
 from kiln.pkg.model import Package
 
 PACKAGE = "kernel"

@@ -1,4 +1,4 @@
-"""`kiln kernel menuconfig|olddefconfig|savedefconfig`: the verb over kiln.kernel.tool (arguments, output)."""
+"""`kiln kernel menuconfig|olddefconfig|savedefconfig`: the verb over kiln.kconfig.tool (arguments, output)."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(ctx: Context[Graph]) -> int:
     from kiln.build.session import Session
-    from kiln.kernel import tool
+    from kiln.kconfig import tool
 
     args = ctx.args
     arch = args.arch or Platform.parse(args.platform or DEFAULT_PLATFORM).arch

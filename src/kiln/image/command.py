@@ -143,10 +143,11 @@ def with_schematic(profiles: list[Profile], file: Path | None) -> list[Profile]:
     if file is None:
         return profiles
     from kiln.image import schematic
+    from kiln.image.profile import apply_schematic
 
     loaded = schematic.load(file)
     say_line(f"schematic {loaded.id} ({file})")
-    return [schematic.apply(profile, loaded) for profile in profiles]
+    return [apply_schematic(profile, loaded) for profile in profiles]
 
 
 def run_platforms(

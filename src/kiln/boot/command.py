@@ -6,7 +6,6 @@ import argparse
 import json
 import math
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
@@ -15,6 +14,7 @@ from kiln.boot.accel import choose as choose_accel
 from kiln.boot.arch import ARCHES, choose_arch
 from kiln.boot.qemu import READY, BootResult, Machine, boot, machine_for
 from kiln.boot.unpack import is_compressed, uncompressed
+from kiln.core.console import say_line
 from kiln.core.errors import BuildError, InputError
 from kiln.core.paths import cache_dir
 from kiln.core.renamed import Renamed
@@ -107,10 +107,10 @@ def run(ctx: Context[object]) -> int:
     args = ctx.args
     artifact = Path(args.artifact)
     arch = choose_arch(artifact, args.arch)
-    print(f"kiln boot: booting as {arch.name} ({arch.why})", file=sys.stderr)
+    say_line(f"kiln boot: booting as {arch.name} ({arch.why})")
     with tempfile.TemporaryDirectory(prefix="kiln-boot-") as work:
         if is_compressed(artifact):
-            print(f"kiln boot: unpacking {artifact.name}", file=sys.stderr)
+            say_line(f"kiln boot: unpacking {artifact.name}")
         return _boot(args, uncompressed(artifact, Path(work)), arch.name)
 
 
@@ -124,7 +124,7 @@ def _boot(args: argparse.Namespace, artifact: Path, arch: str) -> int:
     machine.memory = args.memory
     accel = choose_accel(args.accel, machine, _shows_banner)
     machine.accel = accel.accel
-    print(f"kiln boot: {accel.accel} ({accel.why})", file=sys.stderr)
+    say_line(f"kiln boot: {accel.accel} ({accel.why})")
     machine.api_port = args.api
     size = blank_disk_size(args)
     old_keep = bool(OLD_KEEP.value(args, None))  # both may be given: no clash
@@ -146,11 +146,9 @@ def _boot(args: argparse.Namespace, artifact: Path, arch: str) -> int:
 
         def running(found: BootResult) -> None:
             api = f"; machined's API on https://127.0.0.1:{args.api}" if args.api is not None else ""
-            print(
+            say_line(
                 f"kiln boot: {args.expect!r} after {found.seconds:.1f} s{api}; the machine runs until it powers "
-                "off (Ctrl-C stops it)",
-                file=sys.stderr,
-                flush=True,
+                "off (Ctrl-C stops it)"
             )
 
         result = boot(
@@ -171,7 +169,7 @@ def _boot(args: argparse.Namespace, artifact: Path, arch: str) -> int:
         return 0 if result.ok else 1
     if result.ok:
         what = "powered off" if keep else f"{args.expect!r} after {result.seconds:.1f} s"
-        print(f"kiln boot: {what} (console log: {log})", file=sys.stderr)
+        say_line(f"kiln boot: {what} (console log: {log})")
         return 0
     tail = "\n".join(result.tail)
     raise BuildError(f"boot failed: {result.reason}; last {len(result.tail)} console lines (full log: {log}):\n{tail}")

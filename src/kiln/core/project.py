@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kiln.core import console
 from kiln.core.errors import InputError, InputErrors, KilnError, Location
 from kiln.core.schema import suggest
 from kiln.core.yamlfile import Positioned, read_yaml_file
@@ -53,10 +53,9 @@ def project_file(root: Path) -> Path | None:
         return path
     legacy = root / LEGACY_PROJECT_FILE
     if legacy.is_file():
-        print(
+        console.warning(
             f"kiln: {legacy} is read as the project file; rename it {PROJECT_FILE} "
-            f"({LEGACY_PROJECT_FILE} is the name of a machine's config)",
-            file=sys.stderr,
+            f"({LEGACY_PROJECT_FILE} is the name of a machine's config)"
         )
         return legacy
     return None

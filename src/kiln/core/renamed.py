@@ -8,10 +8,10 @@ needs it, so the word on stderr comes where the option is used."""
 from __future__ import annotations
 
 import argparse
-import sys
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from kiln.core import console
 from kiln.core.errors import InputError
 
 T = TypeVar("T")
@@ -45,5 +45,5 @@ def renamed(verb: str, old: str, new: str, old_value: T | None, new_value: T | N
         return new_value
     if new_value is not None:
         raise InputError(f"{old.split()[0]} is the old name of {new.split()[0]}: give one of them")
-    print(f"kiln {verb}: {old} is now {new}{f' ({why})' if why else ''}", file=sys.stderr)
+    console.warning(f"kiln {verb}: {old} is now {new}{f' ({why})' if why else ''}")
     return old_value

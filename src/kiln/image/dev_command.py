@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from dataclasses import replace
 from pathlib import Path
 
 from kiln.boot import command as boot_command
 from kiln.boot.accel import ACCELS
+from kiln.core.console import say_line
 from kiln.core.verb import Context
 from kiln.image import kernel_initramfs
 from kiln.pkg.graph import Graph
@@ -74,10 +74,9 @@ def run(ctx: Context[Graph]) -> int:
         print(json.dumps(report | {"console_log": str(out / "console.log")}, indent=2))
     elif not args.keep:
         what = ", ".join(rebuilt) if rebuilt else "nothing"
-        print(
+        say_line(
             f"kiln dev: built {what} in {phases['build']} s, image {phases['image']} s, boot to ready "
-            f"{phases['boot']} s: {phases['total']} s in all",
-            file=sys.stderr,
+            f"{phases['boot']} s: {phases['total']} s in all"
         )
     return code
 

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 from kiln import __version__
+from kiln.core.console import say_line
 from kiln.core.verb import Context
 from kiln.pkg.graph import Graph
 from kiln.pkg.options import add_tree_options, package_trees
@@ -34,9 +34,8 @@ def run(ctx: Context[Graph]) -> int:
     written = create_extension(args.extension, directory, stock, args.kind, args.author, __version__)
     for path in written:
         print(path)
-    print(
+    say_line(
         f"kiln init: extension project {args.extension} in {directory}; next: cd {directory} && "
-        f"kiln extension build {args.extension}",
-        file=sys.stderr,
+        f"kiln extension build {args.extension}"
     )
     return 0

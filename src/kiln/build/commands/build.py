@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -91,7 +90,7 @@ def check_build(session: Session, targets: list[str], args: argparse.Namespace) 
         deep=args.deep,
         jobs=args.jobs,
         progress=choose_progress(json_output=args.json),
-        say=lambda line: print(f"kiln check: {line}", file=sys.stderr, flush=True),
+        say=lambda line: console.say_line(f"kiln check: {line}"),
     )
     if args.json:
         print(json.dumps({"packages": {c.name: c.as_json() for c in checked}}, indent=2))

@@ -452,3 +452,23 @@ func TestEveryConfigFieldIsASection(t *testing.T) {
 		t.Error("require_signatures: none, false and true are three settings")
 	}
 }
+
+// Where the next boot's config comes from: the kept one, unless the command line or a platform's
+// user data (not a drive's, which a kept config outranks) gives another.
+func TestKeptConfigReplacedAtTheNextBoot(t *testing.T) {
+	aws, nocloud := mustLookup(t, "aws"), mustLookup(t, "nocloud")
+	for _, c := range []struct {
+		m    *machine
+		want string
+	}{
+		{&machine{params: map[string]string{}, configSource: "/dev/sr0:kiln.json"}, ""},
+		{&machine{params: map[string]string{paramConfig: "/etc/kiln.yaml"}}, "kiln.config=/etc/kiln.yaml"},
+		{&machine{params: map[string]string{}, configSource: "aws:user-data", platform: &platformState{impl: aws}}, "the platform's user data"},
+		{&machine{params: map[string]string{}, configSource: "nocloud:user-data", platform: &platformState{impl: nocloud, fromConfigDrive: true}}, ""},
+		{&machine{params: map[string]string{paramConfigDrive: "replace"}}, "kiln.config.drive=replace (any config drive there at boot)"},
+	} {
+		if got := c.m.keptConfigReplaced(); got != c.want {
+			t.Errorf("%+v: %q, want %q", c.m.params, got, c.want)
+		}
+	}
+}

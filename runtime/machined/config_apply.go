@@ -199,8 +199,8 @@ func (m *machine) keptConfigReplaced() string {
 	switch {
 	case m.params[paramConfig] != "":
 		return paramConfig + "=" + configSourceName(m.params[paramConfig])
-	case m.platform != nil && m.configSource == m.platform.name()+":user-data":
-		return "the platform's user data"
+	case m.platform != nil && !m.platform.fromConfigDrive && m.configSource == m.platform.name()+":user-data":
+		return "the platform's user data" // a drive's (nocloud) follows the config drive's rule
 	case m.params[paramConfigDrive] == configDriveReplace:
 		return paramConfigDrive + "=" + configDriveReplace + " (any config drive there at boot)"
 	}

@@ -260,7 +260,8 @@ func TestApplyConfigAutoAppliesLiveAndStagesTheRest(t *testing.T) {
 	}
 	want := map[string]string{"hostname": sectionApplied, "network": sectionApplied, "allow_unsigned": sectionApplied,
 		"install": sectionStaged, "services": sectionStaged, "api": sectionUnchanged, "time": sectionUnchanged,
-		"registries": sectionUnchanged, "release_keys": sectionUnchanged, "require_signatures": sectionUnchanged}
+		"registries": sectionUnchanged, "release_keys": sectionUnchanged, "require_signatures": sectionUnchanged,
+		"health": sectionUnchanged}
 	if got := results(report); !reflect.DeepEqual(got, want) {
 		t.Errorf("sections %v\nwant %v", got, want)
 	}

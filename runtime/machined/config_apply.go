@@ -89,8 +89,9 @@ func never(why string) func(running, next *Config) string {
 func now(running, next *Config) string { return "" }
 
 // configSections are the config's top-level fields in the order the documentation lists them.
-// hostname, network and time reach their controllers through config/machine; registries and
-// the signature policy are read whenever an upgrade starts (runningConfig).
+// hostname, network and time reach their controllers through config/machine; the health checks
+// are read at each health verdict, registries and the signature policy whenever an upgrade starts
+// (runningConfig).
 var configSections = []configSection{
 	{"hostname", func(c *Config) interface{} { return c.Hostname }, func(r, n *Config) { r.Hostname = n.Hostname },
 		func(running, next *Config) string {
@@ -113,6 +114,7 @@ var configSections = []configSection{
 			}
 			return ""
 		}},
+	{"health", func(c *Config) interface{} { return c.Health }, func(r, n *Config) { r.Health = n.Health }, now},
 	{"registries", func(c *Config) interface{} { return c.Registries }, func(r, n *Config) { r.Registries = n.Registries }, now},
 	{"release_keys", func(c *Config) interface{} { return c.ReleaseKeys }, func(r, n *Config) { r.ReleaseKeys = n.ReleaseKeys }, now},
 	{"require_signatures", func(c *Config) interface{} { return c.RequireSignatures },

@@ -673,7 +673,8 @@ def build_parser() -> argparse.ArgumentParser:
     release_push.set_defaults(handler=cmd_release)
     release_upload = release_verbs.add_parser(
         "upload",
-        help="publish a kiln image output directory to a cloud: an AWS AMI (EBS snapshot, copies, SSM parameter)",
+        help="publish a kiln image output directory to a cloud: an AWS AMI (EBS snapshot, copies, SSM "
+        "parameter) or an Azure page blob (the VHD, and the az command that makes its image)",
         description="publish a kiln image output directory to a cloud (docs/clouds.md)",
     )
     upload_command.add_arguments(release_upload)

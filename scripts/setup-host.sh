@@ -6,7 +6,7 @@
 # images needs (IMAGE_PACKAGES: the sandbox, debootstrap, the archivers, GRUB, xorriso, mtools,
 # the strip of each arch, qemu-user for arm64's cross-built test steps), for a CI job that builds
 # and uploads images (docs/ci.md); without it, everything the tests need too (QEMU system
-# emulators and firmware, swtpm, the signing tools, the installer's file systems, Go, ...).
+# emulators and firmware, swtpm, the signing tools, the installer's file systems, Go, Azurite, ...).
 set -eu
 IMAGE_PACKAGES="python3-venv git bubblewrap debootstrap util-linux tar xz-utils zstd lzip gzip cpio
   squashfs-tools kmod grub-common grub-pc-bin grub-efi-amd64-bin xorriso mtools dosfstools fdisk
@@ -18,8 +18,12 @@ PACKAGES="python3-venv graphviz fonts-dejavu-core fish diffoscope-minimal bubble
   qemu-system-arm qemu-efi-aarch64 qemu-user-static binutils-aarch64-linux-gnu
   osslsigncode sbsigntool efitools systemd-boot-efi shim-unsigned swtpm swtpm-tools binutils
   libtss2-esys-3.0.2-0 libtss2-tcti-swtpm0 libtss2-rc0 chromium"
+# Azurite, Microsoft's Azure Storage emulator (npm), which `kiln release upload azure`'s tests start
+# themselves. 3.35.0 is the newest release that runs on Node 20 (3.36 asks for Node 21 or later).
+AZURITE_VERSION=3.35.0
+TEST_TOOLS=1
 case "${1:-}" in
-    --image) PACKAGES=$IMAGE_PACKAGES ;;
+    --image) PACKAGES=$IMAGE_PACKAGES; TEST_TOOLS="" ;;
     "") ;;
     *) echo "usage: $0 [--image]" >&2; exit 2 ;;
 esac
@@ -46,6 +50,18 @@ fi
 if [ -n "$missing" ]; then
     echo "setup-host: installing$missing"
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends $missing
+fi
+
+# Azurite from npm, unless this version is installed already. npm comes with NodeSource's nodejs;
+# Debian's own nodejs (18) needs its npm package beside it.
+if [ -n "$TEST_TOOLS" ] && [ "$(azurite --version 2>/dev/null || true)" != "$AZURITE_VERSION" ]; then
+    if ! command -v npm >/dev/null 2>&1; then
+        echo "setup-host: installing nodejs npm (for Azurite)"
+        $SUDO apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends nodejs npm
+    fi
+    echo "setup-host: installing azurite@$AZURITE_VERSION (npm)"
+    $SUDO npm install --global --no-audit --no-fund --loglevel=error "azurite@$AZURITE_VERSION"
 fi
 
 # Cross builds run their packages' test steps through qemu-user: register its binfmt handler

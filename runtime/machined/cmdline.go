@@ -9,14 +9,18 @@ import (
 const (
 	paramConfig       = "kiln.config"             // path or http(s) URL of the machine config
 	paramDisk         = "kiln.disk"               // the disk machined owns (/dev/vda), or "none" to stay diskless
-	paramTest         = "kiln.test"               // "poweroff": power off once ready (end-to-end tests)
+	paramTest         = "kiln.test"               // "poweroff": power off once ready; "crash": exit once ready (end-to-end tests)
 	paramSlot         = "kiln.slot"               // the A/B slot GRUB booted (disk images only)
 	paramTrial        = "kiln.trial_timeout"      // seconds a trial slot may take to reach ready before machined reboots
 	paramTrialNetwork = "kiln.trial_network_wait" // seconds a trial boot waits for an address before it is judged unhealthy
+	paramTrialGrace   = "kiln.trial_grace"        // seconds a trial slot must stay healthy after ready to become the default
 	paramPlatform     = "kiln.platform"           // where the machine runs: metal, aws, gcp, azure, ... (its metadata source)
 	// "replace": a config drive replaces the config kept on STATE (by default only the first boot's does)
 	paramConfigDrive = "kiln.config.drive"
 )
+
+// testCrash is kiln.test='s value that makes machined exit right after the ready line.
+const testCrash = "crash"
 
 // parseCmdline splits /proc/cmdline into key=value pairs the way the kernel does:
 // whitespace separates, double quotes group; a bare word maps to "". Later ones win.

@@ -27,6 +27,7 @@ type Config struct {
 	// Registries says how to reach the registries (and tarball hosts) upgrades pull from.
 	Registries []RegistryConfig `json:"registries,omitempty"`
 	Time       TimeConfig       `json:"time,omitempty"`
+	Health     HealthConfig     `json:"health,omitempty"` // checks a trial slot must pass before it becomes the default
 	// ReleaseKeys are the Ed25519 public keys (PEM, PKIX) an upgrade's image must be signed by,
 	// one of them; without any, upgrades are refused unless AllowUnsigned.
 	ReleaseKeys []string `json:"release_keys,omitempty"`
@@ -174,6 +175,9 @@ func (c *Config) validate() error {
 		hosts[r.Host] = true
 	}
 	if _, err := c.releaseKeys(); err != nil {
+		return err
+	}
+	if err := c.Health.validate(); err != nil {
 		return err
 	}
 	if err := c.checkUpgradePolicy(); err != nil {

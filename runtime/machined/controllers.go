@@ -23,12 +23,18 @@ const (
 	networkStatusID = "applied" // the one network status resource
 
 	configOwner = "config"
+
+	readyType  resource.Type = "machine/ready" // the ready line's facts, once the machine is ready
+	readyID                  = "machine"
+	readyOwner               = "boot"
 )
 
 // machineConfigSpec is the part of the machine config the controllers read, and where it came from.
 type machineConfigSpec struct {
-	Source  string                `json:"source"`
-	Network network.NetworkConfig `json:"network"`
+	Source      string                `json:"source"`
+	Network     network.NetworkConfig `json:"network"`
+	Hostname    string                `json:"hostname,omitempty"`     // the hostname controller's (config_live.go)
+	TimeServers []string              `json:"time_servers,omitempty"` // the time controller's
 }
 
 // networkStatusSpec says which machine config version's network is applied.
@@ -70,11 +76,19 @@ func (c *networkController) Reconcile(ctx context.Context, r *resource.Run) erro
 func (m *machine) startControllers(net networkApplier) {
 	m.resources = resource.NewState()
 	rt := resource.NewRuntime(m.resources, m.con.printf)
-	if err := m.resources.Claim(machineConfigType, configOwner); err != nil {
-		m.fatal("resources: %v", err)
+	owners := map[resource.Type]string{machineConfigType: configOwner, healthType: healthOwner, readyType: readyOwner}
+	for t, owner := range owners {
+		if err := m.resources.Claim(t, owner); err != nil {
+			m.fatal("resources: %v", err)
+		}
 	}
 	if err := rt.Register(&networkController{net: net, wait: 5 * time.Second}); err != nil {
 		m.fatal("resources: %v", err)
+	}
+	for _, c := range m.liveControllers() {
+		if err := rt.Register(c); err != nil {
+			m.fatal("resources: %v", err)
+		}
 	}
 	safego.Go("controllers", func() { rt.Run(context.Background()) })
 }
@@ -82,7 +96,7 @@ func (m *machine) startControllers(net networkApplier) {
 // publishConfig puts the config the machine has now as the machine config resource and
 // returns its version (unchanged when the config is).
 func (m *machine) publishConfig() uint64 {
-	spec := machineConfigSpec{Source: m.configSource, Network: m.cfg.Network}
+	spec := configSpec(m.configSource, m.cfg)
 	if _, err := m.resources.Put(configOwner, machineConfigType, machineConfigID, spec); err != nil {
 		m.con.printf("config: %v", err)
 	}
@@ -122,7 +136,7 @@ type apiResource struct {
 }
 
 // resourceTypes are the types the machine has, in the order GET /v1/resources lists them.
-var resourceTypes = []resource.Type{machineConfigType, networkStatusType}
+var resourceTypes = []resource.Type{machineConfigType, networkStatusType, healthType, readyType}
 
 // Resources lists the machine's resources of type t (every type when t is ""); none before
 // the boot has made its state.
@@ -136,7 +150,7 @@ func (m *machine) Resources(t string) []apiResource {
 			continue
 		}
 		for _, r := range m.resources.List(rt) {
-			out = append(out, apiResource{Type: string(r.Type), ID: r.ID, Version: r.Version, Phase: r.Phase.String(), Owner: r.Owner, Spec: r.Spec})
+			out = append(out, apiResourceOf(r))
 		}
 	}
 	return out

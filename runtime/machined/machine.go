@@ -38,6 +38,7 @@ type machine struct {
 	schematic     string // the image's schematic ID (kiln image --schematic), "" for none
 	net           *network.Network
 	resources     *resource.State        // the machine's resources, which its controllers keep (controllers.go)
+	live          liveConfig             // the config it runs now, and applying a new one (config_apply.go)
 	supMu         sync.Mutex             // guards sup: a failed upgrade's resume replaces it while the API reads it
 	sup           *supervisor.Supervisor // read through currentSupervisor()
 	apiAddr       string                 // "" when the API is off
@@ -135,8 +136,13 @@ func (m *machine) boot() {
 	m.phases.mark("services")
 	m.con.printf("boot: %s", m.phases.describe(uptime()))
 	m.ready()
-	if m.params[paramTest] == actionPoweroff {
+	switch m.params[paramTest] {
+	case actionPoweroff:
 		m.shutdown(actionPoweroff)
+	case testCrash:
+		// what a machined that dies after ready looks like: PID 1 gone, the kernel panics
+		m.con.printf("test: machined exits after ready, as a crash would")
+		os.Exit(1)
 	}
 	for action := range m.power {
 		m.shutdown(action)
@@ -338,12 +344,33 @@ func (m *machine) startAPI() {
 // readyLine is the one line the boot harness waits for, exactly as the boot contract specifies it
 // (tests match it whole); whether the API is on is said on the line before it.
 func (m *machine) readyLine() string {
+	r := m.readySpec()
+	return fmt.Sprintf("machined ready: version=%s kernel=%s extensions=[%s] var=%s platform=%s",
+		r.Version, r.Kernel, strings.Join(r.Extensions, ","), r.Var, r.Platform)
+}
+
+// readySpec is the ready line as a resource (machine/ready): what came up, from where.
+type readySpec struct {
+	Version    string   `json:"version"`
+	Kernel     string   `json:"kernel"`
+	Extensions []string `json:"extensions"`
+	Var        string   `json:"var"`
+	Platform   string   `json:"platform"`
+}
+
+func (m *machine) readySpec() readySpec {
 	names := make([]string, len(m.extensions))
 	for i, e := range m.extensions {
 		names[i] = e.Name
 	}
-	return fmt.Sprintf("machined ready: version=%s kernel=%s extensions=[%s] var=%s platform=%s",
-		m.version, m.kernel, strings.Join(names, ","), m.varSource, m.platform.name())
+	return readySpec{Version: m.version, Kernel: m.kernel, Extensions: names, Var: m.varSource, Platform: m.platform.name()}
+}
+
+// publishReady puts the ready line's facts as the machine/ready resource, just before the line.
+func (m *machine) publishReady() {
+	if _, err := m.resources.Put(readyOwner, readyType, readyID, m.readySpec()); err != nil {
+		m.con.printf("ready: %v", err)
+	}
 }
 
 // watchTrial reboots a trial boot that does not reach ready in time, so that GRUB counts the
@@ -372,19 +399,16 @@ func (m *machine) watchTrial() {
 }
 
 func (m *machine) ready() {
-	// ready means config applied and services started: a trial slot that is also healthy
-	// (trial.go) is good from here on, and it is the default before the ready line says so
+	// ready means config applied and services started. A trial slot that cannot be healthy
+	// (trial.go) reboots before the ready line; one that can becomes the default once its
+	// health has held for the grace period (health.go)
 	if m.slots.bootedAs() == "trial" {
 		if problems := m.trialProblems(); len(problems) > 0 {
 			m.failTrial(problems)
 			return
 		}
 	}
-	if err := m.slots.markGood(m.version); err != nil {
-		m.con.printf("boot: slot %s reached ready but could not be made the default: %v", m.slots.slot, err)
-	} else if m.slots.markedGood() {
-		m.con.printf("boot: slot %s reached ready and is the default now", m.slots.slot)
-	}
+	m.watchHealth(time.Now())
 	if m.isReady != nil {
 		close(m.isReady)
 	}
@@ -393,6 +417,7 @@ func (m *machine) ready() {
 	} else {
 		m.con.printf("api: off (no api certificates in the machine config)")
 	}
+	m.publishReady()
 	m.con.line(m.readyLine())
 	m.reportPlatformReady()
 }
@@ -404,17 +429,11 @@ func (m *machine) startClock() {
 		m.con.printf("time: sync is off (time.disabled)")
 		return
 	}
-	chosen := func() []string {
-		if len(m.cfg.Time.Servers) > 0 {
-			return m.cfg.Time.Servers
-		}
-		if servers := platformTimeNTP[m.platform.name()]; len(servers) > 0 {
-			return servers
-		}
-		return m.net.NTPServers()
-	}
-	m.clock = ntp.New(chosen(), m.con.printf)
-	clock := m.clock
+	chosen := func() []string { return m.chooseTimeServers(m.runningConfig().Time.Servers) }
+	clock := ntp.New(chosen(), m.con.printf)
+	m.live.clockMu.Lock()
+	m.clock = clock // the time controller reads it (config_live.go)
+	m.live.clockMu.Unlock()
 	safego.Go("time sync", func() { clock.Run(context.Background()) })
 	safego.Go("time servers", func() {
 		for range time.Tick(30 * time.Second) {

@@ -139,7 +139,9 @@ func (s *slots) markGood(version string) error {
 const rollbackTries = 3
 
 // rollback puts the other slot on trial (it must hold a kernel): it becomes the default once
-// it is ready and healthy, and GRUB falls back to this slot should it fail. The caller reboots.
+// it is ready and healthy, and GRUB falls back to this slot should it fail. A boot that is
+// itself on trial gives its trial up instead, so the reboot returns to the default slot. The
+// caller reboots.
 func (s *slots) rollback() (string, error) {
 	if s == nil || s.slot == "" {
 		return "", errors.New("this machine did not boot from an A/B disk")
@@ -154,6 +156,9 @@ func (s *slots) rollback() (string, error) {
 		return "", fmt.Errorf("slot %s did not reach ready when it was tried and was rolled back; it is no system to return to", other)
 	}
 	st := s.state
+	if s.booted == "trial" && st.GiveUp(s.slot) {
+		return other, s.replaceState(st) // the reboot returns to the default slot
+	}
 	err := s.withBoot(syscall.MS_RDONLY, func(dir string) error {
 		_, err := os.Stat(filepath.Join(dir, other, "boot.cfg"))
 		return err
@@ -164,13 +169,18 @@ func (s *slots) rollback() (string, error) {
 	if err := st.Try(other, st.Versions[other], rollbackTries); err != nil {
 		return "", err
 	}
+	return other, s.replaceState(st)
+}
+
+// replaceState writes st as the boot state, keeping the old one should the write fail (under mu).
+func (s *slots) replaceState(st bootstate.State) error {
 	old := s.state
 	s.state = st
 	if err := s.write(); err != nil {
 		s.state = old
-		return "", err
+		return err
 	}
-	return other, nil
+	return nil
 }
 
 // status is the boot section of /v1/status.

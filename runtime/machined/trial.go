@@ -7,7 +7,6 @@ package main
 
 import (
 	"fmt"
-	"net"
 	"strconv"
 	"strings"
 	"syscall"
@@ -24,13 +23,7 @@ func (m *machine) trialProblems() []string {
 // trialVerdict judges a trial boot: its config was read (no fallback to defaults), the API
 // the config asks for listens, and some interface has an address within wait.
 func trialVerdict(configProblem string, apiWanted, apiUp bool, addressed func() bool, wait time.Duration) []string {
-	var problems []string
-	if configProblem != "" {
-		problems = append(problems, "its config could not be used ("+configProblem+")")
-	}
-	if apiWanted && !apiUp {
-		problems = append(problems, "the API the config asks for did not start")
-	}
+	problems := configAndAPIProblems(configProblem, apiWanted, apiUp)
 	deadline := time.Now().Add(wait)
 	for !addressed() {
 		if !time.Now().Before(deadline) {
@@ -42,18 +35,21 @@ func trialVerdict(configProblem string, apiWanted, apiUp bool, addressed func() 
 	return problems
 }
 
+// configAndAPIProblems: the config found could be used, and the API it asks for listens.
+func configAndAPIProblems(configProblem string, apiWanted, apiUp bool) []string {
+	var problems []string
+	if configProblem != "" {
+		problems = append(problems, "its config could not be used ("+configProblem+")")
+	}
+	if apiWanted && !apiUp {
+		problems = append(problems, "the API the config asks for did not start")
+	}
+	return problems
+}
+
 // hasAddress says whether some interface has an address others can reach: IPv4 or IPv6,
 // neither loopback nor link-local.
-func hasAddress() bool {
-	for _, cidrs := range kernelAddresses() {
-		for _, cidr := range cidrs {
-			if ip, _, err := net.ParseCIDR(cidr); err == nil && ip.IsGlobalUnicast() {
-				return true
-			}
-		}
-	}
-	return false
-}
+func hasAddress() bool { return anyGlobal(kernelAddresses()) }
 
 // trialNetworkWait is how long a trial boot waits for an address (kiln.trial_network_wait=, seconds).
 func trialNetworkWait(params map[string]string) time.Duration {

@@ -87,7 +87,8 @@ VERBS = (
         Verb("push", release_command,
              "push an installer image to HOST/REPO:<version> with release annotations (channel, architecture)"),
         Verb("upload", upload,
-             "publish a kiln image output directory to a cloud: an AWS AMI (EBS snapshot, copies, SSM parameter)"),
+             "publish a kiln image output directory to a cloud: an AWS AMI (EBS snapshot, copies, SSM "
+             "parameter) or an Azure page blob (the VHD, and the az command that makes its image)"),
     )),
     Verb("boot", boot, "boot an artifact in QEMU and wait for machined's ready line"),
     Verb("node", node,
@@ -98,7 +99,8 @@ VERBS = (
     Verb("report", report, "pictures: a build's timeline (kiln build --json) or what takes the space in an image"),
     Verb("schematic", schematic_command,
          "check a schematic and print its ID (what kiln image --schematic records and a factory serves)"),
-    Verb("verify", verify_command, "check DIR against its SHA256SUMS and the release key's signature over it"),
+    Verb("verify", verify_command,
+         "check DIR against its SHA256SUMS, its provenance and the release key's signatures over them"),
     Verb("completion", completion, "print a shell completion script: source <(kiln completion bash)"),
 )
 # fmt: on

@@ -5,7 +5,8 @@ slot A; the test writes slot B and the boot state into BOOT's FAT with mtools, a
 would, boots it in QEMU (TCG) on a disk that keeps what GRUB and machined write between
 boots, and reads the boot state back after each boot. A trial slot that panics costs one try
 per boot and GRUB falls back to slot A once the tries run out; a trial slot that reaches
-ready is made the default by machined before it prints the ready line.
+ready is made the default by machined once its health has held for the grace period, and one
+that reaches ready but fails a health check its config names never is.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from kiln.boot.qemu import READY, BootResult, Machine, boot
 from kiln.image.assets import BootAssets
 from kiln.image.outputs.disk import build_raw
 from kiln.image.outputs.grub import environment_block
+from tests.e2e.config_drive import config_drive
 
 pytestmark = pytest.mark.e2e
 
@@ -30,6 +32,12 @@ BOOT_TIMEOUT = 300.0
 EPOCH = 1704067200
 SIZE = 1 << 30
 MTOOLS_ENV = {**os.environ, "MTOOLS_SKIP_CHECK": "1"}
+# a machine config whose health check nothing on the machine answers (the discard port), and whose
+# service cannot start (no such program), so it crash-loops
+UNHEALTHY = {
+    "health": {"checks": [{"tcp": "127.0.0.1:9"}]},
+    "services": [{"name": "crashy", "command": "/usr/bin/no-such-program", "restart": "always"}],
+}
 
 
 class Disk:
@@ -68,9 +76,13 @@ def slot_b(disk: Disk, tmp_path: Path, *, initramfs: bytes, cmdline: str) -> Non
     disk.write("B/boot.cfg", cfg.encode(), tmp_path / "boot.cfg")
 
 
-def boot_disk(disk: Disk, firmware: str, expect: str, log: Path, *, network: bool = True) -> BootResult:
+def boot_disk(
+    disk: Disk, firmware: str, expect: str, log: Path, *, network: bool = True, cdrom: Path | None = None
+) -> BootResult:
     """Boot the disk itself (no snapshot: what GRUB and machined write stays), stop at `expect`."""
-    machine = Machine(firmware=firmware, extra=["-drive", f"file={disk.path},format=raw,if=virtio"], network=network)
+    machine = Machine(
+        firmware=firmware, extra=["-drive", f"file={disk.path},format=raw,if=virtio"], network=network, cdrom=cdrom
+    )
     result = boot(machine, expect, BOOT_TIMEOUT, log)
     assert result.ok, f"{firmware}: waiting for {expect!r}: {result.reason}; console:\n" + "\n".join(result.tail)
     return result
@@ -109,18 +121,21 @@ def test_a_trial_slot_that_panics_falls_back_after_its_tries(disk: Disk, tmp_pat
 
 
 def test_a_trial_slot_that_reaches_ready_becomes_the_default(disk: Disk, tmp_path: Path) -> None:
-    slot_b(disk, tmp_path, initramfs=disk.read("A/initramfs.zst"), cmdline="console=ttyS0 panic=1")
+    slot_b(disk, tmp_path, initramfs=disk.read("A/initramfs.zst"), cmdline="console=ttyS0 panic=1 kiln.trial_grace=3")
     disk.write(
         "grub/grubenv",
         environment_block({"kiln_default": "A", "kiln_next": "B", "kiln_tries": "3", "kiln_version_A": "0.0.1"}),
         tmp_path / "env",
     )
     log = tmp_path / "trial.log"
-    boot_disk(disk, "bios", READY, log)
+    made_default = "boot: slot B stayed healthy for 3s and is the default now"
+    boot_disk(disk, "bios", made_default, log)
     assert booted_slot(log) == "B"
     text = log.read_text(errors="replace")
     assert "boot: slot B on trial (2 tries left after this one)" in text
-    assert text.index("boot: slot B reached ready and is the default now") < text.index(READY)
+    # ready first, then the grace period of health, and only then the default
+    assert text.index("boot: slot B becomes the default once healthy for 3s") < text.index(READY)
+    assert text.index(READY) < text.index(made_default)
     state = disk.state()
     assert state["kiln_default"] == "B" and "kiln_next" not in state and "kiln_tries" not in state
     assert state["kiln_version_B"] == __version__ and state["kiln_version_A"] == "0.0.1"
@@ -149,6 +164,60 @@ def test_a_trial_slot_that_cannot_be_reached_falls_back(disk: Disk, tmp_path: Pa
     assert disk.state()["kiln_default"] == "A"
     log = tmp_path / "fallback.log"
     boot_disk(disk, "bios", READY, log)
+    assert booted_slot(log) == "A"
+    state = disk.state()
+    assert state["kiln_default"] == "A" and state["kiln_rollback"] == "B", state
+
+
+def test_a_trial_slot_that_is_unhealthy_after_ready_falls_back(disk: Disk, tmp_path: Path) -> None:
+    """A trial slot that reaches ready but whose config's health check never answers (a TCP port
+    nothing listens on) and whose service crash-loops is not made the default: the trial's deadline
+    reboots it, naming both, and with no tries left GRUB falls back to slot A, marking B rolled back."""
+    cmdline = "console=ttyS0 panic=1 kiln.trial_grace=3 kiln.trial_timeout=30 kiln.trial_network_wait=10"
+    slot_b(disk, tmp_path, initramfs=disk.read("A/initramfs.zst"), cmdline=cmdline)
+    one_try_of_b(disk, tmp_path)
+    drive = config_drive(tmp_path / "health.iso", {"kiln.json": json.dumps(UNHEALTHY).encode()})
+    log = tmp_path / "trial.log"
+    boot_disk(disk, "bios", "rebooting for the next try", log, cdrom=drive)
+    assert booted_slot(log) == "B"
+    text = log.read_text(errors="replace")
+    assert READY in text and "is the default now" not in text
+    verdict = re.search(r"boot: slot B is on trial and not healthy: (.*); rebooting for the next try", text)
+    assert verdict, text
+    assert "service crashy is backoff" in verdict[1] and re.search(r"check tcp 127\.0\.0\.1:9: .*refused", verdict[1])
+    assert disk.state()["kiln_default"] == "A"
+    assert_falls_back_to_a(disk, tmp_path, cdrom=drive)
+
+
+def test_a_trial_machined_that_dies_within_the_grace_period_is_a_failed_try(disk: Disk, tmp_path: Path) -> None:
+    """machined on a trial slot reaches ready, then exits (kiln.test=crash: PID 1 gone, the kernel
+    panics) before the grace period is over: the slot was never made the default, so the boot
+    counts as a failed try and GRUB falls back to slot A."""
+    slot_b(disk, tmp_path, initramfs=disk.read("A/initramfs.zst"), cmdline="console=ttyS0 panic=1 kiln.test=crash")
+    one_try_of_b(disk, tmp_path)
+    log = tmp_path / "trial.log"
+    boot_disk(disk, "bios", "Kernel panic", log)
+    assert booted_slot(log) == "B"
+    text = log.read_text(errors="replace")
+    assert text.index(READY) < text.index("test: machined exits after ready") and "is the default now" not in text
+    state = disk.state()
+    assert state["kiln_default"] == "A" and state["kiln_next"] == "B" and state["kiln_tries"] == "0", state
+    assert_falls_back_to_a(disk, tmp_path)
+
+
+def one_try_of_b(disk: Disk, tmp_path: Path) -> None:
+    """The boot state of an upgrade to slot B with one try left."""
+    disk.write(
+        "grub/grubenv",
+        environment_block({"kiln_default": "A", "kiln_next": "B", "kiln_tries": "1", "kiln_version_A": __version__}),
+        tmp_path / "env",
+    )
+
+
+def assert_falls_back_to_a(disk: Disk, tmp_path: Path, *, cdrom: Path | None = None) -> None:
+    """The next boot is slot A's, ready, with B marked rolled back."""
+    log = tmp_path / "fallback.log"
+    boot_disk(disk, "bios", READY, log, cdrom=cdrom)
     assert booted_slot(log) == "A"
     state = disk.state()
     assert state["kiln_default"] == "A" and state["kiln_rollback"] == "B", state

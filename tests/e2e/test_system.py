@@ -34,6 +34,7 @@ import yaml
 from kiln import __version__
 from kiln.boot.qemu import READY, BootResult, Machine, boot, machine_for
 from kiln.rootfs.archive import cpio_newc
+from tests.e2e.config_drive import config_drive
 from tests.e2e.conftest import KILN, ROOT, kiln
 
 pytestmark = pytest.mark.e2e
@@ -87,21 +88,6 @@ def index_of(lines: list[str], pattern: str) -> int:
 def kernel_version() -> str:
     variables = yaml.safe_load((ROOT / "pkgs" / "vars.yaml").read_text())
     return str(variables["kernel_version"])
-
-
-def config_drive(path: Path, files: dict[str, bytes], links: dict[str, str] | None = None) -> Path:
-    """A KILNCFG disc (ISO 9660 with Rock Ridge, so a planted link stays a link) holding `files` and
-    the symbolic links `links` (name -> target)."""
-    tree = path.with_suffix(".d")
-    tree.mkdir()
-    for name, data in files.items():
-        (tree / name).write_bytes(data)
-    for name, target in (links or {}).items():
-        (tree / name).symlink_to(target)
-    subprocess.run(
-        ["xorriso", "-as", "mkisofs", "-quiet", "-R", "-V", "KILNCFG", "-o", str(path), str(tree)], check=True
-    )
-    return path
 
 
 def free_port() -> int:
@@ -478,6 +464,21 @@ def request(port: int, context: ssl.SSLContext, method: str, path: str, body: ob
         connection.close()
 
 
+def watched_until_synced(port: int, context: ssl.SSLContext, query: str) -> list[dict[str, object]]:
+    """The lines of GET /v1/resources?watch=1 up to `synced`: the state when the watch began."""
+    connection = http.client.HTTPSConnection("127.0.0.1", port, context=context, timeout=30)
+    try:
+        connection.request("GET", "/v1/resources?watch=1" + query)
+        response = connection.getresponse()
+        assert response.status == 200 and response.getheader("Content-Type") == "application/x-ndjson"
+        lines: list[dict[str, object]] = []
+        while not lines or lines[-1]["event"] != "synced":
+            lines.append(json.loads(response.readline()))
+        return lines
+    finally:
+        connection.close()
+
+
 def refused(port: int, context: ssl.SSLContext) -> str:
     """The error a request fails with; fails the test if the API answers."""
     try:
@@ -532,7 +533,8 @@ def test_plain_http_config_is_refused_and_the_machine_boots_on_defaults(image_di
 
 def test_api_mutual_tls_and_poweroff(image_dir: Path, pki: Path, config_server: str, tmp_path: Path) -> None:
     """Config from a URL turns the API on; only a client certificate from its CA gets answers, each
-    within its role; upgrades are refused while the config names no release keys; 2,000 idle
+    within its role; a reader watches resources; a config over the API is checked but not applied on
+    this diskless machine; upgrades are refused while the config names no release keys; 2,000 idle
     connections from another address do not keep an admin out; POST /v1/poweroff powers the machine
     off (QEMU exits 0).
 
@@ -577,14 +579,35 @@ def test_api_mutual_tls_and_poweroff(image_dir: Path, pki: Path, config_server: 
         # the machine's own certificate (no clientAuth, the machine's key) is no client; a reader only reads
         assert forbidden(port, client_context(pki, "machine"), "GET", "/v1/status")
         assert request(port, client_context(pki, "reader"), "GET", "/v1/status")[0] == 200
-        # the machine's resources: the config it runs (fetched from the config server) and the
-        # network applied from it
+        # the machine's resources: the config it runs (fetched from the config server), the
+        # network applied from it, and the machine's health
         status, body = request(port, client_context(pki, "reader"), "GET", "/v1/resources")
         resources = {(r["type"], r["id"]): r for r in json.loads(body)["resources"]}
-        assert status == 200 and set(resources) == {("config/machine", "machine"), ("network/status", "applied")}
+        assert status == 200 and set(resources) == {
+            ("config/machine", "machine"),
+            ("network/status", "applied"),
+            ("health/machine", "machine"),
+            ("machine/ready", "machine"),
+        }
+        assert resources[("health/machine", "machine")]["owner"] == "health", resources
+        assert resources[("machine/ready", "machine")]["spec"]["var"] == "tmpfs", resources
         applied = resources[("network/status", "applied")]
         assert applied["owner"] == "network" and applied["phase"] == "running", applied
         assert applied["spec"]["config_version"] == resources[("config/machine", "machine")]["version"], resources
+        # a reader may watch them: the state when the watch began, then "synced"
+        watched = watched_until_synced(port, client_context(pki, "reader"), "&type=network/status")
+        assert [line["event"] for line in watched] == ["current", "synced"], watched
+        assert watched[0]["resource"] == applied, watched
+        # a config over the API: admin only; this diskless machine checks it and says what auto would
+        # do, but refuses to apply one that could not outlive a reboot
+        new_config = {"hostname": "e2e-api-2"}
+        assert request(port, client_context(pki, "operator"), "POST", "/v1/config", new_config)[0] == 403
+        status, body = request(port, client_context(pki, "admin"), "POST", "/v1/config?mode=dry_run", new_config)
+        report = json.loads(body)
+        assert status == 200 and {"section": "hostname", "result": "applied"} in report["sections"], report
+        assert any("no STATE partition" in note for note in report["notes"]), report
+        status, body = request(port, client_context(pki, "admin"), "POST", "/v1/config", new_config)
+        assert status == 409 and b"no STATE partition" in body, body
         assert request(port, client_context(pki, "reader"), "POST", "/v1/poweroff")[0] == 403
         assert request(port, client_context(pki, "reader"), "POST", "/v1/upgrade", {"image": "x"})[0] == 403
         assert request(port, client_context(pki, "reader"), "POST", "/v1/rollback")[0] == 403

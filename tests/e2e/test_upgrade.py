@@ -54,6 +54,7 @@ LIVE: list[Session] = []  # the sessions started by the running test
 REPO = "kiln/installer"
 DISK_SIZE = 2 << 30
 MARKER = b"kept across upgrades\n"
+MADE_DEFAULT = "and is the default now"  # machined's line once a trial slot has stayed healthy
 
 
 @dataclass
@@ -74,8 +75,9 @@ class World:
 
 
 def installer_profile(directory: Path, config_url: str, keys: Path | None = None) -> None:
-    """The shipped installer profile with the test's kernel arguments (the config URL, panic=1);
-    with `keys`, a Secure Boot one signed with them.
+    """The shipped installer profile with the test's kernel arguments (the config URL, panic=1, a
+    trial slot the default after 2 s of health instead of 60); with `keys`, a Secure Boot one signed
+    with them.
 
     It names no version: each release's version (release.json, the annotations, the menu) is its
     machined package's, which `--set kiln_version=` moves together with machined's ready line."""
@@ -84,7 +86,8 @@ def installer_profile(directory: Path, config_url: str, keys: Path | None = None
     (directory / "upgrade.yaml").write_text(
         secure + "platform: metal\n"
         "customization:\n"
-        f'  kernel_args: ["console=ttyS0", "panic=1", "kiln.trial_timeout=120", "kiln.config={config_url}"]\n'
+        '  kernel_args: ["console=ttyS0", "panic=1", "kiln.trial_timeout=120", "kiln.trial_grace=2",'
+        f' "kiln.config={config_url}"]\n'
         "output:\n"
         "  kind: installer\n"
         "  image:\n"
@@ -388,9 +391,12 @@ def first_boot(world: World, disk: Path, firmware: str) -> None:
     debugfs(disk, f"write {marker} marker", write=True)
 
 
-def boot_and(world: World, disk: Path, firmware: str, name: str) -> Session:
+def boot_and(world: World, disk: Path, firmware: str, name: str, *, trial: bool = False) -> Session:
+    """Boot the disk to ready; a trial boot on until its slot has stayed healthy and is the default."""
     session = Session(disk, firmware, world.work / f"{disk.name}-{name}.log")
     session.wait_for(READY)
+    if trial:
+        session.wait_for(MADE_DEFAULT)
     return session
 
 
@@ -423,7 +429,7 @@ def test_upgrade_rollback_and_refusals_under_bios(world: World) -> None:
     state = Disk(disk).state()
     assert state["kiln_next"] == "B" and state["kiln_tries"] == "3" and state["kiln_version_B"] == V2
 
-    session = boot_and(world, disk, "bios", "v2")
+    session = boot_and(world, disk, "bios", "v2", trial=True)
     assert ready_version(session.log) == V2
     status = session.status(world.pki)
     slots = boot_state(status)
@@ -437,15 +443,15 @@ def test_upgrade_rollback_and_refusals_under_bios(world: World) -> None:
     assert session.end().exit_code == 0
     state = Disk(disk).state()  # A is on trial: should it fail, GRUB returns to B
     assert state["kiln_default"] == "B" and state["kiln_next"] == "A" and state["kiln_tries"] == "3", state
-    session = boot_and(world, disk, "bios", "rolled-back")
+    session = boot_and(world, disk, "bios", "rolled-back", trial=True)
     assert ready_version(session.log) == V1
-    assert "boot: slot A reached ready and is the default now" in session.log.read_text(errors="replace")
+    assert "boot: slot A stayed healthy for 2s and is the default now" in session.log.read_text(errors="replace")
 
     # the stable channel: 0.3.0 is alpha, so 0.2.0 is the one
     session.upgrade(world.pki, {"channel": "stable", "repository": f"{world.guest_registry}/{REPO}"})
     assert session.end().exit_code == 0
     assert f"upgrade: channel stable of {world.guest_registry}/{REPO}: {V2}" in session.log.read_text(errors="replace")
-    session = boot_and(world, disk, "bios", "v2-again")
+    session = boot_and(world, disk, "bios", "v2-again", trial=True)
     assert ready_version(session.log) == V2
 
     # version 3 never reaches ready: GRUB gives it three tries, then boots slot B again
@@ -468,15 +474,57 @@ def test_upgrade_rollback_and_refusals_under_bios(world: World) -> None:
     assert MARKER.decode() in debugfs(disk, "cat marker"), "/var lost its marker"
 
 
+LIVE_ADDRESS = "10.0.2.88/24"
+
+
+def apply_config_live(world: World, session: Session) -> None:
+    """`kiln node apply-config` on a running machine: eth0 keeps its DHCP lease (the way in for the API)
+    and takes a static address too, live; `kiln node get` and the status read it back. The machine's
+    config comes from kiln.config=, so a staged config is refused and what waits for a boot is not kept.
+    The config keeps what the upgrade after it needs (its registries, allow_unsigned)."""
+    config = world.work / "live.json"
+    registries = [{"host": world.guest_registry, "insecure": True}, {"host": world.corrupt_registry, "insecure": True}]
+    document = {
+        "hostname": "e2e-upgrade",
+        "network": {"interfaces": [{"name": "eth0", "addresses": [LIVE_ADDRESS], "dhcp": True}]},
+        "registries": registries,
+        "allow_unsigned": True,
+    }
+    config.write_text(json.dumps(document))
+    pki = world.pki
+    nodes = ["--nodes", f"127.0.0.1:{session.port}", "--ca", str(pki / "ca.crt")]
+    nodes += ["--cert", str(pki / "admin.crt"), "--key", str(pki / "admin.key")]
+    report = json.loads(kiln("node", "apply-config", str(config), "--json", *nodes).stdout)
+    results = {s["section"]: s["result"] for s in report["sections"]}
+    assert results["network"] == "applied" and results["hostname"] == "unchanged", report
+    assert results["api"] == "not applied", report  # the next boot reads kiln.config= again
+    deadline = time.monotonic() + 60
+    while True:  # network/status reaches the answer's config version once the network is applied
+        listed = json.loads(kiln("node", "get", "network/status", "applied", "-o", "json", *nodes).stdout)
+        if listed[0]["resources"][0]["spec"]["config_version"] >= report["config_version"]:
+            break
+        assert time.monotonic() < deadline, listed
+        time.sleep(1)
+    machine_config = json.loads(kiln("node", "get", "config/machine", "-o", "json", *nodes).stdout)
+    assert machine_config[0]["resources"][0]["spec"]["network"]["interfaces"][0]["addresses"] == [LIVE_ADDRESS]
+    status = json.loads(kiln("node", "status", "--json", *nodes).stdout)[0]["status"]
+    assert LIVE_ADDRESS in status["addresses"]["eth0"], status["addresses"]
+    session.wait_for(f"machined: network: eth0: {LIVE_ADDRESS} (static)", timeout=30)
+    code, answer = api(session.port, pki, "POST", "/v1/config?mode=staged", document)
+    assert code == 409 and "kiln.config=" in str(answer["error"]), answer
+
+
 def test_upgrade_under_uefi_keeps_var(world: World) -> None:
-    """1 -> 2 by image reference under OVMF; /var's marker is still there on version 2."""
+    """1 -> 2 by image reference under OVMF; /var's marker is still there on version 2. Before the
+    upgrade, version 1 takes a static address live from a config applied over the API."""
     push(world.v2.layout, world.registry, "stable")
     disk = fresh_disk(world, "uefi.raw")
     first_boot(world, disk, "uefi")
     session = boot_and(world, disk, "uefi", "v1")
+    apply_config_live(world, session)
     status = session.upgrade(world.pki, {"image": f"{world.guest_registry}/{REPO}:{V2}"})
     assert session.end().exit_code == 0, status
-    session = boot_and(world, disk, "uefi", "v2")
+    session = boot_and(world, disk, "uefi", "v2", trial=True)
     assert ready_version(session.log) == V2
     status = session.status(world.pki)
     assert status["version"] == V2

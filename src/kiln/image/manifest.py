@@ -21,6 +21,7 @@ from kiln.core.hashing import file_sha256
 from kiln.image import sbom_refs
 from kiln.image.assets import derived_uuid
 from kiln.pkg.model import Package
+from kiln.signing.release import ENVELOPE, PROVENANCE
 
 if TYPE_CHECKING:  # spdx-tools is imported only when an SBOM is written (see _SPDX_MODULES)
     from spdx_tools.spdx.model.document import CreationInfo
@@ -104,14 +105,14 @@ class SbomPackage:
 
 
 def artifacts(directory: Path, under: tuple[str, ...] | None = None) -> list[dict[str, Any]]:
-    """Every file under directory (but the manifest and SBOMs), sorted, with sha256 and size; with
-    `under`, only those files and the files in those directories (names relative to directory)."""
+    """Every file under directory (but the manifest, SBOMs and provenance), sorted, with sha256 and
+    size; with `under`, only those files and the files in those directories (names relative to directory)."""
     found = []
     roots = [directory / name for name in under] if under is not None else [directory]
     files = {p for root in roots for p in ([root] if root.is_file() else root.rglob("*")) if p.is_file()}
     for path in sorted(files):
         rel = path.relative_to(directory).as_posix()
-        if rel == MANIFEST or rel in SBOMS:
+        if rel == MANIFEST or rel in SBOMS or rel in (PROVENANCE, ENVELOPE):
             continue
         found.append({"path": rel, "sha256": file_sha256(path), "size": path.stat().st_size})
     return found
@@ -130,24 +131,37 @@ def write_release_sums(out: Path) -> Path:
     manifest and SBOMs, as `<sha256>  <profile>/<path>` lines sorted by path (coreutils' format, so
     `sha256sum -c SHA256SUMS` in `out` checks the whole release).
 
-    Artifacts' hashes come from their manifests, which were written from the files a moment ago,
-    so a 1 GiB disk is not read again; the manifests and SBOMs themselves are hashed here.
+    The provenance is not listed: it records when it ran, and the list must be the same for the
+    same inputs (docs/reproducibility.md).
     """
     sums: dict[str, str] = {}
     for manifest in sorted(out.glob(f"*/{MANIFEST}")):
         directory = manifest.parent
         if directory.name.startswith("."):  # another run's staging directory
             continue
-        for artifact in json.loads(manifest.read_text())["artifacts"]:
-            sums[f"{directory.name}/{artifact['path']}"] = artifact["sha256"]
-        for document in sorted(directory.glob("*.json")):  # manifest.json and the SBOMs (per arch too)
-            sums[f"{directory.name}/{document.name}"] = file_sha256(document)
+        sums.update((f"{directory.name}/{name}", digest) for name, digest in listed_files(directory).items())
     text = "".join(f"{sums[path]}  {path}\n" for path in sorted(sums, key=lambda p: p.encode()))
     target = out / RELEASE_SUMS
     partial = out / f".{RELEASE_SUMS}.{os.getpid()}"
     partial.write_text(text)
     partial.replace(target)  # a reader sees the old list or the new one
     return target
+
+
+def listed_files(directory: Path) -> dict[str, str]:
+    """What SHA256SUMS lists for one output directory, name -> sha256: the manifest's artifacts and the
+    JSON documents at its top (the manifest and the SBOMs, per arch too), never the provenance.
+
+    Artifacts' hashes come from the manifest, which was written from the files a moment ago, so a
+    1 GiB disk is not read again; the documents are hashed here.
+    """
+    listed = {
+        artifact["path"]: artifact["sha256"] for artifact in json.loads((directory / MANIFEST).read_text())["artifacts"]
+    }
+    for document in sorted(directory.glob("*.json")):
+        if document.name != PROVENANCE:
+            listed[document.name] = file_sha256(document)
+    return listed
 
 
 def write_platforms_manifest(

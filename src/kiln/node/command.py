@@ -1,7 +1,7 @@
-"""`kiln node status|get|logs|rollback|upgrade`: machined's API on the machines of a context, one at a time.
+"""`kiln node status|get|logs|rollback|upgrade|apply-config`: machined's API on the machines of a context.
 
 Argument parsing and output only: the config is `config`, the HTTPS client `client`, the order and
-the waiting of rollbacks and rolling upgrades `rollout`.
+the waiting of rollbacks and rolling upgrades `rollout`, following resources as they change `watch`.
 """
 
 from __future__ import annotations
@@ -12,14 +12,19 @@ import re
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
+import yaml
+
 from kiln.core import console
-from kiln.core.errors import InputError, printable
+from kiln.core.errors import InputError, Location, printable
 from kiln.core.verb import Context
-from kiln.node.client import NodeClient, NodeError, UpgradeRequest
+from kiln.core.yamlfile import read_text_file
+from kiln.node.client import ApiError, NodeClient, NodeError, UpgradeRequest
 from kiln.node.config import Flags, Target, resolve
 from kiln.node.rollout import Progress, Reporter, Rollout, rolling_rollback, rolling_upgrade
+from kiln.node.watch import Change, watch_nodes
 
 DEFAULT_TIMEOUT = 900.0
 CHANNELS = ("alpha", "beta", "stable")
@@ -27,6 +32,9 @@ _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 _MiB = 1 << 20
 POLL = 1.0  # seconds between two status requests while a node upgrades or reboots
 LINE_EVERY = 10.0  # plain progress: a line when the state changes, else at most one per node this often
+OUTPUTS = ("table", "json", "yaml")
+MAX_CONFIG = 1 << 20  # what machined accepts in POST /v1/config
+REFUSED = (400, 409, 413)  # a machine's answers that refuse the config itself: exit 2
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -42,7 +50,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "get", parents=[connection], help="each node's resources (its config, network, ...) as machined keeps them"
     )
     get.add_argument("type", nargs="?", default="", help="only this resource type, e.g. network/status")
-    get.add_argument("--json", action="store_true", help="the resources as one JSON list per node")
+    get.add_argument("id", nargs="?", default="", help="only the resource of this type with this ID")
+    get.add_argument("-o", "--output", choices=OUTPUTS, default="table", help="table (default), json or yaml")
+    get.add_argument("--json", dest="output", action="store_const", const="json", help="the same as -o json")
+    get.add_argument("--watch", "-w", action="store_true", help="then print each change as it happens, until Ctrl-C")
     logs = actions.add_parser("logs", parents=[connection], help="a service's kept log lines from each node")
     logs.add_argument("service", nargs="?", default="machined", help="the service (default machined: its own log)")
     rollback = actions.add_parser(
@@ -58,6 +69,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="rolling upgrade: one node at a time, each back on the new version before the next; stops at a failure",
     )
     _add_upgrade_arguments(upgrade)
+    apply = actions.add_parser(
+        "apply-config",
+        parents=[connection],
+        help="send one node a new machine config: applied live where it can be, the rest at its next boot",
+    )
+    apply.add_argument("file", metavar="FILE", help="the machine config, YAML or JSON (docs/machine-config.md)")
+    mode = apply.add_mutually_exclusive_group()
+    mode.add_argument(
+        "--mode",
+        choices=("auto", "staged"),
+        default="auto",
+        help="auto (default): live where it can be, the rest at the next boot; staged: everything at the next boot",
+    )
+    mode.add_argument("--dry-run", action="store_true", help="only say what auto would do: nothing written or applied")
+    apply.add_argument("--json", action="store_true", help="print the node's report as JSON")
 
 
 def _connection_flags() -> argparse.ArgumentParser:
@@ -125,6 +151,7 @@ def run(ctx: Context[object]) -> int:
         "get": _get,
         "logs": _logs,
         "rollback": _rollback,
+        "apply-config": _apply_config,
     }
     return actions[args.node_action](args, target)
 
@@ -149,7 +176,8 @@ def upgrade_request(args: argparse.Namespace) -> UpgradeRequest:
 
 
 def _status(args: argparse.Namespace, target: Target) -> int:
-    return _ask_each(target, "status", lambda client: client.status(), status_lines, json_output=args.json)
+    output = "json" if args.json else "table"
+    return _ask_each(target, "status", lambda client: client.status(), status_lines, output=output)
 
 
 def _ask_each(
@@ -158,9 +186,9 @@ def _ask_each(
     ask: Callable[[NodeClient], Any],
     lines: Callable[[str, Any], list[str]],
     *,
-    json_output: bool,
+    output: str,
 ) -> int:
-    """Ask every node of `target`, then print the answers as one JSON list ({"node", key} or {"node",
+    """Ask every node of `target`, then print the answers as one JSON or YAML list ({"node", key} or {"node",
     "error"}) or as each node's `lines`; a node that did not answer is a line on stderr and exit 1."""
     answers: list[dict[str, Any]] = []
     for client in target.clients():
@@ -168,14 +196,21 @@ def _ask_each(
             answers.append({"node": client.name, key: ask(client)})
         except NodeError as exc:
             answers.append({"node": client.name, "error": exc.reason})
-    if json_output:
-        print(json.dumps(answers, indent=2))
+    if output != "table":
+        print(_dump(answers, output), end="")
     for answer in answers:
         if "error" in answer:
             console.error(f"{answer['node']}: {answer['error']}")
-        elif not json_output:
+        elif output == "table":
             print("\n".join(lines(answer["node"], answer[key])))
     return 1 if any("error" in answer for answer in answers) else 0
+
+
+def _dump(value: Any, output: str, *, document: bool = False) -> str:
+    """JSON or YAML text ending in a newline; control characters come out escaped either way."""
+    if output == "json":
+        return json.dumps(value, indent=None if document else 2) + "\n"
+    return yaml.safe_dump(value, sort_keys=False, allow_unicode=False, explicit_start=document)
 
 
 def status_lines(node: str, status: dict[str, Any]) -> list[str]:
@@ -240,9 +275,47 @@ def _services_text(services: Any) -> str:
 
 
 def _get(args: argparse.Namespace, target: Target) -> int:
+    if args.id and not args.type:
+        raise InputError("kiln node get: an ID goes after its TYPE")
+    if args.watch:
+        return _watch(args, target)
     return _ask_each(
-        target, "resources", lambda client: client.resources(args.type), resource_lines, json_output=args.json
+        target,
+        "resources",
+        lambda client: client.resources(args.type, args.id),
+        resource_lines,
+        output=args.output,
     )
+
+
+def _watch(args: argparse.Namespace, target: Target) -> int:
+    """Each change of each node's resources as it comes, until Ctrl-C: a table row, a JSON line or a YAML document."""
+    if args.output == "table":
+        print(_watch_row(["NODE", "EVENT", "TYPE", "ID", "VERSION", "PHASE", "OWNER"], "SPEC"), flush=True)
+
+    def emit(change: Change) -> None:
+        if args.output == "table":
+            print(watch_row(change), flush=True)
+        else:
+            as_dict = {"node": change.node, "event": change.event, "resource": change.resource}
+            print(_dump(as_dict, args.output, document=True), end="", flush=True)
+
+    return watch_nodes(target.clients(), args.type, args.id, emit, console.error)
+
+
+_WATCH_WIDTHS = (21, 9, 16, 10, 7, 12, 8)
+
+
+def watch_row(change: Change) -> str:
+    """One change as a row of `kiln node get --watch` (node, event, type, id, version, phase, owner, spec)."""
+    r = change.resource
+    cells = [printable(change.node), change.event, *(_text(r.get(name)) for name in ("type", "id", "version", "phase"))]
+    spec = printable(json.dumps(r.get("spec"), sort_keys=True, separators=(",", ":")))
+    return _watch_row([*cells, _text(r.get("owner"))], spec)
+
+
+def _watch_row(cells: list[str], spec: str) -> str:
+    return "  ".join([*(cell.ljust(width) for cell, width in zip(cells, _WATCH_WIDTHS, strict=True)), spec])
 
 
 def resource_lines(node: str, resources: list[dict[str, Any]]) -> list[str]:
@@ -256,6 +329,50 @@ def resource_lines(node: str, resources: list[dict[str, Any]]) -> list[str]:
         "  ".join([*(cell.ljust(w) for cell, w in zip(row, widths, strict=True)), spec])
         for row, spec in zip(rows, specs, strict=True)
     ]
+
+
+def _apply_config(args: argparse.Namespace, target: Target) -> int:
+    """Send FILE to the one node; a config the node refuses is an InputError at FILE (exit 2)."""
+    if len(target.endpoints) != 1:
+        raise InputError(
+            f"kiln node apply-config sends one machine's config (its hostname, addresses, certificate): "
+            f"name one node with --nodes, not {len(target.endpoints)}"
+        )
+    document = read_text_file(Path(args.file), MAX_CONFIG, "machine config").encode()
+    mode = "dry_run" if args.dry_run else args.mode
+    client = target.clients()[0]
+    try:
+        report = client.apply_config(document, mode)
+    except ApiError as exc:
+        if exc.status in REFUSED:
+            raise InputError(f"refused by {client.name}: {exc.reason}", Location(args.file)) from None
+        raise
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print("\n".join(apply_lines(client.name, report)))
+    return 0
+
+
+_APPLY_HEADS = {"auto": "config applied", "staged": "config staged for the next boot"}
+
+
+def apply_lines(node: str, report: dict[str, Any]) -> list[str]:
+    """A node's report on an applied config: what happened, then one line per section and the node's notes."""
+    mode, kept, version = _text(report.get("mode")), _text(report.get("kept")), report.get("config_version")
+    head = _APPLY_HEADS.get(mode, "dry run, what auto would do")
+    head += f", kept in {kept}" if kept else ""
+    head += f"; config/machine version {version}" if isinstance(version, int) and version else ""
+    lines = [f"{printable(node)}: {head}"]
+    sections = report.get("sections")
+    for section in sections if isinstance(sections, list) else []:
+        if isinstance(section, dict):
+            why = _text(section.get("why"))
+            result = _text(section.get("result")) + (f": {why}" if why else "")
+            lines.append(f"  {_text(section.get('section')):<20}{result}")
+    notes = report.get("notes")
+    lines += [f"  note: {_text(note)}" for note in (notes if isinstance(notes, list) else [])]
+    return lines
 
 
 def _logs(args: argparse.Namespace, target: Target) -> int:

@@ -1,5 +1,6 @@
-"""`kiln verify DIR|IMAGE --key release.pub`: check a release directory against its signed SHA256SUMS,
-or an installer image in a registry against its signatures (kiln.signing.image_signature).
+"""`kiln verify DIR|IMAGE --key release.pub`: check a release directory against its signed SHA256SUMS
+and its signed provenance (kiln.signing.attestation), or an installer image in a registry against
+its signatures (kiln.signing.image_signature).
 
 Exit 0 when every file is what the release key signed; 1 (a VerificationError) when the directory
 fails the check; 2 when the command is wrong (no key named, a key file that is not Ed25519).
@@ -16,15 +17,17 @@ from typing import Any
 
 from kiln.core.errors import InputError, KilnError, display_path, printable
 from kiln.core.verb import Context
-from kiln.signing.release import SUMS, fingerprint, load_public_key, verify_directory
+from kiln.signing.attestation import check_provenance
+from kiln.signing.release import ENVELOPE, SUMS, VerificationError, check_directory, fingerprint, load_public_key
 
 ENV = "KILN_RELEASE_KEY"  # the release public key when --key is absent
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = (
-        "check that DIR holds exactly the files its SHA256SUMS lists, and that SHA256SUMS.sig "
-        "is the release key's signature over it (docs/release-signing.md)"
+        "check that DIR holds exactly the files its SHA256SUMS lists, that SHA256SUMS.sig is the release key's "
+        "signature over it, and that its provenance (provenance.intoto.jsonl) is signed by the same key and names "
+        "the same files and digests (docs/release-signing.md, docs/provenance.md)"
     )
     parser.add_argument(
         "directory",
@@ -52,6 +55,9 @@ def run(ctx: Context[object], environ: Mapping[str, str] = os.environ) -> int:
     elif "files" in result:
         shown = printable(display_path(Path(args.directory)))
         print(f"verified {result['files']} files in {shown} ({SUMS} signed by {result['signer']})")
+        if result["provenance"]:
+            subjects = result["provenance"]["subjects"]
+            print(f"verified the provenance of {shown}: {subjects} subjects ({ENVELOPE} signed by {result['signer']})")
     else:
         for each in result["images"]:
             print(f"verified {printable(args.directory)}: {each['digest']} signed by {each['signer']}")
@@ -67,8 +73,23 @@ def _verify(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[str, A
 
         found = verify_image(args.directory, [load_public_key(key)])
         return {"image": args.directory, "images": [{"digest": d, "signer": s} for d, s in found]}
-    names = verify_directory(directory, key)
-    return {"directory": str(directory), "files": len(names), "signer": fingerprint(load_public_key(key))}
+    return _verify_directory(directory, key)
+
+
+def _verify_directory(directory: Path, key_file: Path) -> dict[str, Any]:
+    """SHA256SUMS and the provenance, every problem of both at once."""
+    key = load_public_key(key_file)
+    checked = check_directory(directory, key)
+    provenance = check_provenance(directory, key, checked)
+    problems = checked.problems + provenance.problems
+    if problems:
+        raise VerificationError(problems)
+    return {
+        "directory": str(directory),
+        "files": len(checked.listed),
+        "signer": fingerprint(key),
+        "provenance": {"subjects": provenance.subjects} if provenance.subjects else None,
+    }
 
 
 def key_path(flag: str | None, environ: Mapping[str, str]) -> Path:

@@ -166,6 +166,16 @@ func (st *State) MarkGood(slot string) bool {
 	return true
 }
 
+// GiveUp ends the trial of `slot` as failed, as GRUB does when its tries run out: the default
+// stays, and `slot` is marked rolled back. It reports whether `slot` was on trial.
+func (st *State) GiveUp(slot string) bool {
+	if st.Next == "" || slot != st.Next {
+		return false
+	}
+	st.Next, st.Tries, st.Rollback = "", 0, slot
+	return true
+}
+
 // Try puts `slot` on trial for `tries` boots, holding `version`; the default stays as it is
 // until machined marks the trial slot good.
 func (st *State) Try(slot, version string, tries int) error {

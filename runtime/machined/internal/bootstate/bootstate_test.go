@@ -179,3 +179,16 @@ func TestReadRefusesLinksAndHugeFiles(t *testing.T) {
 		t.Fatal("an oversized grubenv was read")
 	}
 }
+
+func TestGiveUpEndsOnlyTheTrialOfThatSlot(t *testing.T) {
+	st := State{Default: "A", Next: "B", Tries: 2, Versions: map[string]string{"A": "1", "B": "2"}}
+	if st.GiveUp("A") || st.Next != "B" {
+		t.Fatalf("gave up a slot that is not on trial: %+v", st)
+	}
+	if !st.GiveUp("B") || st.Default != "A" || st.Next != "" || st.Tries != 0 || st.Rollback != "B" {
+		t.Fatalf("after GiveUp: %+v", st)
+	}
+	if st.Versions["B"] != "2" {
+		t.Fatalf("versions lost: %+v", st.Versions)
+	}
+}

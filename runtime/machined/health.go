@@ -1,0 +1,292 @@
+package main
+
+// The machine's health: one resource (health/machine) that says whether the machine does what
+// its config asks, re-judged from ready on (every second while on trial, every 10 s after). A trial slot becomes the default only
+// once the health has held for a grace period (kiln.trial_grace=, 60 s by default): a release
+// that reaches ready and then loses its network, whose service crash-loops, or whose machined
+// dies within the grace period is never marked good, so GRUB counts the next try.
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"kiln/machined/internal/network"
+	"kiln/machined/internal/resource"
+	"kiln/machined/internal/safego"
+	"kiln/machined/internal/supervisor"
+)
+
+const (
+	healthType  resource.Type = "health/machine"
+	healthID                  = "machine"
+	healthOwner               = "health"
+
+	defaultTrialGrace = 60 * time.Second
+	trialHealthEvery  = time.Second      // how often a trial boot's health is judged
+	steadyHealthEvery = 10 * time.Second // and every other boot's
+	checkTimeout      = 3 * time.Second
+	maxHealthChecks   = 16
+)
+
+// HealthConfig names the checks of the machine's own that must answer for it to be healthy.
+type HealthConfig struct {
+	Checks []HealthCheck `json:"checks,omitempty"`
+}
+
+// HealthCheck is one check: a TCP port that accepts a connection, or an HTTP(S) URL that
+// answers with a 2xx or 3xx status.
+type HealthCheck struct {
+	TCP  string `json:"tcp,omitempty"`  // HOST:PORT
+	HTTP string `json:"http,omitempty"` // http://... or https://...
+}
+
+func (h HealthConfig) validate() error {
+	if len(h.Checks) > maxHealthChecks {
+		return fmt.Errorf("health.checks: %d checks, at most %d", len(h.Checks), maxHealthChecks)
+	}
+	for i, c := range h.Checks {
+		switch {
+		case (c.TCP == "") == (c.HTTP == ""):
+			return fmt.Errorf("health.checks[%d]: give one of tcp or http", i)
+		case c.TCP != "":
+			if _, port, err := net.SplitHostPort(c.TCP); err != nil || port == "" {
+				return fmt.Errorf("health.checks[%d].tcp %q: want HOST:PORT", i, c.TCP)
+			}
+		case !strings.HasPrefix(c.HTTP, "http://") && !strings.HasPrefix(c.HTTP, "https://"):
+			return fmt.Errorf("health.checks[%d].http %q: want an http:// or https:// URL", i, c.HTTP)
+		}
+	}
+	return nil
+}
+
+// healthSpec is the health resource: the verdict, what is wrong, and since when it holds.
+type healthSpec struct {
+	Healthy  bool      `json:"healthy"`
+	Problems []string  `json:"problems,omitempty"`
+	Since    time.Time `json:"since"`
+}
+
+// healthInputs is what a verdict is made of, gathered from the running machine (or a test).
+type healthInputs struct {
+	configProblem string
+	apiWanted     bool
+	apiUp         bool
+	network       network.NetworkConfig
+	addresses     map[string][]string // interface -> CIDRs the kernel has
+	services      []supervisor.ServiceStatus
+	checks        []string // the failed checks' messages
+}
+
+// healthProblems judges the inputs; empty when healthy.
+func healthProblems(in healthInputs) []string {
+	problems := configAndAPIProblems(in.configProblem, in.apiWanted, in.apiUp)
+	problems = append(problems, addressProblems(in.network, in.addresses)...)
+	for _, s := range in.services {
+		if !serviceHealthy(s) {
+			problems = append(problems, fmt.Sprintf("service %s is %s", s.Name, s.State))
+		}
+	}
+	return append(problems, in.checks...)
+}
+
+// addressProblems: some interface has an address others can reach, and every configured
+// interface has its static addresses.
+func addressProblems(cfg network.NetworkConfig, addresses map[string][]string) []string {
+	var problems []string
+	if !anyGlobal(addresses) {
+		problems = append(problems, "no interface has an address")
+	}
+	for _, iface := range cfg.Interfaces {
+		have := map[string]bool{}
+		for _, cidr := range addresses[iface.Name] {
+			have[canonicalCIDR(cidr)] = true
+		}
+		for _, want := range iface.Addresses {
+			if !have[canonicalCIDR(want)] {
+				problems = append(problems, fmt.Sprintf("%s lacks its address %s", iface.Name, want))
+			}
+		}
+	}
+	return problems
+}
+
+// anyGlobal says whether some address is one others can reach: neither loopback nor link-local.
+func anyGlobal(addresses map[string][]string) bool {
+	for _, cidrs := range addresses {
+		for _, cidr := range cidrs {
+			if ip, _, err := net.ParseCIDR(cidr); err == nil && ip.IsGlobalUnicast() {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// canonicalCIDR writes an address/prefix the one way, so 2001:DB8::1/64 equals 2001:db8::1/64.
+func canonicalCIDR(cidr string) string {
+	ip, ipnet, err := net.ParseCIDR(cidr)
+	if err != nil {
+		return cidr
+	}
+	ones, _ := ipnet.Mask.Size()
+	return ip.String() + "/" + strconv.Itoa(ones)
+}
+
+// serviceHealthy: a long-running service runs; a oneshot has run to its end.
+func serviceHealthy(s supervisor.ServiceStatus) bool {
+	return s.State == supervisor.StateRunning || (s.State == supervisor.StateExited && s.Type == "oneshot")
+}
+
+// runChecks tries every check once and says which failed.
+func runChecks(ctx context.Context, checks []HealthCheck) []string {
+	var failed []string
+	for _, c := range checks {
+		if err := runCheck(ctx, c); err != nil {
+			failed = append(failed, err.Error())
+		}
+	}
+	return failed
+}
+
+func runCheck(ctx context.Context, c HealthCheck) error {
+	ctx, cancel := context.WithTimeout(ctx, checkTimeout)
+	defer cancel()
+	if c.TCP != "" {
+		conn, err := (&net.Dialer{}).DialContext(ctx, "tcp", c.TCP)
+		if err != nil {
+			return fmt.Errorf("check tcp %s: %v", c.TCP, err)
+		}
+		return conn.Close()
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.HTTP, nil)
+	if err != nil {
+		return fmt.Errorf("check http %s: %v", c.HTTP, err)
+	}
+	client := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	resp, err := client.Do(req)
+	if err != nil {
+		return fmt.Errorf("check http %s: %v", c.HTTP, err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode >= 400 {
+		return fmt.Errorf("check http %s: status %d", c.HTTP, resp.StatusCode)
+	}
+	return nil
+}
+
+// judgeHealth gathers the machine's inputs now and judges them.
+func (m *machine) judgeHealth(ctx context.Context) []string {
+	cfg := m.runningConfig() // the network and checks a live config change gave, if any
+	return healthProblems(healthInputs{
+		configProblem: m.configProblem,
+		apiWanted:     m.cfg.API.Enabled(),
+		apiUp:         m.apiAddr != "",
+		network:       cfg.Network,
+		addresses:     kernelAddresses(),
+		services:      m.Services(),
+		checks:        runChecks(ctx, cfg.Health.Checks),
+	})
+}
+
+// publishHealth puts the verdict as the health resource; Since moves only when the verdict does.
+func (m *machine) publishHealth(problems []string, now time.Time) healthSpec {
+	spec := healthSpec{Healthy: len(problems) == 0, Problems: problems, Since: now}
+	if res, ok := m.resources.Get(healthType, healthID); ok {
+		if old, ok := resource.SpecOf[healthSpec](res); ok && old.Healthy == spec.Healthy {
+			spec.Since = old.Since
+		}
+	}
+	if _, err := m.resources.Put(healthOwner, healthType, healthID, spec); err != nil {
+		m.con.printf("health: %v", err)
+	}
+	return spec
+}
+
+// trialGate decides, verdict by verdict, when a trial slot has proved itself: healthy without
+// a break for the grace period, before the deadline.
+type trialGate struct {
+	grace    time.Duration
+	deadline time.Time
+}
+
+// step says "good" (mark it), "fail" (reboot for the next try) or "" (keep judging).
+func (g trialGate) step(h healthSpec, now time.Time) string {
+	switch {
+	case h.Healthy && !now.Before(h.Since.Add(g.grace)):
+		return "good"
+	case !now.Before(g.deadline):
+		return "fail"
+	}
+	return ""
+}
+
+// trialGrace is how long a trial slot must stay healthy before it is marked good
+// (kiln.trial_grace=, seconds).
+func trialGrace(params map[string]string) time.Duration {
+	if n, err := strconv.Atoi(params[paramTrialGrace]); err == nil && n >= 0 {
+		return time.Duration(n) * time.Second
+	}
+	return defaultTrialGrace
+}
+
+// watchHealth keeps the health resource current from ready on; on a trial boot it marks the
+// slot good once the gate opens, or reboots when the deadline passes first. The deadline is
+// the trial timeout from machined's start, and never less than the grace plus the network
+// wait from ready, so a slow boot that just made ready still gets its full grace period.
+func (m *machine) watchHealth(readyAt time.Time) {
+	trial := m.slots.bootedAs() == "trial"
+	grace := trialGrace(m.params)
+	deadline := m.started.Add(trialTimeout(m.params))
+	if least := readyAt.Add(grace + trialNetworkWait(m.params)); deadline.Before(least) {
+		deadline = least
+	}
+	gate := trialGate{grace: grace, deadline: deadline}
+	if trial {
+		m.con.printf("boot: slot %s becomes the default once healthy for %s", m.slots.slot, grace)
+	}
+	// judged in the background from the start, so the ready line does not wait on slow checks;
+	// the resource is there from the ready line on
+	m.publishHealth([]string{"not judged yet"}, readyAt)
+	safego.Go("health", func() {
+		for ; ; time.Sleep(healthEvery(trial)) {
+			now := time.Now()
+			h := m.publishHealth(m.judgeHealth(context.Background()), now)
+			if !trial {
+				continue
+			}
+			switch gate.step(h, now) {
+			case "good":
+				m.markTrialGood(grace)
+				trial = false
+			case "fail":
+				problems := h.Problems
+				if len(problems) == 0 {
+					problems = []string{fmt.Sprintf("it was not healthy for %s on end before the trial's deadline", grace)}
+				}
+				m.failTrial(problems)
+				return
+			}
+		}
+	})
+}
+
+func healthEvery(trial bool) time.Duration {
+	if trial {
+		return trialHealthEvery
+	}
+	return steadyHealthEvery
+}
+
+// markTrialGood makes the trial slot the default and says so.
+func (m *machine) markTrialGood(grace time.Duration) {
+	if err := m.slots.markGood(m.version); err != nil {
+		m.con.printf("boot: slot %s is healthy but could not be made the default: %v", m.slots.slot, err)
+	} else if m.slots.markedGood() {
+		m.con.printf("boot: slot %s stayed healthy for %s and is the default now", m.slots.slot, grace)
+	}
+}

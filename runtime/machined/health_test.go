@@ -1,0 +1,192 @@
+package main
+
+import (
+	"context"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"kiln/machined/internal/network"
+	"kiln/machined/internal/resource"
+	"kiln/machined/internal/supervisor"
+)
+
+func healthyInputs() healthInputs {
+	return healthInputs{
+		apiWanted: true,
+		apiUp:     true,
+		network: network.NetworkConfig{Interfaces: []network.InterfaceConfig{
+			{Name: "eth0", Addresses: []string{"10.0.2.77/24", "2001:DB8::7/64"}},
+		}},
+		addresses: map[string][]string{"eth0": {"10.0.2.77/24", "2001:db8::7/64", "fe80::1/64"}},
+		services: []supervisor.ServiceStatus{
+			{Name: "lldpd", State: supervisor.StateRunning},
+			{Name: "setup", State: supervisor.StateExited, Type: "oneshot"},
+		},
+	}
+}
+
+func TestHealthyWhenEverythingTheConfigAsksForIsThere(t *testing.T) {
+	if got := healthProblems(healthyInputs()); len(got) != 0 {
+		t.Fatalf("problems: %v", got)
+	}
+}
+
+func TestHealthNamesEachProblem(t *testing.T) {
+	cases := []struct {
+		name   string
+		break_ func(*healthInputs)
+		want   string
+	}{
+		{"config", func(in *healthInputs) { in.configProblem = "kept: bad yaml" }, "its config could not be used (kept: bad yaml)"},
+		{"api", func(in *healthInputs) { in.apiUp = false }, "the API the config asks for did not start"},
+		{"no address", func(in *healthInputs) {
+			in.network = network.NetworkConfig{}
+			in.addresses = map[string][]string{"eth0": {"fe80::1/64"}}
+		}, "no interface has an address"},
+		{"static missing", func(in *healthInputs) { in.addresses["eth0"] = []string{"10.0.2.15/24", "2001:db8::7/64"} }, "eth0 lacks its address 10.0.2.77/24"},
+		{"crash loop", func(in *healthInputs) { in.services[0].State = supervisor.StateBackoff }, "service lldpd is backoff"},
+		{"waiting", func(in *healthInputs) { in.services[0].State = supervisor.StateWaiting }, "service lldpd is waiting"},
+		{"long-running exited", func(in *healthInputs) { in.services[1].Type = "simple" }, "service setup is exited"},
+		{"check", func(in *healthInputs) { in.checks = []string{"check tcp 127.0.0.1:9: refused"} }, "check tcp 127.0.0.1:9: refused"},
+	}
+	for _, c := range cases {
+		in := healthyInputs()
+		c.break_(&in)
+		got := healthProblems(in)
+		if len(got) != 1 || got[0] != c.want {
+			t.Errorf("%s: %q, want [%q]", c.name, got, c.want)
+		}
+	}
+}
+
+func TestHealthConfigIsValidated(t *testing.T) {
+	good := HealthConfig{Checks: []HealthCheck{{TCP: "127.0.0.1:22"}, {TCP: "[::1]:80"}, {HTTP: "http://127.0.0.1:8080/healthz"}}}
+	if err := good.validate(); err != nil {
+		t.Fatal(err)
+	}
+	bad := map[string]HealthConfig{
+		"one of tcp or http": {Checks: []HealthCheck{{}}},
+		"give one of":        {Checks: []HealthCheck{{TCP: "a:1", HTTP: "http://a"}}},
+		"want HOST:PORT":     {Checks: []HealthCheck{{TCP: "localhost"}}},
+		"want an http":       {Checks: []HealthCheck{{HTTP: "file:///etc/passwd"}}},
+		"at most 16":         {Checks: make([]HealthCheck, 17)},
+	}
+	for want, h := range bad {
+		if err := h.validate(); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%+v: %v, want %q", h, err, want)
+		}
+	}
+	if _, err := parseConfig("c.yaml", []byte("health:\n  checks:\n    - tcp: nohost\n"), true); err == nil ||
+		!strings.Contains(err.Error(), "health.checks[0].tcp") {
+		t.Fatalf("parseConfig: %v", err)
+	}
+}
+
+func TestChecksAnswerOrSayWhy(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	closed, _ := net.Listen("tcp", "127.0.0.1:0")
+	closedAddr := closed.Addr().String()
+	closed.Close()
+	ok := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/bad" {
+			w.WriteHeader(http.StatusServiceUnavailable)
+		}
+	}))
+	defer ok.Close()
+	checks := []HealthCheck{{TCP: ln.Addr().String()}, {HTTP: ok.URL + "/healthz"}, {TCP: closedAddr}, {HTTP: ok.URL + "/bad"}}
+	got := runChecks(context.Background(), checks)
+	if len(got) != 2 || !strings.HasPrefix(got[0], "check tcp "+closedAddr) || got[1] != "check http "+ok.URL+"/bad: status 503" {
+		t.Fatalf("failed checks: %q", got)
+	}
+}
+
+func TestTheTrialGateOpensAfterAnUnbrokenGracePeriod(t *testing.T) {
+	start := time.Unix(1000, 0)
+	gate := trialGate{grace: 60 * time.Second, deadline: start.Add(10 * time.Minute)}
+	healthy := healthSpec{Healthy: true, Since: start}
+	if got := gate.step(healthy, start.Add(59*time.Second)); got != "" {
+		t.Fatalf("before the grace period: %q", got)
+	}
+	if got := gate.step(healthy, start.Add(60*time.Second)); got != "good" {
+		t.Fatalf("after it: %q", got)
+	}
+	// a break restarts the period: healthy again since 9.5 min, the deadline comes first
+	again := healthSpec{Healthy: true, Since: start.Add(9*time.Minute + 30*time.Second)}
+	if got := gate.step(again, start.Add(9*time.Minute+59*time.Second)); got != "" {
+		t.Fatalf("within the new period: %q", got)
+	}
+	if got := gate.step(again, start.Add(10*time.Minute)); got != "fail" {
+		t.Fatalf("at the deadline: %q", got)
+	}
+	if got := gate.step(healthSpec{Since: start}, start.Add(10*time.Minute)); got != "fail" {
+		t.Fatalf("unhealthy at the deadline: %q", got)
+	}
+}
+
+func TestTrialGrace(t *testing.T) {
+	if got := trialGrace(map[string]string{}); got != defaultTrialGrace {
+		t.Fatalf("default: %v", got)
+	}
+	if got := trialGrace(map[string]string{paramTrialGrace: "0"}); got != 0 {
+		t.Fatalf("0: %v", got)
+	}
+	if got := trialGrace(map[string]string{paramTrialGrace: "soon"}); got != defaultTrialGrace {
+		t.Fatalf("soon: %v", got)
+	}
+}
+
+func TestHealthResourceKeepsItsSinceWhileTheVerdictHolds(t *testing.T) {
+	m := &machine{con: quietConsole(), resources: resource.NewState()}
+	if err := m.resources.Claim(healthType, healthOwner); err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Unix(1000, 0)
+	m.publishHealth([]string{"no interface has an address"}, t0)
+	first := m.publishHealth(nil, t0.Add(time.Second))
+	second := m.publishHealth(nil, t0.Add(2*time.Second))
+	if !first.Healthy || !second.Since.Equal(t0.Add(time.Second)) {
+		t.Fatalf("since moved while healthy: %+v then %+v", first, second)
+	}
+	res, _ := m.resources.Get(healthType, healthID)
+	if res.Version != 2 {
+		t.Fatalf("an unchanged verdict bumped the version: %d", res.Version)
+	}
+	if got := m.Resources(string(healthType)); len(got) != 1 || got[0].Owner != healthOwner {
+		t.Fatalf("GET /v1/resources?type=health/machine: %+v", got)
+	}
+}
+
+func TestTheReadyLineIsAResourceToo(t *testing.T) {
+	m := &machine{con: quietConsole(), resources: resource.NewState(), version: "v1", kernel: "6.1", varSource: "/dev/vda6",
+		extensions: []Extension{{Name: "lldpd"}}}
+	if err := m.resources.Claim(readyType, readyOwner); err != nil {
+		t.Fatal(err)
+	}
+	m.publishReady()
+	got := m.Resources(string(readyType))
+	want := readySpec{Version: "v1", Kernel: "6.1", Extensions: []string{"lldpd"}, Var: "/dev/vda6", Platform: "metal"}
+	if len(got) != 1 || got[0].Owner != readyOwner || !reflect.DeepEqual(got[0].Spec, want) {
+		t.Fatalf("machine/ready: %+v", got)
+	}
+	if line := m.readyLine(); line != "machined ready: version=v1 kernel=6.1 extensions=[lldpd] var=/dev/vda6 platform=metal" {
+		t.Fatalf("ready line: %q", line)
+	}
+}

@@ -24,7 +24,7 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 import yaml
 
-from kiln.node import command
+from kiln.node import command, text
 from kiln.node.client import ApiError, Credentials, Endpoint, NodeClient, NodeError, NodeUnreachable, Tls
 from kiln.node.rollout import rolling_rollback
 from tests.conftest import Result
@@ -526,7 +526,7 @@ def ctrl_c_at(monkeypatch: pytest.MonkeyPatch, dump: Callable[..., str]) -> None
             raise KeyboardInterrupt
         return dump(value, output, **options)
 
-    monkeypatch.setattr(command, "_dump", dump_or_stop)
+    monkeypatch.setattr(command, "dump", dump_or_stop)
 
 
 def test_kiln_node_get_watch_prints_each_change_across_watches_until_ctrl_c(
@@ -534,7 +534,7 @@ def test_kiln_node_get_watch_prints_each_change_across_watches_until_ctrl_c(
 ) -> None:
     machine = machines()
     machine.watches = [FIRST, SECOND]
-    ctrl_c_at(monkeypatch, command._dump)
+    ctrl_c_at(monkeypatch, text.dump)
     result = kiln("node", "get", "--watch", "-o", "json", *flags(certs, machine))
     assert result.code == 0, result.err
     changes = [json.loads(text) for text in result.out.splitlines()]
@@ -557,7 +557,7 @@ def test_kiln_node_get_watch_as_a_table_and_as_yaml(
 ) -> None:
     machine = machines()
     machine.watches = [[line("current", STATUS_V1), line("synced"), line("updated", resource("stop", "now", 1))]]
-    monkeypatch.setattr(command, "watch_row", lambda change, row=command.watch_row: _row_or_stop(change, row))
+    monkeypatch.setattr(command, "watch_row", lambda change, row=text.watch_row: _row_or_stop(change, row))
     result = kiln("node", "get", "network/status", "applied", "-w", *flags(certs, machine))
     assert result.code == 0, result.err
     header, row = result.out.splitlines()
@@ -565,7 +565,7 @@ def test_kiln_node_get_watch_as_a_table_and_as_yaml(
     assert row.split() == [machine.endpoint, "current", "network/status", "applied", "1", "running", "network", "{}"]
     assert ("GET", "/v1/resources") in machine.requests
     machine.watches = [[line("current", STATUS_V1), line("synced"), line("updated", resource("stop", "now", 1))]]
-    ctrl_c_at(monkeypatch, command._dump)
+    ctrl_c_at(monkeypatch, text.dump)
     documents = list(yaml.safe_load_all(kiln("node", "get", "-w", "-o", "yaml", *flags(certs, machine)).out))
     assert documents == [{"node": machine.endpoint, "event": "current", "resource": STATUS_V1}]
 

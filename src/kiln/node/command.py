@@ -15,8 +15,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from kiln.core import console
 from kiln.core.errors import InputError, Location, printable
 from kiln.core.verb import Context
@@ -24,12 +22,12 @@ from kiln.core.yamlfile import read_text_file
 from kiln.node.client import ApiError, NodeClient, NodeError, UpgradeRequest
 from kiln.node.config import Flags, Target, resolve
 from kiln.node.rollout import Progress, Reporter, Rollout, rolling_rollback, rolling_upgrade
+from kiln.node.text import apply_lines, dump, progress_text, resource_lines, row, status_lines, watch_row
 from kiln.node.watch import Change, watch_nodes
 
 DEFAULT_TIMEOUT = 900.0
 CHANNELS = ("alpha", "beta", "stable")
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
-_MiB = 1 << 20
 POLL = 1.0  # seconds between two status requests while a node upgrades or reboots
 LINE_EVERY = 10.0  # plain progress: a line when the state changes, else at most one per node this often
 OUTPUTS = ("table", "json", "yaml")
@@ -197,81 +195,13 @@ def _ask_each(
         except NodeError as exc:
             answers.append({"node": client.name, "error": exc.reason})
     if output != "table":
-        print(_dump(answers, output), end="")
+        print(dump(answers, output), end="")
     for answer in answers:
         if "error" in answer:
             console.error(f"{answer['node']}: {answer['error']}")
         elif output == "table":
             print("\n".join(lines(answer["node"], answer[key])))
     return 1 if any("error" in answer for answer in answers) else 0
-
-
-def _dump(value: Any, output: str, *, document: bool = False) -> str:
-    """JSON or YAML text ending in a newline; control characters come out escaped either way."""
-    if output == "json":
-        return json.dumps(value, indent=None if document else 2) + "\n"
-    return yaml.safe_dump(value, sort_keys=False, allow_unicode=False, explicit_start=document)
-
-
-def status_lines(node: str, status: dict[str, Any]) -> list[str]:
-    """One node's block of `kiln node status`; every value from the machine made printable."""
-    kernel, hostname = _text(status.get("kernel")), _text(status.get("hostname"))
-    uptime = status.get("uptime_seconds")
-    lines = [f"{node}" + (f"  {hostname}" if hostname else "")]
-    running = f"  version:   {_text(status.get('version')) or '?'}" + (f" (kernel {kernel})" if kernel else "")
-    lines.append(running + (f", up {_duration(uptime)}" if isinstance(uptime, int | float) else ""))
-    lines += _boot_lines(status.get("boot"))
-    lines.append(f"  upgrade:   {_upgrade_text(status.get('upgrade'))}")
-    lines.append(f"  services:  {_services_text(status.get('services'))}")
-    return lines
-
-
-def _boot_lines(boot: Any) -> list[str]:
-    if not isinstance(boot, dict):
-        return ["  boot:      not from an A/B disk"]
-    slot, default = _text(boot.get("slot")), _text(boot.get("default"))
-    lines = [f"  boot:      slot {slot or '?'} as {_text(boot.get('booted_as')) or '?'} (default {default or '?'})"]
-    previous = _text(boot.get("previous_version")) or "empty"
-    lines.append(f"  previous:  slot {_text(boot.get('previous_slot')) or '?'}: {previous}")
-    if boot.get("rolled_back"):
-        rolled = _text(boot.get("rolled_back_slot"))
-        version = _text(boot.get("rolled_back_version"))
-        lines.append(f"  rolled back: yes (slot {rolled or '?'}" + (f", {version})" if version else ")"))
-    else:
-        lines.append("  rolled back: no")
-    trial = boot.get("trial")
-    if isinstance(trial, dict):
-        lines.append(f"  trial:     slot {_text(trial.get('slot'))}, {_text(trial.get('tries_left'))} tries left")
-    if boot.get("error"):
-        lines.append(f"  boot error: {_text(boot.get('error'))}")
-    return lines
-
-
-def _upgrade_text(upgrade: Any) -> str:
-    if not isinstance(upgrade, dict) or not upgrade.get("state"):
-        return "idle"
-    state = _text(upgrade.get("state"))
-    source = _text(upgrade.get("image") or upgrade.get("url") or "")
-    version = _text(upgrade.get("version"))
-    text = state + _mib(upgrade.get("pulled_bytes"), upgrade.get("total_bytes"))
-    text += f" {source}" if source else ""
-    text += f" -> {version}" if version else ""
-    text += " (unsigned)" if upgrade.get("unsigned") is True else ""
-    if state == "failed":
-        text += f": {_text(upgrade.get('error')) or 'no reason given'}"
-    return text
-
-
-def _services_text(services: Any) -> str:
-    if not isinstance(services, list) or not services:
-        return "none"
-    states: dict[str, list[str]] = {}
-    for service in services:
-        if isinstance(service, dict):
-            states.setdefault(_text(service.get("state")) or "?", []).append(_text(service.get("name")))
-    parts = [f"{len(names)} {state}" for state, names in sorted(states.items())]
-    troubled = sorted(name for state in ("failed", "backoff") for name in states.get(state, []))
-    return ", ".join(parts) + (f" ({', '.join(troubled)})" if troubled else "")
 
 
 def _get(args: argparse.Namespace, target: Target) -> int:
@@ -291,44 +221,16 @@ def _get(args: argparse.Namespace, target: Target) -> int:
 def _watch(args: argparse.Namespace, target: Target) -> int:
     """Each change of each node's resources as it comes, until Ctrl-C: a table row, a JSON line or a YAML document."""
     if args.output == "table":
-        print(_watch_row(["NODE", "EVENT", "TYPE", "ID", "VERSION", "PHASE", "OWNER"], "SPEC"), flush=True)
+        print(row(["NODE", "EVENT", "TYPE", "ID", "VERSION", "PHASE", "OWNER"], "SPEC"), flush=True)
 
     def emit(change: Change) -> None:
         if args.output == "table":
             print(watch_row(change), flush=True)
         else:
             as_dict = {"node": change.node, "event": change.event, "resource": change.resource}
-            print(_dump(as_dict, args.output, document=True), end="", flush=True)
+            print(dump(as_dict, args.output, document=True), end="", flush=True)
 
     return watch_nodes(target.clients(), args.type, args.id, emit, console.error)
-
-
-_WATCH_WIDTHS = (21, 9, 16, 10, 7, 12, 8)
-
-
-def watch_row(change: Change) -> str:
-    """One change as a row of `kiln node get --watch` (node, event, type, id, version, phase, owner, spec)."""
-    r = change.resource
-    cells = [printable(change.node), change.event, *(_text(r.get(name)) for name in ("type", "id", "version", "phase"))]
-    spec = printable(json.dumps(r.get("spec"), sort_keys=True, separators=(",", ":")))
-    return _watch_row([*cells, _text(r.get("owner"))], spec)
-
-
-def _watch_row(cells: list[str], spec: str) -> str:
-    return "  ".join([*(cell.ljust(width) for cell, width in zip(cells, _WATCH_WIDTHS, strict=True)), spec])
-
-
-def resource_lines(node: str, resources: list[dict[str, Any]]) -> list[str]:
-    """One node's resources as a table (node, type, id, version, phase, owner), each row ending in its spec's JSON."""
-    columns = ("type", "id", "version", "phase", "owner")
-    rows = [["NODE", *(name.upper() for name in columns)]]
-    rows += [[printable(node), *(_text(r.get(name)) for name in columns)] for r in resources]
-    specs = ["SPEC", *(printable(json.dumps(r.get("spec"), sort_keys=True, separators=(",", ":"))) for r in resources)]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return [
-        "  ".join([*(cell.ljust(w) for cell, w in zip(row, widths, strict=True)), spec])
-        for row, spec in zip(rows, specs, strict=True)
-    ]
 
 
 def _apply_config(args: argparse.Namespace, target: Target) -> int:
@@ -352,27 +254,6 @@ def _apply_config(args: argparse.Namespace, target: Target) -> int:
     else:
         print("\n".join(apply_lines(client.name, report)))
     return 0
-
-
-_APPLY_HEADS = {"auto": "config applied", "staged": "config staged for the next boot"}
-
-
-def apply_lines(node: str, report: dict[str, Any]) -> list[str]:
-    """A node's report on an applied config: what happened, then one line per section and the node's notes."""
-    mode, kept, version = _text(report.get("mode")), _text(report.get("kept")), report.get("config_version")
-    head = _APPLY_HEADS.get(mode, "dry run, what auto would do")
-    head += f", kept in {kept}" if kept else ""
-    head += f"; config/machine version {version}" if isinstance(version, int) and version else ""
-    lines = [f"{printable(node)}: {head}"]
-    sections = report.get("sections")
-    for section in sections if isinstance(sections, list) else []:
-        if isinstance(section, dict):
-            why = _text(section.get("why"))
-            result = _text(section.get("result")) + (f": {why}" if why else "")
-            lines.append(f"  {_text(section.get('section')):<20}{result}")
-    notes = report.get("notes")
-    lines += [f"  note: {_text(note)}" for note in (notes if isinstance(notes, list) else [])]
-    return lines
 
 
 def _logs(args: argparse.Namespace, target: Target) -> int:
@@ -458,33 +339,3 @@ class _LineReporter:
             return
         self.last[progress.node] = (progress.state, now)
         console.say_line(progress_text(progress))
-
-
-def progress_text(progress: Progress) -> str:
-    """`10.0.0.5:50000: pulling 12.0/80.0 MiB to 0.2.0`."""
-    mib = _mib(progress.pulled_bytes, progress.total_bytes) if progress.state == "pulling" else ""
-    return f"{progress.node}: {progress.state}{mib}" + (f" {progress.detail}" if progress.detail else "")
-
-
-def _mib(pulled: Any, total: Any) -> str:
-    if not isinstance(pulled, int) or isinstance(pulled, bool) or pulled <= 0:
-        return ""
-    if isinstance(total, int) and not isinstance(total, bool) and total > 0:
-        return f" {pulled / _MiB:.1f}/{total / _MiB:.1f} MiB"
-    return f" {pulled / _MiB:.1f} MiB"
-
-
-def _duration(seconds: float) -> str:
-    whole = int(seconds)
-    days, rest = divmod(whole, 86400)
-    hours, rest = divmod(rest, 3600)
-    minutes, secs = divmod(rest, 60)
-    if days:
-        return f"{days}d {hours}h"
-    if hours:
-        return f"{hours}h {minutes}m"
-    return f"{minutes}m {secs}s" if minutes else f"{secs}s"
-
-
-def _text(value: Any) -> str:
-    return printable(str(value)) if value is not None else ""

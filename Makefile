@@ -34,11 +34,16 @@ image: setup
 	$(KILN) image metal iso --out _out
 
 # A release: every shipped profile, built with the full bootstrapped `toolchain` (binutils + gcc +
-# musl from source, 14 minutes cold on 2 idle cores) instead of CI's quick toolchain-seed.
+# musl from source, 14 minutes cold on 2 idle cores) instead of CI's quick toolchain-seed. With
+# RELEASE_KEYS=DIR (kiln keys generate DIR), each profile's directory is signed with DIR's release
+# key: SHA256SUMS.sig, and the provenance as a DSSE envelope (docs/provenance.md); `kiln verify`
+# checks both.
 RELEASE_PROFILES := $(basename $(notdir $(wildcard profiles/*.yaml)))
+RELEASE_KEYS ?=
 release: setup
 	$(KILN) validate --set toolchain=toolchain
-	$(KILN) image $(RELEASE_PROFILES) --set toolchain=toolchain --out _release
+	$(KILN) image $(RELEASE_PROFILES) --set toolchain=toolchain --out _release $(if $(RELEASE_KEYS),--keys $(RELEASE_KEYS))
+	$(if $(RELEASE_KEYS),,@echo "make release: not signed; RELEASE_KEYS=DIR signs it with DIR's release key")
 
 # Everything the tests need runs first: the host tools (setup), and the Docker engine and OCI
 # registry the runner, cache and installer tests use (services). Then two lanes at once

@@ -6,7 +6,7 @@
 # images needs (IMAGE_PACKAGES: the sandbox, debootstrap, the archivers, GRUB, xorriso, mtools,
 # the strip of each arch, qemu-user for arm64's cross-built test steps), for a CI job that builds
 # and uploads images (docs/ci.md); without it, everything the tests need too (QEMU system
-# emulators and firmware, swtpm, the signing tools, the installer's file systems, Go, ...).
+# emulators and firmware, swtpm, the signing tools, the installer's file systems, Go, Azurite, ...).
 #
 # skopeo and cosign check Kiln's signed installer images as a user would (tests/integration/
 # test_release_push_cosign.py). Debian 12's skopeo has sigstore verification compiled out by a
@@ -27,9 +27,12 @@ PACKAGES="python3-venv graphviz fonts-dejavu-core fish diffoscope-minimal bubble
   libtss2-esys-3.0.2-0 libtss2-tcti-swtpm0 libtss2-rc0 chromium skopeo"
 VERIFIERS_HOME=/usr/local/lib/kiln/debian13
 VERIFIERS_DEBS="skopeo cosign libc6 libgpgme11t64 libassuan9 libgpg-error0 libsqlite3-0"
-FULL=1
+# Azurite, Microsoft's Azure Storage emulator (npm), which `kiln release upload azure`'s tests start
+# themselves. 3.35.0 is the newest release that runs on Node 20 (3.36 asks for Node 21 or later).
+AZURITE_VERSION=3.35.0
+TEST_TOOLS=1
 case "${1:-}" in
-    --image) PACKAGES=$IMAGE_PACKAGES; FULL="" ;;
+    --image) PACKAGES=$IMAGE_PACKAGES; TEST_TOOLS="" ;;
     "") ;;
     *) echo "usage: $0 [--image]" >&2; exit 2 ;;
 esac
@@ -56,6 +59,18 @@ fi
 if [ -n "$missing" ]; then
     echo "setup-host: installing$missing"
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends $missing
+fi
+
+# Azurite from npm, unless this version is installed already. npm comes with NodeSource's nodejs;
+# Debian's own nodejs (18) needs its npm package beside it.
+if [ -n "$TEST_TOOLS" ] && [ "$(azurite --version 2>/dev/null || true)" != "$AZURITE_VERSION" ]; then
+    if ! command -v npm >/dev/null 2>&1; then
+        echo "setup-host: installing nodejs npm (for Azurite)"
+        $SUDO apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends nodejs npm
+    fi
+    echo "setup-host: installing azurite@$AZURITE_VERSION (npm)"
+    $SUDO npm install --global --no-audit --no-fund --loglevel=error "azurite@$AZURITE_VERSION"
 fi
 
 # Cross builds run their packages' test steps through qemu-user: register its binfmt handler
@@ -113,6 +128,6 @@ install_debian13_verifiers() {
     "$VERIFIERS_HOME/skopeo" --version
     "$VERIFIERS_HOME/cosign" version 2>&1 | grep -i '^GitVersion' || true
 }
-if [ -n "$FULL" ]; then
+if [ -n "$TEST_TOOLS" ]; then
     install_debian13_verifiers
 fi

@@ -57,6 +57,7 @@ def test_the_ci_recipe_pulls_from_the_registry_and_uploads_checked_artifacts(tmp
         "SHA256SUMS",
         "metal/manifest.json",
         "metal/metal-amd64.raw.zst",
+        "metal/provenance.intoto.json",
         "metal/sbom.cdx.json",
         "metal/sbom.spdx.json",
     ]

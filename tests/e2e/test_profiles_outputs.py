@@ -133,3 +133,6 @@ def test_artifact_names_and_one_sha256sums_over_the_release(two_runs: tuple[Path
     checked = subprocess.run(["sha256sum", "--strict", "--quiet", "-c", "SHA256SUMS"], cwd=first, capture_output=True)
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert sums == (second / "SHA256SUMS").read_text()  # the release's checksums are reproducible too
+    # each directory's provenance records when it ran: present, and never among what is compared
+    assert all((first / p / "provenance.intoto.json").is_file() for p in PROFILES)
+    assert "provenance.intoto.json" not in sums

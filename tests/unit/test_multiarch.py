@@ -261,6 +261,7 @@ def test_two_platforms_write_one_directory_and_one_manifest(tmp_path: Path, grap
         "kernel-amd64",
         "kernel-arm64",
         "manifest.json",
+        "provenance.intoto.json",
         "sbom-amd64.cdx.json",
         "sbom-amd64.spdx.json",
         "sbom-arm64.cdx.json",
@@ -270,6 +271,7 @@ def test_two_platforms_write_one_directory_and_one_manifest(tmp_path: Path, grap
         "initramfs-amd64.zst",
         "initramfs-arm64.zst",
         "manifest.json",
+        "provenance.intoto.json",
         "sbom-amd64.cdx.json",
         "sbom-amd64.spdx.json",
         "sbom-arm64.cdx.json",
@@ -298,6 +300,11 @@ def test_two_platforms_write_one_directory_and_one_manifest(tmp_path: Path, grap
     assert manifest["platforms"]["linux/amd64"]["cmdline"] == "console=ttyS0 kiln.platform=metal"
     # the inputs every platform shares; the rest per platform
     assert sorted(manifest["inputs"]) == ["initramfs_sha256", "packages", "profile_sha256", "source_date_epoch"]
+    # one provenance over the merged directory: its files as subjects, both platforms as parameters
+    provenance = json.loads((out / "kernel/provenance.intoto.json").read_text())
+    subjects = [subject["name"] for subject in provenance["subject"]]
+    assert subjects == sorted(set(tree(out / "kernel")) - {"provenance.intoto.json"})
+    assert provenance["predicate"]["buildDefinition"]["externalParameters"]["platforms"] == PLATFORMS
     sbom = json.loads((out / "kernel/sbom-arm64.spdx.json").read_text())
     assert sbom["name"] == "kiln-kernel-0.1.0"
 
@@ -520,6 +527,7 @@ def test_the_cli_writes_both_platforms_and_says_how_long_each_took(
     assert sorted(p.name for p in (tmp_path / "one/k").iterdir()) == [
         "kernel-arm64",
         "manifest.json",
+        "provenance.intoto.json",
         "sbom.cdx.json",
         "sbom.spdx.json",
     ]

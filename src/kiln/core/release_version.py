@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 from pathlib import Path
 
 from kiln import __version__
 from kiln.core.errors import InputError, Location
+from kiln.core.gitstate import git
 from kiln.core.semver import SEMVER
 
 VERSION_ENV = "KILN_VERSION"
@@ -54,28 +54,18 @@ def from_describe(describe: str, *, dirty: bool) -> str | None:
     return f"{major}.{minor}.{patch + 1}-dev.{distance}.g{commit}{suffix}"
 
 
-def _git(root: Path, *args: str) -> str | None:
-    try:
-        result = subprocess.run(
-            ["git", "-C", str(root), *args], capture_output=True, text=True, check=False, timeout=30
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return result.stdout.strip() if result.returncode == 0 else None
-
-
 def git_version(root: Path) -> str | None:
     """The project's version from git: its newest X.Y.Z tag, or 0.0.0-dev.<commits>.g<commit> without
     one; None outside a git work tree (or without git)."""
-    commit = _git(root, "rev-parse", "--short=12", "HEAD")
+    commit = git(root, "rev-parse", "--short=12", "HEAD")
     if commit is None:
         return None
-    dirty = bool(_git(root, "status", "--porcelain", "--untracked-files=no"))
-    describe = _git(root, "describe", "--tags", "--long", "--abbrev=12", "--match", "*[0-9].[0-9]*.[0-9]*")
+    dirty = bool(git(root, "status", "--porcelain", "--untracked-files=no"))
+    describe = git(root, "describe", "--tags", "--long", "--abbrev=12", "--match", "*[0-9].[0-9]*.[0-9]*")
     version = from_describe(describe, dirty=dirty) if describe else None
     if version is not None:
         return version
-    count = _git(root, "rev-list", "--count", "HEAD") or "0"
+    count = git(root, "rev-list", "--count", "HEAD") or "0"
     return f"0.0.0-dev.{count}.g{commit}{'.dirty' if dirty else ''}"
 
 

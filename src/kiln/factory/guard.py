@@ -19,83 +19,28 @@ import ipaddress
 import json
 import re
 import socket
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from kiln.core.errors import BuildError, InputError
+from kiln.core.secrets import findings
 from kiln.factory.builds import Runner, Target
 from kiln.image.oci_extension import Reference, is_oci
 
-PRIVATE_KEY = re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY[A-Z ]*-----")
-# Tokens in formats their issuers publish: AWS access key IDs, GitHub, GitLab, Slack, Google API keys, Stripe.
-TOKEN_FORMATS = re.compile(
-    r"\b(AKIA[0-9A-Z]{16}|gh[pousr]_[A-Za-z0-9]{36,}|github_pat_[A-Za-z0-9_]{22,}|glpat-[A-Za-z0-9_-]{20,}"
-    r"|xox[abposr]-[A-Za-z0-9-]{10,}|AIza[0-9A-Za-z_-]{35}|[sr]k_live_[0-9A-Za-z]{16,}"
-    r"|eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,})"  # and signed JWTs
-)
-URL_PASSWORD = re.compile(r"[a-z][a-z0-9+.-]*://[^/\s:@]*:[^/\s@]+@", re.IGNORECASE)  # scheme://user:password@
-# Field names (machine_config keys, service env names, NAME=value in arguments) that hold secrets.
-SECRET_NAME = re.compile(
-    r"(?:^|[_.-])(?:password|passwd|passphrase|secret|token|api[_-]?key|apikey|private[_-]?key|access[_-]?key"
-    r"|secret[_-]?key|client[_-]?secret|credentials?|auth[_-]?key)(?:$|[_.-])",
-    re.IGNORECASE,
-)
-NAMES_A_PLACE = re.compile(r"[_.-](?:file|path|dir|url)$", re.IGNORECASE)
-ASSIGNMENT = re.compile(r"^-{0,2}(?P<name>[A-Za-z0-9_.-]+)=(?P<value>.+)$")
 ALLOWED_ENTRY = re.compile(r"[a-z0-9]([a-z0-9.-]*[a-z0-9])?(:[0-9]{1,5})?")
-KEY_FIELDS = {("api", "key")}  # machine_config paths that hold a private key whatever its text
 
 
 def secrets_in(fields: dict[str, Any]) -> list[str]:
-    """Where a schematic's canonical fields hold a secret, as `path: what` lines (empty: none)."""
-    return [f"{path}: {what}" for path, what in _walk(fields, ())]
-
-
-def _walk(value: Any, path: tuple[str, ...]) -> Iterator[tuple[str, str]]:
-    where = ".".join(path) or "schematic"
-    if isinstance(value, dict):
-        for key, item in value.items():
-            inner = (*path, str(key))
-            if _in_config(inner) and item not in (None, "", [], {}) and _secret_field(inner):
-                yield ".".join(inner), f"a field named {key!r} holds a secret"
-                continue
-            yield from _walk(item, inner)
-    elif isinstance(value, list):
-        for index, item in enumerate(value):
-            yield from _walk(item, (*path, str(index)))
-    elif isinstance(value, str):
-        what = _secret_text(value)
-        if what:
-            yield where, what
-
-
-def _secret_field(path: tuple[str, ...]) -> bool:
-    return path[-2:] in KEY_FIELDS or _secret_name(path[-1])
+    """Where a schematic's canonical fields hold a secret, as `path: what` lines (empty: none);
+    the rule is kiln.core.secrets', field names counting inside a machine config only."""
+    return [f"{path}: {what}" for path, what in findings(fields, _in_config, top="schematic")]
 
 
 def _in_config(path: tuple[str, ...]) -> bool:
     """Whether a path is inside a machine config (the schematic's own keys are never secrets)."""
     return "machine_config" in path[:-1]
-
-
-def _secret_text(text: str) -> str:
-    if PRIVATE_KEY.search(text):
-        return "holds a PEM private key"
-    if TOKEN_FORMATS.search(text):
-        return "holds an access token"
-    if URL_PASSWORD.search(text):
-        return "holds a URL with a password"
-    assigned = ASSIGNMENT.match(text)
-    if assigned and _secret_name(assigned["name"]):
-        return f"sets {assigned['name']!r}, a secret"
-    return ""
-
-
-def _secret_name(name: str) -> bool:
-    """A name that says it holds a secret (`API_KEY`, `db_password`), not where one is (`TOKEN_FILE`)."""
-    return bool(SECRET_NAME.search(name)) and not NAMES_A_PLACE.search(name)
 
 
 Resolver = Callable[[str, int], Iterable[str]]

@@ -3,9 +3,9 @@
 Order of work: load and check every profile (all errors at once), build the union of their
 packages through the graph, assemble kernel + initramfs once per distinct set of inputs, then
 write the outputs of all profiles concurrently (they are independent and mostly wait on
-tools), each into DIR/<name>/ with manifest.json and SBOMs (SPDX and CycloneDX). A profile's directory is
-written under a temporary name and renamed into place, so a failed run leaves the previous
-output intact.
+tools), each into DIR/<name>/ with manifest.json, SBOMs (SPDX and CycloneDX) and its SLSA provenance
+(kiln.image.provenance). A profile's directory is written under a temporary name and renamed into
+place, so a failed run leaves the previous output intact.
 """
 
 from __future__ import annotations
@@ -29,13 +29,14 @@ from kiln.core.errors import BuildError, InputError, KilnError
 from kiln.core.hashing import file_sha256
 from kiln.image.arch import check_kernel_arch, check_kernel_files, loader_for
 from kiln.image.assets import BootAssets
-from kiln.image.keys import boot_chain_keys, module_signer, resolve_keys
 from kiln.image.manifest import SbomPackage, load_spdx, write_manifest, write_spdx
 from kiln.image.oci_extension import Pulled, Reference, extension_layers, is_oci, pull_all
 from kiln.image.order import expected_cost
 from kiln.image.outputs.kinds import KINDS, Writer
 from kiln.image.profile import CONFIG_PATH, Profile
+from kiln.image.provenance import Origin, Part, origin, write_provenance
 from kiln.image.sbom_cyclonedx import write_cyclonedx
+from kiln.image.signing_keys import boot_chain_keys, module_signer, resolve_keys
 from kiln.pkg.graph import Graph
 from kiln.rootfs.extension import manifest_for
 from kiln.signing.modules import ModuleSigner
@@ -53,6 +54,8 @@ class Built:
     keys: dict[str, str]
     epoch: int
     pulled: dict[str, Pulled] = field(default_factory=dict)  # extensions from registries, by reference
+    started: float = 0.0  # time.time() when the run began: the provenance's startedOn
+    runner: str = "sandbox"  # what ran the packages' steps: the provenance's builder
 
 
 @dataclass
@@ -76,6 +79,7 @@ def build_packages(
     what a registry cache has is pulled first (kiln build --cache-from)."""
     from kiln.build.session import Session, choose_progress
 
+    started = time.time()
     targets: list[str] = list(extra)
     for profile in profiles:
         targets += [*profile.packages_to_build(), *KINDS[profile.kind].packages]
@@ -87,7 +91,8 @@ def build_packages(
         progress = choose_progress(json_output=json_output)
         session.build_all(targets, jobs, progress, purpose="cannot make the images", cache_from=cache_from)
     trees = session.trees(targets)
-    return Built(graph, trees, session.keys, session.source_date_epoch, pulled)
+    runner = session.builder.runner.name
+    return Built(graph, trees, session.keys, session.source_date_epoch, pulled, started, runner)
 
 
 class AssetMaker:
@@ -282,8 +287,9 @@ def replace_dir(new: Path, final: Path, aside: Path, tries: int = 100) -> None:
     raise BuildError(f"could not replace {final}: other runs keep writing it")
 
 
-def make_profile(profile: Profile, maker: AssetMaker, out: Path, say: Say) -> Result:
-    """All of one profile's output, renamed into out/<name>/ once complete."""
+def make_profile(profile: Profile, maker: AssetMaker, out: Path, say: Say, run: Origin | None) -> Result:
+    """All of one profile's output, renamed into out/<name>/ once complete; its provenance with `run`
+    (None: the caller writes one later, as a multi-platform merge does)."""
     began = time.monotonic()
     assets = maker.assets(profile)
     final = out / profile.name
@@ -305,6 +311,8 @@ def make_profile(profile: Profile, maker: AssetMaker, out: Path, say: Say) -> Re
             **({"schematic": schematic} if schematic else {}),
         }
         manifest = write_manifest(dest, identity, manifest_inputs(profile, assets, maker.built))
+        if run is not None:
+            write_provenance(dest, [Part(profile, maker.built)], run)
         keys = resolve_keys(profile, None)
         if keys is not None:
             say(f"{profile.name}: signing SHA256SUMS with the release key")
@@ -328,17 +336,21 @@ def load_worker_modules(profiles: list[Profile]) -> None:
     load_spdx()
 
 
-def make_images(profiles: list[Profile], built: Built, out: Path, jobs: int, say: Say) -> list[Result]:
-    """Write every profile's outputs under out/, `jobs` profiles at a time."""
+def make_images(
+    profiles: list[Profile], built: Built, out: Path, jobs: int, say: Say, *, provenance: bool = True
+) -> list[Result]:
+    """Write every profile's outputs under out/, `jobs` profiles at a time; each with its provenance
+    unless `provenance` is False (the caller merges the directories and writes one for the merge)."""
     check_kernel_files(profiles)
     out.mkdir(parents=True, exist_ok=True)
     load_worker_modules(profiles)
+    run = origin(built) if provenance else None  # git and the trees' digests, once for every profile
     with tempfile.TemporaryDirectory(prefix=".kiln-assets-", dir=out) as work:
         maker = AssetMaker(built, Path(work), say)
         with ThreadPoolExecutor(max_workers=max(jobs, 1)) as pool:
             # the longest first, so no long one starts last while the other workers idle
             order = sorted(range(len(profiles)), key=lambda i: expected_cost(profiles[i]), reverse=True)
-            started = {i: pool.submit(make_profile, profiles[i], maker, out, say) for i in order}
+            started = {i: pool.submit(make_profile, profiles[i], maker, out, say, run) for i in order}
             futures = [started[i] for i in range(len(profiles))]
             results = []
             errors: list[str] = []

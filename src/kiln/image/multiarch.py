@@ -13,7 +13,8 @@ previous DIR/<profile>/ or the complete new one:
   in outputs.kinds);
 - an installer also gets one OCI image index over its arches: `<name>-oci/` and
   `<name>-index.tar` (outputs.installer.build_installer_index);
-- one manifest.json (manifest.write_platforms_manifest) lists every artifact with its arch.
+- one manifest.json (manifest.write_platforms_manifest) lists every artifact with its arch;
+- one provenance (kiln.image.provenance) covers the merged directory, with every platform's packages.
 """
 
 from __future__ import annotations
@@ -30,10 +31,11 @@ from typing import Any
 from kiln.core.errors import BuildError, InputError, InputErrors, KilnError
 from kiln.image.checks import check_packages, with_release_version
 from kiln.image.imager import Built, Result, build_packages, make_images, replace_dir
-from kiln.image.keys import resolve_keys
 from kiln.image.manifest import MANIFEST, SBOMS, artifacts, write_platforms_manifest
 from kiln.image.outputs.kinds import KINDS
 from kiln.image.profile import Profile, raise_all, resolve_platform
+from kiln.image.provenance import Part, origin, write_provenance
+from kiln.image.signing_keys import resolve_keys
 from kiln.pkg.graph import Graph
 from kiln.pkg.variables import Platform
 from kiln.signing.release import SIGNATURE, SUMS, sign_release
@@ -209,9 +211,11 @@ def make_platform_images(
                 made.setdefault(result.profile.name, {})[part.platform] = result.directory
                 seconds.setdefault(result.profile.name, {})[part.platform] = result.seconds
             times.append(took)
-        for profile in parts[0].profiles:
+        run = origin(parts[0].built)
+        for index, profile in enumerate(parts[0].profiles):
             merged = staging / "merged" / profile.name
             listed = merge_profile(profile.name, profile.kind, made[profile.name], merged)
+            write_provenance(merged, [Part(part.profiles[index], part.built) for part in parts], run)
             keys = resolve_keys(profile, None)
             if keys is not None:  # each platform's SHA256SUMS was left out of the merge: one for all
                 sign_release(merged, keys)
@@ -224,7 +228,8 @@ def make_platform_images(
 def _platform_images(part: PlatformBuild, staging: Path, jobs: int, say: Say) -> tuple[list[Result], PlatformTime]:
     began = time.monotonic()
     say(f"{part.platform}: writing images")
-    results = make_images(part.profiles, part.built, staging / part.arch, jobs, _prefixed(say, part.arch))
+    prefixed = _prefixed(say, part.arch)
+    results = make_images(part.profiles, part.built, staging / part.arch, jobs, prefixed, provenance=False)
     took = PlatformTime(part.platform, part.package_seconds, time.monotonic() - began)
     say(took.line())
     return results, took

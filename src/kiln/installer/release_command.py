@@ -18,8 +18,10 @@ from typing import TYPE_CHECKING
 
 from kiln.core.console import say_line
 from kiln.core.errors import InputError
+from kiln.core.verb import Context
 from kiln.installer.image_layout import open_layout
 from kiln.installer.release import CHANNELS, Pushed, check_upgrade_from, push_releases, read_releases
+from kiln.pkg.options import add_tree_options
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ec import EllipticCurvePrivateKey
@@ -31,6 +33,11 @@ SIGNATURE_FORMATS = ("cosign", "kiln-v1")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "push an installer OCI layout (or its .tar, or an installer profile, built first) to a "
+        "registry under the tag of its version, annotated with its channel, architecture and --upgrade-from"
+    )
+    add_tree_options(parser)
     parser.add_argument(
         "source",
         metavar="LAYOUT_OR_PROFILE",
@@ -76,9 +83,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print a JSON summary")
 
 
-def run(args: argparse.Namespace, load: Callable[[str], Graph]) -> int:
+def run(ctx: Context[Graph]) -> int:
     from kiln.core.registry import Ref
 
+    args = ctx.args
     ref = Ref.parse(args.to)
     upgrade_from = check_upgrade_from(args.upgrade_from)
     signing_key = _signing_key(args.sign, args.signature_format)
@@ -91,7 +99,7 @@ def run(args: argparse.Namespace, load: Callable[[str], Graph]) -> int:
     elif "/" in args.source or args.source.endswith(".tar"):
         raise InputError(f"{args.source}: no such installer layout or tarball")
     else:
-        path = build_profile(args, load)
+        path = build_profile(args, ctx.graph)
     with open_layout(path) as layout:
         pushed = push_releases(read_releases(layout), ref, args.channel, upgrade_from)
     if signing_key is not None:

@@ -7,6 +7,11 @@ Layout of a signed directory (what `kiln verify` and plain tools check):
                     as bytes; SHA256SUMS and SHA256SUMS.sig at the top are not listed
     SHA256SUMS.sig  the raw 64-byte Ed25519 signature of SHA256SUMS' bytes, which
                     `openssl pkeyutl -verify -pubin -inkey release.pub -rawin` checks
+    provenance.intoto.json   the SLSA provenance of the directory (kiln.image.provenance), when
+                    `kiln image` wrote one; it records when the build ran, so it is not listed
+                    in SHA256SUMS (whose bytes must be the same for the same inputs)
+    provenance.intoto.jsonl  the provenance in a DSSE envelope signed with the same key
+                    (kiln.signing.dsse), what kiln.signing.attestation checks
 
 Ed25519 signatures are deterministic, so the same key over the same files gives the same bytes.
 Only regular files are signed: a symbolic link or special file in the tree is refused, never
@@ -32,10 +37,15 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 
 from kiln.core.errors import InputError, InputErrors, KilnError, printable
 from kiln.core.hashing import file_sha256
+from kiln.signing import dsse
 from kiln.signing.keyset import RELEASE, KeySet
 
 SUMS = "SHA256SUMS"
 SIGNATURE = "SHA256SUMS.sig"
+PROVENANCE = "provenance.intoto.json"
+ENVELOPE = "provenance.intoto.jsonl"  # JSON Lines of DSSE envelopes, as SLSA's own generators name theirs
+UNLISTED = (SUMS, SIGNATURE, PROVENANCE, ENVELOPE)  # files at the top that SHA256SUMS never lists
+MAX_PROVENANCE = 16 << 20  # bytes of a provenance a verifier reads
 SIGNATURE_SIZE = 64  # an Ed25519 signature
 MAX_SUMS = 16 << 20  # bytes of SHA256SUMS a verifier reads: ~150,000 files, far above any release
 MAX_KEY = 64 << 10  # bytes of a PEM key file
@@ -84,10 +94,21 @@ def sign_sums(directory: Path, private_key: Path) -> Path:
 
 
 def sign_release(directory: Path, keys: KeySet) -> None:
-    """Checksum and sign `directory` with the key directory's release key."""
+    """Checksum and sign `directory` with the key directory's release key, and sign its provenance
+    (when it has one) into a DSSE envelope beside it."""
     key = load_private_key(keys.key(RELEASE))  # a bad key fails before GiB of images are hashed
     write_sums(directory)
     _sign(directory, key)
+    if (directory / PROVENANCE).is_file():
+        sign_provenance(directory, key)
+
+
+def sign_provenance(directory: Path, key: Ed25519PrivateKey) -> Path:
+    """Write `directory`/provenance.intoto.jsonl: the provenance's bytes in a DSSE envelope signed by `key`."""
+    statement = _read_input(directory / PROVENANCE, MAX_PROVENANCE)
+    path = directory / ENVELOPE
+    _write_atomic(path, dsse.sign(statement, key, fingerprint(key.public_key())))
+    return path
 
 
 def _sign(directory: Path, key: Ed25519PrivateKey) -> Path:
@@ -97,21 +118,40 @@ def _sign(directory: Path, key: Ed25519PrivateKey) -> Path:
     return path
 
 
+@dataclass
+class Checked:
+    """A directory checked against its signed SHA256SUMS: what it lists, what is there, what is wrong."""
+
+    listed: dict[str, str]  # name -> sha256 from SHA256SUMS once its signature held; else empty
+    files: list[str]  # the regular files below the directory, as _scan found them (no link entered)
+    matching: set[str]  # the listed files whose bytes hash to their line's digest
+    problems: list[str]
+
+
+def check_directory(directory: Path, key: Ed25519PublicKey) -> Checked:
+    """Every difference between `directory` and the SHA256SUMS `key` signed (see verify_directory)."""
+    _require_directory(directory)
+    try:
+        sums = read_signed(directory, SUMS, MAX_SUMS)
+        _check_signature(key, sums, read_signed(directory, SIGNATURE, SIGNATURE_SIZE))
+        listed = parse_sums(sums)
+    except VerificationError as exc:
+        return Checked({}, _scan(directory).files, set(), exc.problems)
+    tree = _scan(directory)
+    problems, matching = _compare(directory, listed, tree)
+    return Checked(listed, tree.files, matching, problems)
+
+
 def verify_directory(directory: Path, public_key: Path) -> list[str]:
     """The names SHA256SUMS lists, once its signature holds and every file matches it exactly.
 
     Nothing may be missing, changed or added (an added file is tampering too). Raises a
     VerificationError naming every problem; a bad key file or DIR is an InputError.
     """
-    key = load_public_key(public_key)
-    _require_directory(directory)
-    sums = _read_signed(directory, SUMS, MAX_SUMS)
-    _check_signature(key, sums, _read_signed(directory, SIGNATURE, SIGNATURE_SIZE))
-    listed = parse_sums(sums)
-    problems = _compare(directory, listed)
-    if problems:
-        raise VerificationError(problems)
-    return list(listed)
+    checked = check_directory(directory, load_public_key(public_key))
+    if checked.problems:
+        raise VerificationError(checked.problems)
+    return list(checked.listed)
 
 
 def fingerprint(key: Ed25519PublicKey) -> str:
@@ -177,10 +217,10 @@ def _parse_line(line: str) -> tuple[str, str, str | None]:
         return "", "", "not '<sha256>  <relative path>'"
     if not _DIGEST.fullmatch(digest):
         return "", "", f"{digest[:70]!r} is not a sha256 (64 lowercase hex digits)"
-    return digest, name, _name_problem(name)
+    return digest, name, name_problem(name)
 
 
-def _name_problem(name: str) -> str | None:
+def name_problem(name: str) -> str | None:
     """Why `name` cannot be a listed file's name: relative, canonical, plain; None if it can."""
     if name.startswith("/"):
         return f"{name}: an absolute path"
@@ -193,6 +233,8 @@ def _name_problem(name: str) -> str | None:
         return f"{name}: a control character or backslash"
     if name in (SUMS, SIGNATURE):
         return f"{name}: lists the checksum files themselves"
+    if name in (PROVENANCE, ENVELOPE):
+        return f"{name}: lists the provenance, which records when it ran and is signed on its own"
     return None
 
 
@@ -208,10 +250,11 @@ def _check_signature(key: Ed25519PublicKey, sums: bytes, signature: bytes) -> No
         raise VerificationError([f"{SIGNATURE}: {why}"]) from None
 
 
-def _compare(directory: Path, listed: dict[str, str]) -> list[str]:
-    """Every difference between the tree and SHA256SUMS: refused, missing, changed, unlisted."""
-    tree = _scan(directory)
+def _compare(directory: Path, listed: dict[str, str], tree: _Tree) -> tuple[list[str], set[str]]:
+    """Every difference between the tree and SHA256SUMS (refused, missing, changed, unlisted), and
+    the listed names whose files match."""
     problems = [f"{name}: {why}" for name, why in tree.refused.items()]
+    matching: set[str] = set()
     found = set(tree.files)
     for name, digest in listed.items():
         if name in tree.refused:
@@ -226,8 +269,10 @@ def _compare(directory: Path, listed: dict[str, str]) -> list[str]:
             continue
         if actual != digest:
             problems.append(f"{name}: checksum differs")
+        else:
+            matching.add(name)
     problems += [f"{name}: not listed" for name in tree.files if name not in listed]
-    return problems
+    return problems, matching
 
 
 def _scan(directory: Path) -> _Tree:
@@ -246,7 +291,7 @@ def _scan_into(directory: Path, prefix: str, tree: _Tree) -> None:
         return
     for entry in entries:
         name = prefix + entry.name
-        if not prefix and entry.name in (SUMS, SIGNATURE):
+        if not prefix and entry.name in UNLISTED:
             continue
         why = _entry_problem(entry, name)
         if why is not None:
@@ -302,8 +347,9 @@ def _read_input(path: Path, limit: int) -> bytes:
         raise InputError(f"{path}: {exc}") from None
 
 
-def _read_signed(directory: Path, name: str, limit: int) -> bytes:
-    """SHA256SUMS or its signature: problems mean the directory fails verification."""
+def read_signed(directory: Path, name: str, limit: int) -> bytes:
+    """A file a signature vouches for (SHA256SUMS, its signature, the provenance): problems mean the
+    directory fails verification."""
     try:
         return _read_bounded(directory / name, limit)
     except _Unreadable as exc:

@@ -1,6 +1,7 @@
-"""`kiln verify DIR|IMAGE --key KEY`: check a release directory against its signed SHA256SUMS (KEY is
-release.pub), or an installer image in a registry against its signatures (kiln.signing.image_signature;
-KEY is release-image.pub, or release.pub for an image signed in the first Kiln format).
+"""`kiln verify DIR|IMAGE --key KEY`: check a release directory against its signed SHA256SUMS and its
+signed provenance (kiln.signing.attestation; KEY is release.pub), or an installer image in a registry
+against its signatures (kiln.signing.image_signature; KEY is release-image.pub, or release.pub for an
+image signed in the first Kiln format).
 
 Exit 0 when everything is what the key signed; 1 (a VerificationError) when the directory or image
 fails the check; 2 when the command is wrong (no key named, a key file of the wrong type).
@@ -16,7 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from kiln.core.errors import InputError, KilnError, display_path, printable
-from kiln.signing.release import SUMS, fingerprint, load_public_key, verify_directory
+from kiln.core.verb import Context
+from kiln.signing.attestation import check_provenance
+from kiln.signing.release import ENVELOPE, SUMS, VerificationError, check_directory, fingerprint, load_public_key
 
 ENV = "KILN_RELEASE_KEY"  # the release public key when --key is absent
 OLD_FORMAT_NOTE = (
@@ -26,6 +29,11 @@ OLD_FORMAT_NOTE = (
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "check that DIR holds exactly the files its SHA256SUMS lists, that SHA256SUMS.sig is the release key's "
+        "signature over it, and that its provenance (provenance.intoto.jsonl) is signed by the same key and names "
+        "the same files and digests (docs/release-signing.md, docs/provenance.md)"
+    )
     parser.add_argument(
         "directory",
         metavar="DIR|IMAGE",
@@ -42,7 +50,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def run(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> int:
+def run(ctx: Context[object], environ: Mapping[str, str] = os.environ) -> int:
+    args = ctx.args
     try:
         result = _verify(args, environ)
     except KilnError as exc:
@@ -55,6 +64,9 @@ def run(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> in
     elif "files" in result:
         shown = printable(display_path(Path(args.directory)))
         print(f"verified {result['files']} files in {shown} ({SUMS} signed by {result['signer']})")
+        if result["provenance"]:
+            subjects = result["provenance"]["subjects"]
+            print(f"verified the provenance of {shown}: {subjects} subjects ({ENVELOPE} signed by {result['signer']})")
     else:
         for each in result["images"]:
             old = f" ({OLD_FORMAT_NOTE})" if each["format"] != "cosign" else ""
@@ -72,8 +84,23 @@ def _verify(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[str, A
         found = image_signature.verify_image(args.directory, [image_signature.load_public_key(key)])
         images = [{"digest": v.digest, "signer": v.signer, "format": v.format} for v in found]
         return {"image": args.directory, "images": images}
-    names = verify_directory(directory, key)
-    return {"directory": str(directory), "files": len(names), "signer": fingerprint(load_public_key(key))}
+    return _verify_directory(directory, key)
+
+
+def _verify_directory(directory: Path, key_file: Path) -> dict[str, Any]:
+    """SHA256SUMS and the provenance, every problem of both at once."""
+    key = load_public_key(key_file)
+    checked = check_directory(directory, key)
+    provenance = check_provenance(directory, key, checked)
+    problems = checked.problems + provenance.problems
+    if problems:
+        raise VerificationError(problems)
+    return {
+        "directory": str(directory),
+        "files": len(checked.listed),
+        "signer": fingerprint(key),
+        "provenance": {"subjects": provenance.subjects} if provenance.subjects else None,
+    }
 
 
 def key_path(flag: str | None, environ: Mapping[str, str]) -> Path:

@@ -7,11 +7,13 @@ import json
 from pathlib import Path
 
 from kiln.core.errors import InputError, display_path, printable
+from kiln.core.verb import Context
 from kiln.signing.generate import MAX_NAME, add_missing, files, generate
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """`kiln keys ACTION`: only `generate` so far."""
+    parser.description = "make your own Secure Boot, kernel module and release keys (docs/secure-boot.md)"
     actions = parser.add_subparsers(dest="keys_action", metavar="ACTION", required=True)
     text = "write new Secure Boot (PK, KEK, db), kernel module and release keys into DIR"
     gen = actions.add_parser("generate", help=text, description=f"{text} (docs/secure-boot.md)")
@@ -32,7 +34,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     gen.add_argument("--json", action="store_true", help="list the files written as JSON")
 
 
-def run(args: argparse.Namespace) -> int:
+def run(ctx: Context[object]) -> int:
+    args = ctx.args
     if args.add_missing:
         return _add_missing(args)
     keys = generate(Path(args.dir), common_name=args.name, force=args.force)

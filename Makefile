@@ -65,7 +65,7 @@ GO_FUZZ := internal/yaml:FuzzParseYAML .:FuzzParseConfig internal/bootstate:Fuzz
 	internal/oci:FuzzParseReference internal/oci:FuzzUnpack internal/dhcp:FuzzParseLease \
 	internal/platform:FuzzParse internal/ntp:FuzzParsePacket internal/dhcp6:FuzzParseDHCP6 \
 	.:FuzzClientIdentity .:FuzzGrubCmdline internal/redact:FuzzRedact internal/network:FuzzLinkLocalRoutes \
-	internal/oci:FuzzParseContentRange
+	internal/oci:FuzzParseContentRange internal/oci:FuzzVerifySignature internal/oci:FuzzParsePublicKeyPEM
 FUZZTIME ?= 13s
 
 # The Docker engine and the OCI registry on 127.0.0.1:5000 (installed and started if missing).

@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from kiln.build.keys import stage0_key
+from kiln.build.cache_keys import stage0_key
 from kiln.build.runners.sandbox import Layer, OverlayRoot, SandboxRunner, base_env
 from kiln.pkg.loader import load_tree
 from kiln.pkg.variables import Platform

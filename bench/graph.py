@@ -56,7 +56,7 @@ def measure(root: Path, cache: Path) -> dict[str, float]:
     code = (
         "import json, sys, time; from pathlib import Path;"
         "t0 = time.perf_counter();"
-        "from kiln.build.keys import compute_keys; from kiln.pkg.graph import Graph;"
+        "from kiln.build.cache_keys import compute_keys; from kiln.pkg.graph import Graph;"
         "from kiln.pkg.loader import load_tree; from kiln.pkg.variables import Platform;"
         "t1 = time.perf_counter(); tree = load_tree(Path(sys.argv[1]), Platform.parse('linux/amd64'));"
         "t2 = time.perf_counter(); graph = Graph(tree); keys = compute_keys(graph); t3 = time.perf_counter();"

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from kiln.build.keys import compute_keys
+from kiln.build.cache_keys import compute_keys
 from kiln.build.store import Store
 from kiln.core.paths import cache_dir
 from kiln.pkg.graph import Graph

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kiln.build.keys import stage0_key
+from kiln.build.cache_keys import stage0_key
 from kiln.core.sizes import format_size
 from kiln.pkg.graph import Graph
 from kiln.pkg.loader import load_tree

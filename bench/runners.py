@@ -120,7 +120,7 @@ def buildkit_noop(cache: Path) -> float:
 
 
 def main() -> int:
-    from kiln.build.keys import stage0_key
+    from kiln.build.cache_keys import stage0_key
     from kiln.build.runners.docker import client, ensure_stage0_image
     from kiln.build.store import Store
     from kiln.pkg.loader import load_tree

@@ -25,6 +25,12 @@ type apiBackend interface {
 	Rollback() (string, error)                          // make the other A/B slot the default; the handler then reboots
 	Upgrade(req upgradeRequest) (*upgradeStatus, error) // start one; an *apiError says how to refuse
 	Resources(t string) []apiResource                   // the machine's resources of type t ("" for all), sorted
+	// WatchResources follows resources of type t ("" for all), of one id ("" for all); an
+	// *apiError says how to refuse (api_resources.go).
+	WatchResources(t, id string) (resourceWatch, error)
+	// ApplyConfig checks, keeps and applies a config, calling answer with the report before
+	// anything is applied; an *apiError says how to refuse (config_apply.go).
+	ApplyConfig(req configRequest, answer func(*configReport)) error
 }
 
 // apiRoutes are the v1 API's endpoints and the least role each needs (api_auth.go).
@@ -37,6 +43,7 @@ var apiRoutes = map[string]role{
 	"/v1/rollback":  roleOperator,
 	"/v1/upgrade":   roleOperator, // preserve: false (wiping /var) needs admin
 	"/v1/poweroff":  roleAdmin,    // nobody may be there to power the machine on again
+	"/v1/config":    roleAdmin,    // the config holds root services and the API's own trust
 }
 
 // apiHandler routes the v1 API. Every route sits behind mutual TLS (see serveAPI) and
@@ -53,9 +60,8 @@ func apiHandler(b apiBackend, serverKey []byte, refused func(string)) http.Handl
 	handle("/v1/status", method(http.MethodGet, func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, b.Status())
 	}))
-	handle("/v1/resources", method(http.MethodGet, func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusOK, map[string]interface{}{"resources": b.Resources(r.URL.Query().Get("type"))})
-	}))
+	handle("/v1/resources", method(http.MethodGet, resourcesHandler(b, newWatchLimiter())))
+	handle("/v1/config", method(http.MethodPost, applyConfigHandler(b)))
 	handle("/v1/services", method(http.MethodGet, func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]interface{}{"services": b.Services()})
 	}))

@@ -111,10 +111,19 @@ type authAPI struct {
 
 func startAuthAPI(t *testing.T, limits apiLimits) *authAPI {
 	t.Helper()
-	a := &authAPI{serverCA: newTestCA(t, "machines CA"), clientCA: newTestCA(t, "clients CA"), log: &syncBuffer{}, backend: &fakeBackend{}}
+	fake := &fakeBackend{}
+	a := serveAuthAPI(t, limits, fake)
+	a.backend = fake
+	return a
+}
+
+// serveAuthAPI serves backend (a machine, or a fake) as startAuthAPI does.
+func serveAuthAPI(t *testing.T, limits apiLimits, backend apiBackend) *authAPI {
+	t.Helper()
+	a := &authAPI{serverCA: newTestCA(t, "machines CA"), clientCA: newTestCA(t, "clients CA"), log: &syncBuffer{}}
 	a.machine = a.serverCA.issueSpec(t, certSpec{name: "machine", usages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}, server: true})
 	cfg := APIConfig{Listen: "127.0.0.1:0", ClientCA: a.clientCA.pem, Cert: a.machine.certPEM, Key: a.machine.keyPEM}
-	addr, stop, err := serveAPIWith(cfg, limits, a.backend, a.log)
+	addr, stop, err := serveAPIWith(cfg, limits, backend, a.log)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -163,6 +172,7 @@ var endpointRoles = []struct {
 	{"POST", "/v1/upgrade", `{"image": "10.0.2.2:5000/kiln/installer:0.2.0"}`, roleOperator},
 	{"POST", "/v1/upgrade", `{"image": "10.0.2.2:5000/kiln/installer:0.2.0", "preserve": false}`, roleAdmin},
 	{"POST", "/v1/poweroff", "", roleAdmin},
+	{"POST", "/v1/config?mode=dry_run", "hostname: node-1\n", roleAdmin},
 }
 
 func TestAPIEveryEndpointNeedsItsRole(t *testing.T) {

@@ -24,8 +24,8 @@ type apiLimits struct {
 	// headers within this time, or it is closed.
 	HandshakeTimeout  time.Duration
 	ReadHeaderTimeout time.Duration // each later request's headers
-	ReadTimeout       time.Duration // a whole request; bodies are small (an upgrade's is at most 64 KiB)
-	WriteTimeout      time.Duration // a whole answer; the largest is a log, sent at once (no streaming)
+	ReadTimeout       time.Duration // a whole request; bodies are small (a config's is at most 1 MiB)
+	WriteTimeout      time.Duration // a whole answer; a log is sent at once, a watch ends within watchLifetime
 	IdleTimeout       time.Duration // a kept-alive connection between requests
 	MaxHeaderBytes    int
 }

@@ -44,6 +44,19 @@ func (f *fakeBackend) Rollback() (string, error) {
 }
 
 func (f *fakeBackend) Status() interface{} { return map[string]string{"version": "test"} }
+
+// ApplyConfig checks the config as the machine does and reports every section unchanged.
+func (f *fakeBackend) ApplyConfig(req configRequest, answer func(*configReport)) error {
+	if _, err := parseConfig("config", req.Doc, true); err != nil {
+		return &apiError{400, err.Error()}
+	}
+	answer(&configReport{Mode: req.Mode, Sections: []sectionResult{}})
+	return nil
+}
+
+func (f *fakeBackend) WatchResources(t, id string) (resourceWatch, error) {
+	return nil, &apiError{409, "this machine keeps no resources (yet)"}
+}
 func (f *fakeBackend) Resources(t string) []apiResource {
 	all := []apiResource{{Type: "config/machine", ID: "machine", Version: 2, Phase: "running", Owner: "config", Spec: map[string]string{"source": "x"}}}
 	if t != "" && t != "config/machine" {

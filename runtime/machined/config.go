@@ -2,7 +2,7 @@ package main
 
 import (
 	"bytes"
-	"crypto/ed25519"
+	"crypto"
 	"crypto/x509"
 	"encoding/json"
 	"fmt"
@@ -28,8 +28,9 @@ type Config struct {
 	Registries []RegistryConfig `json:"registries,omitempty"`
 	Time       TimeConfig       `json:"time,omitempty"`
 	Health     HealthConfig     `json:"health,omitempty"` // checks a trial slot must pass before it becomes the default
-	// ReleaseKeys are the Ed25519 public keys (PEM, PKIX) an upgrade's image must be signed by,
-	// one of them; without any, upgrades are refused unless AllowUnsigned.
+	// ReleaseKeys are the public keys (PEM, PKIX; ECDSA P-256, or Ed25519 for images signed in
+	// the first Kiln format) an upgrade's image must be signed by, one of them; without any,
+	// upgrades are refused unless AllowUnsigned.
 	ReleaseKeys []string `json:"release_keys,omitempty"`
 	// RequireSignatures: an upgrade's image must be signed by one of ReleaseKeys. It defaults
 	// to on, and can be off only together with AllowUnsigned (upgradePolicy).
@@ -191,12 +192,12 @@ func (c *Config) validate() error {
 	return nil
 }
 
-// releaseKeys parses release_keys: each an Ed25519 public key in PEM, at most 16 of them.
-func (c *Config) releaseKeys() ([]ed25519.PublicKey, error) {
+// releaseKeys parses release_keys: each an ECDSA P-256 or Ed25519 public key in PEM, at most 16.
+func (c *Config) releaseKeys() ([]crypto.PublicKey, error) {
 	if len(c.ReleaseKeys) > oci.MaxTrustedKeys {
 		return nil, fmt.Errorf("release_keys: %d keys, at most %d are allowed", len(c.ReleaseKeys), oci.MaxTrustedKeys)
 	}
-	var keys []ed25519.PublicKey
+	var keys []crypto.PublicKey
 	for i, text := range c.ReleaseKeys {
 		k, err := oci.ParsePublicKeyPEM(text)
 		if err != nil {

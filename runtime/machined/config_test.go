@@ -2,7 +2,9 @@ package main
 
 import (
 	"bytes"
+	"crypto/ecdsa"
 	"crypto/ed25519"
+	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/rsa"
 	"crypto/x509"
@@ -150,8 +152,14 @@ func TestReleaseKeys(t *testing.T) {
 		t.Fatal(err)
 	}
 	keys, err := cfg.releaseKeys()
-	if err != nil || len(keys) != 1 || !bytes.Equal(keys[0], pub) {
+	if err != nil || len(keys) != 1 || !bytes.Equal(keys[0].(ed25519.PublicKey), pub) {
 		t.Fatalf("%x %v", keys, err)
+	}
+	// the image release key (ECDSA P-256) beside it
+	ec := seededECDSA(t, 1)
+	both, err := (&Config{ReleaseKeys: []string{key, ecdsaKeyPEM(t, &ec.PublicKey)}}).releaseKeys()
+	if err != nil || len(both) != 2 || !ec.PublicKey.Equal(both[1]) {
+		t.Fatalf("ECDSA P-256: %v %v", both, err)
 	}
 	js, _ := json.Marshal(map[string][]string{"release_keys": {key}})
 	fromJSON, err := parseConfig("c.json", js, true)
@@ -165,6 +173,10 @@ func TestReleaseKeys(t *testing.T) {
 	}
 	rsaDER, _ := x509.MarshalPKIXPublicKey(&rsaKey.PublicKey)
 	rsaPEM := string(pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: rsaDER}))
+	p384, err := ecdsa.GenerateKey(elliptic.P384(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
 	many := make([]string, 17)
 	for i := range many {
 		many[i] = key
@@ -174,7 +186,8 @@ func TestReleaseKeys(t *testing.T) {
 		want string
 	}{
 		"not PEM":  {[]string{key, "ssh-ed25519 AAAAC3Nza..."}, "release_keys[1]: not a PEM public key"},
-		"RSA":      {[]string{rsaPEM}, "release_keys[0]: an RSA key: release keys are Ed25519"},
+		"RSA":      {[]string{rsaPEM}, "release_keys[0]: an RSA key: release keys are ECDSA P-256 or Ed25519"},
+		"P-384":    {[]string{ecdsaKeyPEM(t, &p384.PublicKey)}, "release_keys[0]: an ECDSA key not on P-256"},
 		"17 keys":  {many, "release_keys: 17 keys, at most 16 are allowed"},
 		"cert":     {[]string{strings.ReplaceAll(key, "PUBLIC KEY", "CERTIFICATE")}, `release_keys[0]: PEM block is "CERTIFICATE"`},
 		"two in 1": {[]string{key + key}, "release_keys[0]: more than one PEM block"},

@@ -31,8 +31,10 @@ const (
 
 // machineConfigSpec is the part of the machine config the controllers read, and where it came from.
 type machineConfigSpec struct {
-	Source  string                `json:"source"`
-	Network network.NetworkConfig `json:"network"`
+	Source      string                `json:"source"`
+	Network     network.NetworkConfig `json:"network"`
+	Hostname    string                `json:"hostname,omitempty"`     // the hostname controller's (config_live.go)
+	TimeServers []string              `json:"time_servers,omitempty"` // the time controller's
 }
 
 // networkStatusSpec says which machine config version's network is applied.
@@ -83,13 +85,18 @@ func (m *machine) startControllers(net networkApplier) {
 	if err := rt.Register(&networkController{net: net, wait: 5 * time.Second}); err != nil {
 		m.fatal("resources: %v", err)
 	}
+	for _, c := range m.liveControllers() {
+		if err := rt.Register(c); err != nil {
+			m.fatal("resources: %v", err)
+		}
+	}
 	safego.Go("controllers", func() { rt.Run(context.Background()) })
 }
 
 // publishConfig puts the config the machine has now as the machine config resource and
 // returns its version (unchanged when the config is).
 func (m *machine) publishConfig() uint64 {
-	spec := machineConfigSpec{Source: m.configSource, Network: m.cfg.Network}
+	spec := configSpec(m.configSource, m.cfg)
 	if _, err := m.resources.Put(configOwner, machineConfigType, machineConfigID, spec); err != nil {
 		m.con.printf("config: %v", err)
 	}
@@ -143,7 +150,7 @@ func (m *machine) Resources(t string) []apiResource {
 			continue
 		}
 		for _, r := range m.resources.List(rt) {
-			out = append(out, apiResource{Type: string(r.Type), ID: r.ID, Version: r.Version, Phase: r.Phase.String(), Owner: r.Owner, Spec: r.Spec})
+			out = append(out, apiResourceOf(r))
 		}
 	}
 	return out

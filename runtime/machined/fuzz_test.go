@@ -15,7 +15,8 @@ func fuzzSeeds(f *testing.F) {
 }
 
 // FuzzParseConfig: a config decodes and validates or is an error, never a panic; what
-// decodes survives a round trip through JSON (what persistConfig keeps on STATE).
+// decodes survives a round trip through JSON (what persistConfig and POST /v1/config keep on
+// STATE), and can be planned against the defaults as POST /v1/config plans it, either way.
 func FuzzParseConfig(f *testing.F) {
 	fuzzSeeds(f)
 	f.Fuzz(func(t *testing.T, data []byte) {
@@ -30,6 +31,11 @@ func FuzzParseConfig(f *testing.F) {
 		}
 		if _, err := parseConfig("config.json", kept, true); err != nil {
 			t.Fatalf("a valid config is refused once kept: %v\n%s", err, kept)
+		}
+		for _, pair := range [][2]*Config{{{}, cfg}, {cfg, {}}} {
+			if results, merged := planConfig(pair[0], pair[1], ""); len(results) != len(configSections) || merged == nil {
+				t.Fatalf("planned %d sections of %d", len(results), len(configSections))
+			}
 		}
 	})
 }

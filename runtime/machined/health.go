@@ -181,14 +181,15 @@ func runCheck(ctx context.Context, c HealthCheck) error {
 
 // judgeHealth gathers the machine's inputs now and judges them.
 func (m *machine) judgeHealth(ctx context.Context) []string {
+	cfg := m.runningConfig() // the network and checks a live config change gave, if any
 	return healthProblems(healthInputs{
 		configProblem: m.configProblem,
 		apiWanted:     m.cfg.API.Enabled(),
 		apiUp:         m.apiAddr != "",
-		network:       m.cfg.Network,
+		network:       cfg.Network,
 		addresses:     kernelAddresses(),
 		services:      m.Services(),
-		checks:        runChecks(ctx, m.cfg.Health.Checks),
+		checks:        runChecks(ctx, cfg.Health.Checks),
 	})
 }
 

@@ -38,6 +38,7 @@ type machine struct {
 	schematic     string // the image's schematic ID (kiln image --schematic), "" for none
 	net           *network.Network
 	resources     *resource.State        // the machine's resources, which its controllers keep (controllers.go)
+	live          liveConfig             // the config it runs now, and applying a new one (config_apply.go)
 	supMu         sync.Mutex             // guards sup: a failed upgrade's resume replaces it while the API reads it
 	sup           *supervisor.Supervisor // read through currentSupervisor()
 	apiAddr       string                 // "" when the API is off
@@ -428,17 +429,11 @@ func (m *machine) startClock() {
 		m.con.printf("time: sync is off (time.disabled)")
 		return
 	}
-	chosen := func() []string {
-		if len(m.cfg.Time.Servers) > 0 {
-			return m.cfg.Time.Servers
-		}
-		if servers := platformTimeNTP[m.platform.name()]; len(servers) > 0 {
-			return servers
-		}
-		return m.net.NTPServers()
-	}
-	m.clock = ntp.New(chosen(), m.con.printf)
-	clock := m.clock
+	chosen := func() []string { return m.chooseTimeServers(m.runningConfig().Time.Servers) }
+	clock := ntp.New(chosen(), m.con.printf)
+	m.live.clockMu.Lock()
+	m.clock = clock // the time controller reads it (config_live.go)
+	m.live.clockMu.Unlock()
 	safego.Go("time sync", func() { clock.Run(context.Background()) })
 	safego.Go("time servers", func() {
 		for range time.Tick(30 * time.Second) {

@@ -210,17 +210,23 @@ func (m *machine) applyPlatform() {
 			m.con.printf("config: %s", source)
 		}
 	}
-	if m.cfg.Hostname == "" && facts.Hostname != "" {
-		m.cfg.Hostname = shortHostname(facts.Hostname)
+	m.fillFromPlatform(m.cfg)
+}
+
+// fillFromPlatform fills the hostname and static network cfg leaves open from the platform's facts.
+func (m *machine) fillFromPlatform(cfg *Config) {
+	facts := m.platform.facts
+	if cfg.Hostname == "" && facts.Hostname != "" {
+		cfg.Hostname = shortHostname(facts.Hostname)
 	}
-	if len(m.cfg.Network.Interfaces) == 0 && facts.Network != nil {
-		m.cfg.Network.Interfaces = platformInterfaces(facts.Network, m.con.printf)
-		if len(m.cfg.Network.Nameservers) == 0 {
-			m.cfg.Network.Nameservers = facts.Network.Nameservers
+	if len(cfg.Network.Interfaces) == 0 && facts.Network != nil {
+		cfg.Network.Interfaces = platformInterfaces(facts.Network, m.con.printf)
+		if len(cfg.Network.Nameservers) == 0 {
+			cfg.Network.Nameservers = facts.Network.Nameservers
 		}
-		if err := m.cfg.Network.Validate(); err != nil {
+		if err := cfg.Network.Validate(); err != nil {
 			m.con.printf("platform: %s: its network facts are not usable (%v); DHCP everywhere", m.platform.name(), err)
-			m.cfg.Network = network.NetworkConfig{}
+			cfg.Network = network.NetworkConfig{}
 		}
 	}
 }

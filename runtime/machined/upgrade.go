@@ -307,7 +307,7 @@ func (m *machine) upgradeSource(ctx context.Context, req upgradeRequest) (oci.So
 		// read in place by byte ranges: the index, the manifest and its signature are checked
 		// before a layer is fetched, and the disk image layer never is
 		layout, err := oci.OpenRemoteLayout(ctx, req.URL, upgradeMaxTar, insecure, roots)
-		if errors.Is(err, oci.ErrNoRanges) && m.cfg.unsignedAllowed() {
+		if errors.Is(err, oci.ErrNoRanges) && m.runningConfig().unsignedAllowed() {
 			// only an upgrade that may be unsigned anyway may download first
 			m.con.printf("upgrade: %v; downloading the whole tarball first (allow_unsigned: true)", err)
 			return m.downloadLayout(ctx, req, insecure, roots)
@@ -419,7 +419,7 @@ func (m *machine) registry(host, repo string) (*oci.Registry, error) {
 // trust is what the config says about a host: plain http only when it is marked insecure,
 // and its own CA when it has one (otherwise the system's, which Kiln's rootfs may not hold).
 func (m *machine) trust(host string) (bool, *x509.CertPool, error) {
-	for _, r := range m.cfg.Registries {
+	for _, r := range m.runningConfig().Registries {
 		if r.Host != host {
 			continue
 		}

@@ -40,10 +40,11 @@ func (c *Config) unsignedAllowed() bool { return c != nil && c.AllowUnsigned }
 // upgradePolicy refuses, before anything is fetched, an upgrade that could only be unsigned
 // and is not allowed to be.
 func (m *machine) upgradePolicy() error {
-	if m.cfg != nil && len(m.cfg.ReleaseKeys) > 0 {
+	cfg := m.runningConfig() // a config applied over the API changes the policy at once
+	if cfg != nil && len(cfg.ReleaseKeys) > 0 {
 		return nil
 	}
-	if m.cfg.unsignedAllowed() {
+	if cfg.unsignedAllowed() {
 		return nil
 	}
 	return errNoReleaseKeys
@@ -54,27 +55,33 @@ func (m *machine) upgradePolicy() error {
 // unsigned images and there is no signature to check (no keys, or no signature tag); a signature
 // that is there but not good is refused even then.
 func (m *machine) checkSignature(ctx context.Context, src oci.Source, digest string) (string, error) {
-	if m.cfg == nil || len(m.cfg.ReleaseKeys) == 0 {
-		if !m.cfg.unsignedAllowed() {
+	cfg := m.runningConfig()
+	if cfg == nil || len(cfg.ReleaseKeys) == 0 {
+		if !cfg.unsignedAllowed() {
 			return "", errNoReleaseKeys
 		}
 		m.con.printf("upgrade: UNSIGNED: %s is installed without a signature check (no release_keys, allow_unsigned: true)", digest)
 		return "", nil
 	}
-	keys, err := m.cfg.releaseKeys()
+	keys, err := cfg.releaseKeys()
 	if err != nil {
 		return "", err
 	}
-	signer, err := oci.VerifySignature(ctx, src, digest, keys)
-	if errors.Is(err, oci.ErrNoTag) && m.cfg.unsignedAllowed() {
+	v, err := oci.VerifySignature(ctx, src, digest, keys)
+	if errors.Is(err, oci.ErrNoTag) && cfg.unsignedAllowed() {
 		m.con.printf("upgrade: UNSIGNED: %s has no signature; installed anyway (allow_unsigned: true)", digest)
 		return "", nil
 	}
 	if err != nil {
 		return "", err
 	}
-	m.con.printf("upgrade: signature of %s by release key %s", digest, signer)
-	return signer, nil
+	if v.Legacy {
+		m.con.printf("upgrade: signature of %s by release key %s, in the first Kiln signature format, which machined "+
+			"refuses from Kiln %s: re-sign the image with kiln release push --sign KEYDIR", digest, v.Signer, oci.LegacySignatureUntil)
+		return v.Signer, nil
+	}
+	m.con.printf("upgrade: signature of %s by release key %s", digest, v.Signer)
+	return v.Signer, nil
 }
 
 // signatureNote is how the status line names a check's outcome.

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from kiln.boot.qemu import READY, BootResult, boot, machine_for
-from kiln.build.keys import compute_keys
+from kiln.build.cache_keys import compute_keys
 from kiln.build.store import Store
 from kiln.core.errors import BuildError
 from kiln.core.paths import cache_dir

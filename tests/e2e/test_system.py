@@ -464,6 +464,21 @@ def request(port: int, context: ssl.SSLContext, method: str, path: str, body: ob
         connection.close()
 
 
+def watched_until_synced(port: int, context: ssl.SSLContext, query: str) -> list[dict[str, object]]:
+    """The lines of GET /v1/resources?watch=1 up to `synced`: the state when the watch began."""
+    connection = http.client.HTTPSConnection("127.0.0.1", port, context=context, timeout=30)
+    try:
+        connection.request("GET", "/v1/resources?watch=1" + query)
+        response = connection.getresponse()
+        assert response.status == 200 and response.getheader("Content-Type") == "application/x-ndjson"
+        lines: list[dict[str, object]] = []
+        while not lines or lines[-1]["event"] != "synced":
+            lines.append(json.loads(response.readline()))
+        return lines
+    finally:
+        connection.close()
+
+
 def refused(port: int, context: ssl.SSLContext) -> str:
     """The error a request fails with; fails the test if the API answers."""
     try:
@@ -518,7 +533,8 @@ def test_plain_http_config_is_refused_and_the_machine_boots_on_defaults(image_di
 
 def test_api_mutual_tls_and_poweroff(image_dir: Path, pki: Path, config_server: str, tmp_path: Path) -> None:
     """Config from a URL turns the API on; only a client certificate from its CA gets answers, each
-    within its role; upgrades are refused while the config names no release keys; 2,000 idle
+    within its role; a reader watches resources; a config over the API is checked but not applied on
+    this diskless machine; upgrades are refused while the config names no release keys; 2,000 idle
     connections from another address do not keep an admin out; POST /v1/poweroff powers the machine
     off (QEMU exits 0).
 
@@ -578,6 +594,20 @@ def test_api_mutual_tls_and_poweroff(image_dir: Path, pki: Path, config_server: 
         applied = resources[("network/status", "applied")]
         assert applied["owner"] == "network" and applied["phase"] == "running", applied
         assert applied["spec"]["config_version"] == resources[("config/machine", "machine")]["version"], resources
+        # a reader may watch them: the state when the watch began, then "synced"
+        watched = watched_until_synced(port, client_context(pki, "reader"), "&type=network/status")
+        assert [line["event"] for line in watched] == ["current", "synced"], watched
+        assert watched[0]["resource"] == applied, watched
+        # a config over the API: admin only; this diskless machine checks it and says what auto would
+        # do, but refuses to apply one that could not outlive a reboot
+        new_config = {"hostname": "e2e-api-2"}
+        assert request(port, client_context(pki, "operator"), "POST", "/v1/config", new_config)[0] == 403
+        status, body = request(port, client_context(pki, "admin"), "POST", "/v1/config?mode=dry_run", new_config)
+        report = json.loads(body)
+        assert status == 200 and {"section": "hostname", "result": "applied"} in report["sections"], report
+        assert any("no STATE partition" in note for note in report["notes"]), report
+        status, body = request(port, client_context(pki, "admin"), "POST", "/v1/config", new_config)
+        assert status == 409 and b"no STATE partition" in body, body
         assert request(port, client_context(pki, "reader"), "POST", "/v1/poweroff")[0] == 403
         assert request(port, client_context(pki, "reader"), "POST", "/v1/upgrade", {"image": "x"})[0] == 403
         assert request(port, client_context(pki, "reader"), "POST", "/v1/rollback")[0] == 403

@@ -186,7 +186,7 @@ def upgrade_world(work: Path, keys: Path | None = None) -> Iterator[World]:
     """Versions 1 and 2 built, a registry, a corrupting proxy and the config server (bench/upgrade.py too).
 
     With `keys` (a key directory), both versions are Secure Boot releases signed with them and the
-    machine config trusts only releases signed with their release key (release_keys)."""
+    machine config trusts only releases signed with their image release key (release_keys)."""
     if shutil.which("debugfs") is None or shutil.which("mcopy") is None:
         services.unavailable("debugfs and mtools", "apt-get install e2fsprogs mtools")
     pki = work / "pki"
@@ -210,7 +210,7 @@ def upgrade_world(work: Path, keys: Path | None = None) -> Iterator[World]:
             "registries": [{"host": guest_registry, "insecure": True}, {"host": corrupt, "insecure": True}],
         }
         # without release keys, upgrades are refused unless the config allows unsigned ones by name
-        | ({"release_keys": [(keys / "release.pub").read_text()]} if keys else {"allow_unsigned": True})
+        | ({"release_keys": [(keys / "release-image.pub").read_text()]} if keys else {"allow_unsigned": True})
     ).encode()
 
     class Config(http.server.BaseHTTPRequestHandler):
@@ -474,12 +474,54 @@ def test_upgrade_rollback_and_refusals_under_bios(world: World) -> None:
     assert MARKER.decode() in debugfs(disk, "cat marker"), "/var lost its marker"
 
 
+LIVE_ADDRESS = "10.0.2.88/24"
+
+
+def apply_config_live(world: World, session: Session) -> None:
+    """`kiln node apply-config` on a running machine: eth0 keeps its DHCP lease (the way in for the API)
+    and takes a static address too, live; `kiln node get` and the status read it back. The machine's
+    config comes from kiln.config=, so a staged config is refused and what waits for a boot is not kept.
+    The config keeps what the upgrade after it needs (its registries, allow_unsigned)."""
+    config = world.work / "live.json"
+    registries = [{"host": world.guest_registry, "insecure": True}, {"host": world.corrupt_registry, "insecure": True}]
+    document = {
+        "hostname": "e2e-upgrade",
+        "network": {"interfaces": [{"name": "eth0", "addresses": [LIVE_ADDRESS], "dhcp": True}]},
+        "registries": registries,
+        "allow_unsigned": True,
+    }
+    config.write_text(json.dumps(document))
+    pki = world.pki
+    nodes = ["--nodes", f"127.0.0.1:{session.port}", "--ca", str(pki / "ca.crt")]
+    nodes += ["--cert", str(pki / "admin.crt"), "--key", str(pki / "admin.key")]
+    report = json.loads(kiln("node", "apply-config", str(config), "--json", *nodes).stdout)
+    results = {s["section"]: s["result"] for s in report["sections"]}
+    assert results["network"] == "applied" and results["hostname"] == "unchanged", report
+    assert results["api"] == "not applied", report  # the next boot reads kiln.config= again
+    deadline = time.monotonic() + 60
+    while True:  # network/status reaches the answer's config version once the network is applied
+        listed = json.loads(kiln("node", "get", "network/status", "applied", "-o", "json", *nodes).stdout)
+        if listed[0]["resources"][0]["spec"]["config_version"] >= report["config_version"]:
+            break
+        assert time.monotonic() < deadline, listed
+        time.sleep(1)
+    machine_config = json.loads(kiln("node", "get", "config/machine", "-o", "json", *nodes).stdout)
+    assert machine_config[0]["resources"][0]["spec"]["network"]["interfaces"][0]["addresses"] == [LIVE_ADDRESS]
+    status = json.loads(kiln("node", "status", "--json", *nodes).stdout)[0]["status"]
+    assert LIVE_ADDRESS in status["addresses"]["eth0"], status["addresses"]
+    session.wait_for(f"machined: network: eth0: {LIVE_ADDRESS} (static)", timeout=30)
+    code, answer = api(session.port, pki, "POST", "/v1/config?mode=staged", document)
+    assert code == 409 and "kiln.config=" in str(answer["error"]), answer
+
+
 def test_upgrade_under_uefi_keeps_var(world: World) -> None:
-    """1 -> 2 by image reference under OVMF; /var's marker is still there on version 2."""
+    """1 -> 2 by image reference under OVMF; /var's marker is still there on version 2. Before the
+    upgrade, version 1 takes a static address live from a config applied over the API."""
     push(world.v2.layout, world.registry, "stable")
     disk = fresh_disk(world, "uefi.raw")
     first_boot(world, disk, "uefi")
     session = boot_and(world, disk, "uefi", "v1")
+    apply_config_live(world, session)
     status = session.upgrade(world.pki, {"image": f"{world.guest_registry}/{REPO}:{V2}"})
     assert session.end().exit_code == 0, status
     session = boot_and(world, disk, "uefi", "v2", trial=True)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from kiln.build.keys import stage0_key
+from kiln.build.cache_keys import stage0_key
 from kiln.pkg.loader import load_tree
 from kiln.pkg.variables import Platform
 

@@ -1,4 +1,4 @@
-"""Real services for the runner and cache tests: Docker engines and Debian's docker-registry.
+"""Real services for the runner, cache and upload tests: Docker engines, Debian's docker-registry, Azurite.
 
 Where CI is set these tests must run, so a missing service fails them loudly; on a
 developer's machine they skip with the command that starts the service.
@@ -14,7 +14,9 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import requests
@@ -134,6 +136,62 @@ def registry() -> Iterator[tuple[str, Path]]:
     try:
         _wait(up, "docker-registry", log, process)
         yield f"127.0.0.1:{port}", base / "data"
+    finally:
+        _stop(process)
+        subprocess.run(["rm", "-rf", str(base)], check=False)
+
+
+AZURITE_ACCOUNT = "devstoreaccount1"
+# Azurite's one account and its key, as Microsoft publishes them for the emulator
+AZURITE_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+
+
+@dataclass
+class Azurite:
+    """A running Azurite's blob service: where it answers and how to reach its account."""
+
+    port: int
+
+    @property
+    def account_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/{AZURITE_ACCOUNT}"
+
+    def connection_string(self, key: str = AZURITE_KEY) -> str:
+        account = f"AccountName={AZURITE_ACCOUNT};AccountKey={key}"
+        return f"DefaultEndpointsProtocol=http;{account};BlobEndpoint={self.account_url};"
+
+    def service(self) -> Any:
+        from azure.storage.blob import BlobServiceClient
+
+        return BlobServiceClient.from_connection_string(self.connection_string())
+
+
+def azurite(container: str) -> Iterator[Azurite]:
+    """Azurite's blob service (scripts/setup-host.sh installs it from npm) on a free loopback port, its
+    data in a temporary directory; up once a real request, making `container`, succeeds."""
+    binary = shutil.which("azurite-blob")
+    if binary is None:
+        unavailable("azurite", "scripts/setup-host.sh installs it (npm install -g azurite)")
+    assert binary is not None
+    base = Path(tempfile.mkdtemp(prefix="kiln-azurite-"))
+    log = base / "azurite.log"
+    emulator = Azurite(free_port())
+    command = [binary, "--blobHost", "127.0.0.1", "--blobPort", str(emulator.port), "--location", str(base / "data")]
+    # the SDK's newest API version may be newer than the pinned Azurite knows: the requests are the same
+    command += ["--disableTelemetry", "--skipApiVersionCheck"]
+    with log.open("wb") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+
+    def ready() -> bool:
+        try:
+            emulator.service().create_container(container)
+            return True
+        except Exception:  # not listening yet, or not answering
+            return False
+
+    try:
+        _wait(ready, "azurite", log, process)
+        yield emulator
     finally:
         _stop(process)
         subprocess.run(["rm", "-rf", str(base)], check=False)

@@ -337,10 +337,10 @@ def test_md_holder_refused_even_with_wipe(machined: Path, image: Path, disk: Dis
 def machined_tree_without_a_graph(machined: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """For `kiln install` run in-process: no graph is loaded and the steps that read one are replaced;
     returns a package tree holding the machined built here, for the stand-in package build to give."""
-    from kiln import cli
+    from kiln.core.verb import Context
     from kiln.image import checks
 
-    monkeypatch.setattr(cli, "_load", lambda args: None)
+    monkeypatch.setattr(Context, "graph", lambda ctx, platform=None: None)
     monkeypatch.setattr(checks, "check_packages", lambda profiles, graph: None)
     monkeypatch.setattr(checks, "with_release_version", lambda profiles, graph: profiles)
     monkeypatch.chdir(Path(__file__).resolve().parents[2])

@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kiln.kernel import config as kconfig
+from kiln.kconfig import config as kconfig
 from tests.integration.conftest import ROOT, seed_into
 from tests.unit.test_kernel_config import REQUIRED
 

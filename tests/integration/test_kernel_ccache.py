@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kiln.build.keys import compute_keys, stage0_key
+from kiln.build.cache_keys import compute_keys, stage0_key
 from kiln.pkg.graph import Graph
 from kiln.pkg.loader import load_tree
 from kiln.pkg.variables import Platform

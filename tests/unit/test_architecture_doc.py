@@ -52,3 +52,17 @@ def test_no_module_is_over_400_lines_without_saying_why() -> None:
         if text.count("\n") > 400:
             doc = ast.get_docstring(ast.parse(text)) or ""
             assert "Over 400 lines" in doc, f"{path.relative_to(ROOT)}: split it, or say at its top why not"
+
+
+def test_no_function_is_over_80_lines() -> None:
+    """From `def` to the end of its body: a longer function is split into named steps."""
+    import ast
+
+    long = []
+    for path in sorted((ROOT / "src" / "kiln").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                lines = (node.end_lineno or node.lineno) - node.lineno + 1
+                if lines > 80:
+                    long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}: {lines} lines")
+    assert not long, long

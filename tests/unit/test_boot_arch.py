@@ -23,6 +23,8 @@ from kiln.boot import platforms, qemu
 from kiln.boot.arch import Arch, choose_arch, detect, kernel_arch, pe_arch
 from kiln.boot.qemu import BootResult, Machine, machine_for
 from kiln.core.errors import BuildError, InputError
+from kiln.core.project import Project
+from kiln.core.verb import Context
 
 MIB = 1024 * 1024
 needs_iso_tools = pytest.mark.skipif(
@@ -438,6 +440,11 @@ def test_the_variables_copy_is_a_full_64_mib_flash_bank(tmp_path: Path, monkeypa
 # --- kiln boot -------------------------------------------------------------------------------------------------
 
 
+def context(args: argparse.Namespace) -> Context[object]:
+    """What kiln.cli hands the verb's run: these options, no project file, no package tree."""
+    return Context(args, Project(Path.cwd()), lambda platform: None, argparse.ArgumentParser())
+
+
 def run_kiln_boot(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> list[Machine]:
     parser = argparse.ArgumentParser()
     boot_command.add_arguments(parser)
@@ -448,7 +455,7 @@ def run_kiln_boot(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> list[Mach
         return BootResult(True, 1.0, expect, [], "found")
 
     monkeypatch.setattr(boot_command, "boot", fake_boot)
-    assert boot_command.run(parser.parse_args(argv)) == 0
+    assert boot_command.run(context(parser.parse_args(argv))) == 0
     return booted
 
 
@@ -484,7 +491,10 @@ def test_kiln_boot_keeps_the_machine_running_with_api_or_keep(
     monkeypatch.setattr(boot_command, "boot", fake_boot)
     kernel = kernel_dir(tmp_path / "k", arm64_image())
     for extra in ([], ["--api", "50001"], ["--keep"], ["--keep-running"]):
-        assert boot_command.run(parser.parse_args([str(kernel), "--log", str(tmp_path / "l"), "--quiet", *extra])) == 0
+        assert (
+            boot_command.run(context(parser.parse_args([str(kernel), "--log", str(tmp_path / "l"), "--quiet", *extra])))
+            == 0
+        )
     assert [kw["until_exit"] for kw in asked] == [False, True, True, True]
 
 
@@ -501,7 +511,7 @@ def test_kiln_boot_json_prints_the_result_and_fails_with_1(
     monkeypatch.setattr(boot_command, "boot", lambda *a, **kw: results.pop(0))
     kernel = kernel_dir(tmp_path / "k", arm64_image())
     argv = [str(kernel), "--log", str(tmp_path / "l"), "--json"]
-    assert boot_command.run(parser.parse_args(argv)) == 0
+    assert boot_command.run(context(parser.parse_args(argv))) == 0
     good = json.loads(capsys.readouterr().out)
     assert good == {
         "ok": True,
@@ -512,6 +522,6 @@ def test_kiln_boot_json_prints_the_result_and_fails_with_1(
         "log": str(tmp_path / "l"),
         "tail": [],
     }
-    assert boot_command.run(parser.parse_args(argv)) == 1
+    assert boot_command.run(context(parser.parse_args(argv))) == 1
     bad = json.loads(capsys.readouterr().out)
     assert bad["ok"] is False and bad["reason"] == "kernel panic" and bad["tail"] == ["a", "Kernel panic - x"]

@@ -180,7 +180,7 @@ def test_progress_mode_from_the_flag_else_the_environment(monkeypatch: pytest.Mo
 
 
 def test_fish_completion_from_the_parser_in_a_real_fish(tmp_path: Path) -> None:
-    """shtab has no fish: core.fish_completion makes the script, and fish itself completes with it."""
+    """shtab has no fish: usage.fish makes the script, and fish itself completes with it."""
     script = tmp_path / "kiln.fish"
     result = subprocess.run(
         [sys.executable, "-m", "kiln.cli", "completion", "fish"], capture_output=True, text=True, timeout=60

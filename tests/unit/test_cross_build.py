@@ -8,8 +8,8 @@ from typing import IO
 import pytest
 
 from kiln.build.builder import Builder, log_path
+from kiln.build.cache_keys import compute_keys, stage0_key
 from kiln.build.emulation import cannot_run_reason
-from kiln.build.keys import compute_keys, stage0_key
 from kiln.build.rootplan import RootPlan
 from kiln.build.runners.base import Caches
 from kiln.build.sources.download import Fetcher

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from kiln.core.environment import VARIABLES
+from kiln.usage.environment import VARIABLES
 
 ROOT = Path(__file__).resolve().parents[2]
 READ = re.compile(r"""environ(?:\.get)?[\[(]\s*["']([A-Z][A-Z0-9_]+)["']""")

@@ -128,7 +128,7 @@ def test_help_examples_name_packages_of_the_tree() -> None:
 
 
 def test_cli_md_describes_each_variable_as_the_help_does() -> None:
-    from kiln.core.environment import VARIABLES
+    from kiln.usage.environment import VARIABLES
 
     text = (ROOT / "docs/cli.md").read_text()
     rows = {

@@ -16,7 +16,7 @@ from typing import NoReturn
 import pytest
 
 from kiln.build.builder import Builder
-from kiln.build.keys import compute_keys
+from kiln.build.cache_keys import compute_keys
 from kiln.build.progress import PlainProgress
 from kiln.build.rootplan import RootPlan
 from kiln.build.runners.base import GraphJob, GraphResult, GraphRunner

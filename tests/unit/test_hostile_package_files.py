@@ -37,12 +37,13 @@ def test_machined_behind_a_link_is_refused_and_never_run(
     """`kiln install` runs machined on the host: a package whose usr/sbin/machined links to a host program
     is refused by name, and that program does not run."""
     from kiln import cli
+    from kiln.core.verb import Context
     from kiln.image import checks
 
     tree = tmp_path / "machined-pkg"
     (tree / "usr/sbin").mkdir(parents=True)
     (tree / "usr/sbin/machined").symlink_to(canary.root / "program")
-    monkeypatch.setattr(cli, "_load", lambda args: None)
+    monkeypatch.setattr(Context, "graph", lambda ctx, platform=None: None)
     monkeypatch.setattr(checks, "check_packages", lambda profiles, graph: None)
     monkeypatch.setattr(checks, "with_release_version", lambda profiles, graph: profiles)
     monkeypatch.setattr(imager, "build_packages", lambda *a, **k: SimpleNamespace(trees={checks.MACHINED: tree}))

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from kiln.core.errors import InputError
-from kiln.kernel import config as kconfig
+from kiln.kconfig import config as kconfig
 from kiln.pkg.loader import load_tree
 from kiln.pkg.variables import Platform
 

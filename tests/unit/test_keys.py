@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from kiln.build.keys import compute_keys
+from kiln.build.cache_keys import compute_keys
 from kiln.build.sources.place import place_local
 from kiln.pkg.graph import Graph
 from kiln.pkg.loader import load_tree
@@ -69,7 +69,7 @@ def test_same_keys_from_another_process_directory_and_environment(pkgs: Path, tm
     copy = tmp_path / "elsewhere" / "deeper"
     shutil.copytree(pkgs.parent, copy)
     script = (
-        "import json, sys; from pathlib import Path; from kiln.build.keys import compute_keys;"
+        "import json, sys; from pathlib import Path; from kiln.build.cache_keys import compute_keys;"
         "from kiln.pkg.graph import Graph; from kiln.pkg.loader import load_tree;"
         "from kiln.pkg.variables import Platform;"
         "print(json.dumps(compute_keys(Graph(load_tree(Path(sys.argv[1]), Platform.parse('linux/amd64'))))))"

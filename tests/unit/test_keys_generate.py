@@ -16,7 +16,7 @@ import pytest
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ed25519, rsa
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -25,8 +25,8 @@ from kiln.cli import main
 from kiln.core.errors import BuildError, InputError
 from kiln.signing import generate as generate_module
 from kiln.signing.efivars import DBX, EFI_CERT_X509, parse_signature_list
-from kiln.signing.generate import files, generate
-from kiln.signing.keyset import RELEASE, UEFI_KEYS, X509_KEYS, KeySet
+from kiln.signing.generate import add_missing, files, generate, image_key_files
+from kiln.signing.keyset import RELEASE, RELEASE_IMAGE, UEFI_KEYS, X509_KEYS, KeySet
 
 OWNER = "8f2b5a8e-0c1d-4e0f-9a3b-6c5d4e3f2a1b"
 
@@ -119,7 +119,7 @@ def test_serials_and_keys_differ_between_certificates(keys: KeySet) -> None:
 
 
 def test_private_keys_are_unencrypted_pkcs8(keys: KeySet) -> None:
-    for name in (*X509_KEYS, RELEASE):
+    for name in (*X509_KEYS, RELEASE, RELEASE_IMAGE):
         text = keys.key(name).read_text()
         assert text.startswith("-----BEGIN PRIVATE KEY-----\n"), name  # PKCS#8, not "RSA PRIVATE KEY"
         load_key(keys.key(name))
@@ -136,6 +136,18 @@ def test_the_release_key_signs_and_its_public_half_verifies(keys: KeySet) -> Non
         public.verify(signature, b"SHA256SUMS tampered")
 
 
+def test_the_image_release_key_is_ecdsa_p256_and_signs_what_its_public_half_verifies(keys: KeySet) -> None:
+    private = load_key(keys.key(RELEASE_IMAGE))
+    public = serialization.load_pem_public_key(keys.release_image_public.read_bytes())
+    assert isinstance(private, ec.EllipticCurvePrivateKey) and isinstance(private.curve, ec.SECP256R1)
+    assert isinstance(public, ec.EllipticCurvePublicKey) and isinstance(public.curve, ec.SECP256R1)
+    assert keys.release_image_public.read_text().startswith("-----BEGIN PUBLIC KEY-----\n")
+    signature = private.sign(b"payload", ec.ECDSA(hashes.SHA256()))
+    public.verify(signature, b"payload", ec.ECDSA(hashes.SHA256()))
+    with pytest.raises(InvalidSignature):
+        public.verify(signature, b"payload tampered", ec.ECDSA(hashes.SHA256()))
+
+
 def test_owner_guid_is_one_line_of_a_random_uuid(keys: KeySet) -> None:
     text = keys.owner_guid_file.read_text()
     assert text.endswith("\n") and text.count("\n") == 1
@@ -147,7 +159,7 @@ def test_owner_guid_is_one_line_of_a_random_uuid(keys: KeySet) -> None:
 
 def test_private_keys_are_0600_in_a_0700_directory(keys: KeySet) -> None:
     assert mode(keys.root) == 0o700
-    for name in (*X509_KEYS, RELEASE):
+    for name in (*X509_KEYS, RELEASE, RELEASE_IMAGE):
         assert mode(keys.key(name)) == 0o600, name
         keys.require(keys.key(name), private=True)
     for path, _ in files(keys):
@@ -186,7 +198,7 @@ def test_a_directory_with_any_key_file_is_refused_and_left_alone(tmp_path: Path,
 def test_a_second_run_is_refused_without_touching_the_first_set(tmp_path: Path) -> None:
     generate(tmp_path)
     before = listing(tmp_path)
-    with pytest.raises(InputError, match=r"PK\.key and 21 more"):
+    with pytest.raises(InputError, match=r"PK\.key and 23 more"):
         generate(tmp_path)
     assert listing(tmp_path) == before
 
@@ -373,3 +385,44 @@ def test_the_command_lists_what_it_wrote_and_refuses_a_second_run(
     assert listing(root) == before
     assert main(["keys", "generate", str(root), "--force"]) == 0
     assert listing(root)["PK.key"] != before["PK.key"]
+
+
+# --add-missing: a key directory made before the image release key existed
+
+
+def test_add_missing_gives_an_older_key_set_the_image_key_and_changes_nothing_else(tmp_path: Path) -> None:
+    generate(tmp_path)
+    for path, _ in image_key_files(KeySet(tmp_path)):
+        path.unlink()
+    before = listing(tmp_path)
+    written = add_missing(tmp_path)
+    assert [p.name for p, _ in written] == ["release-image.key", "release-image.pub"]
+    after = listing(tmp_path)
+    assert {k: v for k, v in after.items() if not k.startswith("release-image")} == before
+    assert mode(KeySet(tmp_path).key(RELEASE_IMAGE)) == 0o600 and mode(KeySet(tmp_path).release_image_public) == 0o644
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".kiln-keys-")]
+    assert add_missing(tmp_path) == [] and listing(tmp_path) == after  # a second run has nothing to add
+
+
+def test_add_missing_refuses_a_partial_set_and_half_a_key(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="no such key directory"):
+        add_missing(tmp_path / "none")
+    (tmp_path / "PK.key").write_bytes(b"x")
+    with pytest.raises(InputError, match=r"not a whole key set .* is missing.*adds only release-image"):
+        add_missing(tmp_path)
+    generate(tmp_path / "set")
+    KeySet(tmp_path / "set").release_image_public.unlink()
+    with pytest.raises(InputError, match=r"release-image\.key: half of the image release key is there"):
+        add_missing(tmp_path / "set")
+
+
+def test_the_cli_adds_the_missing_key_and_refuses_force_with_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    generate(tmp_path)
+    for path, _ in image_key_files(KeySet(tmp_path)):
+        path.unlink()
+    assert main(["keys", "generate", str(tmp_path), "--add-missing"]) == 0
+    assert "wrote" in capsys.readouterr().out and KeySet(tmp_path).release_image_public.is_file()
+    assert main(["keys", "generate", str(tmp_path), "--add-missing", "--force"]) == 2
+    assert "give one of them" in capsys.readouterr().err

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from kiln.build.builder import Builder
-from kiln.build.keys import compute_keys
+from kiln.build.cache_keys import compute_keys
 from kiln.build.session import NoRunner
 from kiln.build.sources.download import Fetcher
 from kiln.build.store import Store

@@ -2,10 +2,10 @@
 whole rolling upgrades through `kiln node` where machines reboot (stop answering, then answer again).
 
 The servers are `FakeMachine`s: a tiny http.server speaking machined's API contract (status, services,
-logs, rollback, upgrade) behind the TLS machined uses (a client certificate signed by the CA is
-required). A reboot closes the listening socket for a moment, so the client sees what it sees of a
-real reboot: connections refused, then a new boot with its uptime started over. The certificates are
-made by openssl for each run (tests/unit/node_certs.py).
+logs, resources and their watch, rollback, upgrade, config) behind the TLS machined uses (a client
+certificate signed by the CA is required). A reboot closes the listening socket for a moment, so the
+client sees what it sees of a real reboot: connections refused, then a new boot with its uptime
+started over. The certificates are made by openssl for each run (tests/unit/node_certs.py).
 """
 
 from __future__ import annotations
@@ -17,12 +17,14 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
+import yaml
 
-from kiln.node import command
+from kiln.node import command, text
 from kiln.node.client import ApiError, Credentials, Endpoint, NodeClient, NodeError, NodeUnreachable, Tls
 from kiln.node.rollout import rolling_rollback
 from tests.conftest import Result
@@ -70,6 +72,10 @@ class FakeMachine:
         self.upgrade: dict[str, Any] | None = None
         self.requests: list[tuple[str, str]] = []
         self.upgrade_asked = self.came_back = 0.0  # time.monotonic() of the last upgrade request, of the last reboot
+        self.configs: list[tuple[str, bytes]] = []  # each POST /v1/config's mode and body
+        self.diskless = False  # POST /v1/config answers 409, as a machine without STATE does
+        self.watches: list[list[dict[str, Any]]] = []  # each watch request's lines, in turn; then it holds
+        self.released = threading.Event()  # set by close(): a watch that holds ends
         self.lock = threading.Lock()
         self.port = 0
         self.server: ThreadingHTTPServer | None = None
@@ -115,6 +121,7 @@ class FakeMachine:
         threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True).start()
 
     def close(self) -> None:
+        self.released.set()
         if self.server is not None:
             self.server.shutdown()
             self.server.server_close()
@@ -173,6 +180,33 @@ class FakeMachine:
         other = "B" if self.slot == "A" else "A"
         self.boot = {"rolled_back": True, "rolled_back_slot": other, "rolled_back_version": self.target}
 
+    def resources(self, kind: str, ident: str) -> list[dict[str, Any]]:
+        return [r for r in RESOURCES if kind in ("", r["type"]) and ident in ("", r["id"])]
+
+    def logs(self, service: str) -> tuple[int, dict[str, Any]]:
+        if service != "machined":
+            return 404, {"error": f"no such service: {service}"}
+        return 200, {"service": service, "lines": ["machined: boot", "api: \x1b[2Jlistening"]}
+
+    def apply_config(self, mode: str, body: bytes) -> tuple[int, dict[str, Any]]:
+        """What machined answers: 400 for a config its parser refuses, 409 without STATE, else the report."""
+        if b"hostnme" in body:
+            return 400, {"error": 'config: unknown field "hostnme"'}
+        if self.diskless and mode != "dry_run":
+            return 409, {"error": "this machine has no STATE partition (it runs diskless, /var is a tmpfs)"}
+        self.configs.append((mode, body))
+        sections = [
+            {"section": "hostname", "result": "applied" if mode == "auto" else "staged for the next boot"},
+            {"section": "services", "result": "staged for the next boot", "why": "services are started at boot"},
+            {"section": "api", "result": "unchanged"},
+        ]
+        report: dict[str, Any] = {"mode": mode, "sections": sections}
+        if mode != "dry_run":
+            report |= {"kept": "/run/kiln/state/config.json", "config_version": 3}
+        else:
+            report["notes"] = ["dry run: nothing was written or applied"]
+        return 200, report
+
     def rollback(self) -> tuple[int, dict[str, Any]]:
         other = "B" if self.slot == "A" else "A"
         if not self.versions[other]:
@@ -186,35 +220,53 @@ class FakeMachine:
 
 
 def _handler(machine: FakeMachine) -> type[BaseHTTPRequestHandler]:
+    gets: dict[str, Callable[[dict[str, str]], tuple[int, dict[str, Any]]]] = {
+        "/v1/status": lambda query: (200, machine.status()),
+        "/v1/services": lambda query: (200, {"services": machine.status()["services"]}),
+        "/v1/resources": lambda query: (
+            200,
+            {"resources": machine.resources(query.get("type", ""), query.get("id", ""))},
+        ),
+        "/v1/logs": lambda query: machine.logs(query.get("service", "")),
+    }
+
+    posts: dict[str, Callable[[dict[str, list[str]], bytes], tuple[int, dict[str, Any]]]] = {
+        "/v1/upgrade": lambda query, raw: machine.start_upgrade(json.loads(raw or b"{}")),
+        "/v1/rollback": lambda query, raw: machine.rollback(),
+        "/v1/config": lambda query, raw: machine.apply_config(query["mode"][0], raw),
+    }
+
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             url = urlsplit(self.path)
             machine.requests.append(("GET", url.path))
-            if url.path == "/v1/status":
-                self.answer(200, machine.status())
-            elif url.path == "/v1/services":
-                self.answer(200, {"services": machine.status()["services"]})
-            elif url.path == "/v1/resources":
-                kind = parse_qs(url.query).get("type", [""])[0]
-                self.answer(200, {"resources": [r for r in RESOURCES if kind in ("", r["type"])]})
-            elif url.path == "/v1/logs":
-                service = parse_qs(url.query).get("service", [""])[0]
-                if service != "machined":
-                    self.answer(404, {"error": f"no such service: {service}"})
-                else:
-                    self.answer(200, {"service": service, "lines": ["machined: boot", "api: \x1b[2Jlistening"]})
+            query = {key: values[0] for key, values in parse_qs(url.query).items()}
+            if url.path == "/v1/resources" and "watch" in query:
+                self.stream(machine.watches.pop(0) if machine.watches else [])
+            elif url.path in gets:
+                self.answer(*gets[url.path](query))
             else:
                 self.answer(404, {"error": f"no such endpoint: {url.path}"})
 
         def do_POST(self) -> None:
             machine.requests.append(("POST", self.path))
-            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
-            if self.path == "/v1/upgrade":
-                self.answer(*machine.start_upgrade(body))
-            elif self.path == "/v1/rollback":
-                self.answer(*machine.rollback())
+            raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            url = urlsplit(self.path)
+            if url.path in posts:
+                self.answer(*posts[url.path](parse_qs(url.query), raw))
             else:
                 self.answer(404, {"error": f"no such endpoint: {self.path}"})
+
+        def stream(self, lines: list[dict[str, Any]]) -> None:
+            """A watch: its lines, each flushed; one without a last `expired` line then holds until close()."""
+            self.send_response(200)
+            self.send_header("Content-Type", "application/x-ndjson")
+            self.end_headers()  # HTTP/1.0, no length: the stream ends when the connection does
+            for line in lines:
+                self.wfile.write(json.dumps(line).encode() + b"\n")
+                self.wfile.flush()
+            if not lines or lines[-1]["event"] != "expired":
+                machine.released.wait(10)
 
         def answer(self, code: int, value: dict[str, Any]) -> None:
             data = json.dumps(value).encode()
@@ -430,3 +482,156 @@ def test_a_failed_upgrade_is_reported_with_the_machine_s_error(
     result = kiln("node", "upgrade", "--image", "r:5000/kiln/installer:0.2.0", *flags(certs, machine))
     assert result.code == 1
     assert "failed (upgrade failed: install: no space left on device; it still runs 0.1.0)" in result.out
+
+
+def test_kiln_node_get_one_resource_as_yaml_and_json(
+    certs: Certs, machines: Callable[..., FakeMachine], kiln: Kiln
+) -> None:
+    machine = machines()
+    result = kiln("node", "get", "config/machine", "machine", "-o", "yaml", *flags(certs, machine))
+    assert result.code == 0, result.err
+    assert yaml.safe_load(result.out) == [{"node": machine.endpoint, "resources": [RESOURCES[0]]}]
+    assert "\x1b" not in result.out  # escaped in YAML as in JSON: a spec cannot drive the terminal
+    listed = kiln("node", "get", "network/status", "-o", "json", *flags(certs, machine))
+    assert json.loads(listed.out) == [{"node": machine.endpoint, "resources": [RESOURCES[1]]}]
+    assert json.loads(kiln("node", "get", "--json", *flags(certs, machine)).out)[0]["resources"] == RESOURCES
+
+
+def resource(kind: str, ident: str, version: int, spec: Any = None) -> dict[str, Any]:
+    owner = kind.split("/")[0]
+    return {"type": kind, "id": ident, "version": version, "phase": "running", "owner": owner, "spec": spec or {}}
+
+
+def line(event: str, res: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"event": event} | ({"resource": res} if res else {})
+
+
+# Two watches of one machine: the first sees the state and a change, then expires; while no watch was
+# open the config changed again and x/y went away; the second starts with the whole state again, and
+# ends on a change of stop/now, the test's Ctrl-C.
+CONFIG_V2, CONFIG_V3 = resource("config/machine", "machine", 2), resource("config/machine", "machine", 3)
+STATUS_V1, STATUS_V2 = resource("network/status", "applied", 1), resource("network/status", "applied", 2)
+GONE = resource("x/y", "z", 1, {"escape": "\x1b[2J"})
+FIRST = [line("current", CONFIG_V2), line("current", STATUS_V1), line("current", GONE), line("synced")]
+FIRST += [line("updated", STATUS_V2), line("expired")]
+SECOND = [line("current", CONFIG_V3), line("current", STATUS_V2), line("synced")]
+SECOND += [line("updated", resource("stop", "now", 1))]
+
+
+def ctrl_c_at(monkeypatch: pytest.MonkeyPatch, dump: Callable[..., str]) -> None:
+    """Ctrl-C when the change of stop/now is about to be printed, after every change before it."""
+
+    def dump_or_stop(value: Any, output: str, **options: Any) -> str:
+        if isinstance(value, dict) and value.get("resource", {}).get("type") == "stop":
+            raise KeyboardInterrupt
+        return dump(value, output, **options)
+
+    monkeypatch.setattr(command, "dump", dump_or_stop)
+
+
+def test_kiln_node_get_watch_prints_each_change_across_watches_until_ctrl_c(
+    certs: Certs, machines: Callable[..., FakeMachine], kiln: Kiln, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    machine = machines()
+    machine.watches = [FIRST, SECOND]
+    ctrl_c_at(monkeypatch, text.dump)
+    result = kiln("node", "get", "--watch", "-o", "json", *flags(certs, machine))
+    assert result.code == 0, result.err
+    changes = [json.loads(text) for text in result.out.splitlines()]
+    assert all(change["node"] == machine.endpoint for change in changes)
+    said = [(c["event"], c["resource"]["type"], c["resource"]["version"]) for c in changes]
+    assert said == [
+        ("current", "config/machine", 2),
+        ("current", "network/status", 1),
+        ("current", "x/y", 1),
+        ("updated", "network/status", 2),
+        ("updated", "config/machine", 3),  # changed between the watches; network/status did not
+        ("destroyed", "x/y", 1),  # not there when the second watch synced
+    ]
+    assert "\x1b" not in result.out
+    assert machine.requests == [("GET", "/v1/resources")] * 2  # two watches
+
+
+def test_kiln_node_get_watch_as_a_table_and_as_yaml(
+    certs: Certs, machines: Callable[..., FakeMachine], kiln: Kiln, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    machine = machines()
+    machine.watches = [[line("current", STATUS_V1), line("synced"), line("updated", resource("stop", "now", 1))]]
+    monkeypatch.setattr(command, "watch_row", lambda change, row=text.watch_row: _row_or_stop(change, row))
+    result = kiln("node", "get", "network/status", "applied", "-w", *flags(certs, machine))
+    assert result.code == 0, result.err
+    header, row = result.out.splitlines()
+    assert header.split() == ["NODE", "EVENT", "TYPE", "ID", "VERSION", "PHASE", "OWNER", "SPEC"]
+    assert row.split() == [machine.endpoint, "current", "network/status", "applied", "1", "running", "network", "{}"]
+    assert ("GET", "/v1/resources") in machine.requests
+    machine.watches = [[line("current", STATUS_V1), line("synced"), line("updated", resource("stop", "now", 1))]]
+    ctrl_c_at(monkeypatch, text.dump)
+    documents = list(yaml.safe_load_all(kiln("node", "get", "-w", "-o", "yaml", *flags(certs, machine)).out))
+    assert documents == [{"node": machine.endpoint, "event": "current", "resource": STATUS_V1}]
+
+
+def _row_or_stop(change: Any, row: Callable[[Any], str]) -> str:
+    if change.resource["type"] == "stop":
+        raise KeyboardInterrupt
+    return row(change)
+
+
+def test_kiln_node_get_watch_ends_with_exit_1_when_every_node_failed(
+    certs: Certs, machines: Callable[..., FakeMachine], kiln: Kiln
+) -> None:
+    machine = machines()
+    machine.watches = [[line("current", STATUS_V1), line("synced")]]  # then the stream just ends
+    machine.released.set()
+    result = kiln("node", "get", "--watch", "-o", "json", *flags(certs, machine))
+    assert result.code == 1
+    assert json.loads(result.out)["event"] == "current"
+    assert result.err == f"{machine.endpoint}: the watch ended before its last line (the machine went away)\n"
+
+
+def test_kiln_node_apply_config_prints_each_section(
+    certs: Certs, machines: Callable[..., FakeMachine], kiln: Kiln, tmp_path: Path
+) -> None:
+    machine = machines()
+    (tmp_path / "node-2.yaml").write_text("hostname: node-2\n")
+    result = kiln("node", "apply-config", "node-2.yaml", *flags(certs, machine))
+    assert result.code == 0, result.err
+    assert result.out.splitlines() == [
+        f"{machine.endpoint}: config applied, kept in /run/kiln/state/config.json; config/machine version 3",
+        "  hostname            applied",
+        "  services            staged for the next boot: services are started at boot",
+        "  api                 unchanged",
+    ]
+    assert machine.configs == [("auto", b"hostname: node-2\n")]  # the file as it is
+    assert kiln("node", "apply-config", "node-2.yaml", "--mode", "staged", *flags(certs, machine)).code == 0
+    dry = kiln("node", "apply-config", "node-2.yaml", "--dry-run", *flags(certs, machine))
+    assert dry.code == 0 and dry.out.startswith(f"{machine.endpoint}: dry run, what auto would do\n")
+    assert "  note: dry run: nothing was written or applied" in dry.out
+    assert [mode for mode, _ in machine.configs] == ["auto", "staged", "dry_run"]
+    report = json.loads(kiln("node", "apply-config", "node-2.yaml", "--json", *flags(certs, machine)).out)
+    assert report["sections"][0] == {"section": "hostname", "result": "applied"}
+
+
+def test_kiln_node_apply_config_refusals(
+    certs: Certs, machines: Callable[..., FakeMachine], kiln: Kiln, tmp_path: Path
+) -> None:
+    machine, other = machines(), machines()
+    (tmp_path / "typo.yaml").write_text("hostnme: node-2\n")
+    (tmp_path / "node-2.yaml").write_text("hostname: node-2\n")
+    refused = kiln("node", "apply-config", "typo.yaml", *flags(certs, machine))
+    assert refused.code == 2
+    assert refused.err == f'typo.yaml: refused by {machine.endpoint}: config: unknown field "hostnme"\n'
+    machine.diskless = True
+    diskless = kiln("node", "apply-config", "node-2.yaml", *flags(certs, machine))
+    assert diskless.code == 2 and "no STATE partition" in diskless.err
+    assert machine.configs == []
+    two = kiln("node", "apply-config", "node-2.yaml", *flags(certs, machine, other))
+    assert two.code == 2 and "name one node with --nodes, not 2" in two.err
+    assert other.requests == []
+    missing = kiln("node", "apply-config", "nope.yaml", *flags(certs, machine))
+    assert missing.code == 2 and missing.err.startswith("nope.yaml:1: cannot read machine config")
+    other.close()
+    down = kiln("node", "apply-config", "node-2.yaml", *flags(certs, other))
+    assert down.code == 1 and down.err == f"{other.endpoint}: not answering: connection refused\n"
+    with pytest.raises(SystemExit) as both:  # argparse: --dry-run says what auto would do, not with --mode
+        kiln("node", "apply-config", "node-2.yaml", "--mode", "staged", "--dry-run", *flags(certs, machine))
+    assert both.value.code == 2

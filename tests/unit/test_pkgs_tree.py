@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from kiln.build import rootplan
-from kiln.build.keys import compute_keys
+from kiln.build.cache_keys import compute_keys
 from kiln.pkg.graph import Graph
 from kiln.pkg.loader import Tree, load_tree
 from kiln.pkg.variables import Platform

@@ -14,12 +14,12 @@ from typing import Any
 import jsonschema
 import pytest
 
-from kiln.build.keys import compute_keys
+from kiln.build.cache_keys import compute_keys
 from kiln.core.gitstate import head
 from kiln.image import schematic
 from kiln.image.imager import Built
 from kiln.image.manifest import write_manifest, write_release_sums
-from kiln.image.profile import Profile, load_profile
+from kiln.image.profile import Profile, apply_schematic, load_profile
 from kiln.image.provenance import BUILD_TYPE, STORE_KEY, Origin, Part, origin, write_provenance
 from kiln.pkg.graph import Graph
 from kiln.pkg.loader import load_tree
@@ -213,7 +213,7 @@ def test_secrets_in_the_profile_schematic_and_variables_never_reach_the_file(tmp
     custom = {"machine_config": config, "kernel_args": ["registry=https://bot:hunter2hunter2@registry.example/"]}
     profile = load_profile(write_profile(tmp_path, customization=custom))
     (tmp_path / "schematic.yaml").write_text(SCHEMATIC)
-    customised = schematic.apply(profile, schematic.load(tmp_path / "schematic.yaml"))
+    customised = apply_schematic(profile, schematic.load(tmp_path / "schematic.yaml"))
     part.built.graph.tree.overrides["registry_token"] = "tok-variable-secret-98765"
     secret_part = replace(part, profile=customised)
     directory = output_directory(tmp_path / "edge", customised)

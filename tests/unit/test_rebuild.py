@@ -18,12 +18,13 @@ from typing import Any
 
 import pytest
 
+from kiln.core.errors import InputError, KilnError
 from kiln.core.hashing import json_sha256
 from kiln.core.secrets import REDACTED
 from kiln.signing.rebuild import checkout, compare, recorded
 from kiln.signing.rebuild.compare import Difference, Sides
 from kiln.signing.rebuild.recorded import Recorded, parse, refusals
-from kiln.signing.release import PROVENANCE, SUMS
+from kiln.signing.release import MAX_PROVENANCE, PROVENANCE, SUMS
 from tests.conftest import Result
 
 COMMIT = "a2c07153aff0e3e826dd11d8d3384164a9129db7"
@@ -76,7 +77,7 @@ def read(document: dict[str, Any], directory: Path = Path("/release/metal")) -> 
 
 
 def problems(document: dict[str, Any]) -> str:
-    with pytest.raises(recorded.KilnError) as caught:
+    with pytest.raises(KilnError) as caught:
         read(document)
     return str(caught.value)
 
@@ -128,7 +129,7 @@ def test_without_a_name_the_directory_names_the_profile_and_must_be_plain() -> N
     document = statement()
     del given(document)["profile"]["name"]
     assert read(document, Path("/r/aws")).name == "aws"
-    with pytest.raises(recorded.KilnError, match="not a plain profile name"):
+    with pytest.raises(KilnError, match="not a plain profile name"):
         read(document, Path("/r/My Release"))
 
 
@@ -168,7 +169,7 @@ def test_an_unknown_runner_and_a_bad_subject_are_refused_together() -> None:
 
 @pytest.mark.parametrize("data", [b"not json", b"[" * 200_000, b"\xff\xfe", b"[]", b"{}"])
 def test_malformed_statements_are_input_errors_not_tracebacks(data: bytes) -> None:
-    with pytest.raises(recorded.KilnError) as caught:
+    with pytest.raises(KilnError) as caught:
         parse(Path("/r/metal"), data)
     assert caught.value.exit_code == 2
 
@@ -193,7 +194,7 @@ def test_a_release_made_outside_git_has_no_commit_to_check_out() -> None:
 
 def test_a_schematic_whose_secret_was_redacted_cannot_be_replayed_without_the_original() -> None:
     fields = {"machine_config": {"services": [{"name": "agent", "env": {"API_KEY": "s3cret"}}]}}
-    shown = copy.deepcopy(fields)
+    shown: dict[str, Any] = copy.deepcopy(fields)
     shown["machine_config"]["services"][0]["env"]["API_KEY"] = REDACTED
     found = read(statement(schematic={"id": json_sha256(fields), "fields": shown}))
     assert found.schematic is not None and not found.schematic.replayable
@@ -249,7 +250,7 @@ def test_output_directories_are_the_release_or_those_in_it_that_hold_a_provenanc
     (release / "linked").symlink_to(tmp_path / "elsewhere")
     assert recorded.output_directories(release) == [release / "iso", release / "metal"]
     assert recorded.output_directories(release / "metal") == [release / "metal"]
-    with pytest.raises(recorded.InputError, match="nothing records how it was made"):
+    with pytest.raises(InputError, match="nothing records how it was made"):
         recorded.output_directories(release / "empty")
 
 
@@ -258,12 +259,12 @@ def test_a_provenance_that_is_a_link_or_too_large_is_not_read(tmp_path: Path) ->
     directory.mkdir()
     (tmp_path / "target.json").write_text(json.dumps(statement()))
     (directory / PROVENANCE).symlink_to(tmp_path / "target.json")
-    with pytest.raises(recorded.InputError, match="symbolic link is not followed"):
+    with pytest.raises(InputError, match="symbolic link is not followed"):
         recorded.read_statement(directory, None)
     (directory / PROVENANCE).unlink()
     with (directory / PROVENANCE).open("wb") as handle:
-        handle.truncate(recorded.MAX_PROVENANCE + 1)
-    with pytest.raises(recorded.InputError, match="larger than"):
+        handle.truncate(MAX_PROVENANCE + 1)
+    with pytest.raises(InputError, match="larger than"):
         recorded.read_statement(directory, None)
 
 
@@ -383,9 +384,9 @@ def test_the_profile_is_the_commits_file_with_the_recorded_sha256(tmp_path: Path
     document = statement()
     document["predicate"]["buildDefinition"]["resolvedDependencies"][3]["digest"]["sha256"] = sha(profile)
     assert checkout.find_profile(tmp_path / "repo", repo, read(document)) == tmp_path / "repo/ci/metal-release.yaml"
-    with pytest.raises(recorded.InputError, match="a profile from outside the repository cannot be rebuilt"):
+    with pytest.raises(InputError, match="a profile from outside the repository cannot be rebuilt"):
         checkout.find_profile(tmp_path / "repo", repo, read(statement()))
-    with pytest.raises(recorded.InputError, match="is not in the repository"):
+    with pytest.raises(InputError, match="is not in the repository"):
         checkout.require_commit(repo, "0" * 40)
 
 

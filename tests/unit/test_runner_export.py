@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from kiln.build.cache_keys import compute_keys, stage0_key
 from kiln.build.dockerfile import Exporter, stage_id
-from kiln.build.keys import compute_keys, stage0_key
 from kiln.build.remote import Ref
 from kiln.build.rootplan import Layer, RootPlan
 from kiln.build.runners.buildkit import BuildLog

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from kiln.build.keys import compute_keys
+from kiln.build.cache_keys import compute_keys
 from kiln.build.progress import LiveProgress, PlainProgress
 from kiln.build.scheduler import Outcome, Scheduler
 from kiln.build.session import NoRunner, outcome_json

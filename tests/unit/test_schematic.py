@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from kiln.core.errors import InputError, InputErrors
-from kiln.image.profile import CONFIG_PATH, load_profile
-from kiln.image.schematic import MAX_BYTES, apply, load, parse
+from kiln.image.profile import CONFIG_PATH, apply_schematic, load_profile
+from kiln.image.schematic import MAX_BYTES, load, parse
 
 ROOT = Path(__file__).resolve().parents[2]
 FULL = """\
@@ -85,7 +85,7 @@ def test_applied_to_a_profile(tmp_path: Path) -> None:
     )
     (tmp_path / "s.yaml").write_text(FULL)
     schematic = load(tmp_path / "s.yaml")
-    profile = apply(load_profile(tmp_path / "aws.yaml"), schematic)
+    profile = apply_schematic(load_profile(tmp_path / "aws.yaml"), schematic)
     assert profile.extensions == ("lldpd", "oci://127.0.0.1:5000/kiln/acpi-call:1.2.2")  # lldpd once
     assert profile.cmdline().split() == [
         "console=ttyS0",

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from kiln.core.errors import InputError
-from kiln.image.keys import boot_chain_keys, resolve_keys, with_keys
 from kiln.image.profile import KeysRef, load_profile
+from kiln.image.signing_keys import boot_chain_keys, resolve_keys, with_keys
 from tests.unit.test_profiles import messages, write
 
 

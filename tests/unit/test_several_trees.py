@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from kiln.build.keys import compute_keys
+from kiln.build.cache_keys import compute_keys
 from kiln.core.errors import InputError, InputErrors
 from kiln.pkg.graph import Graph
 from kiln.pkg.loader import load_tree

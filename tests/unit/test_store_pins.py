@@ -19,8 +19,8 @@ from typing import IO
 import pytest
 
 from kiln.build.builder import Builder
+from kiln.build.cache_keys import compute_keys
 from kiln.build.cancel import TOKEN, Cancelled, Interrupted
-from kiln.build.keys import compute_keys
 from kiln.build.progress import PlainProgress
 from kiln.build.rootplan import RootPlan
 from kiln.build.runners.base import Caches

@@ -6,7 +6,6 @@ import argparse
 import json
 import math
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
@@ -15,9 +14,15 @@ from kiln.boot.accel import choose as choose_accel
 from kiln.boot.arch import ARCHES, choose_arch
 from kiln.boot.qemu import READY, BootResult, Machine, boot, machine_for
 from kiln.boot.unpack import is_compressed, uncompressed
+from kiln.core.console import say_line
 from kiln.core.errors import BuildError, InputError
 from kiln.core.paths import cache_dir
-from kiln.core.renamed import renamed
+from kiln.core.renamed import Renamed
+from kiln.core.verb import Context
+
+# `--disk` names the target device in kiln install, so here the old spelling is only accepted
+OLD_DISK = Renamed("boot", "--disk SIZE", "--blank-disk SIZE", "old_disk", "kiln install's --disk names a device")
+OLD_KEEP = Renamed("boot", "--keep-running", "--keep", "old_keep")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -49,8 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="give the machine a TPM 2.0 (swtpm, fresh each boot): a UKI's sections are measured into PCR 11",
     )
     parser.add_argument("--blank-disk", metavar="SIZE", help="attach a blank virtio disk of SIZE (e.g. 4G)")
-    # the old spelling; `--disk` names the target device in kiln install, so here it is only accepted
-    parser.add_argument("--disk", dest="old_disk", metavar="SIZE", help=argparse.SUPPRESS)
+    OLD_DISK.add_to(parser, metavar="SIZE")
     parser.add_argument(
         "--disk-file", metavar="PATH", help="attach this qcow2 disk (created with --blank-disk SIZE if missing)"
     )
@@ -69,7 +73,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="after the expected line, keep the machine running (its API forwarded with --api) until it powers "
         "off or Ctrl-C",
     )
-    parser.add_argument("--keep-running", dest="old_keep", action="store_true", help=argparse.SUPPRESS)  # old name
+    OLD_KEEP.add_to(parser, action="store_true")
     parser.add_argument("--memory", default="1024", help="guest memory in MiB (default 1024)")
     parser.add_argument(
         "--accel",
@@ -95,24 +99,18 @@ def _shows_banner(machine: Machine, seconds: float) -> bool:
 
 def blank_disk_size(args: argparse.Namespace) -> str | None:
     """--blank-disk SIZE, or the old --disk SIZE with a word on the new name."""
-    size = renamed(
-        "boot",
-        "--disk SIZE",
-        "--blank-disk SIZE",
-        args.old_disk,
-        args.blank_disk,
-        "kiln install's --disk names a device",
-    )
+    size = OLD_DISK.value(args, args.blank_disk)
     return str(size) if size is not None else None
 
 
-def run(args: argparse.Namespace) -> int:
+def run(ctx: Context[object]) -> int:
+    args = ctx.args
     artifact = Path(args.artifact)
     arch = choose_arch(artifact, args.arch)
-    print(f"kiln boot: booting as {arch.name} ({arch.why})", file=sys.stderr)
+    say_line(f"kiln boot: booting as {arch.name} ({arch.why})")
     with tempfile.TemporaryDirectory(prefix="kiln-boot-") as work:
         if is_compressed(artifact):
-            print(f"kiln boot: unpacking {artifact.name}", file=sys.stderr)
+            say_line(f"kiln boot: unpacking {artifact.name}")
         return _boot(args, uncompressed(artifact, Path(work)), arch.name)
 
 
@@ -126,10 +124,10 @@ def _boot(args: argparse.Namespace, artifact: Path, arch: str) -> int:
     machine.memory = args.memory
     accel = choose_accel(args.accel, machine, _shows_banner)
     machine.accel = accel.accel
-    print(f"kiln boot: {accel.accel} ({accel.why})", file=sys.stderr)
+    say_line(f"kiln boot: {accel.accel} ({accel.why})")
     machine.api_port = args.api
     size = blank_disk_size(args)
-    old_keep = bool(renamed("boot", "--keep-running", "--keep", args.old_keep or None, None))  # both: no clash
+    old_keep = bool(OLD_KEEP.value(args, None))  # both may be given: no clash
     keep = args.keep or old_keep or args.api is not None
     with tempfile.TemporaryDirectory(prefix="kiln-disk-") as tmp:
         if size or args.disk_file:
@@ -148,11 +146,9 @@ def _boot(args: argparse.Namespace, artifact: Path, arch: str) -> int:
 
         def running(found: BootResult) -> None:
             api = f"; machined's API on https://127.0.0.1:{args.api}" if args.api is not None else ""
-            print(
+            say_line(
                 f"kiln boot: {args.expect!r} after {found.seconds:.1f} s{api}; the machine runs until it powers "
-                "off (Ctrl-C stops it)",
-                file=sys.stderr,
-                flush=True,
+                "off (Ctrl-C stops it)"
             )
 
         result = boot(
@@ -173,7 +169,7 @@ def _boot(args: argparse.Namespace, artifact: Path, arch: str) -> int:
         return 0 if result.ok else 1
     if result.ok:
         what = "powered off" if keep else f"{args.expect!r} after {result.seconds:.1f} s"
-        print(f"kiln boot: {what} (console log: {log})", file=sys.stderr)
+        say_line(f"kiln boot: {what} (console log: {log})")
         return 0
     tail = "\n".join(result.tail)
     raise BuildError(f"boot failed: {result.reason}; last {len(result.tail)} console lines (full log: {log}):\n{tail}")

@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import IO
 
 from kiln.build import buildcache
+from kiln.build.cache_keys import local_source_digest, stage0_key, tree_digest
 from kiln.build.cancel import TOKEN
 from kiln.build.emulation import cannot_run_reason
-from kiln.build.keys import local_source_digest, stage0_key, tree_digest
 from kiln.build.rootplan import Layer, RootPlan, base_env
 from kiln.build.runners.base import BuildRoot, GraphJob, GraphResult, GraphRunner, Runner
 from kiln.build.sources.download import Fetcher

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from types import FrameType
 
+from kiln.core import console
 from kiln.core.errors import BuildError
 
 Stopper = Callable[[], None]
@@ -112,7 +112,7 @@ def interrupt(signum: int, _frame: FrameType | None = None) -> None:
     """The signal handler: first signal cancels and raises Interrupted; a second one exits now."""
     if TOKEN.cancelled:
         TOKEN.cancel(signum)
-        print("kiln: second signal: exiting now (kiln cache gc removes what is left)", file=sys.stderr, flush=True)
+        console.error("kiln: second signal: exiting now (kiln cache gc removes what is left)")
         os._exit(128 + signum)
     TOKEN.cancel(signum)
     raise Interrupted(signum)

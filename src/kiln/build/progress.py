@@ -16,14 +16,28 @@ from typing import TYPE_CHECKING, TextIO
 
 from kiln.build.cancel import TOKEN
 from kiln.build.scheduler import BUILT, CACHED, CANCELLED, FAILED, SKIPPED, Outcome
+from kiln.core.console import PROGRESS_ENV, PROGRESS_MODES
 
 if TYPE_CHECKING:  # rich is imported only for a terminal: plain runs (CI, no-op builds) skip its cost
     from rich.console import Console, Group
     from rich.table import Table
 
 
-PROGRESS_MODES = ("auto", "plain", "tty")
-PROGRESS_ENV = "KILN_PROGRESS"
+__all__ = [  # the --progress modes are the console's (kiln.core.console), read here as before
+    "PROGRESS_ENV",
+    "PROGRESS_MODES",
+    "Cancellable",
+    "DownloadBars",
+    "DownloadLines",
+    "LiveProgress",
+    "PlainProgress",
+    "counts",
+    "download_progress",
+    "live",
+    "set_mode",
+    "summary_table",
+]
+
 _mode = {"value": "auto"}
 
 

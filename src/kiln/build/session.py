@@ -20,10 +20,10 @@ from pathlib import Path
 from kiln.build import prefetch
 from kiln.build.bootstrap import ensure_stage0
 from kiln.build.builder import Builder, logs_dir
+from kiln.build.cache_keys import compute_keys, stage0_key
 from kiln.build.check import Checked, check_package
 from kiln.build.dockerfile import Export, Exporter
 from kiln.build.emulation import cannot_run_reason
-from kiln.build.keys import compute_keys, stage0_key
 from kiln.build.progress import LiveProgress, PlainProgress, download_progress
 from kiln.build.progress import live as progress_live
 from kiln.build.rootplan import RootPlan
@@ -34,7 +34,7 @@ from kiln.build.scheduler import FAILED, Outcome, Progress, Scheduler
 from kiln.build.sources.download import Fetcher
 from kiln.build.sources.mirrors import load_mirrors
 from kiln.build.store import Pins, Store
-from kiln.core import tools
+from kiln.core import console, tools
 from kiln.core.console import say_line
 from kiln.core.errors import BuildError, InputError, Location
 from kiln.core.paths import cache_dir
@@ -145,10 +145,7 @@ class Session:
         tree = self.graph.tree
         no_tests = cannot_run_reason(tree.platform.carch) if tree.cross else None
         if no_tests:
-            print(
-                f"kiln: warning: the test steps of {tree.platform} packages will be skipped: {no_tests}",
-                file=sys.stderr,
-            )
+            console.warning(f"kiln: warning: the test steps of {tree.platform} packages will be skipped: {no_tests}")
         if no_cache:
             self.pins.release()  # a rebuild locks keys exclusively: our own pins would block it forever
         if cache_from and not no_cache:
@@ -184,7 +181,7 @@ class Session:
         failed = failures(outcomes)
         if failed:
             for outcome in failed:
-                print(str(outcome.error), file=sys.stderr)
+                console.error(str(outcome.error))
             raise BuildError(f"{purpose}: {len(failed)} package(s) failed")
         return outcomes
 
@@ -282,10 +279,8 @@ class Session:
                 if not self.store.has(key) and registry.pull(self.store, key, self.source_date_epoch):
                     pulled.append(name)
         if pulled:
-            print(
-                f"kiln: pulled {len(pulled)} entr{'y' if len(pulled) == 1 else 'ies'} from {ref}: " + ", ".join(pulled),
-                file=sys.stderr,
-                flush=True,
+            say_line(
+                f"kiln: pulled {len(pulled)} entr{'y' if len(pulled) == 1 else 'ies'} from {ref}: " + ", ".join(pulled)
             )
         return pulled
 
@@ -329,7 +324,7 @@ class Session:
         from kiln.build.remote import Ref, Registry
 
         sent = Registry(Ref.parse(ref)).push_all(self.store, keys)
-        print(f"kiln: pushed {sent} of {len(keys)} entries to {ref} (the rest were there)", file=sys.stderr, flush=True)
+        say_line(f"kiln: pushed {sent} of {len(keys)} entries to {ref} (the rest were there)")
         return sent
 
     def export(self, names: list[str], out: Path) -> None:
@@ -389,11 +384,11 @@ def shell(session: Session, target: str, command: list[str]) -> int:
         if failures(outcomes):
             raise BuildError(f"cannot open a shell: a dependency of '{target}' failed to build")
     elif session.needs_seed([target]):
-        session.bootstrap(lambda text: print(text, file=sys.stderr))
+        session.bootstrap(say_line)
     session.store.tmp_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=session.store.tmp_dir, prefix=f"shell-{target}-") as work:
         env = session.builder.env(package.steps[0].env if package.steps else ())
         env["PS1"] = f"kiln:{target}:\\w# "
         with contextlib.closing(session.builder.prepare_root(package, Path(work))) as root:
-            print(f"kiln: shell in {target}'s build root; changes are discarded on exit", file=sys.stderr)
+            say_line(f"kiln: shell in {target}'s build root; changes are discarded on exit")
             return root.shell(env, command)

@@ -8,11 +8,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kiln.boot.unpack import DECOMPRESSORS, uncompressed
-from kiln.core.errors import InputError
+from kiln.core.errors import InputError, KilnError
 from kiln.core.hashing import file_sha256
 
 MANIFEST = "manifest.json"
 BLOCK = 512 * 1024  # the EBS direct APIs' one block size
+DEFAULT_NAME = "kiln-{profile}-{version}-{arch}"  # an AMI's name; an Azure blob's, with .vhd
+
+
+class UploadFailed(KilnError):
+    """A cloud's call failed midway: which call, where, and what it left behind."""
+
+    exit_code = 1
 
 
 @dataclass(frozen=True)
@@ -27,6 +34,7 @@ class CloudImage:
     version: str
     schematic: str  # "" without one
     manifest_sha256: str  # what identifies this release's image: an upload of it is found by it
+    artifact_sha256: str = ""  # the disk file's sha256 as manifest.json lists it
 
     @classmethod
     def read(cls, directory: Path, platform: str, formats: tuple[str, ...]) -> CloudImage:
@@ -37,13 +45,13 @@ class CloudImage:
         try:
             data = json.loads(manifest.read_text())
             profile = data["profile"]
-            listed = [str(a["path"]) for a in data["artifacts"]]
+            digests = {str(a["path"]): str(a.get("sha256", "")) for a in data["artifacts"]}
         except (ValueError, KeyError, TypeError) as exc:
             raise InputError(f"{manifest}: not a kiln image manifest ({exc})") from None
         if profile.get("platform") != platform:
             raise InputError(f"{directory}: the image is for platform {profile.get('platform')!r}, not {platform!r}")
         suffixes = tuple(f + c for f in formats for c in ("", *DECOMPRESSORS))
-        disks = [name for name in listed if name.endswith(suffixes) and "/" not in name]
+        disks = [name for name in digests if name.endswith(suffixes) and "/" not in name]
         if len(disks) != 1:
             raise InputError(f"{directory}: expected one {' or '.join(formats)} disk image, found {disks or 'none'}")
         artifact = directory / disks[0]
@@ -61,11 +69,30 @@ class CloudImage:
             version=str(profile.get("version", "")),
             schematic=str(profile.get("schematic") or ""),
             manifest_sha256=file_sha256(manifest),
+            artifact_sha256=digests[disks[0]],
         )
+
+    def check_digest(self) -> None:
+        """The artifact's bytes are the ones its manifest lists: an upload names the image by that digest,
+        so a file changed (or cut short) since `kiln image` wrote it must not go up under it."""
+        found = file_sha256(self.artifact)
+        if found != self.artifact_sha256:
+            raise InputError(
+                f"{self.artifact}: sha256 {found[:16]}..., but {MANIFEST} lists "
+                f"{self.artifact_sha256[:16] or 'none'}...: the file is not the one kiln image wrote"
+            )
 
     def raw(self, work: Path) -> Path:
         """The disk's raw bytes: the artifact itself, or its uncompressed copy in `work`."""
         return uncompressed(self.artifact, work)
+
+
+def image_name(template: str, image: CloudImage) -> str:
+    """`template` filled in from the image (--name-template)."""
+    try:
+        return template.format(profile=image.profile, version=image.version, arch=image.arch, schematic=image.schematic)
+    except (KeyError, IndexError, ValueError) as exc:
+        raise InputError(f"--name-template {template!r}: {exc} (fields: profile, version, arch, schematic)") from None
 
 
 def blocks(raw: Path) -> Iterator[tuple[int, bytes]]:

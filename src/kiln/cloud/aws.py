@@ -26,20 +26,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kiln.cloud.artifact import BLOCK, CloudImage, blocks, size_in_gib
-from kiln.core.errors import InputError, KilnError
+from kiln.cloud.artifact import BLOCK, DEFAULT_NAME, CloudImage, UploadFailed, blocks, image_name, size_in_gib
+from kiln.core.errors import InputError
 
 ARCHITECTURES = {"amd64": "x86_64", "arm64": "arm64"}
 BOOT_MODES = {"amd64": "uefi-preferred", "arm64": "uefi"}  # amd64 disks boot BIOS and UEFI; arm64 UEFI only
 ROOT_DEVICE = "/dev/xvda"
-DEFAULT_NAME = "kiln-{profile}-{version}-{arch}"
 DIGEST_TAG = "kiln:manifest-sha256"
-
-
-class UploadFailed(KilnError):
-    """An AWS call failed midway: which call, where, and what it left behind."""
-
-    exit_code = 1
 
 
 @dataclass
@@ -291,13 +284,6 @@ def copy_to(
     aws.call(ec2, "create_tags", region, Resources=[ami], Tags=tags(image))
     say(f"{region}: copied {source} as {ami}")
     return ami
-
-
-def image_name(template: str, image: CloudImage) -> str:
-    try:
-        return template.format(profile=image.profile, version=image.version, arch=image.arch, schematic=image.schematic)
-    except (KeyError, IndexError, ValueError) as exc:
-        raise InputError(f"--name-template {template!r}: {exc} (fields: profile, version, arch, schematic)") from None
 
 
 def cleanup(image: CloudImage, regions: list[str], say: Callable[[str], None]) -> dict[str, list[str]]:

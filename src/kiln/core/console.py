@@ -1,8 +1,17 @@
-"""Output helpers: rich on a terminal, plain text when not (CI, pipes)."""
+"""Output helpers: rich on a terminal, plain text when not (CI, pipes).
+
+Kiln's own lines on stderr, progress lines and notes (`say_line`), warnings (`warning`) and errors
+(`error`), all go through one writer here. Only the build progress views (kiln.build.progress) draw
+on stderr themselves, and the mount helper of a build step (kiln.build.runners.mounter), whose stderr
+is the step's log and whose start must stay cheap, prints its one error line itself."""
 
 from __future__ import annotations
 
 import sys
+
+# How builds show progress (kiln.build.progress draws it): --progress, else $KILN_PROGRESS, else auto.
+PROGRESS_MODES = ("auto", "plain", "tty")
+PROGRESS_ENV = "KILN_PROGRESS"
 
 
 def is_terminal() -> bool:
@@ -28,12 +37,23 @@ def print_table(title: str, columns: list[str], rows: list[list[str]]) -> None:
 
 
 def say_line(text: str) -> None:
-    """A progress line on stderr, written in one call so work done in parallel threads (profiles in
-    `kiln image`) never shares a line: print() writes the text and its newline separately, and another
-    thread's line can land between."""
-    sys.stderr.write(f"{text}\n")
-    sys.stderr.flush()
+    """A progress line (or a note) on stderr."""
+    _stderr_line(text)
+
+
+def warning(message: str) -> None:
+    """A warning on stderr, in the caller's words (they start `kiln VERB:` or `kiln: warning:`)."""
+    _stderr_line(message)
 
 
 def error(message: str) -> None:
-    print(message, file=sys.stderr)
+    """An error on stderr, as `kiln.cli` reports a KilnError: its text alone."""
+    _stderr_line(message)
+
+
+def _stderr_line(text: str) -> None:
+    """Every line Kiln writes to stderr, written in one call so work done in parallel threads (profiles in
+    `kiln image`) never shares a line: print() writes the text and its newline separately, and another
+    thread's line can land between. Flushed, so a line is out before the process exits or execs."""
+    sys.stderr.write(f"{text}\n")
+    sys.stderr.flush()

@@ -11,12 +11,13 @@ given on the command line wins over the file; the environment wins where it has 
 
 from __future__ import annotations
 
+import argparse
 import os
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kiln.core import console
 from kiln.core.errors import InputError, InputErrors, KilnError, Location
 from kiln.core.schema import suggest
 from kiln.core.yamlfile import Positioned, read_yaml_file
@@ -27,6 +28,8 @@ LEGACY_PROJECT_FILE = "kiln.yaml"
 PACKAGE_TREE = "pkgs"
 PROFILES_DIR = "profiles"
 RUNNERS = ("sandbox", "docker", "buildkit")
+# What a flag left unset takes when the project file does not say either.
+BUILTIN_DEFAULTS: dict[str, object] = {"jobs": 2, "runner": "sandbox", "cache_from": None, "cache_to": None}
 
 
 def find_root(start: Path) -> Path:
@@ -50,10 +53,9 @@ def project_file(root: Path) -> Path | None:
         return path
     legacy = root / LEGACY_PROJECT_FILE
     if legacy.is_file():
-        print(
+        console.warning(
             f"kiln: {legacy} is read as the project file; rename it {PROJECT_FILE} "
-            f"({LEGACY_PROJECT_FILE} is the name of a machine's config)",
-            file=sys.stderr,
+            f"({LEGACY_PROJECT_FILE} is the name of a machine's config)"
         )
         return legacy
     return None
@@ -141,3 +143,15 @@ def load_project(root: Path) -> Project:
 def current() -> Project:
     """The project around the working directory."""
     return load_project(find_root(Path(os.getcwd())))
+
+
+def fill_options(args: argparse.Namespace, project: Project) -> None:
+    """Fill what the command line left unset: from the project's file, then the built-in defaults. The
+    package trees (--pkgs) and the profiles directory (--profiles-dir) are the project's."""
+    if args.pkgs is None:
+        args.pkgs = [str(project.root / tree) for tree in project.pkgs] or [str(project.root / PACKAGE_TREE)]
+    if getattr(args, "profiles_dir", "") is None:
+        args.profiles_dir = str(project.root / PROFILES_DIR)
+    for name, builtin in BUILTIN_DEFAULTS.items():
+        if hasattr(args, name) and getattr(args, name) is None:
+            setattr(args, name, getattr(project, name) or builtin)

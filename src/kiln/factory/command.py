@@ -13,16 +13,25 @@ import os
 import secrets
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from kiln import __version__
 from kiln.core.console import say_line
 from kiln.core.errors import InputError
 from kiln.core.paths import cache_dir
-from kiln.factory.server import Limits
+from kiln.core.release_version import VERSION_VARIABLE
+from kiln.core.verb import Context
+from kiln.pkg.graph import Graph
+from kiln.pkg.options import add_tree_options, package_trees
+
+if TYPE_CHECKING:  # the server is imported when the factory serves, not when a command line is parsed
+    from kiln.factory.server import Limits
 
 TOKEN_ENV = "KILN_FACTORY_TOKEN"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_tree_options(parser)
     parser.add_argument("action", choices=("serve",), help="serve: answer HTTP until interrupted")
     parser.add_argument("--listen", default="127.0.0.1:8080", metavar="HOST:PORT", help="default 127.0.0.1:8080")
     parser.add_argument(
@@ -87,13 +96,26 @@ def listen_address(text: str) -> tuple[str, int]:
 
 def limits(args: argparse.Namespace) -> Limits:
     """The server's bounds from the flags: a client may hold a quarter of the connections (at least one)."""
+    from kiln.factory.server import Limits
+
     if args.connections < 1 or args.waiting < 0 or args.rate < 0:
         raise InputError("--connections must be at least 1, --waiting and --rate at least 0")
     burst = max(1, int(args.rate * 5))
     return Limits(args.connections, max(1, args.connections // 4), args.rate, burst)
 
 
-def run(args: argparse.Namespace, project: Path, pkgs: tuple[Path, ...], profiles_dir: Path, version: str) -> int:
+def run(ctx: Context[Graph]) -> int:
+    args = ctx.args
+    graph = ctx.graph()  # the tree must load: every build the factory runs starts from it
+    version = str(graph.tree.variables.get(VERSION_VARIABLE) or __version__)
+    trees = tuple(tree.resolve() for tree in package_trees(args))
+    return serve_factory(args, ctx.project.root, trees, Path(args.profiles_dir).resolve(), version)
+
+
+def serve_factory(
+    args: argparse.Namespace, project: Path, pkgs: tuple[Path, ...], profiles_dir: Path, version: str
+) -> int:
+    """Serve until interrupted: the catalog of this project, the builds under --root, the listeners."""
     from kiln.factory.builds import Builds
     from kiln.factory.catalog import Catalog, kiln_image_runner
     from kiln.factory.guard import Registries, checked_runner

@@ -11,8 +11,10 @@ from typing import TYPE_CHECKING
 from kiln.core.console import say_line
 from kiln.core.errors import InputError
 from kiln.core.project import RUNNERS
+from kiln.core.verb import Context
 from kiln.image import kernel_initramfs
 from kiln.pkg.graph import Graph
+from kiln.pkg.options import add_tree_options
 from kiln.pkg.variables import DEFAULT_PLATFORM
 
 if TYPE_CHECKING:
@@ -20,6 +22,7 @@ if TYPE_CHECKING:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_tree_options(parser)
     parser.add_argument(
         "profiles",
         nargs="*",
@@ -60,7 +63,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     kernel_initramfs.add_arguments(parser)
 
 
-def run(args: argparse.Namespace, load: Callable[[str], Graph]) -> int:
+def run(ctx: Context[Graph]) -> int:
     """Profiles given: build them all; none: the kernel + initramfs output of the booting-system issue.
 
     The arch: a profile's `arch:`, else --platform's (args.platform, None when not given), else amd64;
@@ -70,8 +73,9 @@ def run(args: argparse.Namespace, load: Callable[[str], Graph]) -> int:
     """
     from kiln.image.arch import split_platforms
 
+    args, load = ctx.args, ctx.graph
     platforms = split_platforms(args.platform)
-    project_profiles = list(args.project.profiles) if hasattr(args, "project") else []
+    project_profiles = list(ctx.project.profiles)
     if not args.profiles and project_profiles and args.kind is None and args.old_output is None:
         args.profiles = project_profiles  # the project file's `profiles:`, when the command names none
     if not args.profiles:
@@ -85,9 +89,9 @@ def run(args: argparse.Namespace, load: Callable[[str], Graph]) -> int:
         return kernel_initramfs.run(load(platforms[0] if platforms else DEFAULT_PLATFORM), args)
     from kiln.image.checks import check_packages, with_release_version
     from kiln.image.imager import build_packages, make_images
-    from kiln.image.keys import with_keys
     from kiln.image.manifest import write_release_sums
     from kiln.image.profile import load_profiles, resolve_platform
+    from kiln.image.signing_keys import with_keys
 
     if args.package or args.kind is not None or args.old_output is not None:
         raise InputError(
@@ -149,10 +153,11 @@ def with_schematic(profiles: list[Profile], file: Path | None) -> list[Profile]:
     if file is None:
         return profiles
     from kiln.image import schematic
+    from kiln.image.profile import apply_schematic
 
     loaded = schematic.load(file)
     say_line(f"schematic {loaded.id} ({file})")
-    return [schematic.apply(profile, loaded) for profile in profiles]
+    return [apply_schematic(profile, loaded) for profile in profiles]
 
 
 def run_platforms(

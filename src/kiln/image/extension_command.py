@@ -21,12 +21,15 @@ from typing import Any
 from kiln import __version__
 from kiln.core.errors import InputError
 from kiln.core.hashing import file_sha256
+from kiln.core.verb import Context
 from kiln.pkg.graph import Graph
+from kiln.pkg.options import add_tree_options
 
 DEFAULT_OUT = "_out/extensions"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_tree_options(parser)
     parser.add_argument(
         "action",
         choices=("build", "push"),
@@ -48,7 +51,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="what was written, as JSON on stdout")
 
 
-def run(graph: Graph, args: argparse.Namespace) -> int:
+def run(ctx: Context[Graph]) -> int:
+    args, graph = ctx.args, ctx.graph()
     if args.action == "push":
         return push(graph, args)
     # Imported here: the parser should not pay for the build machinery.

@@ -29,7 +29,6 @@ from kiln.core.errors import BuildError, InputError, KilnError
 from kiln.core.hashing import file_sha256
 from kiln.image.arch import check_kernel_arch, check_kernel_files, loader_for
 from kiln.image.assets import BootAssets
-from kiln.image.keys import boot_chain_keys, module_signer, resolve_keys
 from kiln.image.manifest import SbomPackage, load_spdx, write_manifest, write_spdx
 from kiln.image.oci_extension import Pulled, Reference, extension_layers, is_oci, pull_all
 from kiln.image.order import expected_cost
@@ -37,6 +36,7 @@ from kiln.image.outputs.kinds import KINDS, Writer
 from kiln.image.profile import CONFIG_PATH, Profile
 from kiln.image.provenance import Origin, Part, origin, write_provenance
 from kiln.image.sbom_cyclonedx import write_cyclonedx
+from kiln.image.signing_keys import boot_chain_keys, module_signer, resolve_keys
 from kiln.pkg.graph import Graph
 from kiln.rootfs.extension import manifest_for
 from kiln.signing.modules import ModuleSigner

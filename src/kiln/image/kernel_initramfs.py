@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from kiln.core.console import say_line
 from kiln.core.errors import InputError
-from kiln.core.renamed import renamed
+from kiln.core.renamed import Renamed
 from kiln.pkg.graph import Graph
 
 if TYPE_CHECKING:
@@ -18,6 +18,8 @@ if TYPE_CHECKING:
 
 OUTPUTS = ("kernel", "initramfs")
 DEFAULT_KINDS = ",".join(OUTPUTS)
+# the old spelling, beside --out in the same verb; accepted with a word on the new one
+OLD_OUTPUT = Renamed("image", "--output", "--kind", "old_output", "--out names the directory")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -27,8 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="without a profile, what to write, comma-separated: kernel,initramfs (default both; the same "
         "names as a profile's output kinds)",
     )
-    # the old spelling, beside --out in the same verb; accepted with a word on the new one
-    parser.add_argument("--output", dest="old_output", default=None, help=argparse.SUPPRESS)
+    OLD_OUTPUT.add_to(parser, default=None)
     parser.add_argument(
         "--extension",
         action="append",
@@ -55,7 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def kinds(args: argparse.Namespace) -> str:
     """--kind, or the old --output with a word on the new name; default kernel,initramfs."""
-    given = renamed("image", "--output", "--kind", args.old_output, args.kind, "--out names the directory")
+    given = OLD_OUTPUT.value(args, args.kind)
     return str(given) if given is not None else DEFAULT_KINDS
 
 

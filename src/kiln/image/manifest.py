@@ -14,7 +14,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kiln.core.errors import BuildError
 from kiln.core.hashing import file_sha256
@@ -22,6 +22,12 @@ from kiln.image import sbom_refs
 from kiln.image.assets import derived_uuid
 from kiln.pkg.model import Package
 from kiln.signing.release import ENVELOPE, PROVENANCE
+
+if TYPE_CHECKING:  # spdx-tools is imported only when an SBOM is written (see _SPDX_MODULES)
+    from spdx_tools.spdx.model.document import CreationInfo
+    from spdx_tools.spdx.model.package import ExternalPackageRef
+    from spdx_tools.spdx.model.package import Package as SpdxPackage
+    from spdx_tools.spdx.model.relationship import Relationship
 
 MANIFEST = "manifest.json"
 RELEASE_SUMS = "SHA256SUMS"  # at the top of `kiln image --out`: write_release_sums
@@ -198,19 +204,34 @@ def write_spdx(
 
     From worker threads, call load_spdx() in the main thread first (see _SPDX_MODULES).
     """
-    from spdx_tools.common.spdx_licensing import spdx_licensing
-    from spdx_tools.spdx.model.actor import Actor, ActorType
-    from spdx_tools.spdx.model.checksum import Checksum, ChecksumAlgorithm
-    from spdx_tools.spdx.model.document import CreationInfo, Document
-    from spdx_tools.spdx.model.package import ExternalPackageRef, ExternalPackageRefCategory, PackagePurpose
-    from spdx_tools.spdx.model.package import Package as SpdxPackage
+    from spdx_tools.spdx.model.document import Document
     from spdx_tools.spdx.model.relationship import Relationship, RelationshipType
-    from spdx_tools.spdx.model.spdx_no_assertion import SpdxNoAssertion
     from spdx_tools.spdx.validation.document_validator import validate_full_spdx_document
     from spdx_tools.spdx.writer.json.json_writer import write_document_to_file
 
+    spdx_packages = [_spdx_image(name, version, schematic)]
+    relationships = [Relationship("SPDXRef-DOCUMENT", RelationshipType.DESCRIBES, "SPDXRef-image")]
+    for item in sorted(packages, key=lambda p: p.name):
+        described, related = _spdx_package(item)
+        spdx_packages += described
+        relationships += related
+    info = _spdx_creation(name, version, seed, epoch)
+    document = Document(info, packages=spdx_packages, relationships=relationships)
+    problems = validate_full_spdx_document(document)
+    if problems:
+        raise BuildError("the SBOM does not validate: " + "; ".join(p.validation_message for p in problems[:5]))
+    path = directory / SBOM
+    write_document_to_file(document, str(path), validate=False)
+    return path
+
+
+def _spdx_creation(name: str, version: str, seed: str, epoch: int) -> CreationInfo:
+    """Who made the document and when (SOURCE_DATE_EPOCH), in a namespace derived from the image's seed."""
+    from spdx_tools.spdx.model.actor import Actor, ActorType
+    from spdx_tools.spdx.model.document import CreationInfo
+
     created = datetime.datetime.fromtimestamp(epoch, tz=datetime.UTC).replace(tzinfo=None)
-    info = CreationInfo(
+    return CreationInfo(
         spdx_version="SPDX-2.3",
         spdx_id="SPDXRef-DOCUMENT",
         name=f"kiln-{name}-{version}",
@@ -218,6 +239,14 @@ def write_spdx(
         creators=[Actor(ActorType.TOOL, f"kiln-{version}")],
         created=created,
     )
+
+
+def _spdx_image(name: str, version: str, schematic: str | None) -> SpdxPackage:
+    """The image itself, the document's one described package (with its schematic's ID, if any)."""
+    from spdx_tools.spdx.model.package import ExternalPackageRef, ExternalPackageRefCategory, PackagePurpose
+    from spdx_tools.spdx.model.package import Package as SpdxPackage
+    from spdx_tools.spdx.model.spdx_no_assertion import SpdxNoAssertion
+
     image = SpdxPackage(
         "SPDXRef-image",
         f"kiln-{name}",
@@ -231,62 +260,77 @@ def write_spdx(
     )
     if schematic:
         image.external_references = [ExternalPackageRef(ExternalPackageRefCategory.OTHER, "kiln-schematic", schematic)]
-    spdx_packages = [image]
-    relationships = [Relationship("SPDXRef-DOCUMENT", RelationshipType.DESCRIBES, "SPDXRef-image")]
-    for item in sorted(packages, key=lambda p: p.name):
-        sources = item.sources
-        spdx_id = "SPDXRef-Package-" + "".join(c if c.isalnum() or c in ".-" else "-" for c in item.name)
-        location: str | SpdxNoAssertion = sources[0].url if sources else SpdxNoAssertion()
-        refs = []
-        if item.key:
-            refs.append(ExternalPackageRef(ExternalPackageRefCategory.OTHER, "kiln-store-key", item.key))
-        if item.reference:
-            refs.append(ExternalPackageRef(ExternalPackageRefCategory.OTHER, "kiln-oci-reference", item.reference))
-        if item.purl:
-            refs.append(ExternalPackageRef(ExternalPackageRefCategory.PACKAGE_MANAGER, "purl", item.purl))
-        if item.cpe:
-            refs.append(ExternalPackageRef(ExternalPackageRefCategory.SECURITY, "cpe23Type", item.cpe))
-        declared = spdx_licensing.parse(item.license) if item.license else SpdxNoAssertion()
-        spdx_packages.append(
-            SpdxPackage(
-                spdx_id,
-                item.name,
-                location,
-                version=item.version or None,
-                files_analyzed=False,
-                checksums=[Checksum(ChecksumAlgorithm.SHA256, item.sha256)] if item.sha256 else [],
-                source_info=item.origin,
-                license_concluded=SpdxNoAssertion(),
-                license_declared=declared,
-                copyright_text=SpdxNoAssertion(),
-                description=item.description or None,
-                external_references=refs,
-            )
-        )
-        relationships.append(Relationship("SPDXRef-image", RelationshipType.CONTAINS, spdx_id))
-        for index, source in enumerate(sources):  # every source, each with its own purl and sha256
-            source_id = f"{spdx_id}-source-{index}"
-            spdx_packages.append(
-                SpdxPackage(
-                    source_id,
-                    f"{item.name} source {source.destination}",
-                    source.url,
-                    files_analyzed=False,
-                    checksums=[Checksum(ChecksumAlgorithm.SHA256, source.sha256)],
-                    primary_package_purpose=PackagePurpose.SOURCE,
-                    license_concluded=SpdxNoAssertion(),
-                    license_declared=declared,
-                    copyright_text=SpdxNoAssertion(),
-                    external_references=[
-                        ExternalPackageRef(ExternalPackageRefCategory.PACKAGE_MANAGER, "purl", source.purl)
-                    ],
-                )
-            )
-            relationships.append(Relationship(spdx_id, RelationshipType.GENERATED_FROM, source_id))
-    document = Document(info, packages=spdx_packages, relationships=relationships)
-    problems = validate_full_spdx_document(document)
-    if problems:
-        raise BuildError("the SBOM does not validate: " + "; ".join(p.validation_message for p in problems[:5]))
-    path = directory / SBOM
-    write_document_to_file(document, str(path), validate=False)
-    return path
+    return image
+
+
+def _spdx_package(item: SbomPackage) -> tuple[list[SpdxPackage], list[Relationship]]:
+    """One package of the image and each of its sources (its own purl and sha256): the SPDX packages and
+    the relationships (the image contains the package, the package is generated from its sources)."""
+    from spdx_tools.common.spdx_licensing import spdx_licensing
+    from spdx_tools.spdx.model.checksum import Checksum, ChecksumAlgorithm
+    from spdx_tools.spdx.model.package import Package as SpdxPackage
+    from spdx_tools.spdx.model.relationship import Relationship, RelationshipType
+    from spdx_tools.spdx.model.spdx_no_assertion import SpdxNoAssertion
+
+    sources = item.sources
+    spdx_id = "SPDXRef-Package-" + "".join(c if c.isalnum() or c in ".-" else "-" for c in item.name)
+    location: str | SpdxNoAssertion = sources[0].url if sources else SpdxNoAssertion()
+    declared = spdx_licensing.parse(item.license) if item.license else SpdxNoAssertion()
+    package = SpdxPackage(
+        spdx_id,
+        item.name,
+        location,
+        version=item.version or None,
+        files_analyzed=False,
+        checksums=[Checksum(ChecksumAlgorithm.SHA256, item.sha256)] if item.sha256 else [],
+        source_info=item.origin,
+        license_concluded=SpdxNoAssertion(),
+        license_declared=declared,
+        copyright_text=SpdxNoAssertion(),
+        description=item.description or None,
+        external_references=_spdx_references(item),
+    )
+    described = [package]
+    related = [Relationship("SPDXRef-image", RelationshipType.CONTAINS, spdx_id)]
+    for index, source in enumerate(sources):
+        source_id = f"{spdx_id}-source-{index}"
+        described.append(_spdx_source(source_id, item.name, source, declared))
+        related.append(Relationship(spdx_id, RelationshipType.GENERATED_FROM, source_id))
+    return described, related
+
+
+def _spdx_references(item: SbomPackage) -> list[ExternalPackageRef]:
+    """The package's store key, registry reference, purl and CPE, those it has."""
+    from spdx_tools.spdx.model.package import ExternalPackageRef, ExternalPackageRefCategory
+
+    refs = []
+    if item.key:
+        refs.append(ExternalPackageRef(ExternalPackageRefCategory.OTHER, "kiln-store-key", item.key))
+    if item.reference:
+        refs.append(ExternalPackageRef(ExternalPackageRefCategory.OTHER, "kiln-oci-reference", item.reference))
+    if item.purl:
+        refs.append(ExternalPackageRef(ExternalPackageRefCategory.PACKAGE_MANAGER, "purl", item.purl))
+    if item.cpe:
+        refs.append(ExternalPackageRef(ExternalPackageRefCategory.SECURITY, "cpe23Type", item.cpe))
+    return refs
+
+
+def _spdx_source(source_id: str, name: str, source: sbom_refs.SourceRef, declared: Any) -> SpdxPackage:
+    """One source of a package, under the package's declared license."""
+    from spdx_tools.spdx.model.checksum import Checksum, ChecksumAlgorithm
+    from spdx_tools.spdx.model.package import ExternalPackageRef, ExternalPackageRefCategory, PackagePurpose
+    from spdx_tools.spdx.model.package import Package as SpdxPackage
+    from spdx_tools.spdx.model.spdx_no_assertion import SpdxNoAssertion
+
+    return SpdxPackage(
+        source_id,
+        f"{name} source {source.destination}",
+        source.url,
+        files_analyzed=False,
+        checksums=[Checksum(ChecksumAlgorithm.SHA256, source.sha256)],
+        primary_package_purpose=PackagePurpose.SOURCE,
+        license_concluded=SpdxNoAssertion(),
+        license_declared=declared,
+        copyright_text=SpdxNoAssertion(),
+        external_references=[ExternalPackageRef(ExternalPackageRefCategory.PACKAGE_MANAGER, "purl", source.purl)],
+    )

@@ -31,11 +31,11 @@ from typing import Any
 from kiln.core.errors import BuildError, InputError, InputErrors, KilnError
 from kiln.image.checks import check_packages, with_release_version
 from kiln.image.imager import Built, Result, build_packages, make_images, replace_dir
-from kiln.image.keys import resolve_keys
 from kiln.image.manifest import MANIFEST, SBOMS, artifacts, write_platforms_manifest
 from kiln.image.outputs.kinds import KINDS
 from kiln.image.profile import Profile, raise_all, resolve_platform
 from kiln.image.provenance import Part, origin, write_provenance
+from kiln.image.signing_keys import resolve_keys
 from kiln.pkg.graph import Graph
 from kiln.pkg.variables import Platform
 from kiln.signing.release import SIGNATURE, SUMS, sign_release

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kiln.core import schema
 from kiln.core.errors import InputError, InputErrors, Location
@@ -25,11 +25,9 @@ from kiln.core.yamlfile import Positioned, read_yaml_file
 from kiln.image.assets import ARCH_FIRMWARE
 from kiln.image.outputs.kinds import KINDS
 from kiln.image.profile_rules import DEFAULT_ARCH, arch_rules, rules
+from kiln.image.schematic import Schematic
 from kiln.pkg.variables import Platform
 from kiln.rootfs.assemble import BASE_ROOTFS
-
-if TYPE_CHECKING:
-    from kiln.image.schematic import Schematic
 
 # Where an embedded machine config lands in the rootfs; the command line names it (kiln.config=).
 CONFIG_PATH = "/usr/lib/kiln/machine-config.json"
@@ -324,6 +322,24 @@ def resolve_platform(profiles: list[Profile], platform: str | None) -> list[Prof
         resolved.append(profile)
     raise_all(errors)
     return resolved
+
+
+def apply_schematic(profile: Profile, schematic: Schematic) -> Profile:
+    """The profile customised by the schematic: its extensions after the profile's, its kernel arguments
+    after the profile's, its machine config in place of the profile's."""
+    if profile.initramfs is not None and schematic.extensions:
+        raise InputError(
+            f"profile {profile.name} takes a ready-made initramfs: a schematic's extensions cannot be added to it",
+            profile.location("input", "initramfs"),
+        )
+    config = schematic.machine_config(profile.platform)
+    return replace(
+        profile,
+        extensions=tuple(dict.fromkeys((*profile.extensions, *schematic.extensions))),
+        extra_kernel_args=(*profile.extra_kernel_args, *schematic.kernel_args(profile.platform)),
+        machine_config=config if config is not None else profile.machine_config,
+        schematic=schematic,
+    )
 
 
 def raise_all(errors: list[InputError]) -> None:

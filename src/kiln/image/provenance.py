@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kiln import __version__
-from kiln.build.keys import stage0_key, tree_digest
+from kiln.build.cache_keys import stage0_key, tree_digest
 from kiln.core import secrets
 from kiln.core.gitstate import Head, head
 from kiln.core.hashing import file_sha256, json_sha256
@@ -67,7 +67,7 @@ class Origin:
 
 
 def origin(built: Built) -> Origin:
-    """The checkout holding the package trees, and each tree's digest (kiln.build.keys.tree_digest's
+    """The checkout holding the package trees, and each tree's digest (kiln.build.cache_keys.tree_digest's
     path -> content map, as canonical JSON, hashed)."""
     tree = built.graph.tree
     digests = tuple((root.name, json_sha256(tree_digest(root))) for root in tree.roots)

@@ -6,24 +6,24 @@ the profile's), and per-platform overrides of the last two. Its ID is the sha256
 JSON (keys sorted, no whitespace, empty fields left out), so the same schematic written with
 other key orders, comments or spacing has the same ID, and a factory can cache images by it.
 
-`kiln image PROFILE --schematic FILE` applies it to each profile: the ID goes in the manifest,
-both SBOMs and the rootfs (`/usr/lib/kiln/schematic.json`, which machined reports in
-/v1/status), so a running machine tells which schematic it was made from, and an installer
-made with it carries its extensions to every machine it installs or upgrades.
+`kiln image PROFILE --schematic FILE` applies it to each profile (kiln.image.profile.apply_schematic:
+profiles know schematics, schematics know no profile): the ID goes in the manifest, both SBOMs and
+the rootfs (`/usr/lib/kiln/schematic.json`, which machined reports in /v1/status), so a running
+machine tells which schematic it was made from, and an installer made with it carries its
+extensions to every machine it installs or upgrades.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from kiln.core import schema
 from kiln.core.errors import InputError, InputErrors, Location
 from kiln.core.yamlfile import parse_text, read_text_file
-from kiln.image.profile import Profile
 
 MAX_BYTES = 64 << 10  # a schematic names things; a machine config is a few KiB
 ROOTFS_PATH = "usr/lib/kiln/schematic.json"
@@ -87,21 +87,3 @@ def _canonical_fields(data: dict[str, Any]) -> dict[str, Any]:
     }
     platforms = {name: override for name, override in platforms.items() if override}
     return fields | {"platforms": platforms} if platforms else {k: v for k, v in fields.items() if k != "platforms"}
-
-
-def apply(profile: Profile, schematic: Schematic) -> Profile:
-    """The profile customised by the schematic: its extensions after the profile's, its kernel arguments
-    after the profile's, its machine config in place of the profile's."""
-    if profile.initramfs is not None and schematic.extensions:
-        raise InputError(
-            f"profile {profile.name} takes a ready-made initramfs: a schematic's extensions cannot be added to it",
-            profile.location("input", "initramfs"),
-        )
-    config = schematic.machine_config(profile.platform)
-    return replace(
-        profile,
-        extensions=tuple(dict.fromkeys((*profile.extensions, *schematic.extensions))),
-        extra_kernel_args=(*profile.extra_kernel_args, *schematic.kernel_args(profile.platform)),
-        machine_config=config if config is not None else profile.machine_config,
-        schematic=schematic,
-    )

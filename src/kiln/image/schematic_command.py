@@ -11,16 +11,22 @@ import json
 import sys
 from pathlib import Path
 
+from kiln.core.verb import Context
 from kiln.image import schematic
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "check a schematic (extensions, kernel arguments, machine config; docs/factory.md) and print its ID, "
+        "the sha256 of its canonical form"
+    )
     parser.add_argument("action", choices=("id",), help="id: check FILE and print its ID")
     parser.add_argument("file", type=Path, metavar="FILE", help="the schematic (YAML or JSON); - for standard input")
     parser.add_argument("--json", action="store_true", help="the ID and the canonical form, as JSON")
 
 
-def run(args: argparse.Namespace) -> int:
+def run(ctx: Context[object]) -> int:
+    args = ctx.args
     if str(args.file) == "-":
         loaded = schematic.parse(sys.stdin.read(schematic.MAX_BYTES + 1), "<stdin>")
     else:

@@ -5,16 +5,18 @@ from __future__ import annotations
 import argparse
 import json
 import tempfile
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
 from kiln.core.console import say_line
 from kiln.core.errors import InputError
+from kiln.core.verb import Context
 from kiln.pkg.graph import Graph
+from kiln.pkg.options import add_tree_options
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_tree_options(parser)
     parser.add_argument("--disk", required=True, metavar="PATH", help="the disk (or disk image file) to write")
     parser.add_argument(
         "--wipe",
@@ -42,13 +44,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def run(args: argparse.Namespace, load: Callable[[str], Graph]) -> int:
+def run(ctx: Context[Graph]) -> int:
     """Write a profile's raw disk onto --disk with the same `machined install` the installer image runs."""
     from kiln.image.checks import MACHINED, check_packages, with_release_version
     from kiln.image.imager import MACHINED_PATH, build_packages, make_images, package_file
     from kiln.image.profile import load_profiles
     from kiln.installer.install import check_disk, install_disk
 
+    args = ctx.args
     profile = load_profiles([args.profile], Path(args.profiles_dir))[0]
     if profile.kind != "image" or profile.disk_format != "raw":
         raise InputError(
@@ -61,7 +64,7 @@ def run(args: argparse.Namespace, load: Callable[[str], Graph]) -> int:
 
         profile = with_schematic([profile], args.schematic)[0]
     profile = replace(profile, out_format="raw")  # what is written to the disk, not what a release ships
-    graph = load(profile.platform_spec)
+    graph = ctx.graph(profile.platform_spec)
     check_packages([profile], graph)
     profile = with_release_version([profile], graph)[0]
     image = Path(args.image) if args.image else None

@@ -1,9 +1,11 @@
 """`kiln release push SOURCE --to HOST/REPO --channel C [--sign KEYDIR]`: the verb over kiln.installer.release.
 
 SOURCE is an installer layout (directory or .tar) or an installer profile, built first as `kiln
-image` would build it. With --sign, every pushed manifest gets its signature tag
-(kiln.signing.image_signature), made with the key directory's release key, which is checked
-before anything is built or pushed.
+image` would build it. With --sign, every pushed manifest gets its signature tag in cosign's format
+(kiln.signing.image_signature), made with the key directory's image release key (release-image.key,
+ECDSA P-256), which is checked before anything is built or pushed. `--signature-format kiln-v1`
+signs in the first Kiln format with release.key instead, for the one release that moves machines
+whose machined predates the cosign format (kiln.signing.image_signature_v1).
 """
 
 from __future__ import annotations
@@ -16,16 +18,26 @@ from typing import TYPE_CHECKING
 
 from kiln.core.console import say_line
 from kiln.core.errors import InputError
+from kiln.core.verb import Context
 from kiln.installer.image_layout import open_layout
 from kiln.installer.release import CHANNELS, Pushed, check_upgrade_from, push_releases, read_releases
+from kiln.pkg.options import add_tree_options
 
 if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ec import EllipticCurvePrivateKey
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
     from kiln.pkg.graph import Graph
 
+SIGNATURE_FORMATS = ("cosign", "kiln-v1")
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "push an installer OCI layout (or its .tar, or an installer profile, built first) to a "
+        "registry under the tag of its version, annotated with its channel, architecture and --upgrade-from"
+    )
+    add_tree_options(parser)
     parser.add_argument(
         "source",
         metavar="LAYOUT_OR_PROFILE",
@@ -43,8 +55,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--sign",
         type=Path,
         metavar="KEYDIR",
-        help="sign every pushed manifest with KEYDIR's release key (kiln keys generate): a sha256-<hex>.sig tag "
-        "each, which kiln verify IMAGE and machined (release_keys) check",
+        help="sign every pushed manifest with KEYDIR's image release key, release-image.key (kiln keys generate): "
+        "a sha256-<hex>.sig tag each, in cosign's format, which kiln verify IMAGE, machined (release_keys), "
+        "cosign and skopeo check",
+    )
+    parser.add_argument(
+        "--signature-format",
+        choices=SIGNATURE_FORMATS,
+        default="cosign",
+        help="cosign (default); kiln-v1 signs with release.key in the first Kiln format, which machined before "
+        "Kiln 0.2 checks: only for the release that moves such machines on (docs/release-signing.md)",
     )
     parser.add_argument("--out", metavar="DIR", help="where a profile's output is written (default _out)")
     parser.add_argument(
@@ -63,12 +83,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print a JSON summary")
 
 
-def run(args: argparse.Namespace, load: Callable[[str], Graph]) -> int:
+def run(ctx: Context[Graph]) -> int:
     from kiln.core.registry import Ref
 
+    args = ctx.args
     ref = Ref.parse(args.to)
     upgrade_from = check_upgrade_from(args.upgrade_from)
-    signing_key = _signing_key(args.sign)
+    signing_key = _signing_key(args.sign, args.signature_format)
     source = Path(args.source)
     if source.exists():
         if args.out or args.schematic:
@@ -78,7 +99,7 @@ def run(args: argparse.Namespace, load: Callable[[str], Graph]) -> int:
     elif "/" in args.source or args.source.endswith(".tar"):
         raise InputError(f"{args.source}: no such installer layout or tarball")
     else:
-        path = build_profile(args, load)
+        path = build_profile(args, ctx.graph)
     with open_layout(path) as layout:
         pushed = push_releases(read_releases(layout), ref, args.channel, upgrade_from)
     if signing_key is not None:
@@ -94,24 +115,38 @@ def run(args: argparse.Namespace, load: Callable[[str], Graph]) -> int:
     return 0
 
 
-def _signing_key(keys_dir: Path | None) -> Ed25519PrivateKey | None:
-    """The release key of --sign's directory, checked before anything is built or pushed."""
+def _signing_key(
+    keys_dir: Path | None, signature_format: str = "cosign"
+) -> EllipticCurvePrivateKey | Ed25519PrivateKey | None:
+    """The key of --sign's directory for the format, checked before anything is built or pushed."""
     if keys_dir is None:
+        if signature_format != "cosign":
+            raise InputError("--signature-format applies with --sign KEYDIR")
         return None
-    from kiln.signing.keyset import RELEASE, KeySet
-    from kiln.signing.release import load_private_key
+    from kiln.signing.keyset import RELEASE, RELEASE_IMAGE, KeySet
 
-    return load_private_key(KeySet(keys_dir).key(RELEASE))
+    if signature_format == "kiln-v1":
+        from kiln.signing.release import load_private_key
+
+        return load_private_key(KeySet(keys_dir).key(RELEASE))
+    from kiln.signing.image_signature import load_private_key as load_image_key
+
+    return load_image_key(KeySet(keys_dir).key(RELEASE_IMAGE))
 
 
-def sign_pushed(pushed: Pushed, key: Ed25519PrivateKey) -> dict[str, str]:
-    """Sign each pushed manifest (and a multi-arch release's index): digest -> its signature's tag."""
+def sign_pushed(pushed: Pushed, key: EllipticCurvePrivateKey | Ed25519PrivateKey) -> dict[str, str]:
+    """Sign each pushed manifest (and a multi-arch release's index): digest -> its signature's tag. An
+    Ed25519 key (--signature-format kiln-v1) signs in the first Kiln format, an ECDSA one in cosign's."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
     from kiln.core.registry import Client
-    from kiln.signing.image_signature import push_signature
+    from kiln.signing import image_signature, image_signature_v1
 
     client = Client(pushed.ref)
     digests = list(dict.fromkeys([*pushed.manifests.values(), pushed.digest]))
-    return {digest: push_signature(client, digest, key) for digest in digests}
+    if isinstance(key, Ed25519PrivateKey):
+        return {digest: image_signature_v1.push_signature(client, digest, key) for digest in digests}
+    return {digest: image_signature.push_signature(client, digest, key) for digest in digests}
 
 
 def build_profile(args: argparse.Namespace, load: Callable[[str], Graph]) -> Path:

@@ -20,10 +20,11 @@ import json
 import os
 import ssl
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 from urllib.parse import urlencode
 
 from kiln.core.errors import KilnError, printable
@@ -31,6 +32,9 @@ from kiln.core.errors import KilnError, printable
 DEFAULT_PORT = 50000
 MAX_ANSWER = 16 << 20  # logs are the largest answer; a machine keeps a bounded number of lines
 DEFAULT_TIMEOUT = 10.0
+# a machine ends each watch within 25 s with an "expired" line: this long without a line is a dead link
+WATCH_TIMEOUT = 60.0
+MAX_WATCH_LINE = 4 << 20  # one resource's JSON line
 
 
 class NodeError(KilnError):
@@ -213,13 +217,47 @@ class NodeClient:
             raise NodeError(self.name, "answered /v1/logs without a list of lines")
         return [str(line) for line in lines]
 
-    def resources(self, kind: str = "") -> list[dict[str, Any]]:
-        """GET /v1/resources[?type=TYPE]: the machine's resources (type, id, version, phase, owner, spec)."""
-        path = "/v1/resources" + ("?" + urlencode({"type": kind}) if kind else "")
-        resources = self._object("GET", path).get("resources")
+    def resources(self, kind: str = "", ident: str = "") -> list[dict[str, Any]]:
+        """GET /v1/resources[?type=TYPE[&id=ID]]: the machine's resources (type, id, version, phase, owner, spec)."""
+        resources = self._object("GET", _resources_path(kind, ident)).get("resources")
         if not isinstance(resources, list):
             raise NodeError(self.name, "answered /v1/resources without a list of resources")
         return [r for r in resources if isinstance(r, dict)]
+
+    def watch(self, kind: str = "", ident: str = "") -> Iterator[dict[str, Any]]:
+        """GET /v1/resources?watch=1: the stream's lines as they come (`event`: current, then synced, then
+        updated or destroyed, each but synced with its `resource`), until its last one, `expired`; a stream
+        that ends without it is NodeUnreachable. Each watch is its own connection."""
+        path = _resources_path(kind, ident, watch=True)
+        connection = self._connect(WATCH_TIMEOUT)
+        try:
+            with self._failures():
+                connection.request("GET", path, headers={"Accept": "application/x-ndjson"})
+                response = connection.getresponse()
+                if response.status != 200:
+                    self._raise_for(response.status, response.read(MAX_ANSWER + 1), "GET", path)
+                yield from self._lines(response)
+        finally:
+            connection.close()
+
+    def _lines(self, response: http.client.HTTPResponse) -> Iterator[dict[str, Any]]:
+        while True:
+            line = response.readline(MAX_WATCH_LINE + 1)
+            if not line:
+                raise NodeUnreachable(self.name, "the watch ended before its last line (the machine went away)")
+            event = _json(line)
+            if len(line) > MAX_WATCH_LINE or not isinstance(event, dict) or not isinstance(event.get("event"), str):
+                raise NodeError(self.name, "the watch sent a line that is not a JSON event")
+            yield event
+            if event["event"] == "expired":
+                return
+
+    def apply_config(self, document: bytes, mode: str) -> dict[str, Any]:
+        """POST /v1/config?mode=MODE (auto, staged or dry_run) with the config as it is, YAML or JSON: the
+        machine's report (`sections`, each `applied`, `staged for the next boot`, `unchanged` or `not
+        applied`). A config the machine refuses is an ApiError: 400 invalid, 409 not here, 413 too large."""
+        path = "/v1/config?" + urlencode({"mode": mode})
+        return self._object("POST", path, raw=(document, "application/yaml"))
 
     def rollback(self) -> dict[str, Any]:
         """POST /v1/rollback: `{"slot"}` the machine reboots into; ApiError 409 when it cannot."""
@@ -233,29 +271,56 @@ class NodeClient:
         return upgrade
 
     def _object(
-        self, method: str, path: str, *, body: dict[str, Any] | None = None, timeout: float | None = None
+        self,
+        method: str,
+        path: str,
+        *,
+        body: dict[str, Any] | None = None,
+        raw: tuple[bytes, str] | None = None,
+        timeout: float | None = None,
     ) -> dict[str, Any]:
-        status, data = self._exchange(method, path, body, timeout)
-        answer = _json(data)
+        """One request whose answer is a JSON object; `raw` is a body as it is, with its content type."""
+        payload = raw or ((json.dumps(body).encode(), "application/json") if body is not None else None)
+        status, data = self._exchange(method, path, payload, timeout)
         if not 200 <= status < 300:
-            error = answer.get("error") if isinstance(answer, dict) else None
-            raise ApiError(self.name, status, str(error) if error else f"{method} {path}: HTTP {status}")
+            self._raise_for(status, data, method, path)
+        answer = _json(data)
         if not isinstance(answer, dict):
             raise NodeError(self.name, f"{method} {path}: the answer is not a JSON object")
         return answer
 
+    def _raise_for(self, status: int, data: bytes, method: str, path: str) -> NoReturn:
+        """An HTTP error as ApiError, with machined's `{"error"}` text when it sent one."""
+        answer = _json(data[:MAX_ANSWER])
+        error = answer.get("error") if isinstance(answer, dict) else None
+        raise ApiError(self.name, status, str(error) if error else f"{method} {path}: HTTP {status}")
+
+    def _connect(self, timeout: float | None) -> http.client.HTTPSConnection:
+        host, port = self.endpoint.host, self.endpoint.port
+        return http.client.HTTPSConnection(host, port, context=self._context, timeout=timeout or self._timeout)
+
     def _exchange(
-        self, method: str, path: str, body: dict[str, Any] | None, timeout: float | None
+        self, method: str, path: str, payload: tuple[bytes, str] | None, timeout: float | None
     ) -> tuple[int, bytes]:
         """One request on its own connection (machines reboot between requests: nothing is kept open)."""
-        host, port = self.endpoint.host, self.endpoint.port
-        connection = http.client.HTTPSConnection(host, port, context=self._context, timeout=timeout or self._timeout)
-        payload = json.dumps(body).encode() if body is not None else None
-        headers = {"Accept": "application/json"} | ({"Content-Type": "application/json"} if payload else {})
+        connection = self._connect(timeout)
+        headers = {"Accept": "application/json"} | ({"Content-Type": payload[1]} if payload else {})
         try:
-            connection.request(method, path, body=payload, headers=headers)
-            response = connection.getresponse()
-            data = response.read(MAX_ANSWER + 1)
+            with self._failures():
+                connection.request(method, path, body=payload[0] if payload else None, headers=headers)
+                response = connection.getresponse()
+                data = response.read(MAX_ANSWER + 1)
+        finally:
+            connection.close()
+        if len(data) > MAX_ANSWER:
+            raise NodeError(self.name, f"{method} {path}: the answer is larger than {MAX_ANSWER} bytes")
+        return response.status, data
+
+    @contextmanager
+    def _failures(self) -> Iterator[None]:
+        """TLS and network failures as this node's NodeErrors."""
+        try:
+            yield
         except ssl.SSLCertVerificationError as exc:
             raise NodeError(self.name, f"TLS: the server's certificate is not trusted: {exc.verify_message}") from None
         except (ssl.SSLEOFError, ssl.SSLZeroReturnError):
@@ -264,11 +329,11 @@ class NodeClient:
             raise NodeError(self.name, _tls_reason(exc)) from None
         except (OSError, http.client.HTTPException) as exc:
             raise NodeUnreachable(self.name, f"not answering: {_network_reason(exc)}") from None
-        finally:
-            connection.close()
-        if len(data) > MAX_ANSWER:
-            raise NodeError(self.name, f"{method} {path}: the answer is larger than {MAX_ANSWER} bytes")
-        return response.status, data
+
+
+def _resources_path(kind: str, ident: str, *, watch: bool = False) -> str:
+    query = [(key, value) for key, value in (("watch", "1" if watch else ""), ("type", kind), ("id", ident)) if value]
+    return "/v1/resources" + ("?" + urlencode(query) if query else "")
 
 
 _CLOSED = "the connection closed during TLS (rebooting, or the machine does not accept this client's certificate)"

@@ -1,7 +1,7 @@
-"""`kiln node status|get|logs|rollback|upgrade`: machined's API on the machines of a context, one at a time.
+"""`kiln node status|get|logs|rollback|upgrade|apply-config`: machined's API on the machines of a context.
 
 Argument parsing and output only: the config is `config`, the HTTPS client `client`, the order and
-the waiting of rollbacks and rolling upgrades `rollout`.
+the waiting of rollbacks and rolling upgrades `rollout`, following resources as they change `watch`.
 """
 
 from __future__ import annotations
@@ -12,24 +12,32 @@ import re
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from kiln.core import console
-from kiln.core.errors import InputError, printable
-from kiln.node.client import NodeClient, NodeError, UpgradeRequest
+from kiln.core.errors import InputError, Location, printable
+from kiln.core.verb import Context
+from kiln.core.yamlfile import read_text_file
+from kiln.node.client import ApiError, NodeClient, NodeError, UpgradeRequest
 from kiln.node.config import Flags, Target, resolve
 from kiln.node.rollout import Progress, Reporter, Rollout, rolling_rollback, rolling_upgrade
+from kiln.node.text import apply_lines, dump, progress_text, resource_lines, row, status_lines, watch_row
+from kiln.node.watch import Change, watch_nodes
 
 DEFAULT_TIMEOUT = 900.0
 CHANNELS = ("alpha", "beta", "stable")
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
-_MiB = 1 << 20
 POLL = 1.0  # seconds between two status requests while a node upgrades or reboots
 LINE_EVERY = 10.0  # plain progress: a line when the state changes, else at most one per node this often
+OUTPUTS = ("table", "json", "yaml")
+MAX_CONFIG = 1 << 20  # what machined accepts in POST /v1/config
+REFUSED = (400, 409, 413)  # a machine's answers that refuse the config itself: exit 2
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """`kiln node ACTION`, each action with the connection flags."""
+    parser.description = "talk to running machines over machined's mutual-TLS API (docs/node-client.md)"
     connection = _connection_flags()
     actions = parser.add_subparsers(dest="node_action", metavar="ACTION", required=True)
     status = actions.add_parser(
@@ -40,7 +48,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "get", parents=[connection], help="each node's resources (its config, network, ...) as machined keeps them"
     )
     get.add_argument("type", nargs="?", default="", help="only this resource type, e.g. network/status")
-    get.add_argument("--json", action="store_true", help="the resources as one JSON list per node")
+    get.add_argument("id", nargs="?", default="", help="only the resource of this type with this ID")
+    get.add_argument("-o", "--output", choices=OUTPUTS, default="table", help="table (default), json or yaml")
+    get.add_argument("--json", dest="output", action="store_const", const="json", help="the same as -o json")
+    get.add_argument("--watch", "-w", action="store_true", help="then print each change as it happens, until Ctrl-C")
     logs = actions.add_parser("logs", parents=[connection], help="a service's kept log lines from each node")
     logs.add_argument("service", nargs="?", default="machined", help="the service (default machined: its own log)")
     rollback = actions.add_parser(
@@ -56,6 +67,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="rolling upgrade: one node at a time, each back on the new version before the next; stops at a failure",
     )
     _add_upgrade_arguments(upgrade)
+    apply = actions.add_parser(
+        "apply-config",
+        parents=[connection],
+        help="send one node a new machine config: applied live where it can be, the rest at its next boot",
+    )
+    apply.add_argument("file", metavar="FILE", help="the machine config, YAML or JSON (docs/machine-config.md)")
+    mode = apply.add_mutually_exclusive_group()
+    mode.add_argument(
+        "--mode",
+        choices=("auto", "staged"),
+        default="auto",
+        help="auto (default): live where it can be, the rest at the next boot; staged: everything at the next boot",
+    )
+    mode.add_argument("--dry-run", action="store_true", help="only say what auto would do: nothing written or applied")
+    apply.add_argument("--json", action="store_true", help="print the node's report as JSON")
 
 
 def _connection_flags() -> argparse.ArgumentParser:
@@ -108,8 +134,9 @@ def _seconds(text: str) -> float:
     return value
 
 
-def run(args: argparse.Namespace) -> int:
+def run(ctx: Context[object]) -> int:
     """Resolve the config and the flags (exit 2 on a problem), then do the action (exit 1 on a node's failure)."""
+    args = ctx.args
     flags = Flags(args.config, args.context, args.nodes, args.ca, args.cert, args.key)
     if args.node_action == "rollback" and not args.nodes:
         raise InputError("kiln node rollback reboots every node it is given: name them with --nodes A,B")
@@ -122,6 +149,7 @@ def run(args: argparse.Namespace) -> int:
         "get": _get,
         "logs": _logs,
         "rollback": _rollback,
+        "apply-config": _apply_config,
     }
     return actions[args.node_action](args, target)
 
@@ -146,7 +174,8 @@ def upgrade_request(args: argparse.Namespace) -> UpgradeRequest:
 
 
 def _status(args: argparse.Namespace, target: Target) -> int:
-    return _ask_each(target, "status", lambda client: client.status(), status_lines, json_output=args.json)
+    output = "json" if args.json else "table"
+    return _ask_each(target, "status", lambda client: client.status(), status_lines, output=output)
 
 
 def _ask_each(
@@ -155,9 +184,9 @@ def _ask_each(
     ask: Callable[[NodeClient], Any],
     lines: Callable[[str, Any], list[str]],
     *,
-    json_output: bool,
+    output: str,
 ) -> int:
-    """Ask every node of `target`, then print the answers as one JSON list ({"node", key} or {"node",
+    """Ask every node of `target`, then print the answers as one JSON or YAML list ({"node", key} or {"node",
     "error"}) or as each node's `lines`; a node that did not answer is a line on stderr and exit 1."""
     answers: list[dict[str, Any]] = []
     for client in target.clients():
@@ -165,94 +194,66 @@ def _ask_each(
             answers.append({"node": client.name, key: ask(client)})
         except NodeError as exc:
             answers.append({"node": client.name, "error": exc.reason})
-    if json_output:
-        print(json.dumps(answers, indent=2))
+    if output != "table":
+        print(dump(answers, output), end="")
     for answer in answers:
         if "error" in answer:
             console.error(f"{answer['node']}: {answer['error']}")
-        elif not json_output:
+        elif output == "table":
             print("\n".join(lines(answer["node"], answer[key])))
     return 1 if any("error" in answer for answer in answers) else 0
 
 
-def status_lines(node: str, status: dict[str, Any]) -> list[str]:
-    """One node's block of `kiln node status`; every value from the machine made printable."""
-    kernel, hostname = _text(status.get("kernel")), _text(status.get("hostname"))
-    uptime = status.get("uptime_seconds")
-    lines = [f"{node}" + (f"  {hostname}" if hostname else "")]
-    running = f"  version:   {_text(status.get('version')) or '?'}" + (f" (kernel {kernel})" if kernel else "")
-    lines.append(running + (f", up {_duration(uptime)}" if isinstance(uptime, int | float) else ""))
-    lines += _boot_lines(status.get("boot"))
-    lines.append(f"  upgrade:   {_upgrade_text(status.get('upgrade'))}")
-    lines.append(f"  services:  {_services_text(status.get('services'))}")
-    return lines
-
-
-def _boot_lines(boot: Any) -> list[str]:
-    if not isinstance(boot, dict):
-        return ["  boot:      not from an A/B disk"]
-    slot, default = _text(boot.get("slot")), _text(boot.get("default"))
-    lines = [f"  boot:      slot {slot or '?'} as {_text(boot.get('booted_as')) or '?'} (default {default or '?'})"]
-    previous = _text(boot.get("previous_version")) or "empty"
-    lines.append(f"  previous:  slot {_text(boot.get('previous_slot')) or '?'}: {previous}")
-    if boot.get("rolled_back"):
-        rolled = _text(boot.get("rolled_back_slot"))
-        version = _text(boot.get("rolled_back_version"))
-        lines.append(f"  rolled back: yes (slot {rolled or '?'}" + (f", {version})" if version else ")"))
-    else:
-        lines.append("  rolled back: no")
-    trial = boot.get("trial")
-    if isinstance(trial, dict):
-        lines.append(f"  trial:     slot {_text(trial.get('slot'))}, {_text(trial.get('tries_left'))} tries left")
-    if boot.get("error"):
-        lines.append(f"  boot error: {_text(boot.get('error'))}")
-    return lines
-
-
-def _upgrade_text(upgrade: Any) -> str:
-    if not isinstance(upgrade, dict) or not upgrade.get("state"):
-        return "idle"
-    state = _text(upgrade.get("state"))
-    source = _text(upgrade.get("image") or upgrade.get("url") or "")
-    version = _text(upgrade.get("version"))
-    text = state + _mib(upgrade.get("pulled_bytes"), upgrade.get("total_bytes"))
-    text += f" {source}" if source else ""
-    text += f" -> {version}" if version else ""
-    text += " (unsigned)" if upgrade.get("unsigned") is True else ""
-    if state == "failed":
-        text += f": {_text(upgrade.get('error')) or 'no reason given'}"
-    return text
-
-
-def _services_text(services: Any) -> str:
-    if not isinstance(services, list) or not services:
-        return "none"
-    states: dict[str, list[str]] = {}
-    for service in services:
-        if isinstance(service, dict):
-            states.setdefault(_text(service.get("state")) or "?", []).append(_text(service.get("name")))
-    parts = [f"{len(names)} {state}" for state, names in sorted(states.items())]
-    troubled = sorted(name for state in ("failed", "backoff") for name in states.get(state, []))
-    return ", ".join(parts) + (f" ({', '.join(troubled)})" if troubled else "")
-
-
 def _get(args: argparse.Namespace, target: Target) -> int:
+    if args.id and not args.type:
+        raise InputError("kiln node get: an ID goes after its TYPE")
+    if args.watch:
+        return _watch(args, target)
     return _ask_each(
-        target, "resources", lambda client: client.resources(args.type), resource_lines, json_output=args.json
+        target,
+        "resources",
+        lambda client: client.resources(args.type, args.id),
+        resource_lines,
+        output=args.output,
     )
 
 
-def resource_lines(node: str, resources: list[dict[str, Any]]) -> list[str]:
-    """One node's resources as a table (node, type, id, version, phase, owner), each row ending in its spec's JSON."""
-    columns = ("type", "id", "version", "phase", "owner")
-    rows = [["NODE", *(name.upper() for name in columns)]]
-    rows += [[printable(node), *(_text(r.get(name)) for name in columns)] for r in resources]
-    specs = ["SPEC", *(printable(json.dumps(r.get("spec"), sort_keys=True, separators=(",", ":"))) for r in resources)]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return [
-        "  ".join([*(cell.ljust(w) for cell, w in zip(row, widths, strict=True)), spec])
-        for row, spec in zip(rows, specs, strict=True)
-    ]
+def _watch(args: argparse.Namespace, target: Target) -> int:
+    """Each change of each node's resources as it comes, until Ctrl-C: a table row, a JSON line or a YAML document."""
+    if args.output == "table":
+        print(row(["NODE", "EVENT", "TYPE", "ID", "VERSION", "PHASE", "OWNER"], "SPEC"), flush=True)
+
+    def emit(change: Change) -> None:
+        if args.output == "table":
+            print(watch_row(change), flush=True)
+        else:
+            as_dict = {"node": change.node, "event": change.event, "resource": change.resource}
+            print(dump(as_dict, args.output, document=True), end="", flush=True)
+
+    return watch_nodes(target.clients(), args.type, args.id, emit, console.error)
+
+
+def _apply_config(args: argparse.Namespace, target: Target) -> int:
+    """Send FILE to the one node; a config the node refuses is an InputError at FILE (exit 2)."""
+    if len(target.endpoints) != 1:
+        raise InputError(
+            f"kiln node apply-config sends one machine's config (its hostname, addresses, certificate): "
+            f"name one node with --nodes, not {len(target.endpoints)}"
+        )
+    document = read_text_file(Path(args.file), MAX_CONFIG, "machine config").encode()
+    mode = "dry_run" if args.dry_run else args.mode
+    client = target.clients()[0]
+    try:
+        report = client.apply_config(document, mode)
+    except ApiError as exc:
+        if exc.status in REFUSED:
+            raise InputError(f"refused by {client.name}: {exc.reason}", Location(args.file)) from None
+        raise
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print("\n".join(apply_lines(client.name, report)))
+    return 0
 
 
 def _logs(args: argparse.Namespace, target: Target) -> int:
@@ -338,33 +339,3 @@ class _LineReporter:
             return
         self.last[progress.node] = (progress.state, now)
         console.say_line(progress_text(progress))
-
-
-def progress_text(progress: Progress) -> str:
-    """`10.0.0.5:50000: pulling 12.0/80.0 MiB to 0.2.0`."""
-    mib = _mib(progress.pulled_bytes, progress.total_bytes) if progress.state == "pulling" else ""
-    return f"{progress.node}: {progress.state}{mib}" + (f" {progress.detail}" if progress.detail else "")
-
-
-def _mib(pulled: Any, total: Any) -> str:
-    if not isinstance(pulled, int) or isinstance(pulled, bool) or pulled <= 0:
-        return ""
-    if isinstance(total, int) and not isinstance(total, bool) and total > 0:
-        return f" {pulled / _MiB:.1f}/{total / _MiB:.1f} MiB"
-    return f" {pulled / _MiB:.1f} MiB"
-
-
-def _duration(seconds: float) -> str:
-    whole = int(seconds)
-    days, rest = divmod(whole, 86400)
-    hours, rest = divmod(rest, 3600)
-    minutes, secs = divmod(rest, 60)
-    if days:
-        return f"{days}d {hours}h"
-    if hours:
-        return f"{hours}h {minutes}m"
-    return f"{minutes}m {secs}s" if minutes else f"{secs}s"
-
-
-def _text(value: Any) -> str:
-    return printable(str(value)) if value is not None else ""

@@ -7,11 +7,17 @@ import json
 from pathlib import Path
 
 from kiln.core.errors import InputError, display_path, printable
+from kiln.core.verb import Context
 from kiln.node import pki
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """`kiln secrets ACTION DIR`: a new fleet, or one more machine or client in it."""
+    parser.description = (
+        "make a fleet's API certificates: a machines CA and a clients CA, each machine's server certificate and "
+        "api: section, each client's certificate (role admin, operator or reader) and kiln node config "
+        "(docs/machine-config.md#the-api)"
+    )
     actions = parser.add_subparsers(dest="secrets_action", metavar="ACTION", required=True)
     text = "write a fleet's two CAs (machines, clients), machines' API certificates and clients' certificates into DIR"
     gen = actions.add_parser("generate", help=text, description=f"{text} (docs/machine-config.md#the-api)")
@@ -64,7 +70,8 @@ def _common(parser: argparse.ArgumentParser, force_text: str) -> None:
     parser.add_argument("--json", action="store_true", help="list the files written as JSON")
 
 
-def run(args: argparse.Namespace) -> int:
+def run(ctx: Context[object]) -> int:
+    args = ctx.args
     root = Path(args.dir)
     if args.secrets_action == "generate":
         machines = dict(parse_machine(text) for text in args.machine)

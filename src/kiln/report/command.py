@@ -10,10 +10,12 @@ import json
 from pathlib import Path
 
 from kiln.core import console
+from kiln.core.verb import Context
 from kiln.report.output import FORMATS, format_for, write
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = "draw a build's timeline from kiln build --json, or measure what takes the space in an image"
     kinds = parser.add_subparsers(dest="report_kind", metavar="KIND", required=True)
     timeline = kinds.add_parser(
         "timeline",
@@ -41,7 +43,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def run(args: argparse.Namespace) -> int:
+def run(ctx: Context[object]) -> int:
+    args = ctx.args
     if args.report_kind == "timeline":
         return _timeline(args)
     return _sizes(args)

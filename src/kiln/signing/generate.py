@@ -3,6 +3,9 @@
 Everything is made in a staging directory inside DIR (same file system) and renamed into place only
 once every key, certificate and signature list exists, so a failed or interrupted run leaves no half
 key and no partial set that the next run would have to --force over.
+
+`--add-missing` (add_missing) gives a key directory made before the image release key existed that
+key alone, the same way, and touches nothing else.
 """
 
 from __future__ import annotations
@@ -16,13 +19,13 @@ from pathlib import Path
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import rsa
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from kiln.core.errors import InputError, display_path
 from kiln.signing.efivars import DBX, SIGNER, write_signature_lists
-from kiln.signing.keyset import PCR, RELEASE, UEFI_KEYS, X509_KEYS, KeySet
+from kiln.signing.keyset import PCR, RELEASE, RELEASE_IMAGE, UEFI_KEYS, X509_KEYS, KeySet
 
 RSA_BITS = 2048  # what every UEFI implementation and the kernel's module loader accept
 VALIDITY = timedelta(days=3652)  # ten years, leap days included
@@ -47,7 +50,8 @@ def files(keys: KeySet) -> list[tuple[Path, str]]:
         (keys.key(PCR), "private PCR key (RSA-2048): signs the PCR 11 policy of each UKI (measured boot)"),
         (keys.pcr_public, "PCR public key: a UKI's .pcrpkey, what TPM-sealed secrets name"),
         (keys.key(RELEASE), "private release key (Ed25519): signs release checksums"),
-        (keys.release_public, "release public key: what machines verify releases with"),
+        (keys.release_public, "release public key: what kiln verify checks release checksums with"),
+        *image_key_files(keys),
         (keys.owner_guid_file, "owner GUID the EFI signature lists carry"),
     ]
     listing += [(keys.esl(name), f"EFI signature list of the {name} certificate") for name in UEFI_KEYS]
@@ -57,6 +61,14 @@ def files(keys: KeySet) -> list[tuple[Path, str]]:
         for name in (*UEFI_KEYS, DBX)
     ]
     return listing
+
+
+def image_key_files(keys: KeySet) -> list[tuple[Path, str]]:
+    """The image release key's two files: what --add-missing may add to an older key directory."""
+    return [
+        (keys.key(RELEASE_IMAGE), "private image release key (ECDSA P-256): signs installer images (cosign format)"),
+        (keys.release_image_public, "image release public key: machines' release_keys, cosign --key, skopeo keyPath"),
+    ]
 
 
 def generate(root: Path, *, common_name: str = "Kiln", force: bool = False) -> KeySet:
@@ -77,6 +89,39 @@ def generate(root: Path, *, common_name: str = "Kiln", force: bool = False) -> K
     finally:
         shutil.rmtree(stage, ignore_errors=True)
     return keys
+
+
+def add_missing(root: Path) -> list[tuple[Path, str]]:
+    """Give an existing key directory the image release key it lacks (made before that key existed);
+    returns the files written. Every other file must be there already, and is left as it is."""
+    keys = KeySet(root)
+    if not root.is_dir():
+        raise InputError(f"{display_path(root)}: no such key directory (kiln keys generate DIR makes one)")
+    added = image_key_files(keys)
+    if all(os.path.lexists(path) for path, _ in added):
+        return []
+    new = {path for path, _ in added}
+    absent = [path for path, _ in files(keys) if path not in new and not os.path.lexists(path)]
+    if absent:
+        raise InputError(
+            f"{display_path(root)}: not a whole key set ({absent[0].name} is missing); --add-missing adds only "
+            f"{RELEASE_IMAGE}.key and {RELEASE_IMAGE}.pub"
+        )
+    present = [path for path, _ in added if os.path.lexists(path)]
+    if present:
+        raise InputError(f"{display_path(present[0])}: half of the image release key is there; remove it first")
+    try:
+        stage = Path(tempfile.mkdtemp(prefix=".kiln-keys-", dir=root))
+    except OSError as exc:
+        raise InputError(f"{display_path(root)}: cannot write there: {exc.strerror}") from None
+    try:
+        _write_image_key(KeySet(stage))
+        for path, _ in added:
+            os.replace(stage / path.name, path)
+        _sync_directory(root)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    return added
 
 
 def _check_name(common_name: str) -> None:
@@ -126,14 +171,21 @@ def _write_keys(keys: KeySet, common_name: str) -> None:
     )
     _write(keys.key(RELEASE), _private_pem(release), 0o600)
     _write(keys.release_public, public, 0o644)
+    _write_image_key(keys)
     _write(keys.owner_guid_file, f"{uuid.uuid4()}\n".encode(), 0o644)
 
 
-def _public_pem(key: rsa.RSAPrivateKey) -> bytes:
+def _write_image_key(keys: KeySet) -> None:
+    image = ec.generate_private_key(ec.SECP256R1())
+    _write(keys.key(RELEASE_IMAGE), _private_pem(image), 0o600)
+    _write(keys.release_image_public, _public_pem(image), 0o644)
+
+
+def _public_pem(key: rsa.RSAPrivateKey | ec.EllipticCurvePrivateKey) -> bytes:
     return key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
 
 
-def _private_pem(key: rsa.RSAPrivateKey | Ed25519PrivateKey) -> bytes:
+def _private_pem(key: rsa.RSAPrivateKey | Ed25519PrivateKey | ec.EllipticCurvePrivateKey) -> bytes:
     return key.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
     )
@@ -191,7 +243,11 @@ def _publish(staged: KeySet, keys: KeySet) -> None:
     """Rename every staged file onto its place in `keys` (same file system: each rename is atomic)."""
     for path, _ in files(keys):
         os.replace(staged.root / path.name, path)
-    fd = os.open(keys.root, os.O_RDONLY | os.O_DIRECTORY)
+    _sync_directory(keys.root)
+
+
+def _sync_directory(root: Path) -> None:
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
     finally:

@@ -15,12 +15,15 @@ from pathlib import Path
 from kiln.core.errors import InputError
 
 # Secure Boot's three levels (platform key, key exchange key, signature database), the kernel
-# module key and the release key. PK/KEK/db/module are RSA-2048 X.509 (what UEFI firmware and the
-# kernel's module loader accept everywhere); release is Ed25519 (deterministic signatures, and Go's
-# standard library verifies it in machined).
+# module key and the two release keys. PK/KEK/db/module are RSA-2048 X.509 (what UEFI firmware and
+# the kernel's module loader accept everywhere); release is Ed25519 (deterministic signatures over
+# SHA256SUMS, checked by OpenSSL and Go's standard library); release-image is ECDSA P-256, the key
+# type the sigstore signature spec requires every verifier to support, so cosign and skopeo check
+# installer image signatures made with it.
 UEFI_KEYS = ("PK", "KEK", "db")
 X509_KEYS = (*UEFI_KEYS, "module")
 RELEASE = "release"
+RELEASE_IMAGE = "release-image"
 PCR = "pcr"  # RSA-2048 (what TPM2 PolicyAuthorize and systemd check): signs PCR 11 policies
 OWNER_GUID = "owner.guid"  # the EFI signature owner GUID the lists carry, one line
 
@@ -32,7 +35,7 @@ class KeySet:
     root: Path
 
     def key(self, name: str) -> Path:
-        """The private key `name` (PEM, PKCS#8): PK, KEK, db, module, pcr or release."""
+        """The private key `name` (PEM, PKCS#8): PK, KEK, db, module, pcr, release or release-image."""
         return self.root / f"{name}.key"
 
     def cert(self, name: str) -> Path:
@@ -61,6 +64,12 @@ class KeySet:
     def release_public(self) -> Path:
         """The release key's public half (PEM SubjectPublicKeyInfo): what verifiers are given."""
         return self.root / f"{RELEASE}.pub"
+
+    @property
+    def release_image_public(self) -> Path:
+        """The image release key's public half (PEM SubjectPublicKeyInfo): cosign's --key, skopeo's keyPath,
+        a machine config's release_keys."""
+        return self.root / f"{RELEASE_IMAGE}.pub"
 
     @property
     def owner_guid_file(self) -> Path:

@@ -334,6 +334,11 @@ class _Unreadable(Exception):
     """Why a file could not be read within its bounds; callers turn it into their own error."""
 
 
+def read_key_file(path: Path, limit: int = MAX_KEY) -> bytes:
+    """A key file the user named, at most `limit` bytes: problems are InputErrors (exit 2)."""
+    return _read_input(path, limit)
+
+
 def _read_input(path: Path, limit: int) -> bytes:
     """A file the user named (a key): problems are InputErrors."""
     try:

@@ -1,11 +1,12 @@
-"""`kiln verify DIR|IMAGE --key release.pub`: check a release directory against its signed SHA256SUMS
-and its signed provenance (kiln.signing.attestation), or an installer image in a registry against
-its signatures (kiln.signing.image_signature). `kiln verify --rebuild RELEASE_DIR` builds the
-release again from its provenance and compares (kiln.signing.rebuild).
+"""`kiln verify DIR|IMAGE --key KEY`: check a release directory against its signed SHA256SUMS and its
+signed provenance (kiln.signing.attestation; KEY is release.pub), or an installer image in a registry
+against its signatures (kiln.signing.image_signature; KEY is release-image.pub, or release.pub for an
+image signed in the first Kiln format). `kiln verify --rebuild RELEASE_DIR` builds the release again
+from its provenance and compares (kiln.signing.rebuild).
 
-Exit 0 when every file is what the release key signed (or what the rebuild made); 1 (a
-VerificationError) when the directory fails the check or the rebuild differs; 2 when the command
-is wrong (no key named, a key file that is not Ed25519) or the release cannot be rebuilt.
+Exit 0 when everything is what the key signed (or what the rebuild made); 1 (a VerificationError)
+when the directory or image fails the check or the rebuild differs; 2 when the command is wrong (no
+key named, a key file of the wrong type) or the release cannot be rebuilt.
 """
 
 from __future__ import annotations
@@ -20,20 +21,34 @@ from typing import Any
 from kiln.core import console
 from kiln.core.errors import InputError, KilnError, display_path, printable
 from kiln.core.project import RUNNERS
+from kiln.core.verb import Context
 from kiln.signing.attestation import check_provenance
 from kiln.signing.release import ENVELOPE, SUMS, VerificationError, check_directory, fingerprint, load_public_key
 
 ENV = "KILN_RELEASE_KEY"  # the release public key when --key is absent
+OLD_FORMAT_NOTE = (
+    "in the first Kiln signature format, which machined refuses from Kiln 0.3.0: "
+    "re-sign it with kiln release push --sign KEYDIR"
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "check that DIR holds exactly the files its SHA256SUMS lists, that SHA256SUMS.sig is the release key's "
+        "signature over it, and that its provenance (provenance.intoto.jsonl) is signed by the same key and names "
+        "the same files and digests (docs/release-signing.md, docs/provenance.md)"
+    )
     parser.add_argument(
         "directory",
         metavar="DIR|IMAGE",
         help="a profile's output directory holding SHA256SUMS(.sig), or an image in a registry: "
         "HOST[:PORT]/REPO:TAG or HOST[:PORT]/REPO@sha256:... (kiln release push --sign)",
     )
-    parser.add_argument("--key", metavar="FILE", help=f"the release public key, release.pub (default: ${ENV})")
+    parser.add_argument(
+        "--key",
+        metavar="FILE",
+        help=f"the public key: release.pub for a directory, release-image.pub for an image (default: ${ENV})",
+    )
     parser.add_argument(
         "--json", action="store_true", help="the result as JSON: ok, and what was verified or the error"
     )
@@ -83,7 +98,8 @@ def add_rebuild_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def run(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> int:
+def run(ctx: Context[object], environ: Mapping[str, str] = os.environ) -> int:
+    args = ctx.args
     try:
         if getattr(args, "rebuild", False):
             return _rebuild(args, environ)
@@ -106,7 +122,8 @@ def run(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> in
             print(f"verified the provenance of {shown}: {subjects} subjects ({ENVELOPE} signed by {result['signer']})")
     else:
         for each in result["images"]:
-            print(f"verified {printable(args.directory)}: {each['digest']} signed by {each['signer']}")
+            old = f" ({OLD_FORMAT_NOTE})" if each["format"] != "cosign" else ""
+            print(f"verified {printable(args.directory)}: {each['digest']} signed by {each['signer']}{old}")
     return 0
 
 
@@ -145,10 +162,11 @@ def _verify(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[str, A
     key = key_path(args.key, environ)
     directory = Path(args.directory)
     if not directory.exists() and "/" in args.directory and (":" in args.directory or "@" in args.directory):
-        from kiln.signing.image_signature import verify_image
+        from kiln.signing import image_signature
 
-        found = verify_image(args.directory, [load_public_key(key)])
-        return {"image": args.directory, "images": [{"digest": d, "signer": s} for d, s in found]}
+        found = image_signature.verify_image(args.directory, [image_signature.load_public_key(key)])
+        images = [{"digest": v.digest, "signer": v.signer, "format": v.format} for v in found]
+        return {"image": args.directory, "images": images}
     return _verify_directory(directory, key)
 
 

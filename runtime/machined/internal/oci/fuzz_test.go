@@ -2,6 +2,11 @@ package oci
 
 import (
 	"bytes"
+	"context"
+	"crypto"
+	"crypto/ed25519"
+	"crypto/x509"
+	"encoding/base64"
 	"math/rand"
 	"os"
 	"path/filepath"
@@ -146,6 +151,80 @@ func FuzzParseContentRange(f *testing.F) {
 		}
 		if first < 0 || first > last || last >= total {
 			t.Fatalf("%q: %d-%d/%d", v, first, last, total)
+		}
+	})
+}
+
+// FuzzVerifySignature: whatever signature manifest and payload a registry serves, VerifySignature
+// never panics, and it succeeds only for a payload a trusted key signed that names the image.
+func FuzzVerifySignature(f *testing.F) {
+	ec := ecdsaKey(f)
+	edPub, edPriv := testKey(1)
+	keys := []crypto.PublicKey{edPub, &ec.PublicKey}
+	good := newCosign(f, imageDigest, ec, nil)
+	f.Add(good.raw, good.payloads[0])
+	two := newCosign(f, imageDigest, ec, func(c *cosignParts) { c.add(c.payloads[0], "QUJD") })
+	f.Add(two.raw, two.payloads[0])
+	legacy := canonicalPayload(imageDigest, SignatureType)
+	legacyManifest := mustJSON(f, map[string]interface{}{
+		"schemaVersion": 2, "mediaType": MediaTypeManifest,
+		"config": map[string]interface{}{"mediaType": MediaTypeEmpty, "digest": EmptyDigest, "size": 2},
+		"layers": []interface{}{map[string]interface{}{
+			"mediaType": MediaTypeSignature, "digest": digestOf(legacy), "size": len(legacy),
+			"annotations": map[string]string{AnnotationSignature: base64.StdEncoding.EncodeToString(ed25519.Sign(edPriv, legacy))},
+		}},
+		"annotations": map[string]string{AnnotationSignedDigest: imageDigest},
+	})
+	f.Add(legacyManifest, legacy)
+	f.Add([]byte(`{"schemaVersion":2,"mediaType":"`+MediaTypeManifest+`","layers":[{"mediaType":"`+MediaTypeSimpleSigning+`"}]}`), []byte("{}"))
+	f.Add([]byte("null"), []byte{})
+	f.Fuzz(func(t *testing.T, manifest, payload []byte) {
+		src := memSource{
+			manifests: map[string][]byte{SignatureTag(imageDigest): manifest},
+			blobs:     map[string][]byte{digestOf(payload): payload},
+		}
+		v, err := VerifySignature(context.Background(), src, imageDigest, keys)
+		if err != nil {
+			return
+		}
+		if v.Signer != KeyFingerprint(edPub) && v.Signer != KeyFingerprint(&ec.PublicKey) {
+			t.Fatalf("verified with signer %q", v.Signer)
+		}
+		if !bytes.Contains(payload, []byte(imageDigest)) {
+			t.Fatalf("verified a payload that does not name the image: %q", payload)
+		}
+	})
+}
+
+// FuzzParsePublicKeyPEM: never panics; what parses is a usable release key that prints back to
+// the same PEM.
+func FuzzParsePublicKeyPEM(f *testing.F) {
+	ec := ecdsaKey(f)
+	edPub, _ := testKey(1)
+	for _, k := range []crypto.PublicKey{&ec.PublicKey, edPub} {
+		der, err := x509.MarshalPKIXPublicKey(k)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(pemOf(f, "PUBLIC KEY", der))
+		f.Add(pemOf(f, "PUBLIC KEY", der[:len(der)-3]))
+	}
+	f.Add("-----BEGIN PUBLIC KEY-----\nMCowBQYDK2VwAyEA\n-----END PUBLIC KEY-----\n")
+	f.Fuzz(func(t *testing.T, text string) {
+		key, err := ParsePublicKeyPEM(text)
+		if err != nil {
+			return
+		}
+		if err := checkTrustedKey(key); err != nil {
+			t.Fatalf("parsed an unusable key: %v", err)
+		}
+		der, err := x509.MarshalPKIXPublicKey(key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		again, err := ParsePublicKeyPEM(pemOf(t, "PUBLIC KEY", der))
+		if err != nil || KeyFingerprint(again) != KeyFingerprint(key) {
+			t.Fatalf("%v %v", again, err)
 		}
 	})
 }

@@ -3,6 +3,7 @@ package oci
 import (
 	"bytes"
 	"context"
+	"crypto"
 	"crypto/ed25519"
 	"crypto/rand"
 	"io"
@@ -96,7 +97,7 @@ func TestARemoteLayoutIsCheckedBeforeItsLayersAreFetched(t *testing.T) {
 	if err != nil || img.Digest != digest {
 		t.Fatalf("%v %s", err, img.Digest)
 	}
-	if _, err := VerifySignature(ctx, l, digest, []ed25519.PublicKey{pub}); err != nil {
+	if _, err := VerifySignature(ctx, l, digest, []crypto.PublicKey{pub}); err != nil {
 		t.Fatal(err)
 	}
 	// the index, the manifest, the config and the signature: a few blocks, not the layer

@@ -1,19 +1,28 @@
 package oci
 
-// Installer signatures, as `kiln release push --sign KEYDIR` writes them. The signed thing is an
-// image manifest digest D (for a multi-arch release, each platform's manifest is signed on its
-// own). In the same repository the tag sha256-<hex of D>.sig names an OCI image manifest whose
-// config is the empty descriptor, whose one layer is the payload (media type
-// MediaTypeSignature, at most 4 KiB, the Ed25519 signature over its bytes in base64 in the
-// layer's dev.kiln.signature annotation), and whose dev.kiln.signed-digest annotation is D.
-// The payload is canonical JSON:
+// Installer signatures, as `kiln release push --sign KEYDIR` writes them: sigstore's "simple
+// signing" format as cosign writes it with a key, so cosign and skopeo check the same images. The
+// signed thing is an image manifest digest D (for a multi-arch release, each platform's manifest
+// is signed on its own). In the same repository the tag sha256-<hex of D>.sig names an OCI image
+// manifest whose layers of media type MediaTypeSimpleSigning are signatures: each one's blob is
+// a payload of at most MaxSignaturePayloadBytes,
 //
-//	{"critical":{"image":{"manifest-digest":"<D>"},"type":"dev.kiln.installer-signature.v1"}}
+//	{"critical":{"identity":{"docker-reference":"HOST/REPO"},"image":{"docker-manifest-digest":"<D>"},
+//	 "type":"cosign container image signature"},"optional":{...}}
+//
+// and its dev.cosignproject.cosign/signature annotation the base64 signature over the payload's
+// bytes: ECDSA P-256 over SHA-256 (ASN.1 DER), or pure Ed25519 for an Ed25519 key, as sigstore's
+// verifiers take it. Kiln writes one such layer; cosign adds one per signer, so the first layer
+// that holds for a trusted key and names D is enough. Other layers are not read. The
+// docker-reference is not checked, as cosign does not: a mirror under another name verifies the
+// same. signature_legacy.go reads the first Kiln format, for one release more.
 
 import (
 	"context"
+	"crypto"
 	"crypto/ecdsa"
 	"crypto/ed25519"
+	"crypto/elliptic"
 	"crypto/rsa"
 	"crypto/sha256"
 	"crypto/x509"
@@ -29,26 +38,35 @@ import (
 
 // The signature format's names and bounds.
 const (
-	MediaTypeEmpty         = "application/vnd.oci.empty.v1+json"
-	EmptyDigest            = "sha256:44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a" // of "{}"
-	MediaTypeSignature     = "application/vnd.dev.kiln.signature.v1+json"
-	AnnotationSignature    = "dev.kiln.signature"     // on the layer: base64 of the Ed25519 signature
-	AnnotationSignedDigest = "dev.kiln.signed-digest" // on the manifest: the digest it signs
-	SignatureType          = "dev.kiln.installer-signature.v1"
+	MediaTypeSimpleSigning    = "application/vnd.dev.cosign.simplesigning.v1+json"
+	AnnotationCosignSignature = "dev.cosignproject.cosign/signature"
+	CosignSignatureType       = "cosign container image signature"
 
 	MaxSignatureManifestBytes = 64 << 10
 	MaxSignaturePayloadBytes  = 4 << 10
+	MaxSignatureLayers        = 16  // layers of a signature manifest looked at
+	MaxSignatureText          = 512 // characters of a signature annotation (ECDSA P-256: at most 96)
 	MaxTrustedKeys            = 16
 )
 
-// SignaturePayload is the signed document.
-type SignaturePayload struct {
+// CosignPayload is the signed document of the simple-signing format.
+type CosignPayload struct {
 	Critical struct {
+		Identity struct {
+			DockerReference *string `json:"docker-reference"`
+		} `json:"identity"`
 		Image struct {
-			ManifestDigest string `json:"manifest-digest"`
+			DockerManifestDigest string `json:"docker-manifest-digest"`
 		} `json:"image"`
 		Type string `json:"type"`
 	} `json:"critical"`
+}
+
+// Verified is a signature that held: the fingerprint of the key that made it, and whether it
+// is in the first Kiln format (accepted until Kiln LegacySignatureUntil).
+type Verified struct {
+	Signer string
+	Legacy bool
 }
 
 // ErrNoTag is what ManifestByTag's error wraps when the tag names nothing.
@@ -78,16 +96,23 @@ func SignatureTag(digest string) string {
 	return strings.Replace(digest, ":", "-", 1) + ".sig"
 }
 
-// KeyFingerprint names a public key: the first 16 hex digits of the sha256 of its 32 bytes
-// (what `kiln release push --sign` prints).
-func KeyFingerprint(key ed25519.PublicKey) string {
-	sum := sha256.Sum256(key)
+// KeyFingerprint names a public key by the first 16 hex digits of a sha256 (what `kiln
+// release push --sign` and `kiln verify` print): of an Ed25519 key's 32 bytes, of any other
+// key's DER SubjectPublicKeyInfo.
+func KeyFingerprint(key crypto.PublicKey) string {
+	var sum [32]byte
+	if k, ok := key.(ed25519.PublicKey); ok {
+		sum = sha256.Sum256(k)
+	} else if der, err := x509.MarshalPKIXPublicKey(key); err == nil {
+		sum = sha256.Sum256(der)
+	}
 	return hex.EncodeToString(sum[:])[:16]
 }
 
-// ParsePublicKeyPEM reads one PEM "PUBLIC KEY" block (PKIX) holding an Ed25519 key, and
-// nothing else.
-func ParsePublicKeyPEM(text string) (ed25519.PublicKey, error) {
+// ParsePublicKeyPEM reads one PEM "PUBLIC KEY" block (PKIX) holding an ECDSA P-256 key (what
+// `kiln keys generate` writes as release-image.pub) or an Ed25519 key (release.pub, for images
+// in the first Kiln format), and nothing else.
+func ParsePublicKeyPEM(text string) (crypto.PublicKey, error) {
 	block, rest := pem.Decode([]byte(text))
 	if block == nil {
 		return nil, errors.New("not a PEM public key (-----BEGIN PUBLIC KEY-----)")
@@ -102,64 +127,145 @@ func ParsePublicKeyPEM(text string) (ed25519.PublicKey, error) {
 	if err != nil {
 		return nil, fmt.Errorf("PUBLIC KEY: %v", err)
 	}
+	if err := checkTrustedKey(key); err != nil {
+		return nil, err
+	}
+	return key, nil
+}
+
+// checkTrustedKey refuses a key the verifier cannot use: release keys are ECDSA P-256 or Ed25519.
+func checkTrustedKey(key crypto.PublicKey) error {
 	switch k := key.(type) {
 	case ed25519.PublicKey:
 		if len(k) != ed25519.PublicKeySize {
-			return nil, fmt.Errorf("Ed25519 key is %d bytes, want %d", len(k), ed25519.PublicKeySize)
+			return fmt.Errorf("Ed25519 key is %d bytes, want %d", len(k), ed25519.PublicKeySize)
 		}
-		return k, nil
-	case *rsa.PublicKey:
-		return nil, errors.New("an RSA key: release keys are Ed25519")
+		return nil
 	case *ecdsa.PublicKey:
-		return nil, errors.New("an ECDSA key: release keys are Ed25519")
+		// Go's P-256 code panics on a point off the curve: a key must be on it before it is used
+		if k == nil || k.Curve != elliptic.P256() || k.X == nil || k.Y == nil || !k.Curve.IsOnCurve(k.X, k.Y) {
+			return errors.New("an ECDSA key not on P-256: release keys are ECDSA P-256 or Ed25519")
+		}
+		return nil
+	case *rsa.PublicKey:
+		return errors.New("an RSA key: release keys are ECDSA P-256 or Ed25519")
 	default:
-		return nil, fmt.Errorf("a %T key: release keys are Ed25519", key)
+		return fmt.Errorf("a %T key: release keys are ECDSA P-256 or Ed25519", key)
 	}
 }
 
 // VerifySignature checks that src holds a signature of the image manifest digest by one of
-// keys, and returns that key's fingerprint. src must be a TaggedSource (Registry and Layout
-// are). Every document is bounded and checked before it is believed; the payload's bytes are
-// verified against each key, and only then parsed.
-func VerifySignature(ctx context.Context, src Source, digest string, keys []ed25519.PublicKey) (string, error) {
+// keys and says by which. src must be a TaggedSource (Registry and Layout are). Every document
+// is bounded and checked before it is believed; a payload's bytes are verified against the keys,
+// and only then parsed.
+func VerifySignature(ctx context.Context, src Source, digest string, keys []crypto.PublicKey) (Verified, error) {
 	if !ValidDigest(digest) {
-		return "", fmt.Errorf("signature: %s is not a sha256 digest", quote(digest))
+		return Verified{}, fmt.Errorf("signature: %s is not a sha256 digest", quote(digest))
 	}
 	if len(keys) == 0 {
-		return "", fmt.Errorf("signature of %s: no trusted keys to check it with", digest)
+		return Verified{}, fmt.Errorf("signature of %s: no trusted keys to check it with", digest)
 	}
 	for i, k := range keys {
-		if len(k) != ed25519.PublicKeySize {
-			return "", fmt.Errorf("signature of %s: trusted key %d is %d bytes, not an Ed25519 public key", digest, i, len(k))
+		if err := checkTrustedKey(k); err != nil {
+			return Verified{}, fmt.Errorf("signature of %s: trusted key %d: %v", digest, i, err)
 		}
 	}
 	tagged, ok := src.(TaggedSource)
 	if !ok {
-		return "", fmt.Errorf("signature of %s: this source cannot look up tags", digest)
+		return Verified{}, fmt.Errorf("signature of %s: this source cannot look up tags", digest)
 	}
 	tag := SignatureTag(digest)
 	body, err := tagged.ManifestByTag(ctx, tag, MaxSignatureManifestBytes)
 	if errors.Is(err, ErrNoTag) {
-		return "", fmt.Errorf("no signature for %s: %w", digest, err)
+		return Verified{}, fmt.Errorf("no signature for %s: %w", digest, err)
 	}
 	if err != nil {
-		return "", fmt.Errorf("signature of %s: %v", digest, err)
+		return Verified{}, fmt.Errorf("signature of %s: %v", digest, err)
 	}
-	layer, sig, err := parseSignatureManifest(body, digest)
+	var m Manifest
+	if err := json.Unmarshal(body, &m); err != nil {
+		return Verified{}, fmt.Errorf("malformed signature manifest for %s: not JSON: %v", digest, err)
+	}
+	if isLegacySignature(m) {
+		signer, err := verifyLegacy(ctx, src, body, digest, keys)
+		return Verified{Signer: signer, Legacy: err == nil}, err
+	}
+	layers, err := cosignLayers(m)
 	if err != nil {
-		return "", fmt.Errorf("malformed signature manifest for %s: %v", digest, err)
+		return Verified{}, fmt.Errorf("malformed signature manifest for %s: %v", digest, err)
 	}
-	rc, err := src.Blob(ctx, layer)
-	if err != nil {
-		return "", fmt.Errorf("signature payload of %s: %v", digest, err)
+	var errs []error
+	for _, l := range layers {
+		signer, err := verifyCosignLayer(ctx, src, l, digest, keys)
+		if err == nil {
+			return Verified{Signer: signer}, nil
+		}
+		errs = append(errs, err)
 	}
-	payload, err := readVerified(rc)
+	if len(errs) == 1 {
+		return Verified{}, errs[0]
+	}
+	return Verified{}, fmt.Errorf("none of the %d signatures of %s holds; the first: %v", len(errs), digest, errs[0])
+}
+
+// cosignLayer is one signature of a signature manifest: its payload's descriptor and the
+// decoded signature.
+type cosignLayer struct {
+	payload   Descriptor
+	signature []byte
+}
+
+// cosignLayers checks a signature manifest's shape and returns its signatures, each bounded.
+func cosignLayers(m Manifest) ([]cosignLayer, error) {
+	switch {
+	case m.SchemaVersion != 2:
+		return nil, fmt.Errorf("schemaVersion is %d, want 2", m.SchemaVersion)
+	case m.MediaType != MediaTypeManifest:
+		return nil, fmt.Errorf("mediaType is %s, want %s", quote(m.MediaType), MediaTypeManifest)
+	case len(m.Layers) > MaxSignatureLayers:
+		return nil, fmt.Errorf("%d layers, more than the %d looked at", len(m.Layers), MaxSignatureLayers)
+	}
+	var out []cosignLayer
+	for i, l := range m.Layers {
+		if l.MediaType != MediaTypeSimpleSigning {
+			continue
+		}
+		if err := checkDigestSize(l); err != nil {
+			return nil, fmt.Errorf("layer %d: %v", i, err)
+		}
+		if l.Size == 0 || l.Size > MaxSignaturePayloadBytes {
+			return nil, fmt.Errorf("layer %d: payload is %d bytes, want 1 to %d", i, l.Size, MaxSignaturePayloadBytes)
+		}
+		enc, ok := l.Annotations[AnnotationCosignSignature]
+		if !ok {
+			return nil, fmt.Errorf("layer %d has no %s annotation", i, AnnotationCosignSignature)
+		}
+		if len(enc) > MaxSignatureText {
+			return nil, fmt.Errorf("layer %d: %s annotation is %d characters, more than %d", i, AnnotationCosignSignature, len(enc), MaxSignatureText)
+		}
+		sig, err := base64.StdEncoding.Strict().DecodeString(enc)
+		if err != nil || len(sig) == 0 {
+			return nil, fmt.Errorf("layer %d: %s annotation is not base64 of a signature", i, AnnotationCosignSignature)
+		}
+		out = append(out, cosignLayer{payload: l, signature: sig})
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("no %s layer", MediaTypeSimpleSigning)
+	}
+	return out, nil
+}
+
+// verifyCosignLayer checks one signature: it must hold for a trusted key over the payload's
+// bytes, and the payload must be a cosign signature of digest. It returns the signer's
+// fingerprint.
+func verifyCosignLayer(ctx context.Context, src Source, l cosignLayer, digest string, keys []crypto.PublicKey) (string, error) {
+	payload, err := fetchPayload(ctx, src, l.payload)
 	if err != nil {
 		return "", fmt.Errorf("signature payload of %s: %v", digest, err)
 	}
 	signer := ""
 	for _, k := range keys {
-		if ed25519.Verify(k, payload, sig) {
+		if signatureHolds(k, payload, l.signature) {
 			signer = KeyFingerprint(k)
 			break
 		}
@@ -167,14 +273,17 @@ func VerifySignature(ctx context.Context, src Source, digest string, keys []ed25
 	if signer == "" {
 		return "", fmt.Errorf("signature of %s is not by a trusted key", digest)
 	}
-	var p SignaturePayload
+	var p CosignPayload
 	if err := json.Unmarshal(payload, &p); err != nil {
 		return "", fmt.Errorf("malformed signature payload for %s: %v", digest, err)
 	}
-	if p.Critical.Type != SignatureType {
-		return "", fmt.Errorf("signature payload for %s has type %s, not %s", digest, quote(p.Critical.Type), SignatureType)
+	if p.Critical.Type != CosignSignatureType {
+		return "", fmt.Errorf("signature payload for %s has type %s, not %s", digest, quote(p.Critical.Type), quote(CosignSignatureType))
 	}
-	if got := p.Critical.Image.ManifestDigest; got != digest {
+	if p.Critical.Identity.DockerReference == nil {
+		return "", fmt.Errorf("malformed signature payload for %s: no critical.identity.docker-reference", digest)
+	}
+	if got := p.Critical.Image.DockerManifestDigest; got != digest {
 		if !ValidDigest(got) {
 			got = quote(got)
 		}
@@ -183,50 +292,27 @@ func VerifySignature(ctx context.Context, src Source, digest string, keys []ed25
 	return signer, nil
 }
 
-// parseSignatureManifest checks a signature manifest's shape and returns its payload
-// descriptor and the decoded signature.
-func parseSignatureManifest(body []byte, digest string) (Descriptor, []byte, error) {
-	var m Manifest
-	if err := json.Unmarshal(body, &m); err != nil {
-		return Descriptor{}, nil, fmt.Errorf("not JSON: %v", err)
+// signatureHolds verifies sig over payload with key: ECDSA over the payload's SHA-256 (ASN.1
+// DER signature), Ed25519 over the payload itself. Keys were checked by checkTrustedKey.
+func signatureHolds(key crypto.PublicKey, payload, sig []byte) bool {
+	switch k := key.(type) {
+	case ed25519.PublicKey:
+		return len(sig) == ed25519.SignatureSize && ed25519.Verify(k, payload, sig)
+	case *ecdsa.PublicKey:
+		sum := sha256.Sum256(payload)
+		return ecdsa.VerifyASN1(k, sum[:], sig)
 	}
-	switch {
-	case m.SchemaVersion != 2:
-		return Descriptor{}, nil, fmt.Errorf("schemaVersion is %d, want 2", m.SchemaVersion)
-	case m.MediaType != MediaTypeManifest:
-		return Descriptor{}, nil, fmt.Errorf("mediaType is %s, want %s", quote(m.MediaType), MediaTypeManifest)
-	case m.Config.MediaType != MediaTypeEmpty || m.Config.Digest != EmptyDigest || m.Config.Size != 2:
-		return Descriptor{}, nil, fmt.Errorf("config is not the empty descriptor (%s, %s, 2 bytes)", MediaTypeEmpty, EmptyDigest)
-	case len(m.Layers) != 1:
-		return Descriptor{}, nil, fmt.Errorf("%d layers, want exactly one", len(m.Layers))
-	case m.Annotations[AnnotationSignedDigest] != digest:
-		return Descriptor{}, nil, fmt.Errorf("its %s annotation is %s", AnnotationSignedDigest, quote(m.Annotations[AnnotationSignedDigest]))
-	}
-	l := m.Layers[0]
-	if l.MediaType != MediaTypeSignature {
-		return Descriptor{}, nil, fmt.Errorf("layer media type is %s, want %s", quote(l.MediaType), MediaTypeSignature)
-	}
-	if err := checkDigestSize(l); err != nil {
-		return Descriptor{}, nil, fmt.Errorf("layer: %v", err)
-	}
-	if l.Size == 0 || l.Size > MaxSignaturePayloadBytes {
-		return Descriptor{}, nil, fmt.Errorf("payload is %d bytes, want 1 to %d", l.Size, MaxSignaturePayloadBytes)
-	}
-	enc, ok := l.Annotations[AnnotationSignature]
-	if !ok {
-		return Descriptor{}, nil, fmt.Errorf("layer has no %s annotation", AnnotationSignature)
-	}
-	if len(enc) > 2*base64.StdEncoding.EncodedLen(ed25519.SignatureSize) {
-		return Descriptor{}, nil, fmt.Errorf("%s annotation is %d characters, too long for an Ed25519 signature", AnnotationSignature, len(enc))
-	}
-	sig, err := base64.StdEncoding.Strict().DecodeString(enc)
+	return false
+}
+
+// fetchPayload reads a signature payload blob, bounded by its descriptor (checked before) and
+// verified against its digest.
+func fetchPayload(ctx context.Context, src Source, d Descriptor) ([]byte, error) {
+	rc, err := src.Blob(ctx, d)
 	if err != nil {
-		return Descriptor{}, nil, fmt.Errorf("%s annotation is not base64: %v", AnnotationSignature, err)
+		return nil, err
 	}
-	if len(sig) != ed25519.SignatureSize {
-		return Descriptor{}, nil, fmt.Errorf("%s annotation holds %d bytes, an Ed25519 signature is %d", AnnotationSignature, len(sig), ed25519.SignatureSize)
-	}
-	return l, sig, nil
+	return readVerified(rc)
 }
 
 // ManifestByTag fetches /v2/<repo>/manifests/<tag> as an OCI image manifest, at most max

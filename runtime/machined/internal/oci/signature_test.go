@@ -3,103 +3,117 @@ package oci
 import (
 	"bytes"
 	"context"
+	"crypto"
 	"crypto/ecdsa"
 	"crypto/ed25519"
 	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/rsa"
+	"crypto/sha256"
 	"crypto/x509"
 	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
 	"encoding/pem"
-	"net/http"
-	"net/http/httptest"
+	"errors"
+	"fmt"
+	"io"
+	"math/big"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
 
-func testKey(seed byte) (ed25519.PublicKey, ed25519.PrivateKey) {
-	priv := ed25519.NewKeyFromSeed(bytes.Repeat([]byte{seed}, ed25519.SeedSize))
-	return priv.Public().(ed25519.PublicKey), priv
-}
-
-// sigParts is a signature as `kiln release push --sign` writes it, before a test spoils it.
-type sigParts struct {
-	payload  []byte // the bytes signed and stored
-	stored   []byte // the blob the store serves, when not the payload
-	sig      string // the layer's signature annotation
-	manifest map[string]interface{}
-	raw      []byte // the manifest's bytes, when not the encoded manifest
-}
-
-func canonicalPayload(digest, typ string) []byte {
-	return []byte(`{"critical":{"image":{"manifest-digest":"` + digest + `"},"type":"` + typ + `"}}`)
-}
-
-// newSignature builds the signature of digest by priv; spoil (when set) changes it before the
-// manifest is encoded.
-func newSignature(t *testing.T, digest string, priv ed25519.PrivateKey, spoil func(*sigParts)) *sigParts {
+func ecdsaKey(t testing.TB) *ecdsa.PrivateKey {
 	t.Helper()
-	s := &sigParts{payload: canonicalPayload(digest, SignatureType)}
-	s.sig = base64.StdEncoding.EncodeToString(ed25519.Sign(priv, s.payload))
-	layer := map[string]interface{}{"mediaType": MediaTypeSignature}
-	s.manifest = map[string]interface{}{
+	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k
+}
+
+func cosignPayload(digest string) []byte {
+	return []byte(`{"critical":{"identity":{"docker-reference":"registry.example/kiln/installer"},"image":{"docker-manifest-digest":"` +
+		digest + `"},"type":"cosign container image signature"},"optional":{"creator":"Kiln"}}`)
+}
+
+func signECDSA(t testing.TB, priv *ecdsa.PrivateKey, payload []byte) string {
+	t.Helper()
+	sum := sha256.Sum256(payload)
+	sig, err := ecdsa.SignASN1(rand.Reader, priv, sum[:])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return base64.StdEncoding.EncodeToString(sig)
+}
+
+// cosignParts is a signature manifest of one or more simple-signing layers, as `kiln release
+// push --sign` (one) and cosign (one per signer) write it, before a test spoils it.
+type cosignParts struct {
+	payloads [][]byte          // the blob of each layer
+	stored   map[string][]byte // what the store serves, by digest, when not the payloads
+	manifest map[string]interface{}
+	raw      []byte
+}
+
+// newCosign signs digest with priv in one layer; spoil (when set) changes the parts before the
+// manifest is encoded.
+func newCosign(t testing.TB, digest string, priv *ecdsa.PrivateKey, spoil func(*cosignParts)) *cosignParts {
+	t.Helper()
+	c := &cosignParts{stored: map[string][]byte{}}
+	config := []byte(`{"architecture":"","os":"","rootfs":{"type":"layers","diff_ids":[]},"config":{}}`)
+	c.manifest = map[string]interface{}{
 		"schemaVersion": 2,
 		"mediaType":     MediaTypeManifest,
-		"config":        map[string]interface{}{"mediaType": MediaTypeEmpty, "digest": EmptyDigest, "size": 2},
-		"layers":        []interface{}{layer},
-		"annotations":   map[string]string{AnnotationSignedDigest: digest},
+		"config":        map[string]interface{}{"mediaType": MediaTypeConfig, "digest": digestOf(config), "size": len(config)},
+		"layers":        []interface{}{},
 	}
+	c.add(cosignPayload(digest), signECDSA(t, priv, cosignPayload(digest)))
 	if spoil != nil {
-		spoil(s)
+		spoil(c)
 	}
-	if _, ok := layer["digest"]; !ok {
-		layer["digest"] = digestOf(s.payload)
+	if c.raw == nil {
+		c.raw = mustJSON(t, c.manifest)
 	}
-	if _, ok := layer["size"]; !ok {
-		layer["size"] = len(s.payload)
-	}
-	if _, ok := layer["annotations"]; !ok {
-		layer["annotations"] = map[string]string{AnnotationSignature: s.sig}
-	}
-	if s.stored == nil {
-		s.stored = s.payload
-	}
-	if s.raw == nil {
-		s.raw = mustJSON(t, s.manifest)
-	}
-	return s
+	return c
 }
 
-func (s *sigParts) layer() map[string]interface{} {
-	return s.manifest["layers"].([]interface{})[0].(map[string]interface{})
+// add appends a signature layer of payload with the signature annotation sig.
+func (c *cosignParts) add(payload []byte, sig string) {
+	c.payloads = append(c.payloads, payload)
+	c.manifest["layers"] = append(c.manifest["layers"].([]interface{}), map[string]interface{}{
+		"mediaType":   MediaTypeSimpleSigning,
+		"digest":      digestOf(payload),
+		"size":        len(payload),
+		"annotations": map[string]string{AnnotationCosignSignature: sig},
+	})
 }
 
-func (s *sigParts) resign(priv ed25519.PrivateKey) {
-	s.sig = base64.StdEncoding.EncodeToString(ed25519.Sign(priv, s.payload))
+func (c *cosignParts) layer(i int) map[string]interface{} {
+	return c.manifest["layers"].([]interface{})[i].(map[string]interface{})
 }
 
-// publish puts a signature into a fake registry under digest's signature tag.
-func (s *sigParts) publish(f *fakeRegistry, digest string) {
-	f.manifests[SignatureTag(digest)] = s.raw
-	f.blobs[digestOf(s.payload)] = s.stored
+// resign replaces layer 0's payload and signs it with priv.
+func (c *cosignParts) resign(t testing.TB, priv *ecdsa.PrivateKey, payload []byte) {
+	c.payloads[0] = payload
+	l := c.layer(0)
+	l["digest"], l["size"] = digestOf(payload), len(payload)
+	l["annotations"] = map[string]string{AnnotationCosignSignature: signECDSA(t, priv, payload)}
 }
 
-const imageDigest = "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
-
-func TestSignatureConstants(t *testing.T) {
-	if got := digestOf([]byte("{}")); got != EmptyDigest {
-		t.Fatalf("the empty blob hashes to %s", got)
+func (c *cosignParts) publish(f *fakeRegistry, digest string) {
+	f.manifests[SignatureTag(digest)] = c.raw
+	for _, p := range c.payloads {
+		f.blobs[digestOf(p)] = p
 	}
-	if got := SignatureTag(imageDigest); got != "sha256-0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef.sig" || !tagPattern.MatchString(got) {
-		t.Fatalf("tag %q", got)
-	}
-	pub, _ := testKey(1)
-	if fp := KeyFingerprint(pub); len(fp) != 16 || strings.Trim(fp, "0123456789abcdef") != "" {
-		t.Fatalf("fingerprint %q", fp)
+	for d, b := range c.stored {
+		f.blobs[d] = b
 	}
 }
 
-func TestVerifySignatureOfAResolvedImage(t *testing.T) {
+func TestVerifyCosignSignatureOfAResolvedImage(t *testing.T) {
 	ti := newTestImage(t)
 	f := newFakeRegistry(t, ti)
 	reg := f.registry()
@@ -107,161 +121,279 @@ func TestVerifySignatureOfAResolvedImage(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if img.Digest != digestOf(ti.manifest) {
-		t.Fatalf("resolved %s, want the platform manifest", img.Digest)
-	}
-	pub, priv := testKey(1)
-	other, _ := testKey(2)
-	newSignature(t, img.Digest, priv, nil).publish(f, img.Digest)
-	// any one trusted key suffices, wherever it is in the list
-	fp, err := VerifySignature(context.Background(), reg, img.Digest, []ed25519.PublicKey{other, pub})
+	priv, other := ecdsaKey(t), ecdsaKey(t)
+	edPub, _ := testKey(1)
+	newCosign(t, img.Digest, priv, nil).publish(f, img.Digest)
+	// any one trusted key suffices, wherever it is in the list, whatever the others' types
+	v, err := VerifySignature(context.Background(), reg, img.Digest, []crypto.PublicKey{edPub, &other.PublicKey, &priv.PublicKey})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if fp != KeyFingerprint(pub) {
-		t.Fatalf("fingerprint %s, want %s", fp, KeyFingerprint(pub))
+	if v.Signer != KeyFingerprint(&priv.PublicKey) || v.Legacy {
+		t.Fatalf("%+v, want the cosign format signed by %s", v, KeyFingerprint(&priv.PublicKey))
 	}
-	// the manifest is asked for as what it is
-	if last := f.accepts[len(f.accepts)-1]; last != MediaTypeManifest {
-		t.Fatalf("Accept %q", last)
+	der, _ := x509.MarshalPKIXPublicKey(&priv.PublicKey)
+	if sum := sha256.Sum256(der); v.Signer != hex.EncodeToString(sum[:8]) {
+		t.Fatalf("fingerprint %s is not the DER's sha256", v.Signer)
 	}
 }
 
-func TestVerifySignatureThroughTokenAuth(t *testing.T) {
-	f := newFakeRegistry(t, nil)
-	f.token = "secret-token"
-	pub, priv := testKey(1)
-	newSignature(t, imageDigest, priv, nil).publish(f, imageDigest)
-	reg := f.registry()
-	if _, err := VerifySignature(context.Background(), reg, imageDigest, []ed25519.PublicKey{pub}); err != nil {
+// fixtureSource serves a signature fixture from testdata/DIR: its digest, its public key, and a
+// source holding its manifest under the signature tag and its payload and config blobs.
+func fixtureSource(t *testing.T, dir string) (string, crypto.PublicKey, memSource) {
+	t.Helper()
+	read := func(name string) []byte {
+		b, err := os.ReadFile(filepath.Join("testdata", dir, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	digest := strings.TrimSpace(string(read("digest")))
+	key, err := ParsePublicKeyPEM(string(read("key.pub")))
+	if err != nil {
 		t.Fatal(err)
 	}
-	// a missing tag behind auth is still a missing tag
-	other := "sha256:" + strings.Repeat("e", 64)
-	_, err := VerifySignature(context.Background(), &Registry{Host: reg.Host, Repo: reg.Repo, Insecure: true}, other, []ed25519.PublicKey{pub})
-	wantErr(t, err, "no signature for "+other+": the registry has no tag "+SignatureTag(other))
+	payload, config := read("payload.json"), read("config.json")
+	return digest, key, memSource{
+		manifests: map[string][]byte{SignatureTag(digest): read("manifest.json")},
+		blobs:     map[string][]byte{digestOf(payload): payload, digestOf(config): config},
+	}
 }
 
-func TestVerifySignatureRefusals(t *testing.T) {
-	pub, priv := testKey(1)
-	_, stranger := testKey(2)
+// The signature the Python side writes (tests/unit/cosign_golden.py made testdata/cosign, and a
+// Python test checks it is still what it writes) verifies here, with the same fingerprint; so
+// does one cosign 2.5 made (`cosign sign --key` over a pushed installer, testdata/cosign-made).
+func TestVerifyGoldenSignatures(t *testing.T) {
+	for _, dir := range []string{"cosign", "cosign-made"} {
+		t.Run(dir, func(t *testing.T) {
+			digest, key, src := fixtureSource(t, dir)
+			v, err := VerifySignature(context.Background(), src, digest, []crypto.PublicKey{key})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if v.Signer != KeyFingerprint(key) || v.Legacy {
+				t.Fatalf("%+v", v)
+			}
+			if b, err := os.ReadFile(filepath.Join("testdata", dir, "fingerprint")); err == nil && strings.TrimSpace(string(b)) != v.Signer {
+				t.Fatalf("signer %s, the Python side says %s", v.Signer, b)
+			}
+			// the same signature put beside another image: its payload names the fixture's digest
+			other := "sha256:" + strings.Repeat("7", 64)
+			src.manifests[SignatureTag(other)] = src.manifests[SignatureTag(digest)]
+			_, err = VerifySignature(context.Background(), src, other, []crypto.PublicKey{key})
+			wantErr(t, err, "signature payload names "+digest+", not the image "+other)
+			_, err = VerifySignature(context.Background(), src, digest, []crypto.PublicKey{&ecdsaKey(t).PublicKey})
+			wantErr(t, err, "signature of "+digest+" is not by a trusted key")
+			// a tampered payload, stored under its own digest so only the signature can tell
+			manifest := src.manifests[SignatureTag(digest)]
+			var m Manifest
+			if err := json.Unmarshal(manifest, &m); err != nil {
+				t.Fatal(err)
+			}
+			payload := src.blobs[m.Layers[0].Digest]
+			tampered := bytes.Replace(payload, []byte(`"critical"`), []byte(`"critical" `), 1)
+			src.manifests[SignatureTag(digest)] = bytes.Replace(bytes.Replace(manifest, []byte(digestOf(payload)), []byte(digestOf(tampered)), 1),
+				[]byte(fmt.Sprintf(`"size":%d`, len(payload))), []byte(fmt.Sprintf(`"size":%d`, len(tampered))), 1)
+			src.blobs[digestOf(tampered)] = tampered
+			_, err = VerifySignature(context.Background(), src, digest, []crypto.PublicKey{key})
+			wantErr(t, err, "signature of "+digest+" is not by a trusted key")
+		})
+	}
+}
+
+// memSource serves signature manifests by tag and blobs by digest from memory.
+type memSource struct {
+	manifests map[string][]byte
+	blobs     map[string][]byte
+}
+
+func (s memSource) Resolve(context.Context, string, Platform) (Image, error) {
+	return Image{}, errors.New("memSource resolves nothing")
+}
+
+func (s memSource) Blob(_ context.Context, d Descriptor) (io.ReadCloser, error) {
+	b, ok := s.blobs[d.Digest]
+	if !ok {
+		return nil, errors.New("no such blob")
+	}
+	return newVerifier(bytes.NewReader(b), d), nil
+}
+
+func (s memSource) ManifestByTag(_ context.Context, tag string, max int64) ([]byte, error) {
+	b, ok := s.manifests[tag]
+	if !ok {
+		return nil, &noTagError{where: "memory", tag: tag}
+	}
+	return readLimited(bytes.NewReader(b), max, "manifest "+quote(tag))
+}
+
+func TestVerifyCosignRefusals(t *testing.T) {
+	priv, stranger := ecdsaKey(t), ecdsaKey(t)
+	other := "sha256:" + strings.Repeat("a", 64)
 	for _, tc := range []struct {
 		name  string
-		spoil func(*sigParts)
+		spoil func(*cosignParts)
 		want  string
 	}{
-		{"another key", func(s *sigParts) { s.resign(stranger) },
+		{"another key", func(c *cosignParts) { c.resign(t, stranger, c.payloads[0]) },
 			"signature of " + imageDigest + " is not by a trusted key"},
-		{"payload names another digest", func(s *sigParts) {
-			s.payload = canonicalPayload("sha256:"+strings.Repeat("a", 64), SignatureType)
-			s.resign(priv)
-		}, "signature payload names sha256:" + strings.Repeat("a", 64) + ", not the image " + imageDigest},
-		{"wrong payload type", func(s *sigParts) {
-			s.payload = canonicalPayload(imageDigest, "dev.kiln.something-else.v1")
-			s.resign(priv)
-		}, `has type "dev.kiln.something-else.v1", not dev.kiln.installer-signature.v1`},
-		{"payload not JSON", func(s *sigParts) {
-			s.payload = []byte("not json at all")
-			s.resign(priv)
-		}, "malformed signature payload"},
-		{"payload with trailing data", func(s *sigParts) {
-			s.payload = append(canonicalPayload(imageDigest, SignatureType), "{}"...)
-			s.resign(priv)
-		}, "malformed signature payload"},
-		{"corrupt payload", func(s *sigParts) {
-			s.stored = bytes.Replace(s.payload, []byte("critical"), []byte("CRITICAL"), 1)
+		{"payload names another digest", func(c *cosignParts) { c.resign(t, priv, cosignPayload(other)) },
+			"signature payload names " + other + ", not the image " + imageDigest},
+		{"payload names no digest", func(c *cosignParts) {
+			c.resign(t, priv, bytes.Replace(cosignPayload(imageDigest), []byte(imageDigest), []byte("../../x"), 1))
+		}, `signature payload names "../../x", not the image`},
+		{"payload with a changed byte", func(c *cosignParts) {
+			tampered := bytes.Replace(c.payloads[0], []byte("Kiln"), []byte("Evil"), 1)
+			c.payloads[0] = tampered
+			c.layer(0)["digest"] = digestOf(tampered)
+		}, "signature of " + imageDigest + " is not by a trusted key"},
+		{"payload not what its descriptor names", func(c *cosignParts) {
+			c.stored[digestOf(c.payloads[0])] = bytes.Replace(c.payloads[0], []byte("Kiln"), []byte("Evil"), 1)
 		}, "digest mismatch"},
-		{"payload longer than its descriptor", func(s *sigParts) {
-			s.stored = append(append([]byte(nil), s.payload...), ' ')
+		{"payload longer than its descriptor", func(c *cosignParts) {
+			c.stored[digestOf(c.payloads[0])] = append(append([]byte(nil), c.payloads[0]...), ' ')
 		}, "the registry sends"},
-		{"oversized payload", func(s *sigParts) {
-			s.payload = append(canonicalPayload(imageDigest, SignatureType), bytes.Repeat([]byte(" "), MaxSignaturePayloadBytes)...)
-			s.resign(priv)
+		{"oversized payload", func(c *cosignParts) {
+			c.resign(t, priv, append(cosignPayload(imageDigest), bytes.Repeat([]byte(" "), MaxSignaturePayloadBytes)...))
 		}, "bytes, want 1 to 4096"},
-		{"two layers", func(s *sigParts) {
-			s.manifest["layers"] = append(s.manifest["layers"].([]interface{}), s.layer())
-		}, "2 layers, want exactly one"},
-		{"no layers", func(s *sigParts) { s.manifest["layers"] = []interface{}{} }, "0 layers, want exactly one"},
-		{"wrong layer media type", func(s *sigParts) { s.layer()["mediaType"] = MediaTypeLayerGzip },
-			"layer media type is \"" + MediaTypeLayerGzip + "\""},
-		{"wrong manifest media type", func(s *sigParts) { s.manifest["mediaType"] = MediaTypeIndex },
-			"mediaType is \"" + MediaTypeIndex + "\""},
-		{"not the empty config", func(s *sigParts) {
-			s.manifest["config"] = map[string]interface{}{"mediaType": MediaTypeConfig, "digest": EmptyDigest, "size": 2}
-		}, "config is not the empty descriptor"},
-		{"signed-digest annotation names another", func(s *sigParts) {
-			s.manifest["annotations"] = map[string]string{AnnotationSignedDigest: "sha256:" + strings.Repeat("b", 64)}
-		}, "dev.kiln.signed-digest annotation is"},
-		{"non-base64 signature", func(s *sigParts) { s.sig = "not base64!" }, "annotation is not base64"},
-		{"short signature", func(s *sigParts) { s.sig = base64.StdEncoding.EncodeToString(make([]byte, 32)) },
-			"annotation holds 32 bytes, an Ed25519 signature is 64"},
-		{"huge signature annotation", func(s *sigParts) { s.sig = strings.Repeat("A", 10000) }, "too long for an Ed25519 signature"},
-		{"no signature annotation", func(s *sigParts) { s.layer()["annotations"] = map[string]string{} },
-			"layer has no dev.kiln.signature annotation"},
-		{"bad layer digest", func(s *sigParts) { s.layer()["digest"] = "sha256:../../etc" }, "is not sha256:<64 lowercase hex digits>"},
-		{"negative layer size", func(s *sigParts) { s.layer()["size"] = -1 }, "negative size"},
-		{"manifest not JSON", func(s *sigParts) { s.raw = []byte("<html>") }, "malformed signature manifest"},
-		{"manifest too large", func(s *sigParts) {
-			s.manifest["padding"] = strings.Repeat("x", MaxSignatureManifestBytes)
+		{"wrong payload type", func(c *cosignParts) {
+			c.resign(t, priv, bytes.Replace(cosignPayload(imageDigest), []byte("cosign container image signature"), []byte("atomic container signature"), 1))
+		}, `has type "atomic container signature", not "cosign container image signature"`},
+		{"payload without an identity", func(c *cosignParts) {
+			c.resign(t, priv, []byte(`{"critical":{"image":{"docker-manifest-digest":"`+imageDigest+`"},"type":"cosign container image signature"}}`))
+		}, "no critical.identity.docker-reference"},
+		{"payload not JSON", func(c *cosignParts) { c.resign(t, priv, []byte("not json")) }, "malformed signature payload"},
+		{"payload with trailing data", func(c *cosignParts) { c.resign(t, priv, append(cosignPayload(imageDigest), "{}"...)) },
+			"malformed signature payload"},
+		{"non-base64 signature", func(c *cosignParts) {
+			c.layer(0)["annotations"] = map[string]string{AnnotationCosignSignature: "not base64!"}
+		}, "annotation is not base64"},
+		{"huge signature annotation", func(c *cosignParts) {
+			c.layer(0)["annotations"] = map[string]string{AnnotationCosignSignature: strings.Repeat("A", 10000)}
+		}, "annotation is 10000 characters, more than 512"},
+		{"garbage signature", func(c *cosignParts) {
+			c.layer(0)["annotations"] = map[string]string{AnnotationCosignSignature: base64.StdEncoding.EncodeToString([]byte("garbage"))}
+		}, "is not by a trusted key"},
+		{"no signature annotation", func(c *cosignParts) { c.layer(0)["annotations"] = map[string]string{} },
+			"layer 0 has no dev.cosignproject.cosign/signature annotation"},
+		{"no simple-signing layer", func(c *cosignParts) { c.layer(0)["mediaType"] = MediaTypeLayerGzip },
+			"no " + MediaTypeSimpleSigning + " layer"},
+		{"too many layers", func(c *cosignParts) {
+			for i := 0; i < MaxSignatureLayers; i++ {
+				c.add(c.payloads[0], signECDSA(t, priv, c.payloads[0]))
+			}
+		}, "17 layers, more than the 16 looked at"},
+		{"bad layer digest", func(c *cosignParts) { c.layer(0)["digest"] = "sha256:../../etc" }, "is not sha256:<64 lowercase hex digits>"},
+		{"negative layer size", func(c *cosignParts) { c.layer(0)["size"] = -1 }, "negative size"},
+		{"empty payload", func(c *cosignParts) { c.layer(0)["size"] = 0 }, "payload is 0 bytes"},
+		{"an index, not a manifest", func(c *cosignParts) { c.manifest["mediaType"] = MediaTypeIndex }, "mediaType is \"" + MediaTypeIndex + "\""},
+		{"schema version 1", func(c *cosignParts) { c.manifest["schemaVersion"] = 1 }, "schemaVersion is 1, want 2"},
+		{"manifest not JSON", func(c *cosignParts) { c.raw = []byte("<html>") }, "malformed signature manifest"},
+		{"manifest too large", func(c *cosignParts) {
+			c.manifest["padding"] = strings.Repeat("x", MaxSignatureManifestBytes)
 		}, "more than the 65536 allowed"},
+		{"two signatures, neither good", func(c *cosignParts) {
+			c.resign(t, stranger, c.payloads[0])
+			c.add(cosignPayload(other), signECDSA(t, priv, cosignPayload(other)))
+		}, "none of the 2 signatures of " + imageDigest + " holds; the first: signature of " + imageDigest + " is not by a trusted key"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newFakeRegistry(t, nil)
-			newSignature(t, imageDigest, priv, tc.spoil).publish(f, imageDigest)
-			_, err := VerifySignature(context.Background(), f.registry(), imageDigest, []ed25519.PublicKey{pub})
+			newCosign(t, imageDigest, priv, tc.spoil).publish(f, imageDigest)
+			_, err := VerifySignature(context.Background(), f.registry(), imageDigest, []crypto.PublicKey{&priv.PublicKey})
 			wantErr(t, err, tc.want)
 			t.Log(err)
 		})
 	}
 }
 
-func TestVerifySignatureMissingAndFailingTag(t *testing.T) {
-	pub, _ := testKey(1)
+// A manifest cosign added to: another signer's layer and an attestation beside Kiln's; the
+// first layer that holds is enough, and layers of other types are never fetched.
+func TestVerifyCosignTakesAnyGoodLayer(t *testing.T) {
+	priv, stranger := ecdsaKey(t), ecdsaKey(t)
 	f := newFakeRegistry(t, nil)
-	_, err := VerifySignature(context.Background(), f.registry(), imageDigest, []ed25519.PublicKey{pub})
-	wantErr(t, err, "no signature for "+imageDigest+": the registry has no tag "+SignatureTag(imageDigest))
-
-	// a registry that fails is a failure, not a missing signature
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		registryError(w, http.StatusInternalServerError, "UNKNOWN")
-	}))
-	defer srv.Close()
-	failing := &Registry{Host: strings.TrimPrefix(srv.URL, "http://"), Repo: "kiln/installer", Insecure: true}
-	_, err = VerifySignature(context.Background(), failing, imageDigest, []ed25519.PublicKey{pub})
-	wantErr(t, err, "500 Internal Server Error")
-	if strings.Contains(err.Error(), "no signature") {
-		t.Fatalf("a 500 is not a missing tag: %v", err)
+	c := newCosign(t, imageDigest, stranger, func(c *cosignParts) {
+		c.manifest["layers"] = append(c.manifest["layers"].([]interface{}), map[string]interface{}{
+			"mediaType": "application/vnd.dsse.envelope.v1+json", "digest": "sha256:" + strings.Repeat("f", 64), "size": 1 << 30,
+		})
+		c.add(cosignPayload(imageDigest), signECDSA(t, priv, cosignPayload(imageDigest)))
+	})
+	c.publish(f, imageDigest)
+	v, err := VerifySignature(context.Background(), f.registry(), imageDigest, []crypto.PublicKey{&priv.PublicKey})
+	if err != nil || v.Signer != KeyFingerprint(&priv.PublicKey) {
+		t.Fatalf("%+v %v", v, err)
 	}
 }
 
-func TestVerifySignatureBadArguments(t *testing.T) {
-	pub, priv := testKey(1)
+// skopeo and cosign's key loaders take an Ed25519 PEM too: pure Ed25519 over the payload.
+func TestVerifyCosignWithAnEd25519Key(t *testing.T) {
+	pub, priv := testKey(4)
 	f := newFakeRegistry(t, nil)
-	newSignature(t, imageDigest, priv, nil).publish(f, imageDigest)
-	reg := f.registry()
-	ctx := context.Background()
-	_, err := VerifySignature(ctx, reg, "sha256:short", []ed25519.PublicKey{pub})
-	wantErr(t, err, "is not a sha256 digest")
-	_, err = VerifySignature(ctx, reg, imageDigest, nil)
-	wantErr(t, err, "no trusted keys")
-	// ed25519.Verify panics on a key of the wrong size: it must never get one
-	_, err = VerifySignature(ctx, reg, imageDigest, []ed25519.PublicKey{pub[:16]})
-	wantErr(t, err, "trusted key 0 is 16 bytes")
-	_, err = VerifySignature(ctx, onlySource{reg}, imageDigest, []ed25519.PublicKey{pub})
-	wantErr(t, err, "cannot look up tags")
+	newCosign(t, imageDigest, ecdsaKey(t), func(c *cosignParts) {
+		c.layer(0)["annotations"] = map[string]string{AnnotationCosignSignature: base64.StdEncoding.EncodeToString(ed25519.Sign(priv, c.payloads[0]))}
+	}).publish(f, imageDigest)
+	v, err := VerifySignature(context.Background(), f.registry(), imageDigest, []crypto.PublicKey{pub})
+	if err != nil || v.Signer != KeyFingerprint(pub) || v.Legacy {
+		t.Fatalf("%+v %v", v, err)
+	}
 }
 
-// onlySource hides ManifestByTag.
-type onlySource struct{ Source }
+func pemOf(t testing.TB, typ string, der []byte) string {
+	return string(pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}))
+}
+
+func TestParsePublicKeyPEM(t *testing.T) {
+	pub, _ := testKey(1)
+	der, err := x509.MarshalPKIXPublicKey(pub)
+	if err != nil {
+		t.Fatal(err)
+	}
+	good := pemOf(t, "PUBLIC KEY", der)
+	got, err := ParsePublicKeyPEM("\n" + good + "\n")
+	if err != nil || !bytes.Equal(got.(ed25519.PublicKey), pub) {
+		t.Fatalf("%x %v", got, err)
+	}
+	ec := ecdsaKey(t)
+	ecDER, _ := x509.MarshalPKIXPublicKey(&ec.PublicKey)
+	got, err = ParsePublicKeyPEM(pemOf(t, "PUBLIC KEY", ecDER))
+	if err != nil || !ec.PublicKey.Equal(got) {
+		t.Fatalf("ECDSA P-256: %v %v", got, err)
+	}
+	rsaKey, err := rsa.GenerateKey(rand.Reader, 1024)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rsaDER, _ := x509.MarshalPKIXPublicKey(&rsaKey.PublicKey)
+	p384, _ := ecdsa.GenerateKey(elliptic.P384(), rand.Reader)
+	p384DER, _ := x509.MarshalPKIXPublicKey(&p384.PublicKey)
+	for text, want := range map[string]string{
+		"":                                 "not a PEM public key",
+		"ssh-ed25519 AAAA... user@host":    "not a PEM public key",
+		pemOf(t, "PRIVATE KEY", der):       `PEM block is "PRIVATE KEY"`,
+		pemOf(t, "PUBLIC KEY", rsaDER):     "an RSA key",
+		pemOf(t, "PUBLIC KEY", p384DER):    "an ECDSA key not on P-256",
+		pemOf(t, "PUBLIC KEY", der[:20]):   "PUBLIC KEY: ",
+		pemOf(t, "PUBLIC KEY", ecDER[:40]): "PUBLIC KEY: ",
+		good + good:                        "more than one PEM block",
+		pemOf(t, "PUBLIC KEY", []byte{0}):  "PUBLIC KEY: ",
+		pemOf(t, "PUBLIC KEY", der) + "xx": "text after it",
+	} {
+		if _, err := ParsePublicKeyPEM(text); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: got %v, want %q", text, err, want)
+		}
+	}
+}
 
 // Whatever the registry sends instead of the signature manifest, verification fails cleanly.
-func TestVerifySignatureNeverPanicsOnMangledManifests(t *testing.T) {
-	pub, priv := testKey(1)
-	good := newSignature(t, imageDigest, priv, nil)
+func TestVerifyCosignNeverPanicsOnMangledManifests(t *testing.T) {
+	priv := ecdsaKey(t)
+	good := newCosign(t, imageDigest, priv, nil)
 	f := newFakeRegistry(t, nil)
 	good.publish(f, imageDigest)
 	reg := f.registry()
-	if _, err := VerifySignature(context.Background(), reg, imageDigest, []ed25519.PublicKey{pub}); err != nil {
+	keys := []crypto.PublicKey{&priv.PublicKey}
+	if _, err := VerifySignature(context.Background(), reg, imageDigest, keys); err != nil {
 		t.Fatal(err)
 	}
 	for i := 0; i < len(good.raw); i++ {
@@ -274,89 +406,17 @@ func TestVerifySignatureNeverPanicsOnMangledManifests(t *testing.T) {
 			f.manifests[SignatureTag(imageDigest)] = m
 			// a panic fails the test; an error or (for a change the checks do not look at) a
 			// success are both fine, since the payload and its signature are checked regardless
-			_, _ = VerifySignature(context.Background(), reg, imageDigest, []ed25519.PublicKey{pub})
+			_, _ = VerifySignature(context.Background(), reg, imageDigest, keys)
 		}
 	}
 }
 
-func TestVerifySignatureFromLayout(t *testing.T) {
-	ti := newTestImage(t)
-	pub, priv := testKey(1)
-	digest := digestOf(ti.manifest)
-	s := newSignature(t, digest, priv, nil)
-	sigDesc := descOf(MediaTypeManifest, s.raw)
-	sigDesc.Annotations = map[string]string{AnnotationRefName: SignatureTag(digest)}
-	amd := descOf(MediaTypeManifest, ti.manifest)
-	amd.Platform = &amd64
-	amd.Annotations = map[string]string{AnnotationRefName: "1.2.0"}
-	es := []entry{
-		file("oci-layout", `{"imageLayoutVersion":"1.0.0"}`),
-		file("index.json", string(mustJSON(t, Index{SchemaVersion: 2, MediaType: MediaTypeIndex, Manifests: []Descriptor{amd, sigDesc}}))),
-	}
-	blobs := map[string][]byte{digestOf(ti.manifest): ti.manifest, digestOf(s.raw): s.raw, digestOf(s.payload): s.payload}
-	for d, b := range ti.blobs {
-		blobs[d] = b
-	}
-	for d, b := range blobs {
-		es = append(es, file("blobs/sha256/"+strings.TrimPrefix(d, "sha256:"), string(b)))
-	}
-	l := openLayout(t, es...)
-	// the image still resolves by name and by "the only one for this platform"
-	for _, ref := range []string{"1.2.0", ""} {
-		img, err := l.Resolve(context.Background(), ref, amd64)
-		if err != nil {
-			t.Fatalf("%q: %v", ref, err)
-		}
-		if img.Digest != digest {
-			t.Fatalf("%q resolved to %s", ref, img.Digest)
-		}
-	}
-	fp, err := VerifySignature(context.Background(), l, digest, []ed25519.PublicKey{pub})
-	if err != nil || fp != KeyFingerprint(pub) {
-		t.Fatalf("%s %v", fp, err)
-	}
-	_, err = VerifySignature(context.Background(), l, imageDigest, []ed25519.PublicKey{pub})
-	wantErr(t, err, "no signature for "+imageDigest+": the layout has no tag "+SignatureTag(imageDigest))
-	other, _ := testKey(3)
-	_, err = VerifySignature(context.Background(), l, digest, []ed25519.PublicKey{other})
-	wantErr(t, err, "is not by a trusted key")
-}
-
-func pemOf(t *testing.T, typ string, der []byte) string {
-	return string(pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}))
-}
-
-func TestParsePublicKeyPEM(t *testing.T) {
-	pub, _ := testKey(1)
-	der, err := x509.MarshalPKIXPublicKey(pub)
-	if err != nil {
-		t.Fatal(err)
-	}
-	good := pemOf(t, "PUBLIC KEY", der)
-	got, err := ParsePublicKeyPEM("\n" + good + "\n")
-	if err != nil || !bytes.Equal(got, pub) {
-		t.Fatalf("%x %v", got, err)
-	}
-	rsaKey, err := rsa.GenerateKey(rand.Reader, 1024)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rsaDER, _ := x509.MarshalPKIXPublicKey(&rsaKey.PublicKey)
-	ecKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	ecDER, _ := x509.MarshalPKIXPublicKey(&ecKey.PublicKey)
-	for text, want := range map[string]string{
-		"":                                 "not a PEM public key",
-		"ssh-ed25519 AAAA... user@host":    "not a PEM public key",
-		pemOf(t, "PRIVATE KEY", der):       `PEM block is "PRIVATE KEY"`,
-		pemOf(t, "PUBLIC KEY", rsaDER):     "an RSA key",
-		pemOf(t, "PUBLIC KEY", ecDER):      "an ECDSA key",
-		pemOf(t, "PUBLIC KEY", der[:20]):   "PUBLIC KEY: ",
-		good + good:                        "more than one PEM block",
-		pemOf(t, "PUBLIC KEY", []byte{0}):  "PUBLIC KEY: ",
-		pemOf(t, "PUBLIC KEY", der) + "xx": "text after it",
-	} {
-		if _, err := ParsePublicKeyPEM(text); err == nil || !strings.Contains(err.Error(), want) {
-			t.Errorf("%q: got %v, want %q", text, err, want)
-		}
-	}
+// A key handed in off its curve is refused before Go's P-256 code could panic on it.
+func TestVerifyRefusesAnECDSAKeyOffItsCurve(t *testing.T) {
+	priv := ecdsaKey(t)
+	f := newFakeRegistry(t, nil)
+	newCosign(t, imageDigest, priv, nil).publish(f, imageDigest)
+	off := &ecdsa.PublicKey{Curve: elliptic.P256(), X: big.NewInt(1), Y: big.NewInt(1)}
+	_, err := VerifySignature(context.Background(), f.registry(), imageDigest, []crypto.PublicKey{&priv.PublicKey, off})
+	wantErr(t, err, "trusted key 1: an ECDSA key not on P-256")
 }

@@ -41,6 +41,11 @@ func (s *State) Watch(t Type, id string) *Watch {
 	return s.watch([]Type{t}, id)
 }
 
+// WatchTypes follows resources of several types (every ID when id is ""), as Watch does one.
+func (s *State) WatchTypes(types []Type, id string) *Watch {
+	return s.watch(types, id)
+}
+
 func (s *State) watch(types []Type, id string) *Watch {
 	w := &Watch{state: s, match: map[Type]bool{}, id: id, pending: map[key]Event{}, wake: make(chan struct{}, 1)}
 	for _, t := range types {
@@ -101,6 +106,10 @@ func (w *Watch) Next(ctx context.Context) ([]Event, error) {
 		}
 	}
 }
+
+// Pending returns what Next would return now, without waiting: nothing when there is no news.
+// Right after Watch it is the current state of every resource watched, which may be none.
+func (w *Watch) Pending() []Event { return w.drain() }
 
 // drain takes every pending event.
 func (w *Watch) drain() []Event {

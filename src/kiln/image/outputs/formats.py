@@ -165,58 +165,7 @@ def ovf_descriptor(
     the kernel drives both (ATA_PIIX built in, e1000 as a module).
     """
     title = escape(f"Kiln {assets.version}")
-
-    def fields(**values: str) -> str:
-        # CIM's RASD schema is a sequence in alphabetical order; VMware's importer checks it.
-        inner = "".join(f"        <rasd:{key}>{value}</rasd:{key}>\n" for key, value in sorted(values.items()))
-        return f"      <Item>\n{inner}      </Item>\n"
-
-    items = "".join(
-        (
-            fields(
-                AllocationUnits="hertz * 10^6",
-                Description="Number of virtual CPUs",
-                ElementName=f"{cpus} virtual CPU(s)",
-                InstanceID="1",
-                ResourceType="3",
-                VirtualQuantity=str(cpus),
-            ),
-            fields(
-                AllocationUnits="byte * 2^20",
-                Description="Memory size",
-                ElementName=f"{memory_mib} MB of memory",
-                InstanceID="2",
-                ResourceType="4",
-                VirtualQuantity=str(memory_mib),
-            ),
-            fields(
-                Address="0",
-                Description="IDE Controller",
-                ElementName="ideController0",
-                InstanceID="3",
-                ResourceSubType="PIIX4",
-                ResourceType="5",
-            ),
-            fields(
-                AddressOnParent="0",
-                ElementName="disk0",
-                HostResource="ovf:/disk/vmdisk1",
-                InstanceID="4",
-                Parent="3",
-                ResourceType="17",
-            ),
-            fields(
-                AddressOnParent="0",
-                AutomaticAllocation="true",
-                Connection="VM Network",
-                Description="E1000 ethernet adapter",
-                ElementName="ethernet0",
-                InstanceID="5",
-                ResourceSubType="E1000",
-                ResourceType="10",
-            ),
-        )
-    )
+    items = _ovf_hardware(cpus, memory_mib)
     return f"""<?xml version="1.0" encoding="UTF-8"?>
 <Envelope xmlns="http://schemas.dmtf.org/ovf/envelope/1"
           xmlns:cim="http://schemas.dmtf.org/wbem/wscim/1/common"
@@ -263,6 +212,63 @@ def ovf_descriptor(
   </VirtualSystem>
 </Envelope>
 """
+
+
+def _rasd_item(**values: str) -> str:
+    """One <Item> of the virtual hardware; CIM's RASD schema is a sequence in alphabetical order, and
+    VMware's importer checks it."""
+    inner = "".join(f"        <rasd:{key}>{value}</rasd:{key}>\n" for key, value in sorted(values.items()))
+    return f"      <Item>\n{inner}      </Item>\n"
+
+
+def _ovf_hardware(cpus: int, memory_mib: int) -> str:
+    """The VM's items: CPUs, memory, an IDE controller (PIIX4) with the disk on it, an E1000 NIC."""
+    return "".join(
+        (
+            _rasd_item(
+                AllocationUnits="hertz * 10^6",
+                Description="Number of virtual CPUs",
+                ElementName=f"{cpus} virtual CPU(s)",
+                InstanceID="1",
+                ResourceType="3",
+                VirtualQuantity=str(cpus),
+            ),
+            _rasd_item(
+                AllocationUnits="byte * 2^20",
+                Description="Memory size",
+                ElementName=f"{memory_mib} MB of memory",
+                InstanceID="2",
+                ResourceType="4",
+                VirtualQuantity=str(memory_mib),
+            ),
+            _rasd_item(
+                Address="0",
+                Description="IDE Controller",
+                ElementName="ideController0",
+                InstanceID="3",
+                ResourceSubType="PIIX4",
+                ResourceType="5",
+            ),
+            _rasd_item(
+                AddressOnParent="0",
+                ElementName="disk0",
+                HostResource="ovf:/disk/vmdisk1",
+                InstanceID="4",
+                Parent="3",
+                ResourceType="17",
+            ),
+            _rasd_item(
+                AddressOnParent="0",
+                AutomaticAllocation="true",
+                Connection="VM Network",
+                Description="E1000 ethernet adapter",
+                ElementName="ethernet0",
+                InstanceID="5",
+                ResourceSubType="E1000",
+                ResourceType="10",
+            ),
+        )
+    )
 
 
 def _qemu_img(args: list[str]) -> None:

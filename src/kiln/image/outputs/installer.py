@@ -116,35 +116,15 @@ def build_installer(
     ELF header: the installer runs it, so that is what a registry must offer each machine.
     `profile_arch` must agree with it: an amd64 machined in an arm64 installer is refused.
     """
-    for what, path in (
-        ("disk image", disk_raw),
-        ("machined", machined),
-        ("kernel", assets.vmlinuz),
-        ("initramfs", assets.initramfs),
-    ):
-        if not path.is_file():
-            raise InputError(f"installer: {what} {path} does not exist")
-    arch = static_elf_arch(machined)
-    if profile_arch is not None and arch != profile_arch:
-        raise BuildError(f"installer: {machined} is built for {arch}, but the profile is for {profile_arch}")
+    arch = _checked_arch(assets, disk_raw, machined, profile_arch)
     out_dir.mkdir(parents=True, exist_ok=True)
     tag = image_tag(assets.version)
+    reference = f"{REPOSITORY}:{tag}"
     with tempfile.TemporaryDirectory(prefix=".installer-", dir=out_dir) as tmp:
         work = Path(tmp)
         layout = work / "layout"
         (layout / "blobs/sha256").mkdir(parents=True)
-        disk_gz = work / "disk.raw.gz"
-        gzip_with_size(disk_raw, disk_gz)
-        release = work / "release.json"
-        release.write_bytes(release_info(assets, arch))
-        boot_files = {f"{SHARE}/initramfs.zst": (assets.initramfs, 0o644), RELEASE_MEMBER: (release, 0o644)}
-        boot_files |= slot_ukis(assets, work)
-        layer_files = [
-            ("kernel", "kernel", {f"{SHARE}/vmlinuz": (assets.vmlinuz, 0o644)}),
-            ("boot", "initramfs and release", boot_files),
-            ("disk", "disk image", {DISK_MEMBER: (disk_gz, 0o644)}),
-            ("installer", "installer (machined install)", {ENTRYPOINT: (machined, 0o755)}),
-        ]
+        layer_files = _layer_files(assets, disk_raw, machined, arch, work)
         layers: list[Blob] = []
         diff_ids: list[str] = []
         for role, _, files in layer_files:
@@ -152,22 +132,7 @@ def build_installer(
             layers.append(Blob(blob.media_type, blob.digest, blob.size, {LAYER_ANNOTATION: role}))
             diff_ids.append(diff_id)
         created = datetime.fromtimestamp(assets.epoch, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        config = {
-            "architecture": arch,
-            "os": "linux",
-            "created": created,
-            "config": {
-                "Entrypoint": ["/" + ENTRYPOINT],
-                "Env": ["PATH=/usr/bin"],
-                "WorkingDir": "/",
-                "Labels": {
-                    "org.opencontainers.image.title": "Kiln installer",
-                    "org.opencontainers.image.version": assets.version,
-                },
-            },
-            "rootfs": {"type": "layers", "diff_ids": diff_ids},
-            "history": [{"created": created, "created_by": f"kiln: {what}"} for _, what, _ in layer_files],
-        }
+        config = _image_config(assets.version, arch, created, diff_ids, [what for _, what, _ in layer_files])
         config_blob = _json_blob(config, CONFIG_TYPE, layout)
         manifest = {
             "schemaVersion": 2,
@@ -179,21 +144,12 @@ def build_installer(
                 "org.opencontainers.image.version": assets.version,
             },
         }
-        manifest_blob = _json_blob(manifest, MANIFEST_TYPE, layout)
-        reference = f"{REPOSITORY}:{tag}"
-        index = {
-            "schemaVersion": 2,
-            "mediaType": INDEX_TYPE,
-            "manifests": [
-                {
-                    **manifest_blob.descriptor(),
-                    "platform": {"architecture": arch, "os": "linux"},
-                    "annotations": {"org.opencontainers.image.ref.name": tag, "io.containerd.image.name": reference},
-                }
-            ],
+        entry = {
+            **_json_blob(manifest, MANIFEST_TYPE, layout).descriptor(),
+            "platform": {"architecture": arch, "os": "linux"},
+            "annotations": {"org.opencontainers.image.ref.name": tag, "io.containerd.image.name": reference},
         }
-        (layout / "index.json").write_bytes(_canonical(index))
-        (layout / "oci-layout").write_bytes(_canonical({"imageLayoutVersion": "1.0.0"}))
+        _write_index(layout, [entry])
         # docker-archive's manifest: docker 20.10 reads this, not index.json.
         docker_manifest = [
             {"Config": config_blob.path, "RepoTags": [reference], "Layers": [layer.path for layer in layers]}
@@ -202,6 +158,61 @@ def build_installer(
         _archive(layout, {"manifest.json": _canonical(docker_manifest)}, assets.epoch, tar_tmp)
 
         return _publish(layout, tar_tmp, out_dir / name, out_dir / f"{name}.tar")
+
+
+def _checked_arch(assets: BootAssets, disk_raw: Path, machined: Path, profile_arch: str | None) -> str:
+    """machined's architecture, once every input is there and the profile's arch (if any) agrees with it."""
+    inputs = {"disk image": disk_raw, "machined": machined, "kernel": assets.vmlinuz, "initramfs": assets.initramfs}
+    for what, path in inputs.items():
+        if not path.is_file():
+            raise InputError(f"installer: {what} {path} does not exist")
+    arch = static_elf_arch(machined)
+    if profile_arch is not None and arch != profile_arch:
+        raise BuildError(f"installer: {machined} is built for {arch}, but the profile is for {profile_arch}")
+    return arch
+
+
+def _layer_files(
+    assets: BootAssets, disk_raw: Path, machined: Path, arch: str, work: Path
+) -> list[tuple[str, str, dict[str, tuple[Path, int]]]]:
+    """The image's layers in order as (role, what it holds, member -> (file, mode)): the kernel, initramfs and
+    release.json (and a Secure Boot release's slot UKIs), the gzip'd disk (made in `work`), the installer."""
+    disk_gz = work / "disk.raw.gz"
+    gzip_with_size(disk_raw, disk_gz)
+    release = work / "release.json"
+    release.write_bytes(release_info(assets, arch))
+    boot_files = {f"{SHARE}/initramfs.zst": (assets.initramfs, 0o644), RELEASE_MEMBER: (release, 0o644)}
+    boot_files |= slot_ukis(assets, work)
+    return [
+        ("kernel", "kernel", {f"{SHARE}/vmlinuz": (assets.vmlinuz, 0o644)}),
+        ("boot", "initramfs and release", boot_files),
+        ("disk", "disk image", {DISK_MEMBER: (disk_gz, 0o644)}),
+        ("installer", "installer (machined install)", {ENTRYPOINT: (machined, 0o755)}),
+    ]
+
+
+def _image_config(version: str, arch: str, created: str, diff_ids: list[str], history: list[str]) -> dict[str, Any]:
+    """The image's config: machined as the entrypoint, the layers' diff_ids, a history line per layer."""
+    return {
+        "architecture": arch,
+        "os": "linux",
+        "created": created,
+        "config": {
+            "Entrypoint": ["/" + ENTRYPOINT],
+            "Env": ["PATH=/usr/bin"],
+            "WorkingDir": "/",
+            "Labels": {"org.opencontainers.image.title": "Kiln installer", "org.opencontainers.image.version": version},
+        },
+        "rootfs": {"type": "layers", "diff_ids": diff_ids},
+        "history": [{"created": created, "created_by": f"kiln: {what}"} for what in history],
+    }
+
+
+def _write_index(layout: Path, manifests: list[dict[str, Any]]) -> None:
+    """The layout's index.json, listing `manifests`, and its oci-layout."""
+    index = {"schemaVersion": 2, "mediaType": INDEX_TYPE, "manifests": manifests}
+    (layout / "index.json").write_bytes(_canonical(index))
+    (layout / "oci-layout").write_bytes(_canonical({"imageLayoutVersion": "1.0.0"}))
 
 
 def build_installer_index(layouts: list[Path], out_dir: Path, name: str, epoch: int) -> tuple[Path, Path]:
@@ -230,9 +241,7 @@ def build_installer_index(layouts: list[Path], out_dir: Path, name: str, epoch: 
                     blob = _blob(descriptor, source)
                     _share(source / blob.path, layout / blob.path)
                 entries[arch] = entry
-        index = {"schemaVersion": 2, "mediaType": INDEX_TYPE, "manifests": [entries[a] for a in sorted(entries)]}
-        (layout / "index.json").write_bytes(_canonical(index))
-        (layout / "oci-layout").write_bytes(_canonical({"imageLayoutVersion": "1.0.0"}))
+        _write_index(layout, [entries[a] for a in sorted(entries)])
         tar_tmp = Path(tmp) / "index.tar"
         _archive(layout, {}, epoch, tar_tmp)
         return _publish(layout, tar_tmp, out_dir / f"{name}-oci", out_dir / f"{name}-index.tar")

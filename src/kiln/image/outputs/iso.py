@@ -97,42 +97,8 @@ def build_iso(assets: BootAssets, out: Path) -> Path:
         load_cfg.write_text(
             f"search --no-floppy --set=root --fs-uuid {grub_uuid(assets.epoch)}\nset prefix=($root)/boot/grub\n"
         )
-        boot_options: list[str] = []
-        grafts: list[str] = []
-        if loader.bios:
-            bios = work / "eltorito.img"
-            mkimage("i386-pc-eltorito", GRUB_LIB / "i386-pc", "/boot/grub", load_cfg, bios, BIOS_MODULES, env)
-            boot_options += [
-                # BIOS: El Torito no-emulation GRUB image; the same core booted from the hybrid MBR on USB.
-                "-b",
-                "boot/grub/i386-pc/eltorito.img",
-                "-no-emul-boot",
-                "-boot-load-size",
-                "4",
-                "-boot-info-table",
-                "--grub2-boot-info",
-                "--grub2-mbr",
-                str(GRUB_LIB / "i386-pc/boot_hybrid.img"),
-            ]
-            grafts.append(f"/boot/grub/i386-pc/eltorito.img={bios}")
-        if loader.uefi:
-            efi_image = _efi_image(assets, _efi_files(assets, load_cfg, work, env), work, env)
-            boot_options += [
-                # UEFI: El Torito EFI image, exposed in GPT as the EFI system partition for USB.
-                "--efi-boot",
-                "efi.img",
-                "-efi-boot-part",
-                "--efi-boot-image",
-            ]
-            grafts.append(f"/efi.img={efi_image}")
-        grub_cfg = work / "grub.cfg"
-        if assets.keys is not None:
-            # Secure Boot: the ISO carries the signed UKI; GRUB has shim verify it and chainloads it.
-            payload = {f"/boot/{UKI_NAME}": build_uki(assets, work / UKI_NAME, assets.cmdline, assets.keys)}
-            grub_cfg.write_text(chainload_menu(assets, f"/boot/{UKI_NAME}"))
-        else:
-            payload = {"/boot/vmlinuz": assets.vmlinuz, "/boot/initramfs.zst": assets.initramfs}
-            grub_cfg.write_text(grub_config(assets, "/boot/vmlinuz", "/boot/initramfs.zst"))
+        boot_options, grafts = _boot_images(assets, load_cfg, work, env)
+        payload, grub_cfg = _payload(assets, work)
         partial = out.with_name(out.name + ".partial")
         partial.unlink(missing_ok=True)
         date = iso_date(assets.epoch)
@@ -165,6 +131,53 @@ def build_iso(assets: BootAssets, out: Path) -> Path:
         partial.chmod(0o644)
         partial.replace(out)
     return out
+
+
+def _boot_images(assets: BootAssets, load_cfg: Path, work: Path, env: dict[str, str]) -> tuple[list[str], list[str]]:
+    """The boot images the loader needs (BIOS, UEFI or both), as xorriso's boot options and grafts."""
+    boot_options: list[str] = []
+    grafts: list[str] = []
+    if assets.loader.bios:
+        bios = work / "eltorito.img"
+        mkimage("i386-pc-eltorito", GRUB_LIB / "i386-pc", "/boot/grub", load_cfg, bios, BIOS_MODULES, env)
+        boot_options += [
+            # BIOS: El Torito no-emulation GRUB image; the same core booted from the hybrid MBR on USB.
+            "-b",
+            "boot/grub/i386-pc/eltorito.img",
+            "-no-emul-boot",
+            "-boot-load-size",
+            "4",
+            "-boot-info-table",
+            "--grub2-boot-info",
+            "--grub2-mbr",
+            str(GRUB_LIB / "i386-pc/boot_hybrid.img"),
+        ]
+        grafts.append(f"/boot/grub/i386-pc/eltorito.img={bios}")
+    if assets.loader.uefi:
+        efi_image = _efi_image(assets, _efi_files(assets, load_cfg, work, env), work, env)
+        boot_options += [
+            # UEFI: El Torito EFI image, exposed in GPT as the EFI system partition for USB.
+            "--efi-boot",
+            "efi.img",
+            "-efi-boot-part",
+            "--efi-boot-image",
+        ]
+        grafts.append(f"/efi.img={efi_image}")
+    return boot_options, grafts
+
+
+def _payload(assets: BootAssets, work: Path) -> tuple[dict[str, Path], Path]:
+    """What GRUB boots (the kernel and initramfs, or under Secure Boot the signed UKI it chainloads) by its
+    path in the ISO, and the grub.cfg that boots it."""
+    grub_cfg = work / "grub.cfg"
+    if assets.keys is not None:
+        # Secure Boot: the ISO carries the signed UKI; GRUB has shim verify it and chainloads it.
+        payload = {f"/boot/{UKI_NAME}": build_uki(assets, work / UKI_NAME, assets.cmdline, assets.keys)}
+        grub_cfg.write_text(chainload_menu(assets, f"/boot/{UKI_NAME}"))
+    else:
+        payload = {"/boot/vmlinuz": assets.vmlinuz, "/boot/initramfs.zst": assets.initramfs}
+        grub_cfg.write_text(grub_config(assets, "/boot/vmlinuz", "/boot/initramfs.zst"))
+    return payload, grub_cfg
 
 
 def _efi_files(assets: BootAssets, load_cfg: Path, work: Path, env: dict[str, str]) -> dict[str, Path]:

@@ -1,4 +1,4 @@
-"""`kiln cache ls|verify|gc|rm`: the store seen and cleaned from the command line."""
+"""`kiln cache ls|verify|gc|rm|push|pull`: the store seen, cleaned and shared from the command line."""
 
 from __future__ import annotations
 
@@ -13,7 +13,37 @@ from kiln.core import console
 from kiln.core.errors import InputError
 from kiln.core.paths import cache_dir
 from kiln.core.sizes import format_size, parse_size
+from kiln.core.verb import Context
 from kiln.pkg.graph import Graph
+from kiln.pkg.options import add_tree_options
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """`kiln cache ACTION`: only `pull` reads the package tree (what its targets need)."""
+    actions = parser.add_subparsers(dest="cache_verb", metavar="ACTION", required=True)
+    ls = actions.add_parser("ls", help="list store entries")
+    ls.add_argument("--json", action="store_true", help="the entries as JSON: key, name, size, files")
+    verify = actions.add_parser("verify", help="check entries against their recorded file lists")
+    verify.add_argument("keys", nargs="*", metavar="KEY|NAME")
+    verify.add_argument("--json", action="store_true", help="the result as JSON: ok, damaged entries")
+    gc = actions.add_parser("gc", help="remove stale temporary dirs; with --max-size evict least used")
+    gc.add_argument("--max-size", metavar="SIZE", help="e.g. 20G, 500M")
+    gc.add_argument(
+        "--build-caches", action="store_true", help="also empty the packages' step caches (a step's cache:)"
+    )
+    gc.add_argument("--json", action="store_true", help="what was removed, as JSON")
+    rm = actions.add_parser("rm", help="remove entries by key (or prefix) or package name")
+    rm.add_argument("keys", nargs="+", metavar="KEY|NAME")
+    rm.add_argument("--json", action="store_true", help="what was removed, as JSON")
+    push = actions.add_parser("push", help="upload store entries to an OCI registry (default: all)")
+    push.add_argument("ref", metavar="oci://HOST/REPO")
+    push.add_argument("names", nargs="*", metavar="KEY|NAME")
+    push.add_argument("--json", action="store_true", help="how many entries were pushed, as JSON")
+    pull = actions.add_parser("pull", help="fetch what TARGETs (default: all packages) need from an OCI registry")
+    add_tree_options(pull)
+    pull.add_argument("ref", metavar="oci://HOST/REPO")
+    pull.add_argument("names", nargs="*", metavar="TARGET")
+    pull.add_argument("--json", action="store_true", help="the keys pulled, as JSON")
 
 
 def resolve(store: Store, wanted: list[str]) -> list[Entry]:
@@ -30,7 +60,13 @@ def resolve(store: Store, wanted: list[str]) -> list[Entry]:
     return list(chosen.values())
 
 
-def run(args: argparse.Namespace) -> int:
+def run(ctx: Context[Graph]) -> int:
+    args = ctx.args
+    if args.cache_verb == "pull":
+        graph = ctx.graph()
+        targets = args.names or list(graph.order)
+        graph.closure(targets)  # unknown names fail here, with a suggestion
+        return pull(graph, targets, args.ref, json_output=args.json)
     verbs = {"ls": _ls, "verify": _verify, "gc": _gc, "rm": _rm, "push": _push}
     if args.cache_verb not in verbs:
         raise InputError(f"unknown cache action {args.cache_verb!r}")

@@ -24,8 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kiln.build.session import Session, failures
+from kiln.core.console import say_line
 from kiln.core.errors import BuildError, InputError
-from kiln.kernel import config as kconfig
+from kiln.kconfig import config as kconfig
 from kiln.pkg.model import Package
 
 PACKAGE = "kernel"
@@ -137,7 +138,7 @@ def _build_needs(session: Session, package: Package) -> None:
         if failures(outcomes):
             raise BuildError(f"a dependency of '{package.name}' failed to build")
     elif session.needs_seed([package.name]):
-        session.bootstrap(lambda text: print(text, file=sys.stderr))
+        session.bootstrap(say_line)
 
 
 def _place_tool(package: Package, base: Path, into: Path) -> None:
@@ -165,4 +166,4 @@ def _echo_notes(log: Path) -> None:
     """kconfig.sh's own lines (what was merged, warnings, the summary) for the user."""
     for line in log.read_text(errors="replace").splitlines():
         if line.startswith("kconfig:"):
-            print(line, file=sys.stderr)
+            say_line(line)

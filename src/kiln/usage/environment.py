@@ -15,7 +15,7 @@ VARIABLES: dict[str, str] = {
     "docs/distributed.md)",
     "BUILDX_BUILDER": "the buildx builder the buildkit runner builds on (default: docker's current one)",
     "KILN_NODECONFIG": "kiln node's config file (default ~/.config/kiln/nodeconfig.yaml)",
-    "KILN_RELEASE_KEY": "the release public key kiln verify trusts when --key is not given",
+    "KILN_RELEASE_KEY": "the public key kiln verify trusts when --key is not given (release.pub, release-image.pub)",
     "DOCKER_HOST": "the Docker engine of the docker runner (default the local socket)",
     "DOCKER_CONFIG": "where registry credentials are read (config.json, as docker stores them)",
     "XDG_CACHE_HOME": "the base of the default KILN_CACHE",

@@ -11,19 +11,23 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from kiln.boot import command as boot_command
 from kiln.boot.accel import ACCELS
+from kiln.core.console import say_line
+from kiln.core.verb import Context
 from kiln.image import kernel_initramfs
 from kiln.pkg.graph import Graph
+from kiln.pkg.options import add_tree_options
 
 DEFAULT_OUT = "_out/dev"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_tree_options(parser)
     parser.add_argument("action", choices=("boot",), help="boot: build, assemble kernel+initramfs, boot to ready")
     parser.add_argument(
         "--extension", action="append", default=[], metavar="PKG", help="add this package as an extension layer"
@@ -41,7 +45,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="the phases' seconds as JSON on stdout; implies --quiet")
 
 
-def run(graph: Graph, args: argparse.Namespace) -> int:
+def run(ctx: Context[Graph]) -> int:
+    args, graph = ctx.args, ctx.graph()
     start = time.monotonic()
     built = kernel_initramfs.build(graph, args.package, args.extension, args.jobs or 2, json_output=args.json)
     rebuilt = sorted(name for name, outcome in built.outcomes.items() if outcome.status == "built")
@@ -50,7 +55,7 @@ def run(graph: Graph, args: argparse.Namespace) -> int:
     kernel_initramfs.assemble(built, out)
     booted = time.monotonic()
     boot_args = _boot_arguments(out, args)
-    code = boot_command.run(boot_args)
+    code = boot_command.run(replace(ctx, args=boot_args))
     done = time.monotonic()
     phases = {
         "build": round(assembled - start, 2),
@@ -69,10 +74,9 @@ def run(graph: Graph, args: argparse.Namespace) -> int:
         print(json.dumps(report | {"console_log": str(out / "console.log")}, indent=2))
     elif not args.keep:
         what = ", ".join(rebuilt) if rebuilt else "nothing"
-        print(
+        say_line(
             f"kiln dev: built {what} in {phases['build']} s, image {phases['image']} s, boot to ready "
-            f"{phases['boot']} s: {phases['total']} s in all",
-            file=sys.stderr,
+            f"{phases['boot']} s: {phases['total']} s in all"
         )
     return code
 

@@ -1,0 +1,475 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"reflect"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"kiln/machined/internal/resource"
+	"kiln/machined/internal/supervisor"
+)
+
+// hostnames records what the hostname controller sets, and says when it sets one.
+type hostnames struct {
+	mu      sync.Mutex
+	set     []string
+	changed chan struct{} // a token after each set
+}
+
+func newHostnames() *hostnames { return &hostnames{changed: make(chan struct{}, 1)} }
+
+func (h *hostnames) record(name string) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.set = append(h.set, name)
+	select {
+	case h.changed <- struct{}{}:
+	default:
+	}
+	return nil
+}
+
+func (h *hostnames) last() string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if len(h.set) == 0 {
+		return ""
+	}
+	return h.set[len(h.set)-1]
+}
+
+// waitFor waits until the last hostname set is name.
+func (h *hostnames) waitFor(t *testing.T, name string) {
+	t.Helper()
+	timeout := time.After(10 * time.Second)
+	for h.last() != name {
+		select {
+		case <-h.changed:
+		case <-timeout:
+			t.Fatalf("the hostname controller set %q, never %q", h.last(), name)
+		}
+	}
+}
+
+// bootedConfig is the config the test machines boot with: a drive's, with a static address,
+// a service and upgrades allowed only with release keys.
+const bootedConfig = `hostname: node-1
+install: {disk: /dev/vda}
+network:
+  interfaces:
+    - {name: eth0, addresses: [10.0.2.50/24], dhcp: false}
+services:
+  - {name: web, command: /bin/web}
+`
+
+// configMachine is a machine that booted on bootedConfig from a config drive, with its
+// controllers running (the network a recorder) and STATE in a directory of the test's.
+type configMachine struct {
+	*machine
+	net       *applyRecorder
+	hostnames *hostnames
+	kept      string // STATE's config.json
+	api       *authAPI
+}
+
+// newConfigMachine starts one; adjust changes the machine before its API serves.
+func newConfigMachine(t *testing.T, adjust ...func(m *machine)) *configMachine {
+	t.Helper()
+	cfg, err := parseConfig("kiln.yaml", []byte(bootedConfig), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &configMachine{net: &applyRecorder{}, hostnames: newHostnames()}
+	c.machine = &machine{con: quietConsole(), cfg: cfg, configSource: "/dev/sr0:kiln.yaml", params: map[string]string{}}
+	c.live.keptDir = t.TempDir()
+	c.live.setHostname = c.hostnames.record
+	c.kept = filepath.Join(c.live.keptDir, keptConfigFile)
+	for _, f := range adjust {
+		f(c.machine)
+	}
+	c.startControllers(c.net)
+	c.waitNetwork(c.publishConfig(), 5*time.Second)
+	c.api = serveAuthAPI(t, defaultAPILimits, c.machine)
+	return c
+}
+
+// post sends POST /v1/config as role and returns the code, the report (on 200) and the error.
+func (c *configMachine) post(t *testing.T, role, query, body string) (int, configReport, string) {
+	t.Helper()
+	resp, err := c.api.client(t, role).Post(c.api.url+"/v1/config"+query, "application/yaml", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	data, _ := io.ReadAll(resp.Body)
+	var report configReport
+	var refusal struct {
+		Error string `json:"error"`
+	}
+	if resp.StatusCode == http.StatusOK {
+		if err := json.Unmarshal(data, &report); err != nil {
+			t.Fatalf("the report is not JSON: %v\n%s", err, data)
+		}
+	} else {
+		_ = json.Unmarshal(data, &refusal)
+	}
+	return resp.StatusCode, report, refusal.Error
+}
+
+func (c *configMachine) configVersion(t *testing.T) uint64 {
+	t.Helper()
+	res, ok := c.resources.Get(machineConfigType, machineConfigID)
+	if !ok {
+		t.Fatal("no config/machine")
+	}
+	return res.Version
+}
+
+// nothingKept fails the test if a config was written to STATE.
+func (c *configMachine) nothingKept(t *testing.T) {
+	t.Helper()
+	entries, err := os.ReadDir(c.live.keptDir)
+	if err != nil || len(entries) != 0 {
+		t.Fatalf("STATE holds %v (%v); nothing may be written", entries, err)
+	}
+}
+
+func results(report configReport) map[string]string {
+	out := map[string]string{}
+	for _, s := range report.Sections {
+		out[s.Section] = s.Result
+	}
+	return out
+}
+
+// waitNetworkApplied waits for network/status to reach version (a real condition, watched).
+func (c *configMachine) waitNetworkApplied(t *testing.T, version uint64) {
+	t.Helper()
+	w := c.resources.Watch(networkStatusType, networkStatusID)
+	defer w.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for {
+		if res, ok := c.resources.Get(networkStatusType, networkStatusID); ok {
+			if spec, _ := resource.SpecOf[networkStatusSpec](res); spec.ConfigVersion >= version {
+				return
+			}
+		}
+		if _, err := w.Next(ctx); err != nil {
+			t.Fatalf("network/status never reached config version %d", version)
+		}
+	}
+}
+
+const appliedConfig = `hostname: node-2
+install: {disk: /dev/vdb}
+network:
+  interfaces:
+    - {name: eth0, addresses: [10.0.2.60/24], dhcp: false}
+services:
+  - {name: web, command: /bin/web, args: [--fast]}
+allow_unsigned: true
+`
+
+// Only an admin may apply a config; a reader's or an operator's request writes nothing.
+func TestApplyConfigNeedsAdmin(t *testing.T) {
+	c := newConfigMachine(t)
+	for _, role := range []string{"reader", "operator"} {
+		code, _, msg := c.post(t, role, "", appliedConfig)
+		if code != http.StatusForbidden || !strings.Contains(msg, "it needs admin") {
+			t.Errorf("%s: %d %q, want 403", role, code, msg)
+		}
+	}
+	c.nothingKept(t)
+	if code, _, msg := c.post(t, "admin", "", appliedConfig); code != http.StatusOK {
+		t.Fatalf("admin: %d %s", code, msg)
+	}
+}
+
+// A config past the bound is refused with 413 whether it says its length or not.
+func TestApplyConfigRefusesAnOversizeBody(t *testing.T) {
+	c := newConfigMachine(t)
+	big := "hostname: node-2\n# " + strings.Repeat("x", maxConfigBody) + "\n"
+	if code, _, msg := c.post(t, "admin", "", big); code != http.StatusRequestEntityTooLarge || !strings.Contains(msg, "larger than") {
+		t.Errorf("with a length: %d %q", code, msg)
+	}
+	req, _ := http.NewRequest(http.MethodPost, c.api.url+"/v1/config", io.MultiReader(strings.NewReader(big)))
+	req.ContentLength = -1 // chunked: the bound is met while reading
+	resp, err := c.api.client(t, "admin").Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusRequestEntityTooLarge {
+		t.Errorf("chunked: %d", resp.StatusCode)
+	}
+	c.nothingKept(t)
+}
+
+// A config the boot's parser refuses is a 400 naming the field or line, and nothing is kept,
+// published or applied.
+func TestApplyConfigRefusesAnInvalidConfig(t *testing.T) {
+	c := newConfigMachine(t)
+	before := c.configVersion(t)
+	_, applies := c.net.last()
+	for body, why := range map[string]string{
+		"hostnme: node-2\n":                 `unknown field "hostnme"`,
+		"hostname: -bad-\n":                 `hostname "-bad-" is not a valid host name`,
+		"network:\n\tinterfaces: []\n":      "config:2:",
+		"time: {servers: [\"a b\"]}\n":      "time.servers[0]",
+		"services: [{name: x, command: y}]": "services[0]",
+	} {
+		code, _, msg := c.post(t, "admin", "", body)
+		if code != http.StatusBadRequest || !strings.Contains(msg, why) {
+			t.Errorf("%q: %d %q, want 400 saying %q", body, code, msg, why)
+		}
+	}
+	if code, _, msg := c.post(t, "admin", "?mode=now", appliedConfig); code != http.StatusBadRequest || !strings.Contains(msg, "auto, staged or dry_run") {
+		t.Errorf("an unknown mode: %d %q", code, msg)
+	}
+	c.nothingKept(t)
+	if v := c.configVersion(t); v != before {
+		t.Errorf("config/machine went from version %d to %d", before, v)
+	}
+	if _, n := c.net.last(); n != applies {
+		t.Errorf("the network was applied again")
+	}
+}
+
+// auto: the config is kept on STATE, the live sections reach their controllers (config/machine's
+// version goes up, the network controller applies the new network, the hostname is set, the
+// upgrade policy changes at once) and the others wait for the next boot.
+func TestApplyConfigAutoAppliesLiveAndStagesTheRest(t *testing.T) {
+	c := newConfigMachine(t)
+	before := c.configVersion(t)
+	if err := c.upgradePolicy(); err == nil {
+		t.Fatal("the booted config allows upgrades")
+	}
+	code, report, msg := c.post(t, "admin", "", appliedConfig)
+	if code != http.StatusOK {
+		t.Fatalf("%d %s", code, msg)
+	}
+	want := map[string]string{"hostname": sectionApplied, "network": sectionApplied, "allow_unsigned": sectionApplied,
+		"install": sectionStaged, "services": sectionStaged, "api": sectionUnchanged, "time": sectionUnchanged,
+		"registries": sectionUnchanged, "release_keys": sectionUnchanged, "require_signatures": sectionUnchanged,
+		"health": sectionUnchanged}
+	if got := results(report); !reflect.DeepEqual(got, want) {
+		t.Errorf("sections %v\nwant %v", got, want)
+	}
+	if report.Mode != applyAuto || report.Kept != c.kept || report.ConfigVersion != before+1 {
+		t.Errorf("report %+v (config/machine was at %d)", report, before)
+	}
+	c.waitNetworkApplied(t, report.ConfigVersion)
+	if cfg, _ := c.net.last(); !reflect.DeepEqual(cfg, staticConfig("10.0.2.60/24")) {
+		t.Errorf("the network controller applied %+v", cfg)
+	}
+	if v := c.configVersion(t); v != report.ConfigVersion {
+		t.Errorf("config/machine is at %d, the report says %d", v, report.ConfigVersion)
+	}
+	c.hostnames.waitFor(t, "node-2")
+	kept, err := os.ReadFile(c.kept)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg, err := parseConfig("config.json", kept, true); err != nil || cfg.Hostname != "node-2" || cfg.Install.Disk != "/dev/vdb" {
+		t.Errorf("kept %s (%v)", kept, err)
+	}
+	if info, _ := os.Stat(c.kept); info.Mode().Perm() != 0o600 {
+		t.Errorf("kept with mode %v: it holds the API's key", info.Mode())
+	}
+	running := c.runningConfig()
+	if running.Hostname != "node-2" || running.Install.Disk != "/dev/vda" || len(running.Services[0].Args) != 0 {
+		t.Errorf("running config %+v: the live sections new, the others as booted", running)
+	}
+	if err := c.upgradePolicy(); err != nil {
+		t.Errorf("allow_unsigned applied live, yet: %v", err)
+	}
+}
+
+// staged: the config is kept and nothing is published or applied.
+func TestApplyConfigStagedOnlyKeeps(t *testing.T) {
+	c := newConfigMachine(t)
+	before := c.configVersion(t)
+	_, applies := c.net.last()
+	code, report, msg := c.post(t, "admin", "?mode=staged", appliedConfig)
+	if code != http.StatusOK {
+		t.Fatalf("%d %s", code, msg)
+	}
+	for _, s := range report.Sections {
+		changed := s.Section == "hostname" || s.Section == "install" || s.Section == "network" || s.Section == "services" || s.Section == "allow_unsigned"
+		if changed != (s.Result == sectionStaged) || (changed && s.Why != "mode staged") {
+			t.Errorf("%+v", s)
+		}
+	}
+	if _, err := os.Stat(c.kept); err != nil || report.Kept != c.kept {
+		t.Errorf("not kept: %v %q", err, report.Kept)
+	}
+	if v := c.configVersion(t); v != before || report.ConfigVersion != before {
+		t.Errorf("config/machine at %d, reported %d, was %d", v, report.ConfigVersion, before)
+	}
+	if _, n := c.net.last(); n != applies {
+		t.Error("the network was applied")
+	}
+	if c.runningConfig().Hostname != "node-1" {
+		t.Error("the running config changed")
+	}
+}
+
+// dry_run reports what auto would do and writes and applies nothing.
+func TestApplyConfigDryRunWritesNothing(t *testing.T) {
+	c := newConfigMachine(t)
+	before := c.configVersion(t)
+	code, report, msg := c.post(t, "admin", "?mode=dry_run", appliedConfig)
+	if code != http.StatusOK {
+		t.Fatalf("%d %s", code, msg)
+	}
+	if got := results(report); got["network"] != sectionApplied || got["services"] != sectionStaged {
+		t.Errorf("sections %v", got)
+	}
+	if report.Kept != "" || report.ConfigVersion != before+1 || !strings.Contains(strings.Join(report.Notes, "\n"), "dry run") {
+		t.Errorf("report %+v", report)
+	}
+	c.nothingKept(t)
+	if v := c.configVersion(t); v != before {
+		t.Errorf("config/machine went to %d", v)
+	}
+	if c.runningConfig().Hostname != "node-1" || c.hostnames.last() == "node-2" {
+		t.Error("the dry run applied the hostname")
+	}
+}
+
+// The same config again changes nothing: every section unchanged, no new version.
+func TestApplyConfigTheSameConfigChangesNothing(t *testing.T) {
+	c := newConfigMachine(t)
+	before := c.configVersion(t)
+	code, report, _ := c.post(t, "admin", "", bootedConfig)
+	if code != http.StatusOK {
+		t.Fatal(code)
+	}
+	for _, s := range report.Sections {
+		if s.Result != sectionUnchanged {
+			t.Errorf("%+v", s)
+		}
+	}
+	if report.ConfigVersion != before || c.configVersion(t) != before {
+		t.Errorf("version %d, reported %d, was %d", c.configVersion(t), report.ConfigVersion, before)
+	}
+}
+
+// A diskless machine refuses auto and staged (nothing could outlive a reboot); a dry run says so.
+func TestApplyConfigOnADisklessMachine(t *testing.T) {
+	c := newConfigMachine(t, func(m *machine) { m.live.keptDir = "" })
+	for _, mode := range []string{"", "?mode=staged"} {
+		code, _, msg := c.post(t, "admin", mode, appliedConfig)
+		if code != http.StatusConflict || !strings.Contains(msg, "no STATE partition") {
+			t.Errorf("%q: %d %q, want 409", mode, code, msg)
+		}
+	}
+	code, report, _ := c.post(t, "admin", "?mode=dry_run", appliedConfig)
+	if code != http.StatusOK || !strings.Contains(strings.Join(report.Notes, "\n"), "would be refused: this machine has no STATE partition") {
+		t.Errorf("dry run: %d %+v", code, report)
+	}
+	if c.runningConfig().Hostname != "node-1" {
+		t.Error("applied on a diskless machine")
+	}
+}
+
+// A machine whose every boot reads kiln.config= refuses staged (it would never be used) and
+// says in auto that the waiting sections will not be kept.
+func TestApplyConfigWhenTheNextBootReadsAnotherConfig(t *testing.T) {
+	c := newConfigMachine(t, func(m *machine) { m.params[paramConfig] = "https://user:pw@config.example/kiln.yaml?token=x" })
+	code, _, msg := c.post(t, "admin", "?mode=staged", appliedConfig)
+	if code != http.StatusConflict || !strings.Contains(msg, "kiln.config=https://REDACTED@config.example/kiln.yaml?REDACTED") {
+		t.Errorf("staged: %d %q", code, msg)
+	}
+	code, report, _ := c.post(t, "admin", "", appliedConfig)
+	if got := results(report); code != http.StatusOK || got["network"] != sectionApplied || got["services"] != sectionNotKept {
+		t.Errorf("auto: %d %v", code, got)
+	}
+	if !strings.Contains(strings.Join(report.Notes, "\n"), "live changes last until then") {
+		t.Errorf("notes %q", report.Notes)
+	}
+}
+
+// While an upgrade runs (it unmounts STATE to install) a config is refused.
+func TestApplyConfigWaitsForAnUpgrade(t *testing.T) {
+	c := newConfigMachine(t, func(m *machine) { m.upgrades.status = &upgradeStatus{State: upgradeInstalling} })
+	if code, _, msg := c.post(t, "admin", "", appliedConfig); code != http.StatusConflict || !strings.Contains(msg, "an upgrade is installing") {
+		t.Errorf("%d %q", code, msg)
+	}
+	c.nothingKept(t)
+}
+
+// The sections compare as the config's JSON does: an empty list is none.
+func TestPlanConfigComparesSectionsAsJSON(t *testing.T) {
+	running := &Config{Hostname: "a", Services: nil, Time: TimeConfig{Servers: []string{}}}
+	next := &Config{Hostname: "a", Services: []supervisor.ServiceSpec{}, Time: TimeConfig{Disabled: true}}
+	got, merged := planConfig(running, next, "")
+	want := map[string]string{}
+	for _, s := range got {
+		want[s.Section] = s.Result
+	}
+	if want["services"] != sectionUnchanged || want["time"] != sectionStaged || want["hostname"] != sectionUnchanged {
+		t.Errorf("%+v", got)
+	}
+	if merged.Time.Disabled {
+		t.Error("a staged section reached the running config")
+	}
+	if summarize(got) != "staged for the next boot time" || summarize(nil) != "nothing changes" {
+		t.Errorf("summary %q", summarize(got))
+	}
+}
+
+// Every top-level field of the config is a section an apply reports, so a field added to Config
+// cannot change unnoticed; version is the document's, not the machine's.
+func TestEveryConfigFieldIsASection(t *testing.T) {
+	var fields []string
+	typ := reflect.TypeOf(Config{})
+	for i := 0; i < typ.NumField(); i++ {
+		if name := strings.Split(typ.Field(i).Tag.Get("json"), ",")[0]; name != "version" {
+			fields = append(fields, name)
+		}
+	}
+	var sections []string
+	for _, s := range configSections {
+		sections = append(sections, s.name)
+	}
+	sort.Strings(fields)
+	sort.Strings(sections)
+	if !reflect.DeepEqual(fields, sections) {
+		t.Errorf("config fields %v, sections %v", fields, sections)
+	}
+	no, yes := false, true
+	if sameSection((*bool)(nil), &no) || !sameSection((*bool)(nil), (*bool)(nil)) || sameSection(&no, &yes) {
+		t.Error("require_signatures: none, false and true are three settings")
+	}
+}
+
+// Where the next boot's config comes from: the kept one, unless the command line or a platform's
+// user data (not a drive's, which a kept config outranks) gives another.
+func TestKeptConfigReplacedAtTheNextBoot(t *testing.T) {
+	aws, nocloud := mustLookup(t, "aws"), mustLookup(t, "nocloud")
+	for _, c := range []struct {
+		m    *machine
+		want string
+	}{
+		{&machine{params: map[string]string{}, configSource: "/dev/sr0:kiln.json"}, ""},
+		{&machine{params: map[string]string{paramConfig: "/etc/kiln.yaml"}}, "kiln.config=/etc/kiln.yaml"},
+		{&machine{params: map[string]string{}, configSource: "aws:user-data", platform: &platformState{impl: aws}}, "the platform's user data"},
+		{&machine{params: map[string]string{}, configSource: "nocloud:user-data", platform: &platformState{impl: nocloud, fromConfigDrive: true}}, ""},
+		{&machine{params: map[string]string{paramConfigDrive: "replace"}}, "kiln.config.drive=replace (any config drive there at boot)"},
+	} {
+		if got := c.m.keptConfigReplaced(); got != c.want {
+			t.Errorf("%+v: %q, want %q", c.m.params, got, c.want)
+		}
+	}
+}

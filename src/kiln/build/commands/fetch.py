@@ -1,0 +1,30 @@
+"""`kiln fetch [TARGET...]`: the sources of TARGETs' closure (default: every package) downloaded and verified."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from kiln.core.verb import Context
+from kiln.pkg.graph import Graph
+from kiln.pkg.options import add_tree_options
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_tree_options(parser)
+    parser.add_argument("targets", nargs="*", metavar="TARGET")
+    parser.add_argument("--json", action="store_true", help="machine-readable summary")
+
+
+def run(ctx: Context[Graph]) -> int:
+    from kiln.build.session import Session
+
+    args = ctx.args
+    graph = ctx.graph()
+    names = graph.closure(args.targets) if args.targets else graph.order
+    fetched = Session.open(graph).fetch(names)
+    if args.json:
+        print(json.dumps({"fetched": fetched, "packages": names}, indent=2))
+    else:
+        print(f"fetched {fetched} source(s) for {len(names)} package(s)")
+    return 0

@@ -22,6 +22,7 @@ import hashlib
 import http.client
 import http.server
 import json
+import math
 import os
 import shutil
 import signal
@@ -283,7 +284,11 @@ class Session:
         machine.secure_boot_keys = secure_boot_keys
         self.results: list[BootResult] = []
         self.thread = threading.Thread(
-            target=lambda: self.results.append(boot(machine, expect, BOOT_TIMEOUT, log, until_exit=True)),
+            # until the guest stops QEMU or the test ends the session (kill): a trial boot runs on
+            # past ready for its grace period, so BOOT_TIMEOUT from the start is no bound for it
+            target=lambda: self.results.append(
+                boot(machine, expect, BOOT_TIMEOUT, log, until_exit=True, exit_timeout=math.inf)
+            ),
             daemon=True,
         )
         self.thread.start()

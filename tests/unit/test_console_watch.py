@@ -82,6 +82,28 @@ def test_keep_running_hears_of_the_line_at_once_and_waits_past_the_boot_timeout(
     assert time.monotonic() - started >= 2.5
 
 
+def test_lines_after_the_expected_one_reach_the_log_file_while_the_guest_runs(tmp_path: Path) -> None:
+    """The upgrade tests poll the log for a trial slot's "is the default now", printed after ready
+    by a guest that keeps running: each line must be in the file as it completes, a partial one too."""
+    import threading
+
+    log = tmp_path / "l"
+    script = (
+        "print('ready'); sys.stdout.write('is the def'); sys.stdout.flush(); time.sleep(0.3)\n"
+        "print('ault now'); sys.stdout.flush(); time.sleep(60)"
+    )
+    runner = threading.Thread(
+        target=watch, args=(guest(script), "ready", 1.0, log), kwargs={"until_exit": True, "exit_timeout": 8.0}
+    )
+    runner.start()
+    deadline = time.monotonic() + 30
+    while not (log.exists() and "is the default now\n" in log.read_text()):
+        assert time.monotonic() < deadline and runner.is_alive(), "the line never reached the log file"
+        time.sleep(0.1)
+    assert runner.is_alive(), "the line was written only once the guest was stopped"
+    runner.join()
+
+
 def test_kiln_boot_blank_disk_and_its_old_name(capsys: pytest.CaptureFixture[str]) -> None:
     from kiln.boot.command import blank_disk_size
     from kiln.core.errors import InputError

@@ -4,6 +4,7 @@ timeout, and keep the last lines to show why (kiln.boot.qemu runs QEMU through i
 from __future__ import annotations
 
 import collections
+import io
 import math
 import os
 import re
@@ -55,12 +56,13 @@ def watch(
         out.write("# " + " ".join(command) + "\n")
         process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         try:
-            result = _until_expected(process, _Lines(out, tail, echo), expect, timeout, start)
+            lines = _Lines(out, tail, echo)
+            result = _until_expected(process, lines, expect, timeout, start)
             if result.ok and on_found:
                 on_found(result)  # the guest still runs: a caller may talk to it, or watch its network
             if result.ok and until_exit:
                 left = timeout - (time.monotonic() - start) if exit_timeout is None else exit_timeout
-                result = _wait_exit(process, out, tail, echo, result, left)
+                result = _wait_exit(process, lines, result, left)
         finally:
             _stop(process)
     return result
@@ -121,38 +123,32 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
             process.wait()
 
 
-def _wait_exit(
-    process: subprocess.Popen[bytes],
-    out: IO[str],
-    tail: collections.deque[str],
-    echo: Callable[[str], None] | None,
-    found: BootResult,
-    left: float,
-) -> BootResult:
-    """After the expected line: read the console until QEMU exits on its own."""
+def _wait_exit(process: subprocess.Popen[bytes], lines: _Lines, found: BootResult, left: float) -> BootResult:
+    """After the expected line: read the console until QEMU exits on its own (the lines' partial
+    last line goes on where the search for the expected one left it)."""
     assert process.stdout is not None
     os.set_blocking(process.stdout.fileno(), True)
-    reader = threading.Thread(target=_drain, args=(process.stdout, out, tail, echo), daemon=True)
+    reader = threading.Thread(target=_drain, args=(process.stdout, lines), daemon=True)
     reader.start()
     try:
         code = process.wait(timeout=None if math.isinf(left) else max(left, 0.1))
     except subprocess.TimeoutExpired:
-        return BootResult(False, found.seconds, found.line, list(tail), "the guest did not power off")
+        return BootResult(False, found.seconds, found.line, list(lines.tail), "the guest did not power off")
     reader.join(timeout=2)
     return BootResult(
         code == 0,
         found.seconds,
         found.line,
-        list(tail),
+        list(lines.tail),
         "powered off" if code == 0 else f"QEMU exited with code {code}",
         code,
     )
 
 
-def _drain(stream: IO[bytes], out: IO[str], tail: collections.deque[str], echo: Callable[[str], None] | None) -> None:
-    for raw in stream:
-        line = raw.decode(errors="replace").rstrip("\r\n")
-        out.write(line + "\n")
-        tail.append(line)
-        if echo:
-            echo(line)
+def _drain(stream: IO[bytes], lines: _Lines) -> None:
+    """Log the console until QEMU closes it, each line as it completes: a caller polls the log file
+    for lines the guest prints after the expected one (a trial slot made the default)."""
+    assert isinstance(stream, io.BufferedReader)
+    for chunk in iter(lambda: stream.read1(65536), b""):
+        for _ in lines.feed(chunk):
+            pass

@@ -12,6 +12,7 @@ and proves skopeo can verify before it believes a refusal.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
@@ -25,10 +26,16 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from kiln.core.registry import Client, Ref
-from kiln.signing.image_signature import put_artifact, sign_digest
+from kiln.image.provenance import Part
+from kiln.signing.image_attestation import attest_digest
+from kiln.signing.image_signature import put_artifact, sign_digest, signature_tag
 from kiln.signing.keyset import RELEASE_IMAGE, KeySet
+from kiln.signing.release import PROVENANCE
 from tests.integration import services
 from tests.integration.test_release_push import KILN, REPO, ROOT, small_installer
+from tests.unit.test_provenance import output_directory, part, written
+
+__all__ = ["part"]  # the provenance fixture the attestation test takes
 
 pytestmark = pytest.mark.integration
 
@@ -157,7 +164,7 @@ def test_skopeo_and_cosign_accept_a_signed_release_and_refuse_a_foreign_or_moved
     # (a) the signature swapped for one by another key, over the same payload
     client = Client(Ref.parse(f"{host}/{REPO}"))
     forged = sign_digest(digest, f"{host}/{REPO}", other)
-    put_artifact(client, digest, forged.blobs, forged.manifest)
+    put_artifact(client, signature_tag(digest), forged.blobs, forged.manifest)
     refused(skopeo.copy(tag), "Source image rejected: cryptographic signature verification failed")
     refused(cosign_verify(tmp_path, key, image), "no matching signatures")
     assert "is not by a trusted key" in kiln("verify", image, "--key", str(key)).stderr
@@ -200,3 +207,63 @@ def test_kiln_verify_takes_what_cosign_signs(
     other, _ = image_keys(tmp_path / "other")
     foreign = kiln("verify", image, "--key", str(other.release_image_public))
     assert foreign.returncode == 1 and "is not by a trusted key" in foreign.stderr, foreign.stderr
+
+
+def cosign_verify_attestation(work: Path, public_key: Path, image: str) -> subprocess.CompletedProcess[str]:
+    """`cosign verify-attestation --key --type slsaprovenance1`, as cosign_verify runs `cosign verify`."""
+    return subprocess.run(
+        [*tool("cosign"), "verify-attestation", "--key", str(public_key), "--type", "slsaprovenance1",
+         "--insecure-ignore-tlog", "--allow-insecure-registry", "--allow-http-registry", image],
+        capture_output=True, text=True, timeout=300, check=False, env={**os.environ, "HOME": str(work)},
+    )  # fmt: skip
+
+
+def test_cosign_verifies_the_provenance_attested_beside_each_signature(
+    layout: tuple[Path, Path], registry: tuple[str, Path], tmp_path: Path, part: Part
+) -> None:
+    """A signed push of a layout whose directory holds a provenance (a real one, of a small package tree)
+    attests the pushed manifest with it; `cosign verify-attestation` and `kiln verify` accept it with the
+    image release key and refuse another key's, and an attestation moved onto another manifest."""
+    host, _ = registry
+    (mine, _), (theirs, other) = image_keys(tmp_path / "mine"), image_keys(tmp_path / "other")
+    release = tmp_path / "release"
+    shutil.copytree(layout[0], release / "installer")
+    written(output_directory(tmp_path / "built", part.profile), part)
+    shutil.copy(tmp_path / "built" / PROVENANCE, release / PROVENANCE)
+    pushed = push(release / "installer", host, "--sign", str(mine.root))
+    digest = pushed["digest"]
+    assert pushed["attestations"] == {digest: f"sha256-{digest[7:]}.att"}, pushed
+    image, key = f"{host}/{REPO}@{digest}", mine.release_image_public
+
+    accepted = cosign_verify_attestation(tmp_path, key, image)
+    assert accepted.returncode == 0, accepted.stderr
+    statement = json.loads(base64.b64decode(json.loads(accepted.stdout.splitlines()[0])["payload"]))
+    assert statement["subject"] == [{"name": f"{host}/{REPO}", "digest": {"sha256": digest[7:]}}]
+    provenance = json.loads((release / PROVENANCE).read_text())
+    assert statement["predicate"] == provenance["predicate"]
+    verdict = kiln("verify", image, "--key", str(key), "--json")
+    assert verdict.returncode == 0, verdict.stdout + verdict.stderr
+    [checked] = json.loads(verdict.stdout)["images"]
+    assert checked["attestation"]["predicate_type"] == "https://slsa.dev/provenance/v1", checked
+
+    refused(
+        cosign_verify_attestation(tmp_path, theirs.release_image_public, image),
+        "accepted signatures do not match threshold",
+    )
+
+    # the genuine attestation moved onto another signed manifest of the same repository
+    client = Client(Ref.parse(f"{host}/{REPO}"))
+    changed = push(release / "installer", host, "--sign", str(mine.root), "--upgrade-from", "1.0.0")
+    genuine = client.get_manifest(f"sha256-{digest[7:]}.att")
+    assert genuine is not None and changed["digest"] != digest
+    client.put_manifest(f"sha256-{changed['digest'][7:]}.att", genuine[0])
+    moved = f"{host}/{REPO}@{changed['digest']}"
+    refused(cosign_verify_attestation(tmp_path, key, moved), "no matching subject digest found")
+    verdict = kiln("verify", moved, "--key", str(key))
+    assert verdict.returncode == 1 and "its statement names other images" in verdict.stderr, verdict.stderr
+
+    # another key's attestation of the right manifest
+    forged = attest_digest(digest, f"{host}/{REPO}", provenance, other)
+    put_artifact(client, f"sha256-{digest[7:]}.att", forged.blobs, forged.manifest)
+    verdict = kiln("verify", image, "--key", str(key))
+    assert verdict.returncode == 1 and "is not by a trusted key" in verdict.stderr, verdict.stderr

@@ -148,6 +148,7 @@ class Pushed:
     manifests: dict[str, str] = field(default_factory=dict)  # architecture -> its manifest's digest
     media_type: str = MANIFEST_TYPE
     signatures: dict[str, str] = field(default_factory=dict)  # signed digest -> its signature's tag (--sign)
+    attestations: dict[str, str] = field(default_factory=dict)  # attested digest -> its attestation's tag
 
     @property
     def uploaded_bytes(self) -> int:
@@ -181,6 +182,7 @@ class Pushed:
             "skipped": {"blobs": len(self.skipped), "bytes": self.skipped_bytes},
             "replaced": self.replaced,
             "signatures": self.signatures,
+            "attestations": self.attestations,
         }
 
 

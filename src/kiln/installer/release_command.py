@@ -5,7 +5,9 @@ image` would build it. With --sign, every pushed manifest gets its signature tag
 (kiln.signing.image_signature), made with the key directory's image release key (release-image.key,
 ECDSA P-256), which is checked before anything is built or pushed. `--signature-format kiln-v1`
 signs in the first Kiln format with release.key instead, for the one release that moves machines
-whose machined predates the cosign format (kiln.signing.image_signature_v1).
+whose machined predates the cosign format (kiln.signing.image_signature_v1). A signed push also attests
+every pushed manifest with the SLSA provenance of the build (kiln.signing.image_attestation): the
+provenance.intoto.json beside the layout (a profile's output directory holds both), or --provenance FILE.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import argparse
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from kiln.core.console import say_line
 from kiln.core.errors import InputError
@@ -22,6 +24,7 @@ from kiln.core.verb import Context
 from kiln.installer.image_layout import open_layout
 from kiln.installer.release import CHANNELS, Pushed, check_upgrade_from, push_releases, read_releases
 from kiln.pkg.options import add_tree_options
+from kiln.signing.release import PROVENANCE
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ec import EllipticCurvePrivateKey
@@ -66,6 +69,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="cosign (default); kiln-v1 signs with release.key in the first Kiln format, which machined before "
         "Kiln 0.2 checks: only for the release that moves such machines on (docs/release-signing.md)",
     )
+    parser.add_argument(
+        "--provenance",
+        type=Path,
+        metavar="FILE",
+        help="with --sign: the SLSA provenance to attest each pushed manifest with, a sha256-<hex>.att tag each "
+        "(cosign verify-attestation checks it); default: provenance.intoto.json beside the layout, when there",
+    )
     parser.add_argument("--out", metavar="DIR", help="where a profile's output is written (default _out)")
     parser.add_argument(
         "--schematic",
@@ -90,6 +100,9 @@ def run(ctx: Context[Graph]) -> int:
     ref = Ref.parse(args.to)
     upgrade_from = check_upgrade_from(args.upgrade_from)
     signing_key = _signing_key(args.sign, args.signature_format)
+    attesting_key = _attesting_key(signing_key)
+    if args.provenance is not None and attesting_key is None:
+        raise InputError("--provenance applies with --sign KEYDIR, in cosign's signature format")
     source = Path(args.source)
     if source.exists():
         if args.out or args.schematic:
@@ -100,10 +113,13 @@ def run(ctx: Context[Graph]) -> int:
         raise InputError(f"{args.source}: no such installer layout or tarball")
     else:
         path = build_profile(args, ctx.graph)
+    provenance = _provenance(args.provenance, path) if attesting_key is not None else None
     with open_layout(path) as layout:
         pushed = push_releases(read_releases(layout), ref, args.channel, upgrade_from)
     if signing_key is not None:
         pushed.signatures = sign_pushed(pushed, signing_key)
+    if attesting_key is not None and provenance is not None:
+        pushed.attestations = attest_pushed(pushed, provenance, attesting_key)
     if args.json:
         print(json.dumps(pushed.summary(), indent=2))
     else:
@@ -112,6 +128,10 @@ def run(ctx: Context[Graph]) -> int:
             print(f"  the tag {pushed.tag} named {pushed.replaced} before")
         for digest, tag in pushed.signatures.items():
             print(f"  signed {digest}: {pushed.ref}:{tag}")
+        for digest, tag in pushed.attestations.items():
+            print(f"  attested {digest} (SLSA provenance): {pushed.ref}:{tag}")
+        if attesting_key is not None and provenance is None:
+            print(f"  not attested: no {PROVENANCE} beside {path} (--provenance FILE names one)")
     return 0
 
 
@@ -147,6 +167,35 @@ def sign_pushed(pushed: Pushed, key: EllipticCurvePrivateKey | Ed25519PrivateKey
     if isinstance(key, Ed25519PrivateKey):
         return {digest: image_signature_v1.push_signature(client, digest, key) for digest in digests}
     return {digest: image_signature.push_signature(client, digest, key) for digest in digests}
+
+
+def _attesting_key(key: EllipticCurvePrivateKey | Ed25519PrivateKey | None) -> EllipticCurvePrivateKey | None:
+    """The key attestations are signed with: the image release key of cosign's format (none in kiln-v1)."""
+    from cryptography.hazmat.primitives.asymmetric.ec import EllipticCurvePrivateKey
+
+    return key if isinstance(key, EllipticCurvePrivateKey) else None
+
+
+def _provenance(given: Path | None, layout: Path) -> dict[str, Any] | None:
+    """The provenance to attest with: --provenance's, else the one a profile's output directory holds beside
+    the layout (never through a link: the directory may be someone else's), else none."""
+    from kiln.signing.image_attestation import read_provenance
+
+    if given is not None:
+        return read_provenance(given)
+    beside = layout.parent / PROVENANCE
+    if beside.is_symlink():
+        raise InputError(f"{beside}: a symbolic link; name the provenance with --provenance FILE")
+    return read_provenance(beside) if beside.is_file() else None
+
+
+def attest_pushed(pushed: Pushed, provenance: dict[str, Any], key: EllipticCurvePrivateKey) -> dict[str, str]:
+    """Attest each digest `sign_pushed` signed with the provenance: digest -> its attestation's tag."""
+    from kiln.core.registry import Client
+    from kiln.signing.image_attestation import push_attestation
+
+    client = Client(pushed.ref)
+    return {digest: push_attestation(client, digest, provenance, key) for digest in pushed.signatures}
 
 
 def build_profile(args: argparse.Namespace, load: Callable[[str], Graph]) -> Path:

@@ -4,8 +4,10 @@ An envelope is JSON: `payloadType`, `payload` (the signed bytes, base64) and `si
 a `sig` (base64) with a `keyid` hint. What is signed is not the payload alone but its
 pre-authentication encoding, `DSSEv1 <len(type)> <type> <len(payload)> <payload>` (lengths in
 ASCII decimal), so a signature over one payload type can never be passed off as one over another.
-The key is the release key (Ed25519, deterministic): the same key and payload give the same
-envelope. cosign's `verify-blob-attestation --key` and in-toto's tools read the same format.
+A release directory's provenance is signed with the release key (Ed25519), an installer image's
+attestation with the image release key (ECDSA P-256, RFC 6979); both are deterministic, so the same
+key and payload give the same envelope. cosign (`verify-blob-attestation`, `verify-attestation`) and
+in-toto's tools read the same format.
 
 Opening an envelope trusts nothing in it before a signature verifies: its size is bounded, its
 fields checked, and the payload returned only once the key's signature over the encoding holds.
@@ -19,11 +21,16 @@ import json
 from typing import Any
 
 from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 IN_TOTO = "application/vnd.in-toto+json"
 MAX_ENVELOPE = 16 << 20  # bytes of an envelope a verifier reads: a provenance is a few hundred KiB
 MAX_SIGNATURES = 16
+
+PrivateKey = Ed25519PrivateKey | ec.EllipticCurvePrivateKey
+PublicKey = Ed25519PublicKey | ec.EllipticCurvePublicKey
 
 
 class EnvelopeError(Exception):
@@ -40,10 +47,15 @@ def pae(payload_type: str, payload: bytes) -> bytes:
     return b"DSSEv1 %d %s %d %s" % (len(kind), kind, len(payload), payload)
 
 
-def sign(payload: bytes, key: Ed25519PrivateKey, keyid: str, payload_type: str = IN_TOTO) -> bytes:
+def sign(payload: bytes, key: PrivateKey, keyid: str, payload_type: str = IN_TOTO) -> bytes:
     """The envelope over `payload`, as one line of JSON with its newline (a JSON Lines file of one);
-    `keyid` is a hint for verifiers holding several keys, never trusted."""
-    signature = key.sign(pae(payload_type, payload))
+    `keyid` is a hint for verifiers holding several keys, never trusted. An ECDSA signature is ASN.1 DER
+    over SHA-256, as cosign writes it."""
+    message = pae(payload_type, payload)
+    if isinstance(key, Ed25519PrivateKey):
+        signature = key.sign(message)
+    else:
+        signature = key.sign(message, ec.ECDSA(hashes.SHA256(), deterministic_signing=True))
     envelope = {
         "payloadType": payload_type,
         "payload": base64.b64encode(payload).decode(),
@@ -52,7 +64,7 @@ def sign(payload: bytes, key: Ed25519PrivateKey, keyid: str, payload_type: str =
     return json.dumps(envelope, separators=(",", ":")).encode() + b"\n"
 
 
-def open_envelope(data: bytes, key: Ed25519PublicKey, payload_type: str = IN_TOTO) -> bytes:
+def open_envelope(data: bytes, key: PublicKey, payload_type: str = IN_TOTO) -> bytes:
     """The payload of the envelope in `data`, once one of its signatures is `key`'s.
 
     Every way it can fail is an EnvelopeError: not an envelope, another payload type, no
@@ -66,12 +78,21 @@ def open_envelope(data: bytes, key: Ed25519PublicKey, payload_type: str = IN_TOT
     message = pae(payload_type, payload)
     for index, entry in enumerate(envelope["signatures"]):
         signature = _base64(entry.get("sig"), f"signatures[{index}].sig")
-        try:
-            key.verify(signature, message)
-        except InvalidSignature:
-            continue
-        return payload
+        if holds(key, signature, message):
+            return payload
     raise NotSigned("no signature by this key (the payload changed, or another key signed it)")
+
+
+def holds(key: PublicKey, signature: bytes, message: bytes) -> bool:
+    """Whether `signature` is `key`'s over `message` (Ed25519, or ECDSA over SHA-256 in ASN.1 DER)."""
+    try:
+        if isinstance(key, Ed25519PublicKey):
+            key.verify(signature, message)
+        else:
+            key.verify(signature, message, ec.ECDSA(hashes.SHA256()))
+    except InvalidSignature:
+        return False
+    return True
 
 
 def _parse(data: bytes) -> dict[str, Any]:

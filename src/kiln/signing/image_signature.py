@@ -35,13 +35,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
+from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from kiln.core.errors import InputError
 from kiln.core.registry import INDEX_TYPE, MANIFEST_TYPE, Client, Ref
+from kiln.signing.dsse import holds
 from kiln.signing.keyset import KeySet
 from kiln.signing.release import VerificationError, fingerprint, read_key_file
 
@@ -130,15 +131,14 @@ def sign_digest(digest: str, repository: str, key: ec.EllipticCurvePrivateKey) -
 def push_signature(client: Client, digest: str, key: ec.EllipticCurvePrivateKey) -> str:
     """Upload `digest`'s signature artifact next to it; returns the signature's tag."""
     artifact = sign_digest(digest, f"{client.ref.host}/{client.ref.repo}", key)
-    return put_artifact(client, digest, artifact.blobs, artifact.manifest)
+    return put_artifact(client, signature_tag(digest), artifact.blobs, artifact.manifest)
 
 
-def put_artifact(client: Client, digest: str, blobs: tuple[bytes, ...], manifest: bytes) -> str:
-    """Upload a signature's blobs (those the registry lacks), then its manifest under the signature tag."""
+def put_artifact(client: Client, tag: str, blobs: tuple[bytes, ...], manifest: bytes) -> str:
+    """Upload a signature's (or attestation's) blobs that the registry lacks, then its manifest under `tag`."""
     for blob in blobs:
         if not client.has_blob(_sha256(blob)):
             client.upload_blob(io.BytesIO(blob), _sha256(blob), len(blob), "a signature blob")
-    tag = signature_tag(digest)
     client.put_manifest(tag, manifest)
     return tag
 
@@ -176,7 +176,7 @@ def check_layer(layer: dict[str, Any], payload: bytes, digest: str, keys: list[P
         signature = base64.b64decode(layer["annotations"][SIGNATURE_KEY], validate=True)
     except (binascii.Error, ValueError):
         raise VerificationError([f"signature of {digest}: the signature annotation is not base64"]) from None
-    signer = next((key for key in keys if _holds(key, signature, payload)), None)
+    signer = next((key for key in keys if holds(key, signature, payload)), None)
     if signer is None:
         raise VerificationError([f"signature of {digest} is not by a trusted key"])
     named = _payload_digest(payload, digest)
@@ -188,7 +188,7 @@ def check_layer(layer: dict[str, Any], payload: bytes, digest: str, keys: list[P
 def verify_image(reference: str, keys: list[PublicKey]) -> list[Verified]:
     """What `HOST[:PORT]/REPO:TAG` (or `@sha256:...`) names, each digest verified: the manifest, or a release
     index and each architecture's manifest in it. Any unsigned one fails."""
-    ref, tag = _split_reference(reference)
+    ref, tag = split_reference(reference)
     client = Client(ref)
     found = client.get_manifest(tag, accept=f"{MANIFEST_TYPE}, {INDEX_TYPE}")
     if found is None:
@@ -278,17 +278,6 @@ def load_private_key(path: Path) -> ec.EllipticCurvePrivateKey:
     return key
 
 
-def _holds(key: PublicKey, signature: bytes, payload: bytes) -> bool:
-    try:
-        if isinstance(key, Ed25519PublicKey):
-            key.verify(signature, payload)
-        else:
-            key.verify(signature, payload, ec.ECDSA(hashes.SHA256()))
-        return True
-    except InvalidSignature:
-        return False
-
-
 def _payload_digest(payload: bytes, digest: str) -> str:
     """The digest a payload names, after its type and shape are checked."""
     try:
@@ -314,7 +303,7 @@ def _index_members(body: bytes) -> list[str]:
         raise VerificationError(["the image's index is malformed"]) from None
 
 
-def _split_reference(reference: str) -> tuple[Ref, str]:
+def split_reference(reference: str) -> tuple[Ref, str]:
     """`HOST[:PORT]/REPO:TAG` or `HOST[:PORT]/REPO@sha256:...` -> (repository, tag or digest)."""
     if "@" in reference:
         name, _, tag = reference.partition("@")

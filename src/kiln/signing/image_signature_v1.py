@@ -24,7 +24,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from kiln.core.registry import MANIFEST_TYPE, Client
-from kiln.signing.image_signature import DIGEST, PAYLOAD_LIMIT, canonical, descriptor, put_artifact
+from kiln.signing.image_signature import DIGEST, PAYLOAD_LIMIT, canonical, descriptor, put_artifact, signature_tag
 from kiln.signing.release import VerificationError, fingerprint
 
 PAYLOAD_TYPE = "dev.kiln.installer-signature.v1"
@@ -69,7 +69,7 @@ def sign_digest(digest: str, key: Ed25519PrivateKey) -> SignatureArtifact:
 def push_signature(client: Client, digest: str, key: Ed25519PrivateKey) -> str:
     """Upload `digest`'s signature in this format next to it; returns the signature's tag."""
     artifact = sign_digest(digest, key)
-    return put_artifact(client, digest, artifact.blobs, artifact.manifest)
+    return put_artifact(client, signature_tag(digest), artifact.blobs, artifact.manifest)
 
 
 def is_v1(manifest: bytes) -> bool:

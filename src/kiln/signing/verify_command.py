@@ -16,7 +16,7 @@ import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kiln.core import console
 from kiln.core.errors import InputError, KilnError, display_path, printable
@@ -24,6 +24,9 @@ from kiln.core.project import RUNNERS
 from kiln.core.verb import Context
 from kiln.signing.attestation import check_provenance
 from kiln.signing.release import ENVELOPE, SUMS, VerificationError, check_directory, fingerprint, load_public_key
+
+if TYPE_CHECKING:
+    from kiln.signing.image_attestation import Attested
 
 ENV = "KILN_RELEASE_KEY"  # the release public key when --key is absent
 OLD_FORMAT_NOTE = (
@@ -124,6 +127,11 @@ def run(ctx: Context[object], environ: Mapping[str, str] = os.environ) -> int:
         for each in result["images"]:
             old = f" ({OLD_FORMAT_NOTE})" if each["format"] != "cosign" else ""
             print(f"verified {printable(args.directory)}: {each['digest']} signed by {each['signer']}{old}")
+            attestation = each["attestation"]
+            if attestation:
+                print(f"  its SLSA provenance is attested by {attestation['signer']}")
+            else:
+                print("  no provenance attestation (pushed unsigned, or from a layout with no provenance beside it)")
     return 0
 
 
@@ -163,11 +171,21 @@ def _verify(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[str, A
     directory = Path(args.directory)
     if not directory.exists() and "/" in args.directory and (":" in args.directory or "@" in args.directory):
         from kiln.signing import image_signature
+        from kiln.signing.image_attestation import verify_image_attestations
 
-        found = image_signature.verify_image(args.directory, [image_signature.load_public_key(key)])
-        images = [{"digest": v.digest, "signer": v.signer, "format": v.format} for v in found]
+        keys = [image_signature.load_public_key(key)]
+        found = image_signature.verify_image(args.directory, keys)
+        attested = verify_image_attestations(args.directory, [v.digest for v in found], keys)
+        images = [
+            {"digest": v.digest, "signer": v.signer, "format": v.format, "attestation": _attested(attested[v.digest])}
+            for v in found
+        ]
         return {"image": args.directory, "images": images}
     return _verify_directory(directory, key)
+
+
+def _attested(attested: Attested | None) -> dict[str, str] | None:
+    return None if attested is None else {"predicate_type": attested.predicate_type, "signer": attested.signer}
 
 
 def _verify_directory(directory: Path, key_file: Path) -> dict[str, Any]:

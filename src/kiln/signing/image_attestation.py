@@ -29,23 +29,21 @@ from typing import Any
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from kiln.core.errors import InputError
-from kiln.core.registry import MANIFEST_TYPE, Client
+from kiln.core.registry import Client
 from kiln.signing import dsse
 from kiln.signing.attestation import SLSA_PROVENANCE, STATEMENT_TYPE
 from kiln.signing.image_signature import (
-    CONFIG_TYPE,
-    LAYER_LIMIT,
     SIGNATURE_KEY,
     SIGNATURE_MANIFEST_LIMIT,
     PublicKey,
     SignatureArtifact,
     canonical,
-    descriptor,
     key_fingerprint,
+    one_layer_artifact,
     put_artifact,
-    signature_config,
     signature_tag,
     split_reference,
+    typed_layers,
 )
 from kiln.signing.release import MAX_PROVENANCE, VerificationError
 
@@ -105,15 +103,7 @@ def attest_digest(
     """The attestation artifact of `digest`: the envelope as its one layer."""
     attestation_tag(digest)  # checks the digest's form
     envelope = dsse.sign(statement_for(digest, repository, provenance), key, keyid="").rstrip(b"\n")
-    config = signature_config(envelope)
-    annotations = {SIGNATURE_KEY: "", PREDICATE_KEY: SLSA_PROVENANCE}
-    manifest = {
-        "schemaVersion": 2,
-        "mediaType": MANIFEST_TYPE,
-        "config": descriptor(config, CONFIG_TYPE),
-        "layers": [{**descriptor(envelope, ENVELOPE_TYPE), "annotations": annotations}],
-    }
-    return SignatureArtifact(envelope, config, canonical(manifest))
+    return one_layer_artifact(envelope, ENVELOPE_TYPE, {SIGNATURE_KEY: "", PREDICATE_KEY: SLSA_PROVENANCE})
 
 
 def push_attestation(client: Client, digest: str, provenance: dict[str, Any], key: ec.EllipticCurvePrivateKey) -> str:
@@ -140,17 +130,7 @@ def verify_attestation(client: Client, digest: str, keys: list[PublicKey]) -> At
 
 def _envelope_layers(manifest: bytes, digest: str) -> list[dict[str, Any]]:
     """The DSSE layers of an attestation manifest, each one's size bounded before it is fetched."""
-    try:
-        document = json.loads(manifest)
-        layers = document["layers"]
-        ok = document["schemaVersion"] == 2 and isinstance(layers, list) and len(layers) <= LAYER_LIMIT
-    except (ValueError, KeyError, TypeError):
-        ok = False
-    if not ok:
-        raise VerificationError([f"attestation of {digest}: not an image manifest of at most {LAYER_LIMIT} layers"])
-    found = [dict(layer) for layer in layers if isinstance(layer, dict) and layer.get("mediaType") == ENVELOPE_TYPE]
-    if not found:
-        raise VerificationError([f"attestation of {digest}: the manifest has no {ENVELOPE_TYPE} layer"])
+    found = typed_layers(manifest, ENVELOPE_TYPE, f"attestation of {digest}")
     for layer in found:
         size = layer.get("size")
         if not isinstance(size, int) or not 0 < size <= dsse.MAX_ENVELOPE:

@@ -117,13 +117,17 @@ def sign_digest(digest: str, repository: str, key: ec.EllipticCurvePrivateKey) -
     """The signature artifact of `digest` (deterministic: RFC 6979 ECDSA and canonical JSON)."""
     payload = payload_for(digest, repository)
     signature = key.sign(payload, ec.ECDSA(hashes.SHA256(), deterministic_signing=True))
+    return one_layer_artifact(payload, LAYER_TYPE, {SIGNATURE_KEY: base64.b64encode(signature).decode()})
+
+
+def one_layer_artifact(payload: bytes, media_type: str, annotations: dict[str, str]) -> SignatureArtifact:
+    """The manifest cosign writes for a signature or an attestation: `payload` its one layer, annotated."""
     config = signature_config(payload)
-    annotations = {SIGNATURE_KEY: base64.b64encode(signature).decode()}
     manifest = {
         "schemaVersion": 2,
         "mediaType": MANIFEST_TYPE,
         "config": descriptor(config, CONFIG_TYPE),
-        "layers": [{**descriptor(payload, LAYER_TYPE), "annotations": annotations}],
+        "layers": [{**descriptor(payload, media_type), "annotations": annotations}],
     }
     return SignatureArtifact(payload, config, canonical(manifest))
 
@@ -143,8 +147,9 @@ def put_artifact(client: Client, tag: str, blobs: tuple[bytes, ...], manifest: b
     return tag
 
 
-def signature_layers(manifest: bytes, digest: str) -> list[dict[str, Any]]:
-    """The simple-signing layers of a signature manifest, each one's shape checked; other layers are skipped."""
+def typed_layers(manifest: bytes, media_type: str, what: str) -> list[dict[str, Any]]:
+    """The layers of `media_type` in a signature's (or attestation's) manifest of at most LAYER_LIMIT layers,
+    unchecked beyond that; `what` ("signature of sha256:...") begins each error."""
     try:
         document = json.loads(manifest)
         layers = document["layers"]
@@ -152,10 +157,16 @@ def signature_layers(manifest: bytes, digest: str) -> list[dict[str, Any]]:
     except (ValueError, KeyError, TypeError):
         ok = False
     if not ok:
-        raise VerificationError([f"signature of {digest}: not an image manifest of at most {LAYER_LIMIT} layers"])
-    found = [dict(layer) for layer in layers if isinstance(layer, dict) and layer.get("mediaType") == LAYER_TYPE]
+        raise VerificationError([f"{what}: not an image manifest of at most {LAYER_LIMIT} layers"])
+    found = [dict(layer) for layer in layers if isinstance(layer, dict) and layer.get("mediaType") == media_type]
     if not found:
-        raise VerificationError([f"signature of {digest}: the manifest has no {LAYER_TYPE} layer"])
+        raise VerificationError([f"{what}: the manifest has no {media_type} layer"])
+    return found
+
+
+def signature_layers(manifest: bytes, digest: str) -> list[dict[str, Any]]:
+    """The simple-signing layers of a signature manifest, each one's shape checked; other layers are skipped."""
+    found = typed_layers(manifest, LAYER_TYPE, f"signature of {digest}")
     for layer in found:
         annotations = layer.get("annotations")
         size, text = layer.get("size"), annotations.get(SIGNATURE_KEY) if isinstance(annotations, dict) else None

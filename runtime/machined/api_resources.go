@@ -209,7 +209,7 @@ func (m *machine) WatchResources(t, id string) (resourceWatch, error) {
 	if m.resources == nil {
 		return nil, &apiError{http.StatusConflict, "this machine keeps no resources (yet)"}
 	}
-	types := resourceTypes
+	types, t := resourceTypes, canonicalType(t)
 	if t != "" {
 		types = nil
 		for _, known := range resourceTypes {

@@ -85,7 +85,8 @@ func (m *machine) startControllers(net networkApplier) {
 	if err := rt.Register(&networkController{net: net, wait: 5 * time.Second}); err != nil {
 		m.fatal("resources: %v", err)
 	}
-	for _, c := range m.liveControllers() {
+	observers := []resource.Controller{&linksObserver{read: readKernelLinks}, &servicesObserver{read: m.Services}}
+	for _, c := range append(observers, m.liveControllers()...) {
 		if err := rt.Register(c); err != nil {
 			m.fatal("resources: %v", err)
 		}
@@ -136,7 +137,23 @@ type apiResource struct {
 }
 
 // resourceTypes are the types the machine has, in the order GET /v1/resources lists them.
-var resourceTypes = []resource.Type{machineConfigType, networkStatusType, healthType, readyType}
+var resourceTypes = []resource.Type{
+	machineConfigType, networkStatusType, linkType, addressType, serviceType, healthType, readyType,
+}
+
+// typeAliases are the short names `kiln node get` takes for the types (as talosctl get does).
+var typeAliases = map[string]resource.Type{
+	"config": machineConfigType, "links": linkType, "addresses": addressType, "services": serviceType,
+	"health": healthType, "ready": readyType,
+}
+
+// canonicalType is the type an API request names, by its full name or its alias.
+func canonicalType(t string) string {
+	if full, ok := typeAliases[t]; ok {
+		return string(full)
+	}
+	return t
+}
 
 // Resources lists the machine's resources of type t (every type when t is ""); none before
 // the boot has made its state.
@@ -145,6 +162,7 @@ func (m *machine) Resources(t string) []apiResource {
 	if m.resources == nil {
 		return out
 	}
+	t = canonicalType(t)
 	for _, rt := range resourceTypes {
 		if t != "" && string(rt) != t {
 			continue

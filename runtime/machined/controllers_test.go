@@ -109,9 +109,11 @@ func TestResourcesListTheMachinesState(t *testing.T) {
 	m.startControllers(rec)
 	m.waitNetwork(m.publishConfig(), 5*time.Second)
 	all := m.Resources("")
-	if len(all) != 2 || all[0].Type != "config/machine" || all[1].Type != "network/status" {
+	if len(all) < 2 || all[0].Type != "config/machine" || all[1].Type != "network/status" {
 		t.Fatalf("resources: %+v", all)
 	}
+	// observed from this host's interfaces: lo at least
+	eventually(t, "a network/link resource", observed, func() bool { return len(m.Resources("links")) > 0 })
 	if all[0].Owner != "config" || all[1].Owner != "network" || all[1].Phase != "running" || all[0].Version != 1 {
 		t.Errorf("metadata: %+v", all)
 	}

@@ -187,8 +187,8 @@ func (m *machine) judgeHealth(ctx context.Context) []string {
 		apiWanted:     m.cfg.API.Enabled(),
 		apiUp:         m.apiAddr != "",
 		network:       cfg.Network,
-		addresses:     kernelAddresses(),
-		services:      m.Services(),
+		addresses:     observedAddresses(m.resources),
+		services:      observedServices(m.resources),
 		checks:        runChecks(ctx, cfg.Health.Checks),
 	})
 }

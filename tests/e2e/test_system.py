@@ -583,12 +583,18 @@ def test_api_mutual_tls_and_poweroff(image_dir: Path, pki: Path, config_server: 
         # network applied from it, and the machine's health
         status, body = request(port, client_context(pki, "reader"), "GET", "/v1/resources")
         resources = {(r["type"], r["id"]): r for r in json.loads(body)["resources"]}
-        assert status == 200 and set(resources) == {
+        observed = {"network/link", "network/address", "service/status"}  # what the kernel and supervisor have
+        assert status == 200 and {key for key in resources if key[0] not in observed} == {
             ("config/machine", "machine"),
             ("network/status", "applied"),
             ("health/machine", "machine"),
             ("machine/ready", "machine"),
         }
+        assert resources[("network/link", "eth0")]["spec"]["up"] is True, sorted(resources)
+        address = resources[("network/address", "eth0/10.0.2.15/24")]  # QEMU's DHCP lease
+        assert address["spec"]["scope"] == "global" and address["owner"] == "links", address
+        status, body = request(port, client_context(pki, "reader"), "GET", "/v1/resources?type=addresses")
+        assert status == 200 and {r["type"] for r in json.loads(body)["resources"]} == {"network/address"}, body
         assert resources[("health/machine", "machine")]["owner"] == "health", resources
         assert resources[("machine/ready", "machine")]["spec"]["var"] == "tmpfs", resources
         applied = resources[("network/status", "applied")]

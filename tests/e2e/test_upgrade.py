@@ -514,6 +514,13 @@ def apply_config_live(world: World, session: Session) -> None:
     assert machine_config[0]["resources"][0]["spec"]["network"]["interfaces"][0]["addresses"] == [LIVE_ADDRESS]
     status = json.loads(kiln("node", "status", "--json", *nodes).stdout)[0]["status"]
     assert LIVE_ADDRESS in status["addresses"]["eth0"], status["addresses"]
+    deadline = time.monotonic() + 30
+    while True:  # and as a network/address resource, observed from the kernel within seconds
+        listed = json.loads(kiln("node", "get", "addresses", "-o", "json", *nodes).stdout)
+        if f"eth0/{LIVE_ADDRESS}" in {r["id"] for r in listed[0]["resources"]}:
+            break
+        assert time.monotonic() < deadline, listed
+        time.sleep(1)
     session.wait_for(f"machined: network: eth0: {LIVE_ADDRESS} (static)", timeout=30)
     code, answer = api(session.port, pki, "POST", "/v1/config?mode=staged", document)
     assert code == 409 and "kiln.config=" in str(answer["error"]), answer

@@ -47,7 +47,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     get = actions.add_parser(
         "get", parents=[connection], help="each node's resources (its config, network, ...) as machined keeps them"
     )
-    get.add_argument("type", nargs="?", default="", help="only this resource type, e.g. network/status")
+    get.add_argument(
+        "type",
+        nargs="?",
+        default="",
+        help="only this resource type (network/status), or its short name: addresses, links, services, config, health",
+    )
     get.add_argument("id", nargs="?", default="", help="only the resource of this type with this ID")
     get.add_argument("-o", "--output", choices=OUTPUTS, default="table", help="table (default), json or yaml")
     get.add_argument("--json", dest="output", action="store_const", const="json", help="the same as -o json")

@@ -27,6 +27,13 @@ type Controller interface {
 	Reconcile(ctx context.Context, r *Run) error
 }
 
+// Periodic is a controller that also re-runs every Every(), whatever its inputs do: an observer
+// of something outside the state (the kernel's links and addresses, the supervisor's services),
+// which no watch can tell of a change.
+type Periodic interface {
+	Every() time.Duration
+}
+
 // Run is one Reconcile's view of the state: reads of anything, writes of its own outputs.
 type Run struct {
 	state *State
@@ -103,11 +110,17 @@ func (rt *Runtime) Run(ctx context.Context) {
 	wg.Wait()
 }
 
-// loop reconciles c once, then again after every change of its inputs, and after a backoff
-// when a run fails. Changes that arrive during a run are coalesced into the next one.
+// loop reconciles c once, then again after every change of its inputs (and every period of a
+// Periodic one), and after a backoff when a run fails. Changes that arrive during a run are coalesced into the next one.
 func (rt *Runtime) loop(ctx context.Context, c Controller) {
 	w := rt.state.watch(c.Inputs(), "")
 	defer w.Close()
+	var tick <-chan time.Time // nil, so never ready, unless c is Periodic
+	if p, ok := c.(Periodic); ok && p.Every() > 0 {
+		ticker := time.NewTicker(p.Every())
+		defer ticker.Stop()
+		tick = ticker.C
+	}
 	failures := 0
 	for {
 		w.drain() // whatever is pending now, this run reads
@@ -127,6 +140,7 @@ func (rt *Runtime) loop(ctx context.Context, c Controller) {
 		case <-ctx.Done():
 			return
 		case <-w.Ready():
+		case <-tick:
 		}
 	}
 }

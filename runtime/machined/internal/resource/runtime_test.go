@@ -324,3 +324,32 @@ func TestShutdownLeavesNoGoroutine(t *testing.T) {
 		runtime.Gosched()
 	}
 }
+
+// periodicController re-reads something outside the state each period.
+type periodicController struct {
+	funcController
+	every time.Duration
+}
+
+func (c *periodicController) Every() time.Duration { return c.every }
+
+// A Periodic controller sees a change outside the state on its next period, without any input
+// changing; one that is not Periodic runs only when its inputs change.
+func TestPeriodicControllerObservesOutsideChanges(t *testing.T) {
+	s := NewState()
+	var outside atomic.Int64
+	outside.Store(1)
+	observe := func(_ context.Context, r *Run) error { return r.Put("seen", "x", outside.Load()) }
+	rt := NewRuntime(s, t.Logf)
+	periodic := &periodicController{funcController{name: "observer", outputs: []Type{"seen"}, reconcile: observe}, 20 * time.Millisecond}
+	plain := &funcController{name: "plain", inputs: []Type{"nothing"}, outputs: []Type{"other"}}
+	_ = rt.Register(periodic)
+	_ = rt.Register(plain)
+	start(t, rt)
+	waitFor(t, s, "seen", "x", specIs(int64(1)))
+	outside.Store(2)
+	waitFor(t, s, "seen", "x", specIs(int64(2)))
+	if runs := plain.runs.Load(); runs > 1 {
+		t.Fatalf("a controller without a period ran %d times with no input change", runs)
+	}
+}

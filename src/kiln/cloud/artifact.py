@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -112,3 +114,29 @@ def blocks(raw: Path) -> Iterator[tuple[int, bytes]]:
 def size_in_gib(raw: Path) -> int:
     """The smallest whole number of GiB that holds the disk (EBS volumes come in GiB)."""
     return max(1, -(-raw.stat().st_size // (1 << 30)))
+
+
+def send_in_parallel(
+    chunks: Iterable[tuple[int, bytes]], send: Callable[[int, bytes], None], workers: int
+) -> tuple[int, int]:
+    """Each (position, data) chunk through `send` on `workers` threads, reading at most twice as many
+    chunks ahead of the sends as there are workers (a disk is never held in memory whole); returns the
+    chunks and bytes sent, or raises the first failure once every chunk was tried."""
+    slots = threading.BoundedSemaphore(workers * 2)
+
+    def one(position: int, data: bytes) -> None:
+        try:
+            send(position, data)
+        finally:
+            slots.release()
+
+    sent = size = 0
+    pending: list[Future[None]] = []
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        for position, data in chunks:
+            slots.acquire()
+            pending.append(pool.submit(one, position, data))
+            sent, size = sent + 1, size + len(data)
+        for future in pending:
+            future.result()
+    return sent, size

@@ -18,15 +18,22 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kiln.cloud.artifact import BLOCK, DEFAULT_NAME, CloudImage, UploadFailed, blocks, image_name, size_in_gib
+from kiln.cloud.artifact import (
+    BLOCK,
+    DEFAULT_NAME,
+    CloudImage,
+    UploadFailed,
+    blocks,
+    image_name,
+    send_in_parallel,
+    size_in_gib,
+)
 from kiln.core.errors import InputError
 
 ARCHITECTURES = {"amd64": "x86_64", "arm64": "arm64"}
@@ -198,34 +205,23 @@ def write_snapshot(
     snapshot = str(started["SnapshotId"])
     aws.left.append(f"snapshot {snapshot}")
     total = -(-raw.stat().st_size // BLOCK)
-    slots = threading.BoundedSemaphore(workers * 2)  # blocks read ahead of the uploads, at most
 
     def put(index: int, data: bytes) -> None:
-        try:
-            checksum = base64.b64encode(hashlib.sha256(data).digest()).decode()
-            aws.call(
-                ebs,
-                "put_snapshot_block",
-                region,
-                SnapshotId=snapshot,
-                BlockIndex=index,
-                BlockData=data,
-                DataLength=BLOCK,
-                Checksum=checksum,
-                ChecksumAlgorithm="SHA256",
-            )
-        finally:
-            slots.release()
+        checksum = base64.b64encode(hashlib.sha256(data).digest()).decode()
+        aws.call(
+            ebs,
+            "put_snapshot_block",
+            region,
+            SnapshotId=snapshot,
+            BlockIndex=index,
+            BlockData=data,
+            DataLength=BLOCK,
+            Checksum=checksum,
+            ChecksumAlgorithm="SHA256",
+        )
 
-    pending: list[Future[None]] = []
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        for index, data in blocks(raw):
-            slots.acquire()
-            pending.append(pool.submit(put, index, data))
-            result.blocks_sent += 1
-            result.bytes_sent += len(data)
-        for future in pending:
-            future.result()  # the first failure, as UploadFailed
+    # a failed call raises UploadFailed here, once every block was tried
+    result.blocks_sent, result.bytes_sent = send_in_parallel(blocks(raw), put, workers)
     result.blocks_skipped = total - result.blocks_sent
     say(f"{region}: {snapshot}: {result.blocks_sent} blocks sent, {result.blocks_skipped} of zeros skipped")
     aws.call(ebs, "complete_snapshot", region, SnapshotId=snapshot, ChangedBlocksCount=result.blocks_sent)

@@ -22,16 +22,14 @@ import os
 import queue
 import re
 import shlex
-import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import quote, urlsplit, urlunsplit
 
-from kiln.cloud.artifact import DEFAULT_NAME, CloudImage, UploadFailed, image_name
+from kiln.cloud.artifact import DEFAULT_NAME, CloudImage, UploadFailed, image_name, send_in_parallel
 from kiln.core import sparse
 from kiln.core.errors import InputError, KilnError
 from kiln.image.outputs.formats import MIB, VHD_FOOTER, vhd_checksum
@@ -289,7 +287,6 @@ def write_blob(
     for _ in range(workers):
         clients.put(container.client(blob.blob_name))
     left = f"{result.blob} is unfinished (no {DIGEST_KEY}); the next run writes it again"
-    slots = threading.BoundedSemaphore(workers * 2)  # ranges read ahead of the puts, at most
 
     def put(offset: int, data: bytes) -> None:
         client = clients.get()
@@ -298,17 +295,8 @@ def write_blob(
             call(container, what, lambda: client.upload_page(data, offset, len(data), validate_content="md5"), left)
         finally:
             clients.put(client)
-            slots.release()
 
-    pending: list[Future[None]] = []
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        for offset, data in ranges(vhd):
-            slots.acquire()
-            pending.append(pool.submit(put, offset, data))
-            result.ranges_sent += 1
-            result.bytes_sent += len(data)
-        for future in pending:
-            future.result()  # the first failure
+    result.ranges_sent, result.bytes_sent = send_in_parallel(ranges(vhd), put, workers)
     call(container, "setting the blob's metadata", lambda: blob.set_blob_metadata(metadata(image, done=True)), left)
     while not clients.empty():
         clients.get().close()

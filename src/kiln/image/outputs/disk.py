@@ -34,7 +34,15 @@ from kiln.core import tools
 from kiln.core.errors import BuildError, InputError
 from kiln.image.assets import HOST_GRUB, BootAssets, derived_uuid
 from kiln.image.outputs import secureboot
-from kiln.image.outputs.grub import ENV_NAME, environment_block, mkimage, require_tools, slot_boot_config, slots_config
+from kiln.image.outputs.grub import (
+    ENV_NAME,
+    MENU_MODULES,
+    environment_block,
+    mkimage,
+    require_tools,
+    slot_boot_config,
+    slots_config,
+)
 from kiln.image.outputs.uki import UKI_NAME
 
 MIB = 1 << 20
@@ -57,20 +65,7 @@ INITRD_NAME = "initramfs.zst"
 INSTALL_SLOT = "A"  # the disk image, the installer and `kiln install` all write slot A
 
 # Modules built into both core images: nothing is loaded from disk but grub.cfg.
-COMMON_MODULES = [
-    "part_gpt",
-    "fat",
-    "search",
-    "search_fs_uuid",
-    "normal",
-    "configfile",
-    "linux",
-    "serial",
-    "terminal",
-    "echo",
-    "test",
-    "loadenv",
-]
+COMMON_MODULES = ["part_gpt", "fat", *MENU_MODULES, "loadenv"]
 BIOS_MODULES = ["biosdisk", *COMMON_MODULES]
 EFI_MODULES = ["efi_gop", *COMMON_MODULES]
 

@@ -29,6 +29,10 @@ ENV_HEADER = "# GRUB Environment Block\n"
 STATE_VARS = ("kiln_default", "kiln_next", "kiln_tries", "kiln_rollback")
 VERSION_VARS = ("kiln_version_A", "kiln_version_B")  # shown in the menu's titles only
 
+# The modules every GRUB core image of Kiln's holds, in this order, besides those of its medium
+# (partition tables, filesystems): find the partition, read the menu, boot Linux, talk on serial.
+MENU_MODULES = ["search", "search_fs_uuid", "normal", "configfile", "linux", "serial", "terminal", "echo", "test"]
+
 _CONSOLE = ["serial --unit=0 --speed=115200", "terminal_input console serial", "terminal_output console serial"]
 
 

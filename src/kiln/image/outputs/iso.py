@@ -28,7 +28,7 @@ from kiln.core import tools
 from kiln.image.assets import HOST_GRUB, BootAssets, derived_uuid
 from kiln.image.compress import compress
 from kiln.image.outputs import secureboot
-from kiln.image.outputs.grub import chainload_menu, grub_config, mkimage, require_tools
+from kiln.image.outputs.grub import MENU_MODULES, chainload_menu, grub_config, mkimage, require_tools
 from kiln.image.outputs.uki import UKI_NAME, build_uki
 
 if TYPE_CHECKING:
@@ -37,20 +37,7 @@ if TYPE_CHECKING:
 GRUB_LIB = HOST_GRUB
 # Modules built into the GRUB core images: nothing is loaded from the ISO but grub.cfg, so the
 # ISO does not carry GRUB's module directories (about 20 MB with grub-mkrescue).
-COMMON_MODULES = [
-    "iso9660",
-    "part_msdos",
-    "part_gpt",
-    "search",
-    "search_fs_uuid",
-    "normal",
-    "configfile",
-    "linux",
-    "serial",
-    "terminal",
-    "echo",
-    "test",
-]
+COMMON_MODULES = ["iso9660", "part_msdos", "part_gpt", *MENU_MODULES]
 BIOS_MODULES = ["biosdisk", *COMMON_MODULES]
 EFI_MODULES = ["fat", "efi_gop", *COMMON_MODULES]
 TOOLS = {

@@ -89,13 +89,13 @@ func (l watchLine) describe() string {
 	return l.Event + " " + l.Resource.Type + "/" + l.Resource.ID + "@" + strconv.FormatUint(l.Resource.Version, 10)
 }
 
-// isObserved says whether a line is of a type observed from the host (observe.go).
+// isObserved says whether a line is of a type observed from the host or the clock (observe.go).
 func isObserved(l watchLine) bool {
 	if l.Resource == nil {
 		return false
 	}
 	switch resource.Type(l.Resource.Type) {
-	case linkType, addressType, serviceType:
+	case linkType, addressType, serviceType, bootType, timeType:
 		return true
 	}
 	return false

@@ -85,8 +85,7 @@ func (m *machine) startControllers(net networkApplier) {
 	if err := rt.Register(&networkController{net: net, wait: 5 * time.Second}); err != nil {
 		m.fatal("resources: %v", err)
 	}
-	observers := []resource.Controller{&linksObserver{read: readKernelLinks}, &servicesObserver{read: m.Services}}
-	for _, c := range append(observers, m.liveControllers()...) {
+	for _, c := range append(m.observers(), m.liveControllers()...) {
 		if err := rt.Register(c); err != nil {
 			m.fatal("resources: %v", err)
 		}
@@ -138,13 +137,13 @@ type apiResource struct {
 
 // resourceTypes are the types the machine has, in the order GET /v1/resources lists them.
 var resourceTypes = []resource.Type{
-	machineConfigType, networkStatusType, linkType, addressType, serviceType, healthType, readyType,
+	machineConfigType, networkStatusType, linkType, addressType, serviceType, bootType, timeType, healthType, readyType,
 }
 
 // typeAliases are the short names `kiln node get` takes for the types (as talosctl get does).
 var typeAliases = map[string]resource.Type{
 	"config": machineConfigType, "links": linkType, "addresses": addressType, "services": serviceType,
-	"health": healthType, "ready": readyType,
+	"bootstate": bootType, "time": timeType, "health": healthType, "ready": readyType,
 }
 
 // canonicalType is the type an API request names, by its full name or its alias.

@@ -495,10 +495,13 @@ func kernelAddresses() map[string][]string {
 }
 
 func (m *machine) timeStatus() interface{} {
-	if m.clock == nil {
+	m.live.clockMu.Lock()
+	clock := m.clock
+	m.live.clockMu.Unlock()
+	if clock == nil {
 		return map[string]interface{}{"synced": false, "error": "time sync is off"}
 	}
-	return m.clock.Status()
+	return clock.Status()
 }
 
 // Rollback puts the other slot on trial; the API reboots once the reply is sent. It waits for

@@ -1,8 +1,8 @@
 package main
 
-// Observed resources: what the kernel and the supervisor have now (network/link,
-// network/address, service/status), refreshed every observeEvery and after each network
-// apply. They are the machine's facts, not its wishes: `kiln node get addresses` reads them,
+// Observed resources: what the kernel, the supervisor, the boot slots and the clock have now
+// (network/link, network/address, service/status, boot/state, time/status), refreshed every
+// observeEvery (links and addresses after each network apply too). They are the machine's facts, not its wishes: `kiln node get addresses` reads them,
 // and the health verdict is judged from them.
 
 import (
@@ -18,6 +18,8 @@ const (
 	linkType    resource.Type = "network/link"
 	addressType resource.Type = "network/address"
 	serviceType resource.Type = "service/status"
+	bootType    resource.Type = "boot/state"
+	timeType    resource.Type = "time/status"
 
 	observeEvery = 2 * time.Second
 )
@@ -148,4 +150,45 @@ func observedServices(state *resource.State) []supervisor.ServiceStatus {
 		}
 	}
 	return out
+}
+
+// snapshotObserver keeps one resource equal to what read says now; read's false (nothing to
+// say, as off an A/B disk) removes it.
+type snapshotObserver struct {
+	name string
+	typ  resource.Type
+	id   string
+	read func() (interface{}, bool)
+}
+
+func (c *snapshotObserver) Name() string             { return c.name }
+func (c *snapshotObserver) Inputs() []resource.Type  { return nil }
+func (c *snapshotObserver) Outputs() []resource.Type { return []resource.Type{c.typ} }
+func (c *snapshotObserver) Every() time.Duration     { return observeEvery }
+
+func (c *snapshotObserver) Reconcile(_ context.Context, r *resource.Run) error {
+	if spec, ok := c.read(); ok {
+		return r.Put(c.typ, c.id, spec)
+	}
+	return nil
+}
+
+// observers are the machine's observed resources' controllers.
+func (m *machine) observers() []resource.Controller {
+	bootState := func() (interface{}, bool) {
+		select {
+		case <-m.isReady: // the boot has found its slots (m.slots is set once, before ready)
+		default:
+			return nil, false
+		}
+		status := m.slots.status()
+		return status, status != nil
+	}
+	timeStatus := func() (interface{}, bool) { return m.timeStatus(), true }
+	return []resource.Controller{
+		&linksObserver{read: readKernelLinks},
+		&servicesObserver{read: m.Services},
+		&snapshotObserver{name: "bootstate", typ: bootType, id: "slots", read: bootState},
+		&snapshotObserver{name: "clock", typ: timeType, id: "clock", read: timeStatus},
+	}
 }

@@ -2,13 +2,17 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"net"
 	"reflect"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"kiln/machined/internal/bootstate"
 	"kiln/machined/internal/resource"
 	"kiln/machined/internal/supervisor"
 )
@@ -187,4 +191,33 @@ func TestResourceTypesByAlias(t *testing.T) {
 	if _, err := m.WatchResources("nosuch", ""); err == nil {
 		t.Error("a watch of an unknown type was accepted")
 	}
+}
+
+// The boot state is a resource once the machine is ready (kiln node get bootstate), and follows
+// the slots; the clock's status is one from the start (time sync off here).
+func TestBootStateAndTimeAreObserved(t *testing.T) {
+	s := &slots{slot: "B", booted: "trial", state: bootstate.State{Default: "A", Next: "B", Tries: 2, Versions: map[string]string{"A": "0.1.0"}}}
+	m := &machine{con: quietConsole(), cfg: &Config{}, isReady: make(chan struct{}), slots: s}
+	m.startControllers(&applyRecorder{})
+	eventually(t, "time/status", observed, func() bool { return len(m.Resources("time")) == 1 })
+	if spec, _ := json.Marshal(m.Resources("time")[0].Spec); !strings.Contains(string(spec), "time sync is off") {
+		t.Errorf("time/status: %s", spec)
+	}
+	if got := m.Resources("bootstate"); len(got) != 0 {
+		t.Fatalf("a boot state before ready: %+v", got)
+	}
+	close(m.isReady)
+	bootedAs := func() string {
+		got := m.Resources("bootstate")
+		if len(got) != 1 {
+			return ""
+		}
+		spec, _ := got[0].Spec.(map[string]interface{})
+		return fmt.Sprint(spec["booted_as"])
+	}
+	eventually(t, "boot/state on trial", observed, func() bool { return bootedAs() == "trial" })
+	s.mu.Lock()
+	s.booted, s.state.Default, s.state.Next = "default", "B", ""
+	s.mu.Unlock()
+	eventually(t, "boot/state made default", observed, func() bool { return bootedAs() == "default" })
 }

@@ -583,7 +583,8 @@ def test_api_mutual_tls_and_poweroff(image_dir: Path, pki: Path, config_server: 
         # network applied from it, and the machine's health
         status, body = request(port, client_context(pki, "reader"), "GET", "/v1/resources")
         resources = {(r["type"], r["id"]): r for r in json.loads(body)["resources"]}
-        observed = {"network/link", "network/address", "service/status"}  # what the kernel and supervisor have
+        # what the kernel, the supervisor and the clock have (no boot/state: this machine has no A/B disk)
+        observed = {"network/link", "network/address", "service/status", "time/status"}
         assert status == 200 and {key for key in resources if key[0] not in observed} == {
             ("config/machine", "machine"),
             ("network/status", "applied"),
@@ -591,6 +592,7 @@ def test_api_mutual_tls_and_poweroff(image_dir: Path, pki: Path, config_server: 
             ("machine/ready", "machine"),
         }
         assert resources[("network/link", "eth0")]["spec"]["up"] is True, sorted(resources)
+        assert ("time/status", "clock") in resources and not any(key[0] == "boot/state" for key in resources)
         address = resources[("network/address", "eth0/10.0.2.15/24")]  # QEMU's DHCP lease
         assert address["spec"]["scope"] == "global" and address["owner"] == "links", address
         status, body = request(port, client_context(pki, "reader"), "GET", "/v1/resources?type=addresses")

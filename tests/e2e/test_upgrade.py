@@ -405,6 +405,21 @@ def boot_and(world: World, disk: Path, firmware: str, name: str, *, trial: bool 
     return session
 
 
+def observed_boot_state(session: Session, world: World) -> dict[str, object]:
+    """The boot/state resource (`kiln node get bootstate`) once it shows this boot made its slot the
+    default: machined observes the slots every 2 s."""
+    deadline = time.monotonic() + 30
+    while True:
+        code, answer = api(session.port, world.pki, "GET", "/v1/resources?type=bootstate")
+        assert code == 200, answer
+        resources = answer["resources"]
+        assert isinstance(resources, list) and len(resources) == 1, answer
+        spec: dict[str, object] = resources[0]["spec"]
+        if spec["booted_as"] == "default" or time.monotonic() > deadline:
+            return spec
+        time.sleep(1)
+
+
 def boot_state(status: dict[str, object]) -> dict[str, object]:
     state = status["boot"]
     assert isinstance(state, dict), status
@@ -441,6 +456,7 @@ def test_upgrade_rollback_and_refusals_under_bios(world: World) -> None:
     assert status["version"] == V2 and slots["slot"] == "B" and slots["booted_as"] == "default", slots
     assert slots["previous_slot"] == "A" and slots["previous_version"] == V1
     assert Disk(disk).state()["kiln_default"] == "B"
+    assert observed_boot_state(session, world)["booted_as"] == "default"
     # a rollback request from 2 returns to 1: an operator's (a reader may not)
     assert api(session.port, world.pki, "POST", "/v1/rollback", cert="reader")[0] == 403
     code, answer = api(session.port, world.pki, "POST", "/v1/rollback", cert="operator")

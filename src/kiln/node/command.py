@@ -51,7 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "type",
         nargs="?",
         default="",
-        help="only this resource type (network/status), or its short name: addresses, links, services, config, health",
+        help="only this resource type (network/status), or a short name: addresses, links, services, bootstate, ...",
     )
     get.add_argument("id", nargs="?", default="", help="only the resource of this type with this ID")
     get.add_argument("-o", "--output", choices=OUTPUTS, default="table", help="table (default), json or yaml")

@@ -130,7 +130,13 @@ func writeSlot(dir, boot, slot string, tries int, say func(string, ...interface{
 	return writeSlotInto(dir, upgradeBootMount, slot, tries, say)
 }
 
+// upgradeCheckpoint is called after each step that changes BOOT; the power-cut tests stop the
+// write there and check that what is on BOOT still boots (nothing else sets it).
+var upgradeCheckpoint = func(step string) {}
+
 // writeSlotInto writes the slot into a mounted BOOT, then the boot state that puts it on trial.
+// Until that last write, GRUB boots the default slot, which nothing here touches; so a power cut
+// at any step leaves a disk that boots the old release or, after it, the new one on trial.
 func writeSlotInto(dir, bootDir, slot string, tries int, say func(string, ...interface{})) error {
 	rel, err := readRelease(dir, "release.json")
 	if err != nil {
@@ -164,6 +170,7 @@ func writeSlotInto(dir, bootDir, slot string, tries int, say func(string, ...int
 		if err := os.Remove(filepath.Join(target, name)); err != nil && !os.IsNotExist(err) {
 			return failed("clearing slot %s: %v", slot, err)
 		}
+		upgradeCheckpoint("removed " + slot + "/" + name)
 	}
 	if err := os.MkdirAll(target, 0o755); err != nil {
 		return failed("slot %s: %v", slot, err)
@@ -175,6 +182,7 @@ func writeSlotInto(dir, bootDir, slot string, tries int, say func(string, ...int
 	if err := persist.WriteFileAtomic(filepath.Join(target, "boot.cfg"), []byte(cfg), 0o644); err != nil {
 		return failed("writing slot %s: %v", slot, err)
 	}
+	upgradeCheckpoint("wrote " + slot + "/boot.cfg")
 	if err := st.Try(slot, rel.Version, tries); err != nil {
 		return refuse("%v", err)
 	}
@@ -182,6 +190,7 @@ func writeSlotInto(dir, bootDir, slot string, tries int, say func(string, ...int
 		return failed("%v", err)
 	}
 	syscall.Sync()
+	upgradeCheckpoint("wrote the boot state")
 	say("slot %s is on trial for %d boots; slot %s stays the default until it reaches ready", slot, tries, st.Default)
 	return nil
 }
@@ -203,6 +212,7 @@ func writeSlotFiles(dir, target, slot string, rel release, signed bool, say func
 			return "", failed("writing slot %s: %v", slot, err)
 		}
 		say("%s: %d MiB", to, n>>20)
+		upgradeCheckpoint("wrote " + slot + "/" + to)
 	}
 	if signed {
 		return fmt.Sprintf("chainloader /%s/%s\n", slot, ukiName), nil

@@ -167,3 +167,98 @@ func TestWriteSlotRefusesAnUnsignedReleaseOnASecureBootDisk(t *testing.T) {
 		t.Fatal("slot B was written although refused")
 	}
 }
+
+// powerCut is what the checkpoint panics with to stop a write where the power would go.
+type powerCut struct{}
+
+// bootedFrom is the slot GRUB boots from this BOOT, and its version: grubBoots' choice, "" when
+// that slot's boot.cfg or files are missing or not the release its version names.
+func bootedFrom(t *testing.T, boot string) (string, string) {
+	t.Helper()
+	st, err := bootstate.Read(filepath.Join(boot, "grub", "grubenv"))
+	if err != nil {
+		t.Fatalf("the boot state cannot be read: %v", err)
+	}
+	chosen := grubBoots(st)
+	loads := func(slot string) bool {
+		cfg, err := os.ReadFile(filepath.Join(boot, slot, "boot.cfg"))
+		if err != nil {
+			return false
+		}
+		for _, name := range []string{"vmlinuz", "initramfs.zst"} {
+			data, err := os.ReadFile(filepath.Join(boot, slot, name))
+			if !strings.Contains(string(cfg), "/"+slot+"/"+name) || err != nil || !strings.HasSuffix(string(data), " v"+map[string]string{"A": "1", "B": "2"}[slot]) {
+				return false
+			}
+		}
+		return true
+	}
+	if !loads(chosen) {
+		return "", "" // the fallback entry might still boot the other slot, but a try is spent on nothing
+	}
+	return chosen, st.Versions[chosen]
+}
+
+// The power goes at every step of writing a release into slot B: each time, BOOT still boots,
+// slot A (the running release) from every cut before the boot state is written, slot B on trial
+// from the cut after it; slot A's files are never touched.
+func TestAPowerCutAtEachUpgradeStepLeavesABootableDisk(t *testing.T) {
+	t.Cleanup(func() { upgradeCheckpoint = func(string) {} })
+	var steps []string
+	upgradeCheckpoint = func(step string) { steps = append(steps, step) }
+	if err := writeSlotInto(newRelease(t, goodRelease()), completeBoot(t), "B", 3, func(string, ...interface{}) {}); err != nil {
+		t.Fatal(err)
+	}
+	if len(steps) < 6 || steps[len(steps)-1] != "wrote the boot state" {
+		t.Fatalf("the write's steps: %v", steps)
+	}
+	for i, cutAt := range steps {
+		boot := completeBoot(t)
+		upgradeCheckpoint = func(step string) {
+			if step == cutAt {
+				panic(powerCut{})
+			}
+		}
+		func() {
+			defer func() {
+				if r := recover(); r != (powerCut{}) {
+					t.Fatalf("cut after %q: %v", cutAt, r)
+				}
+			}()
+			_ = writeSlotInto(newRelease(t, goodRelease()), boot, "B", 3, func(string, ...interface{}) {})
+		}()
+		slot, version := bootedFrom(t, boot)
+		want := "A"
+		if i == len(steps)-1 {
+			want = "B"
+		}
+		if slot != want || version != map[string]string{"A": "0.1.0", "B": "0.2.0"}[want] {
+			t.Errorf("cut after %q: GRUB boots slot %q (version %q), want %s", cutAt, slot, version, want)
+		}
+		if data, err := os.ReadFile(filepath.Join(boot, "A", "vmlinuz")); err != nil || string(data) != "kernel v1" {
+			t.Errorf("cut after %q: slot A's kernel is %q (%v)", cutAt, data, err)
+		}
+	}
+}
+
+// completeBoot is BOOT with slot A whole (the running release, the default) and slot B holding
+// an older release that GRUB gave up on.
+func completeBoot(t *testing.T) string {
+	t.Helper()
+	boot := newBoot(t, bootstate.State{Default: "A", Rollback: "B", Versions: map[string]string{"A": "0.1.0", "B": "0.0.9"}})
+	files := map[string]string{
+		"A/initramfs.zst": "initramfs v1",
+		"A/boot.cfg":      "linux /A/vmlinuz console=ttyS0 kiln.slot=A\ninitrd /A/initramfs.zst\n",
+		"B/vmlinuz":       "kernel v0", "B/initramfs.zst": "initramfs v0",
+		"B/boot.cfg": "linux /B/vmlinuz console=ttyS0 kiln.slot=B\ninitrd /B/initramfs.zst\n",
+	}
+	for name, data := range files {
+		if err := os.MkdirAll(filepath.Dir(filepath.Join(boot, name)), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(boot, name), []byte(data), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return boot
+}

@@ -14,7 +14,7 @@ from kiln.core.project import RUNNERS
 from kiln.core.verb import Context
 from kiln.image import kernel_initramfs
 from kiln.pkg.graph import Graph
-from kiln.pkg.options import add_tree_options
+from kiln.pkg.options import add_profiles_dir_option, add_tree_options
 from kiln.pkg.variables import DEFAULT_PLATFORM
 
 if TYPE_CHECKING:
@@ -30,11 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="profiles by name (in --profiles-dir) or path: iso metal aws ...; without one, the project "
         "file's profiles:, else --kind kernel,initramfs is written",
     )
-    parser.add_argument(
-        "--profiles-dir",
-        metavar="DIR",
-        help="where profile names are looked up (default: the project's profiles/)",
-    )
+    add_profiles_dir_option(parser)
     parser.add_argument(
         "--keys",
         type=Path,

@@ -21,7 +21,7 @@ from kiln.core.console import say_line
 from kiln.core.verb import Context
 from kiln.image import kernel_initramfs
 from kiln.pkg.graph import Graph
-from kiln.pkg.options import add_tree_options
+from kiln.pkg.options import add_jobs_option, add_tree_options
 
 DEFAULT_OUT = "_out/dev"
 
@@ -36,7 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--package", action="append", default=[], metavar="PKG", help="add this package's output to the rootfs"
     )
     parser.add_argument("--out", metavar="DIR", default=DEFAULT_OUT, help=f"where to write (default {DEFAULT_OUT})")
-    parser.add_argument("--jobs", "-j", type=int, metavar="N", help="packages built at once (default 2)")
+    add_jobs_option(parser)
     parser.add_argument("--cmdline", default="", help="extra kernel command line")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for ready (default 120)")
     parser.add_argument("--accel", choices=ACCELS, default="auto", help="as kiln boot --accel")

@@ -23,7 +23,7 @@ from kiln.core.errors import InputError
 from kiln.core.hashing import file_sha256
 from kiln.core.verb import Context
 from kiln.pkg.graph import Graph
-from kiln.pkg.options import add_tree_options
+from kiln.pkg.options import add_jobs_option, add_tree_options
 
 DEFAULT_OUT = "_out/extensions"
 
@@ -37,7 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("name", metavar="NAME", help="the extension package (a pkg.yaml with an extension: section)")
     parser.add_argument("--out", metavar="DIR", default=DEFAULT_OUT, help=f"where to write (default {DEFAULT_OUT})")
-    parser.add_argument("--jobs", "-j", type=int, metavar="N", help="packages built at once (default 2)")
+    add_jobs_option(parser)
     parser.add_argument(
         "--to", metavar="HOST/REPO:TAG", help="push: the repository and tag, e.g. localhost:5000/ext:1.0"
     )

@@ -12,6 +12,7 @@ from kiln.core.console import say_line
 from kiln.core.errors import InputError
 from kiln.core.renamed import Renamed
 from kiln.pkg.graph import Graph
+from kiln.pkg.options import add_jobs_option
 
 if TYPE_CHECKING:
     from kiln.rootfs.assemble import Report
@@ -48,9 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--out", metavar="DIR", help="where to write (default _out/<profile>/ with profiles, else _out/image)"
     )
-    parser.add_argument(
-        "--jobs", "-j", type=int, metavar="N", help="packages built at once (default 2, or the project's jobs:)"
-    )
+    add_jobs_option(parser)
     parser.add_argument("--json", action="store_true", help="print sizes as JSON")
 
 

@@ -12,7 +12,7 @@ from kiln.core.console import say_line
 from kiln.core.errors import InputError
 from kiln.core.verb import Context
 from kiln.pkg.graph import Graph
-from kiln.pkg.options import add_tree_options
+from kiln.pkg.options import add_jobs_option, add_profiles_dir_option, add_tree_options
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -30,18 +30,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="PROFILE",
         help="the raw-disk profile whose layout is installed (default metal)",
     )
-    parser.add_argument(
-        "--profiles-dir", metavar="DIR", help="where profile names are looked up (default: the project's profiles/)"
-    )
+    add_profiles_dir_option(parser)
     parser.add_argument("--image", metavar="FILE", help="install this raw disk image instead of building the profile")
     parser.add_argument(
         "--schematic", type=Path, metavar="FILE", help="customise the profile with this schematic (docs/factory.md)"
     )
     parser.add_argument("--out", default="_out", metavar="DIR", help="where the profile's output is written")
     parser.add_argument("--json", action="store_true", help="what was installed where, as JSON")
-    parser.add_argument(
-        "--jobs", "-j", type=int, metavar="N", help="packages built at once (default 2, or the project's jobs:)"
-    )
+    add_jobs_option(parser)
 
 
 def run(ctx: Context[Graph]) -> int:

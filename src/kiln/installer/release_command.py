@@ -23,7 +23,7 @@ from kiln.core.errors import InputError
 from kiln.core.verb import Context
 from kiln.installer.image_layout import open_layout
 from kiln.installer.release import CHANNELS, Pushed, check_upgrade_from, push_releases, read_releases
-from kiln.pkg.options import add_tree_options
+from kiln.pkg.options import add_jobs_option, add_profiles_dir_option, add_tree_options
 from kiln.signing.release import PROVENANCE
 
 if TYPE_CHECKING:
@@ -84,12 +84,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="build the installer profile customised by this schematic (as kiln image --schematic): machines "
         "installed or upgraded from the release keep its extensions; push it to its own repository",
     )
-    parser.add_argument(
-        "--profiles-dir", metavar="DIR", help="where profile names are looked up (default: the project's profiles/)"
-    )
-    parser.add_argument(
-        "--jobs", "-j", type=int, metavar="N", help="packages built at once (default 2, or the project's jobs:)"
-    )
+    add_profiles_dir_option(parser)
+    add_jobs_option(parser)
     parser.add_argument("--json", action="store_true", help="print a JSON summary")
 
 

@@ -19,6 +19,20 @@ from kiln.pkg.loader import Tree, load_tree
 from kiln.pkg.variables import DEFAULT_PLATFORM, Platform, parse_overrides
 
 
+def add_jobs_option(parser: argparse.ArgumentParser) -> None:
+    """--jobs/-j of every verb that builds packages (kiln.core.project.fill_options gives its default)."""
+    parser.add_argument(
+        "--jobs", "-j", type=int, metavar="N", help="packages built at once (default 2, or the project's jobs:)"
+    )
+
+
+def add_profiles_dir_option(parser: argparse.ArgumentParser) -> None:
+    """--profiles-dir of every verb that takes profile names (fill_options gives the project's)."""
+    parser.add_argument(
+        "--profiles-dir", metavar="DIR", help="where profile names are looked up (default: the project's profiles/)"
+    )
+
+
 def add_tree_options(parser: argparse.ArgumentParser, *, defaults: bool = False) -> None:
     """--pkgs, --platform, --set, --release-version, --progress and --from-tar: with their defaults on the
     root parser, with none (argparse.SUPPRESS) on a verb."""

@@ -12,7 +12,7 @@ from kiln.core import console
 from kiln.core.errors import InputError
 from kiln.core.verb import Context
 from kiln.pkg.graph import Graph
-from kiln.pkg.options import add_tree_options
+from kiln.pkg.options import add_jobs_option, add_tree_options
 
 if TYPE_CHECKING:
     from kiln.build.session import Session
@@ -22,9 +22,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_tree_options(parser)
     parser.add_argument("targets", nargs="*", metavar="TARGET")
     parser.add_argument("--all", action="store_true", help="build every package of the tree")
-    parser.add_argument(
-        "--jobs", "-j", type=int, metavar="N", help="packages built at once (default 2, or the project's jobs:)"
-    )
+    add_jobs_option(parser)
     parser.add_argument("--no-cache", action="store_true", help="rebuild even what is stored (not stage0)")
     parser.add_argument(
         "--check",

@@ -48,7 +48,7 @@ var apiRoutes = map[string]role{
 
 // apiHandler routes the v1 API. Every route sits behind mutual TLS (see serveAPI) and
 // authorize; each route then checks its role (apiRoutes). refused hears every refusal.
-func apiHandler(b apiBackend, serverKey []byte, refused func(string)) http.Handler {
+func apiHandler(b apiBackend, serverKey func() []byte, refused func(string)) http.Handler {
 	mux := http.NewServeMux()
 	handle := func(path string, h http.HandlerFunc) {
 		need, ok := apiRoutes[path]
@@ -156,8 +156,15 @@ func writeJSON(w http.ResponseWriter, code int, v interface{}) {
 // fails the handshake and never reaches a handler; authorize and the routes check the rest.
 // Connections are bounded in number (in total and per source) and in time (apiLimits).
 // errorLog receives connection errors and refusals, at most apiLogBurst every apiLogWindow.
-func serveAPI(cfg APIConfig, b apiBackend, errorLog io.Writer) (net.Addr, func(), error) {
+func serveAPI(cfg APIConfig, b apiBackend, errorLog io.Writer) (*apiServer, error) {
 	return serveAPIWith(cfg, defaultAPILimits, b, errorLog)
+}
+
+// apiServer is a running API: where it listens, how to stop it, and its TLS side (setCert).
+type apiServer struct {
+	addr net.Addr
+	stop func()
+	tls  *apiTLS
 }
 
 const (
@@ -165,14 +172,14 @@ const (
 	apiLogWindow = time.Minute
 )
 
-func serveAPIWith(cfg APIConfig, limits apiLimits, b apiBackend, errorLog io.Writer) (net.Addr, func(), error) {
+func serveAPIWith(cfg APIConfig, limits apiLimits, b apiBackend, errorLog io.Writer) (*apiServer, error) {
 	t, err := cfg.tlsConfig()
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	ln, err := net.Listen("tcp", cfg.listen())
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	if t.sharedCA() {
 		_, _ = io.WriteString(errorLog, "api: the client CA also signs this machine's certificate: machines' certificates are refused "+
@@ -195,5 +202,5 @@ func serveAPIWith(cfg APIConfig, limits apiLimits, b apiBackend, errorLog io.Wri
 	}
 	limited := limitedListener{Listener: ln, tracker: tracker}
 	safego.Go("api server", func() { _ = srv.Serve(tls.NewListener(limited, t.config)) })
-	return ln.Addr(), func() { _ = srv.Close() }, nil
+	return &apiServer{addr: ln.Addr(), stop: func() { _ = srv.Close() }, tls: t}, nil
 }

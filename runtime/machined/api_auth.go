@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"sync/atomic"
 )
 
 // role is what a client may do; each role may do everything the roles below it may.
@@ -34,13 +35,51 @@ func (r role) String() string {
 	return "none"
 }
 
-// apiTLS is the server side of the API's mutual TLS: the handshake config, and the machine's
-// own public key (SubjectPublicKeyInfo DER), which no client may present.
+// apiTLS is the server side of the API's mutual TLS: the handshake config and the machine's own
+// certificate, which a config applied live may replace (setCert): new handshakes present the new
+// one, and no client may present the key of the one in place.
 type apiTLS struct {
 	config    *tls.Config
-	serverKey []byte
-	server    *x509.Certificate
 	clientCAs *x509.CertPool
+	own       atomic.Pointer[ownCert]
+}
+
+// ownCert is the machine's certificate: the pair TLS presents, and its parsed leaf.
+type ownCert struct {
+	pair tls.Certificate
+	leaf *x509.Certificate
+}
+
+func parseOwnCert(certPEM, keyPEM string) (*ownCert, error) {
+	pair, err := tls.X509KeyPair([]byte(certPEM), []byte(keyPEM))
+	if err != nil {
+		return nil, fmt.Errorf("cert/key: %v", err)
+	}
+	leaf, err := x509.ParseCertificate(pair.Certificate[0])
+	if err != nil {
+		return nil, fmt.Errorf("cert: %v", err)
+	}
+	return &ownCert{pair: pair, leaf: leaf}, nil
+}
+
+// serverKey is the machine's public key now (SubjectPublicKeyInfo DER).
+func (t *apiTLS) serverKey() []byte { return t.own.Load().leaf.RawSubjectPublicKeyInfo }
+
+// certName says which certificate the API presents: its subject's common name and serial.
+func certName(t *apiTLS) string {
+	leaf := t.own.Load().leaf
+	return fmt.Sprintf("%q (serial %s)", leaf.Subject.CommonName, leaf.SerialNumber)
+}
+
+// setCert puts a new certificate and key in place for the handshakes from now on; connections
+// already open keep theirs.
+func (t *apiTLS) setCert(certPEM, keyPEM string) error {
+	own, err := parseOwnCert(certPEM, keyPEM)
+	if err != nil {
+		return err
+	}
+	t.own.Store(own)
+	return nil
 }
 
 // clientCA is the CA that signs clients: client_ca, or ca, its older name (same meaning).
@@ -65,35 +104,29 @@ func (a APIConfig) tlsConfig() (*apiTLS, error) {
 	if caPEM == "" || a.Cert == "" || a.Key == "" {
 		return nil, fmt.Errorf("client_ca, cert and key are all required to turn the API on")
 	}
-	pair, err := tls.X509KeyPair([]byte(a.Cert), []byte(a.Key))
+	own, err := parseOwnCert(a.Cert, a.Key)
 	if err != nil {
-		return nil, fmt.Errorf("cert/key: %v", err)
-	}
-	leaf, err := x509.ParseCertificate(pair.Certificate[0])
-	if err != nil {
-		return nil, fmt.Errorf("cert: %v", err)
+		return nil, err
 	}
 	pool := x509.NewCertPool()
 	if !pool.AppendCertsFromPEM([]byte(caPEM)) {
 		return nil, fmt.Errorf("client_ca: no PEM certificate found")
 	}
-	return &apiTLS{
-		config: &tls.Config{
-			Certificates: []tls.Certificate{pair},
-			ClientAuth:   tls.RequireAndVerifyClientCert,
-			ClientCAs:    pool,
-			MinVersion:   tls.VersionTLS12,
-		},
-		serverKey: leaf.RawSubjectPublicKeyInfo,
-		server:    leaf,
-		clientCAs: pool,
-	}, nil
+	t := &apiTLS{clientCAs: pool}
+	t.own.Store(own)
+	t.config = &tls.Config{
+		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return &t.own.Load().pair, nil },
+		ClientAuth:     tls.RequireAndVerifyClientCert,
+		ClientCAs:      pool,
+		MinVersion:     tls.VersionTLS12,
+	}
+	return t, nil
 }
 
 // sharedCA says whether the client CA also vouches for this machine's own certificate: the
 // single-CA setup of older docs, where any machine's certificate chains as a client's too.
 func (t *apiTLS) sharedCA() bool {
-	_, err := t.server.Verify(x509.VerifyOptions{Roots: t.clientCAs, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}})
+	_, err := t.own.Load().leaf.Verify(x509.VerifyOptions{Roots: t.clientCAs, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}})
 	return err == nil
 }
 
@@ -149,14 +182,14 @@ type identityKey struct{}
 
 // authorize admits a request only from a client certificate clientIdentity accepts, and puts
 // its identity in the request's context for the routes' role checks. refused hears each refusal.
-func authorize(serverKey []byte, refused func(string), next http.Handler) http.Handler {
+func authorize(serverKey func() []byte, refused func(string), next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.TLS == nil || len(r.TLS.VerifiedChains) == 0 || len(r.TLS.VerifiedChains[0]) == 0 {
 			forbid(w, r, refused, "", "no verified client certificate")
 			return
 		}
 		leaf := r.TLS.VerifiedChains[0][0]
-		id, err := clientIdentity(leaf, serverKey)
+		id, err := clientIdentity(leaf, serverKey())
 		if err != nil {
 			forbid(w, r, refused, id.name, err.Error())
 			return

@@ -107,6 +107,7 @@ type authAPI struct {
 	machine            issued
 	log                *syncBuffer
 	backend            *fakeBackend
+	server             *apiServer
 }
 
 func startAuthAPI(t *testing.T, limits apiLimits) *authAPI {
@@ -123,12 +124,12 @@ func serveAuthAPI(t *testing.T, limits apiLimits, backend apiBackend) *authAPI {
 	a := &authAPI{serverCA: newTestCA(t, "machines CA"), clientCA: newTestCA(t, "clients CA"), log: &syncBuffer{}}
 	a.machine = a.serverCA.issueSpec(t, certSpec{name: "machine", usages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}, server: true})
 	cfg := APIConfig{Listen: "127.0.0.1:0", ClientCA: a.clientCA.pem, Cert: a.machine.certPEM, Key: a.machine.keyPEM}
-	addr, stop, err := serveAPIWith(cfg, limits, backend, a.log)
+	server, err := serveAPIWith(cfg, limits, backend, a.log)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(stop)
-	a.url = "https://" + addr.String()
+	t.Cleanup(server.stop)
+	a.server, a.url = server, "https://"+server.addr.String()
 	return a
 }
 
@@ -259,10 +260,11 @@ func TestAPIRefusesTheMachinesOwnKeyAsAClient(t *testing.T) {
 		machine := ca.issueSpec(t, certSpec{name: "node-1", orgs: []string{"admin"}, usages: usages, server: true})
 		var errLog syncBuffer
 		cfg := APIConfig{Listen: "127.0.0.1:0", CA: ca.pem, Cert: machine.certPEM, Key: machine.keyPEM} // the old field
-		addr, stop, err := serveAPIWith(cfg, defaultAPILimits, &fakeBackend{}, &errLog)
+		server, err := serveAPIWith(cfg, defaultAPILimits, &fakeBackend{}, &errLog)
 		if err != nil {
 			t.Fatal(err)
 		}
+		addr, stop := server.addr, server.stop
 		code, msg := do(t, clientWith(t, ca, machine), "GET", "https://"+addr.String()+"/v1/status", "")
 		if code != http.StatusForbidden || !strings.Contains(msg, "never a client") {
 			t.Errorf("%s: the machine's own certificate as a client: %d %q, want 403", what, code, msg)

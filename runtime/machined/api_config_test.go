@@ -1,7 +1,9 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"crypto/x509"
 	"encoding/json"
 	"io"
 	"net/http"
@@ -149,6 +151,16 @@ func results(report configReport) map[string]string {
 		out[s.Section] = s.Result
 	}
 	return out
+}
+
+// sectionOf is one section's result in a report (a zero one when the report lacks it).
+func sectionOf(report configReport, name string) sectionResult {
+	for _, s := range report.Sections {
+		if s.Section == name {
+			return s
+		}
+	}
+	return sectionResult{}
 }
 
 // waitNetworkApplied waits for network/status to reach version (a real condition, watched).
@@ -471,5 +483,79 @@ func TestKeptConfigReplacedAtTheNextBoot(t *testing.T) {
 		if got := c.m.keptConfigReplaced(); got != c.want {
 			t.Errorf("%+v: %q, want %q", c.m.params, got, c.want)
 		}
+	}
+}
+
+// presented is the common name of the certificate the API shows a new connection.
+func (c *configMachine) presented(t *testing.T) string {
+	t.Helper()
+	resp, err := c.api.client(t, "reader").Get(c.api.url + "/v1/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	return resp.TLS.PeerCertificates[0].Subject.CommonName
+}
+
+// withAPI is bootedConfig as JSON with an api section.
+func withAPI(t *testing.T, api APIConfig) string {
+	t.Helper()
+	doc := map[string]interface{}{
+		"hostname": "node-1", "install": map[string]string{"disk": "/dev/vda"},
+		"network": map[string]interface{}{"interfaces": []map[string]interface{}{
+			{"name": "eth0", "addresses": []string{"10.0.2.50/24"}, "dhcp": false}}},
+		"services": []map[string]string{{"name": "web", "command": "/bin/web"}},
+		"api":      api,
+	}
+	data, err := json.Marshal(doc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(data)
+}
+
+// A new certificate and key for the machine take effect at once (a leaked machine key is
+// replaced without a reboot): new connections get the new certificate, the old key is no longer
+// the machine's. A new client CA or address waits for the next boot, saying why.
+func TestAnAPICertificateAppliedLiveIsServedAtOnce(t *testing.T) {
+	c := newConfigMachine(t)
+	booted := APIConfig{ClientCA: c.api.clientCA.pem, Cert: c.api.machine.certPEM, Key: c.api.machine.keyPEM}
+	running := *c.cfg
+	running.API = booted
+	c.setRunningConfig(&running)
+	c.live.apiMu.Lock()
+	c.live.apiTLS = c.api.server.tls
+	c.live.apiMu.Unlock()
+	if got := c.presented(t); got != "machine" {
+		t.Fatalf("before: %q", got)
+	}
+
+	fresh := c.api.serverCA.issueSpec(t, certSpec{name: "machine-2", usages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}, server: true})
+	rotated := booted
+	rotated.Cert, rotated.Key = fresh.certPEM, fresh.keyPEM
+	code, report, msg := c.post(t, "admin", "", withAPI(t, rotated))
+	if code != http.StatusOK || sectionOf(report, "api").Result != sectionApplied {
+		t.Fatalf("%d %s %+v", code, msg, report)
+	}
+	if got := c.presented(t); got != "machine-2" {
+		t.Fatalf("after the apply the API presents %q", got)
+	}
+	if !bytes.Equal(c.api.server.tls.serverKey(), fresh.cert.RawSubjectPublicKeyInfo) {
+		t.Error("the machine's own key, which no client may use, is still the old one")
+	}
+
+	otherCA := newTestCA(t, "another clients CA")
+	for what, api := range map[string]APIConfig{
+		"client CA": {ClientCA: otherCA.pem, Cert: fresh.certPEM, Key: fresh.keyPEM},
+		"address":   {Listen: "127.0.0.1:50001", ClientCA: booted.ClientCA, Cert: fresh.certPEM, Key: fresh.keyPEM},
+	} {
+		code, report, msg := c.post(t, "admin", "", withAPI(t, api))
+		section := sectionOf(report, "api")
+		if code != http.StatusOK || section.Result != sectionStaged || !strings.Contains(section.Why, "until the next boot") {
+			t.Errorf("%s: %d %s %+v", what, code, msg, section)
+		}
+	}
+	if got := c.presented(t); got != "machine-2" {
+		t.Fatalf("a staged api section changed the certificate: %q", got)
 	}
 }

@@ -85,12 +85,12 @@ func startTestAPI(t *testing.T) (url string, serverCA, clientCA *testCA, backend
 	cert, key := serverCA.issue(t, "machine", true)
 	backend = &fakeBackend{}
 	var errLog bytes.Buffer
-	addr, stop, err := serveAPI(APIConfig{Listen: "127.0.0.1:0", CA: clientCA.pem, Cert: cert, Key: key}, backend, &errLog)
+	server, err := serveAPI(APIConfig{Listen: "127.0.0.1:0", CA: clientCA.pem, Cert: cert, Key: key}, backend, &errLog)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(stop)
-	return "https://" + addr.String(), serverCA, clientCA, backend
+	t.Cleanup(server.stop)
+	return "https://" + server.addr.String(), serverCA, clientCA, backend
 }
 
 func client(cfg *tls.Config) *http.Client {

@@ -43,6 +43,9 @@ type liveConfig struct {
 
 	clockMu sync.Mutex // guards machine.clock between startClock and the time controller
 
+	apiMu  sync.Mutex // guards apiTLS between startAPI and an apply
+	apiTLS *apiTLS    // the running API's TLS side, nil when the API is off
+
 	keptDir     string                  // tests: the directory the config is kept in instead of STATE
 	setHostname func(name string) error // tests: instead of sethostname(2)
 }
@@ -104,9 +107,7 @@ var configSections = []configSection{
 	{"network", func(c *Config) interface{} { return c.Network }, func(r, n *Config) { r.Network = n.Network }, now},
 	{"services", func(c *Config) interface{} { return c.Services }, nil,
 		never("services are started at boot: machined does not add, change or remove one while it runs")},
-	{"api", func(c *Config) interface{} { return c.API }, nil,
-		never("the API keeps its address, certificate and client CA until the next boot: " +
-			"a client CA applied live that no client holds a certificate of would shut everyone out")},
+	{"api", func(c *Config) interface{} { return c.API }, func(r, n *Config) { r.API = n.API }, apiWaitsFor},
 	{"time", func(c *Config) interface{} { return c.Time }, func(r, n *Config) { r.Time = n.Time },
 		func(running, next *Config) string {
 			if running.Time.Disabled != next.Time.Disabled {
@@ -120,6 +121,24 @@ var configSections = []configSection{
 	{"require_signatures", func(c *Config) interface{} { return c.RequireSignatures },
 		func(r, n *Config) { r.RequireSignatures = n.RequireSignatures }, now},
 	{"allow_unsigned", func(c *Config) interface{} { return c.AllowUnsigned }, func(r, n *Config) { r.AllowUnsigned = n.AllowUnsigned }, now},
+}
+
+// apiWaitsFor lets a new certificate and key take effect now (a leaked machine key is replaced
+// without a reboot); everything else of the API waits for the next boot.
+func apiWaitsFor(running, next *Config) string {
+	switch {
+	case running.API.Enabled() != next.API.Enabled():
+		return "the API is turned on or off at boot"
+	case running.API.listen() != next.API.listen():
+		return "the API keeps its address until the next boot"
+	}
+	r, n := running.API, next.API
+	r.Cert, r.Key, n.Cert, n.Key = "", "", "", ""
+	if !sameSection(r, n) {
+		return "the API keeps its client CA until the next boot: a client CA applied live that no client " +
+			"holds a certificate of would shut everyone out"
+	}
+	return ""
 }
 
 // sameSection compares two values of a section as the config's JSON does: an empty list, map
@@ -374,6 +393,7 @@ func (m *machine) publishRunning(p applyPlan, source string) {
 		return
 	}
 	m.setRunningConfig(p.merged)
+	m.useAPICert(p.merged.API)
 	if !p.specChanged {
 		return
 	}
@@ -408,4 +428,20 @@ func summarize(results []sectionResult) string {
 		parts[i] = result + " " + strings.Join(by[result], ", ")
 	}
 	return strings.Join(parts, "; ")
+}
+
+// useAPICert puts the config's certificate and key in place in the running API (a no-op when
+// they are the ones it has, or the API is off). The config was checked before, so this holds.
+func (m *machine) useAPICert(api APIConfig) {
+	m.live.apiMu.Lock()
+	t := m.live.apiTLS
+	m.live.apiMu.Unlock()
+	if t == nil || !api.Enabled() {
+		return
+	}
+	if err := t.setCert(api.Cert, api.Key); err != nil {
+		m.con.printf("api: the new certificate was not put in place: %v", err)
+		return
+	}
+	m.con.printf("api: serving certificate %s from now on", certName(t))
 }

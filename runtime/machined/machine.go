@@ -333,12 +333,15 @@ func (m *machine) startAPI() {
 	if !m.cfg.API.Enabled() {
 		return
 	}
-	addr, stop, err := serveAPI(m.cfg.API, m, m.con.log)
+	server, err := serveAPI(m.cfg.API, m, m.con.log)
 	if err != nil {
 		m.con.printf("api: %v; the API is off", err)
 		return
 	}
-	m.apiAddr, m.stopAPI = addr.String(), stop
+	m.apiAddr, m.stopAPI = server.addr.String(), server.stop
+	m.live.apiMu.Lock()
+	m.live.apiTLS = server.tls
+	m.live.apiMu.Unlock()
 }
 
 // readyLine is the one line the boot harness waits for, exactly as the boot contract specifies it

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from kiln.image.compress import compress
-from kiln.image.manifest import SbomPackage, write_manifest, write_spdx
+from kiln.image.manifest import SbomPackage, SbomSubject, write_manifest, write_spdx
 from kiln.image.sbom_cyclonedx import write_cyclonedx
 from kiln.pkg.loader import Tree, load_tree
 from kiln.pkg.variables import Platform
@@ -68,7 +68,9 @@ def test_raw_out_format_leaves_the_file(tmp_path: Path) -> None:
     assert compress(disk, "raw", EPOCH) == disk and disk.exists()
 
 
-def written_twice(write: Callable[..., Path], rootfs: list[str], tmp_path: Path) -> tuple[Tree, list[Path]]:
+def written_twice(
+    write: Callable[[Path, SbomSubject], Path], rootfs: list[str], tmp_path: Path
+) -> tuple[Tree, list[Path]]:
     """The shipped tree, and one SBOM writer's document for `rootfs` and the kernel, written twice."""
     tree = load_tree(ROOT / "pkgs", Platform.parse("linux/amd64"))
     chosen = [SbomPackage.built(tree.packages[n], f"{i:064x}", "rootfs") for i, n in enumerate(rootfs)]
@@ -76,7 +78,7 @@ def written_twice(write: Callable[..., Path], rootfs: list[str], tmp_path: Path)
     outputs = []
     for run in ("a", "b"):
         (tmp_path / run).mkdir()
-        outputs.append(write(tmp_path / run, "metal", "0.1.0", "ab" * 32, EPOCH, chosen))
+        outputs.append(write(tmp_path / run, SbomSubject("metal", "0.1.0", "ab" * 32, EPOCH, chosen)))
     return tree, outputs
 
 
@@ -146,7 +148,8 @@ def test_a_registry_extension_is_in_both_sboms_by_its_pinned_reference(tmp_path:
     item = registry_sbom_package(Pulled(reference, manifest, tmp_path, {}))
     assert item.purl == f"pkg:oci/lldpd@sha256:{'d' * 64}?repository_url=127.0.0.1:5000/team/lldpd&tag=1.0.16"
     (tmp_path / "spdx").mkdir()
-    spdx = write_spdx(tmp_path / "spdx", "metal", "0.1.0", "ab" * 32, EPOCH, [item])
+    subject = SbomSubject("metal", "0.1.0", "ab" * 32, EPOCH, [item])
+    spdx = write_spdx(tmp_path / "spdx", subject)
     document = parse_file(str(spdx))
     assert validate_full_spdx_document(document) == []
     [package] = [p for p in document.packages if p.name == "lldpd"]
@@ -155,7 +158,7 @@ def test_a_registry_extension_is_in_both_sboms_by_its_pinned_reference(tmp_path:
     assert refs == {("kiln-oci-reference", reference), ("purl", item.purl)}
     assert package.source_info == f"pulled by Kiln (extension) from {reference}"
     (tmp_path / "cdx").mkdir()
-    cdx = json.loads(write_cyclonedx(tmp_path / "cdx", "metal", "0.1.0", "ab" * 32, EPOCH, [item]).read_text())
+    cdx = json.loads(write_cyclonedx(tmp_path / "cdx", subject).read_text())
     [component] = cdx["components"]
     assert component["purl"] == item.purl and component["hashes"] == [{"alg": "SHA-256", "content": "d" * 64}]
     assert {"name": "kiln:oci-reference", "value": reference} in component["properties"]

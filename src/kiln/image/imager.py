@@ -29,7 +29,7 @@ from kiln.core.errors import BuildError, InputError, KilnError
 from kiln.core.hashing import file_sha256
 from kiln.image.arch import check_kernel_arch, check_kernel_files, loader_for
 from kiln.image.assets import BootAssets
-from kiln.image.manifest import SbomPackage, load_spdx, write_manifest, write_spdx
+from kiln.image.manifest import SbomPackage, SbomSubject, load_spdx, write_manifest, write_spdx
 from kiln.image.oci_extension import Pulled, Reference, extension_layers, is_oci, pull_all
 from kiln.image.order import expected_cost
 from kiln.image.outputs.kinds import KINDS, Writer
@@ -301,8 +301,9 @@ def make_profile(profile: Profile, maker: AssetMaker, out: Path, say: Say, run: 
         write_output(profile, assets, dest, maker.built)
         contents = sbom_packages(profile, maker.built)
         schematic = profile.schematic.id if profile.schematic else None
-        write_spdx(dest, profile.name, profile.version, assets.seed, assets.epoch, contents, schematic=schematic)
-        write_cyclonedx(dest, profile.name, profile.version, assets.seed, assets.epoch, contents, schematic=schematic)
+        subject = SbomSubject(profile.name, profile.version, assets.seed, assets.epoch, contents, schematic)
+        write_spdx(dest, subject)
+        write_cyclonedx(dest, subject)
         identity = {
             "name": profile.name,
             "arch": profile.arch,

@@ -104,6 +104,19 @@ class SbomPackage:
         return f"built by Kiln ({self.role}); store key {self.key}"
 
 
+@dataclass(frozen=True)
+class SbomSubject:
+    """What an image's two SBOMs describe: the image (name, version, and the schematic it was customised
+    with), the seed it was built from, when (the epoch), and its packages."""
+
+    name: str
+    version: str
+    seed: str
+    epoch: int
+    packages: list[SbomPackage]
+    schematic: str | None = None
+
+
 def artifacts(directory: Path, under: tuple[str, ...] | None = None) -> list[dict[str, Any]]:
     """Every file under directory (but the manifest, SBOMs and provenance), sorted, with sha256 and
     size; with `under`, only those files and the files in those directories (names relative to directory)."""
@@ -189,16 +202,7 @@ def write_platforms_manifest(
     return path
 
 
-def write_spdx(
-    directory: Path,
-    name: str,
-    version: str,
-    seed: str,
-    epoch: int,
-    packages: list[SbomPackage],
-    *,
-    schematic: str | None = None,
-) -> Path:
+def write_spdx(directory: Path, subject: SbomSubject) -> Path:
     """An SPDX 2.3 JSON document describing the image and the packages it contains (and the schematic
     it was customised with, as an external reference of the image package).
 
@@ -209,6 +213,8 @@ def write_spdx(
     from spdx_tools.spdx.validation.document_validator import validate_full_spdx_document
     from spdx_tools.spdx.writer.json.json_writer import write_document_to_file
 
+    name, version, seed, epoch = subject.name, subject.version, subject.seed, subject.epoch
+    packages, schematic = subject.packages, subject.schematic
     spdx_packages = [_spdx_image(name, version, schematic)]
     relationships = [Relationship("SPDXRef-DOCUMENT", RelationshipType.DESCRIBES, "SPDXRef-image")]
     for item in sorted(packages, key=lambda p: p.name):

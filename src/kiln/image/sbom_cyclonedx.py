@@ -23,21 +23,14 @@ from packageurl import PackageURL
 
 from kiln.core.errors import BuildError
 from kiln.image.assets import derived_uuid
-from kiln.image.manifest import CYCLONEDX, SbomPackage
+from kiln.image.manifest import CYCLONEDX, SbomSubject
 
 
-def write_cyclonedx(
-    directory: Path,
-    name: str,
-    version: str,
-    seed: str,
-    epoch: int,
-    packages: list[SbomPackage],
-    *,
-    schematic: str | None = None,
-) -> Path:
-    """Write directory/sbom.cdx.json describing the image `name` and its packages (and its schematic's ID,
-    as the image component's kiln:schematic property)."""
+def write_cyclonedx(directory: Path, subject: SbomSubject) -> Path:
+    """Write directory/sbom.cdx.json describing the image and its packages (and its schematic's ID, as the
+    image component's kiln:schematic property)."""
+    name, version, seed, epoch = subject.name, subject.version, subject.seed, subject.epoch
+    packages, schematic = subject.packages, subject.schematic
     bom = Bom(serial_number=derived_uuid(seed, "cyclonedx"))
     bom.metadata.timestamp = datetime.datetime.fromtimestamp(epoch, tz=datetime.UTC)
     bom.metadata.tools.tools.add(Tool(vendor="Kiln", name="kiln", version=version))

@@ -290,26 +290,16 @@ def cleanup(image: CloudImage, regions: list[str], say: Callable[[str], None]) -
     for region in regions:
         ec2 = aws.client("ec2", region)
         gone: list[str] = []
-        answer = aws.call(
-            ec2,
-            "describe_images",
-            region,
-            Owners=["self"],
-            Filters=[{"Name": f"tag:{DIGEST_TAG}", "Values": [image.manifest_sha256]}],
-        )
-        for found in answer.get("Images", []):
-            aws.call(ec2, "deregister_image", region, ImageId=found["ImageId"])
-            gone.append(str(found["ImageId"]))
-        answer = aws.call(
-            ec2,
-            "describe_snapshots",
-            region,
-            OwnerIds=["self"],
-            Filters=[{"Name": f"tag:{DIGEST_TAG}", "Values": [image.manifest_sha256]}],
-        )
-        for found in answer.get("Snapshots", []):
-            aws.call(ec2, "delete_snapshot", region, SnapshotId=found["SnapshotId"])
-            gone.append(str(found["SnapshotId"]))
+        tagged = [{"Name": f"tag:{DIGEST_TAG}", "Values": [image.manifest_sha256]}]
+        # the AMIs first: a snapshot an AMI still uses cannot be deleted
+        for describe, owners, listed, key, remove in (
+            ("describe_images", "Owners", "Images", "ImageId", "deregister_image"),
+            ("describe_snapshots", "OwnerIds", "Snapshots", "SnapshotId", "delete_snapshot"),
+        ):
+            answer = aws.call(ec2, describe, region, **{owners: ["self"]}, Filters=tagged)
+            for found in answer.get(listed, []):
+                aws.call(ec2, remove, region, **{key: found[key]})
+                gone.append(str(found[key]))
         for item in gone:
             say(f"{region}: removed {item}")
         removed[region] = gone

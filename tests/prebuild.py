@@ -4,9 +4,12 @@ QEMU without KVM runs a guest on one core, and many integration steps are single
 xz unpack, a configure script), so a core often idles. This starts the heavy builds that later
 tests need (the arm64 image's packages for tests/e2e/test_arm64.py, the full toolchain for
 tests/integration/test_toolchain_build.py, xfsprogs for tests/integration/test_pkgs_userland.py)
-at the start of the run, one after another, under `nice -n 19`, so they take only the CPU the
-foreground leaves (with the kernel's scheduler autogroups off, as .ci/run makes sure: each
-sandboxed step is a session of its own, and across autogroups nice means nothing). `make test`
+at the start of the run, one after another, under `nice -n 5` as the builds lane runs, so the
+boots lane's own builds (the amd64 image's, at nice 0) come first (with the kernel's scheduler
+autogroups off, as .ci/run makes sure: each sandboxed step is a session of its own, and across
+autogroups nice means nothing). At nice 19 they got almost nothing while both lanes were busy: a
+cold run's arm64 seed (debootstrap, about a minute alone) took 26 minutes, and the arm64 tests,
+which run last, waited for what was still to build. `make test`
 runs the boots and the other tiers as two pytest processes (scripts/test_lanes.py); each starts
 the prebuilds of its own selected tests. Nothing is built twice: the store's per-key build lock
 makes a test that reaches a key being built here wait for it and then find it stored. The arm64
@@ -90,12 +93,15 @@ class Background:
         return [line for line in self.log.read_text(errors="replace").splitlines() if line.startswith("prebuild:")]
 
 
+NICE = 5  # the builds lane's (scripts/test_lanes.py)
+
+
 def start(builds: list[Prebuild]) -> Background | None:
     """Start the builds in one niced background process; None when there is nothing to do."""
     if not builds or os.environ.get(SWITCH) == "0":
         return None
     log = Path(tempfile.mkstemp(prefix="kiln-prebuild-", suffix=".log")[1])
-    command = ["nice", "-n", "19", sys.executable, str(Path(__file__).resolve())]
+    command = ["nice", "-n", str(NICE), sys.executable, str(Path(__file__).resolve())]
     for build in builds:
         command += ["--", build.what, *build.args]
     with log.open("wb") as sink:

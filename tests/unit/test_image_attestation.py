@@ -123,7 +123,10 @@ def test_a_provenance_that_is_not_slsa_is_refused_before_anything_is_pushed(tmp_
         (tmp_path / name).write_bytes(body)
         with pytest.raises(InputError, match=rf"{name}: not"):
             read_provenance(tmp_path / name)
-    with pytest.raises(InputError, match="cannot read"):
+    with pytest.raises(InputError, match="missing: missing"):
         read_provenance(tmp_path / "missing")
+    (tmp_path / "linked").symlink_to(tmp_path / "not-slsa")
+    with pytest.raises(InputError, match="a symbolic link is not followed"):
+        read_provenance(tmp_path / "linked")
     with pytest.raises(InputError, match="not a sha256 digest"):
         attestation_tag("sha256:short")

@@ -45,7 +45,7 @@ from kiln.signing.image_signature import (
     split_reference,
     typed_layers,
 )
-from kiln.signing.release import MAX_PROVENANCE, VerificationError
+from kiln.signing.release import MAX_PROVENANCE, VerificationError, read_signed
 
 ENVELOPE_TYPE = "application/vnd.dsse.envelope.v1+json"
 PREDICATE_KEY = "predicateType"
@@ -66,14 +66,12 @@ def attestation_tag(digest: str) -> str:
 
 
 def read_provenance(path: Path) -> dict[str, Any]:
-    """The SLSA v1 provenance statement in `path` (a release directory's provenance.intoto.json)."""
+    """The SLSA v1 provenance statement in `path` (a release directory's provenance.intoto.json): a regular
+    file, read with a bound and without following a link."""
     try:
-        with path.open("rb") as stream:
-            data = stream.read(MAX_PROVENANCE + 1)
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read the provenance ({exc.strerror})") from None
-    if len(data) > MAX_PROVENANCE:
-        raise InputError(f"{path}: larger than {MAX_PROVENANCE} bytes, not a provenance Kiln wrote")
+        data = read_signed(path.parent, path.name, MAX_PROVENANCE)
+    except VerificationError as exc:
+        raise InputError(f"{path}: {exc.problems[0].removeprefix(path.name + ': ')}") from None
     try:
         statement = json.loads(data)
     except (UnicodeDecodeError, ValueError):

@@ -59,6 +59,9 @@ def test_partial_lines_and_carriage_returns_are_joined_before_judging(tmp_path: 
 def test_until_exit_waits_for_power_off_and_reports_it(tmp_path: Path) -> None:
     ok = watch(guest("print('ready'); time.sleep(0.5); print('bye')"), "ready", 30, tmp_path / "a", until_exit=True)
     assert ok.ok and ok.reason == "powered off" and ok.exit_code == 0 and ok.tail[-1] == "bye"
+    unfinished = guest("print('ready'); time.sleep(0.3); sys.stdout.write('last words')")
+    cut = watch(unfinished, "ready", 30, tmp_path / "c", until_exit=True)
+    assert cut.tail[-1] == "last words" and (tmp_path / "c").read_text().endswith("last words\n")
     stuck = watch(guest("print('ready'); time.sleep(60)"), "ready", 2, tmp_path / "b", until_exit=True)
     assert not stuck.ok and stuck.reason == "the guest did not power off"
 

@@ -152,3 +152,6 @@ def _drain(stream: IO[bytes], lines: _Lines) -> None:
     for chunk in iter(lambda: stream.read1(65536), b""):
         for _ in lines.feed(chunk):
             pass
+    if lines.pending:  # the last line, unfinished when QEMU closed the console
+        for _ in lines.feed(b"\n"):
+            pass

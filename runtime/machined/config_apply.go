@@ -393,7 +393,11 @@ func (m *machine) publishRunning(p applyPlan, source string) {
 		return
 	}
 	m.setRunningConfig(p.merged)
-	m.useAPICert(p.merged.API)
+	for _, r := range p.report.Sections {
+		if r.Section == "api" && r.Result == sectionApplied {
+			m.useAPICert(p.merged.API)
+		}
+	}
 	if !p.specChanged {
 		return
 	}
@@ -430,8 +434,8 @@ func summarize(results []sectionResult) string {
 	return strings.Join(parts, "; ")
 }
 
-// useAPICert puts the config's certificate and key in place in the running API (a no-op when
-// they are the ones it has, or the API is off). The config was checked before, so this holds.
+// useAPICert puts the config's certificate and key in place in the running API (nothing when the
+// API is off), once an apply has changed them. The config was checked before, so this holds.
 func (m *machine) useAPICert(api APIConfig) {
 	m.live.apiMu.Lock()
 	t := m.live.apiTLS

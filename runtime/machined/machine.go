@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -481,17 +480,17 @@ func (m *machine) Status() interface{} {
 // what DHCP gave, and what the kernel made itself (IPv6 SLAAC and link-local addresses).
 func kernelAddresses() map[string][]string {
 	out := map[string][]string{}
-	ifaces, err := net.Interfaces()
+	links, addresses, err := readKernelLinks()
 	if err != nil {
 		return out
 	}
-	for _, iface := range ifaces {
-		addrs, err := iface.Addrs()
-		if err != nil || iface.Flags&net.FlagLoopback != 0 {
-			continue
-		}
-		for _, addr := range addrs {
-			out[iface.Name] = append(out[iface.Name], addr.String())
+	loopback := map[string]bool{}
+	for _, l := range links {
+		loopback[l.Name] = l.Loopback
+	}
+	for _, a := range addresses {
+		if !loopback[a.Interface] {
+			out[a.Interface] = append(out[a.Interface], a.Address)
 		}
 	}
 	return out

@@ -2,8 +2,9 @@ package main
 
 // Observed resources: what the kernel, the supervisor, the boot slots and the clock have now
 // (network/link, network/address, service/status, boot/state, time/status), refreshed every
-// observeEvery (links and addresses after each network apply too). They are the machine's facts, not its wishes: `kiln node get addresses` reads them,
-// and the health verdict is judged from them.
+// observeEvery (links and addresses after each network apply too). They are the machine's
+// facts, not its wishes: `kiln node get addresses` reads them, and the health verdict is judged
+// from them.
 
 import (
 	"context"

@@ -111,7 +111,8 @@ func (rt *Runtime) Run(ctx context.Context) {
 }
 
 // loop reconciles c once, then again after every change of its inputs (and every period of a
-// Periodic one), and after a backoff when a run fails. Changes that arrive during a run are coalesced into the next one.
+// Periodic one), and after a backoff when a run fails. Changes that arrive during a run are
+// coalesced into the next one.
 func (rt *Runtime) loop(ctx context.Context, c Controller) {
 	w := rt.state.watch(c.Inputs(), "")
 	defer w.Close()

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/x509"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"os"
@@ -13,6 +14,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -357,6 +359,66 @@ func TestApplyConfigDryRunWritesNothing(t *testing.T) {
 	if c.runningConfig().Hostname != "node-1" || c.hostnames.last() == "node-2" {
 		t.Error("the dry run applied the hostname")
 	}
+}
+
+// A full STATE (a real tmpfs of 64 KiB, filled): the apply is refused with 507, nothing is applied
+// or staged, and the kept config is the old one, whole. Once there is room, the same apply works.
+func TestApplyConfigOnAFullStateAppliesNothing(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("needs root (mounts a tmpfs)")
+	}
+	var filler string
+	c := newConfigMachine(t, func(m *machine) {
+		dir := m.live.keptDir
+		if err := syscall.Mount("tmpfs", dir, "tmpfs", 0, "size=64k"); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = syscall.Unmount(dir, syscall.MNT_DETACH) })
+		if err := os.WriteFile(filepath.Join(dir, keptConfigFile), []byte(bootedConfig), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		filler = filepath.Join(dir, "filler")
+		f, err := os.Create(filler)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		for block := make([]byte, 4096); ; {
+			if _, err := f.Write(block); err != nil {
+				if !errors.Is(err, syscall.ENOSPC) {
+					t.Fatal(err)
+				}
+				break
+			}
+		}
+	})
+	before := c.configVersion(t)
+	_, applies := c.net.last()
+	code, _, msg := c.post(t, "admin", "", appliedConfig)
+	if code != http.StatusInsufficientStorage || !strings.Contains(msg, "STATE is full") || !strings.Contains(msg, "no space left") {
+		t.Fatalf("%d %q", code, msg)
+	}
+	if kept, err := os.ReadFile(c.kept); err != nil || string(kept) != bootedConfig {
+		t.Errorf("the kept config is now %q (%v)", kept, err)
+	}
+	if v := c.configVersion(t); v != before {
+		t.Errorf("config/machine went to %d", v)
+	}
+	if _, n := c.net.last(); n != applies || c.runningConfig().Hostname != "node-1" || c.hostnames.last() == "node-2" {
+		t.Error("something was applied")
+	}
+	entries, _ := os.ReadDir(filepath.Dir(c.kept))
+	if len(entries) != 2 {
+		t.Errorf("left behind in STATE: %v", entries) // the kept config and the filler, no temporary file
+	}
+
+	if err := os.Remove(filler); err != nil {
+		t.Fatal(err)
+	}
+	if code, report, msg := c.post(t, "admin", "", appliedConfig); code != http.StatusOK || report.ConfigVersion != before+1 {
+		t.Fatalf("with room again: %d %q %+v", code, msg, report)
+	}
+	c.hostnames.waitFor(t, "node-2")
 }
 
 // The same config again changes nothing: every section unchanged, no new version.

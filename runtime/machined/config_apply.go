@@ -7,11 +7,14 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
+	"net/http"
 	"path/filepath"
 	"reflect"
 	"strings"
 	"sync"
+	"syscall"
 
 	"kiln/machined/internal/persist"
 	"kiln/machined/internal/resource"
@@ -381,6 +384,9 @@ func (m *machine) keepConfig(doc *Config) (string, error) {
 	}
 	path := filepath.Join(dir, keptConfigFile)
 	if err := persist.WriteFileAtomic(path, data, 0o600); err != nil {
+		if errors.Is(err, syscall.ENOSPC) { // the kept config is the old one, whole: nothing applied
+			return "", &apiError{http.StatusInsufficientStorage, fmt.Sprintf("keeping the config in %s: STATE is full (%v); nothing was applied or staged", path, err)}
+		}
 		return "", fmt.Errorf("keeping the config in %s: %v", path, err)
 	}
 	return path, nil

@@ -80,6 +80,7 @@ type healthInputs struct {
 	addresses     map[string][]string // interface -> CIDRs the kernel has
 	services      []supervisor.ServiceStatus
 	checks        []string // the failed checks' messages
+	now           time.Time
 }
 
 // healthProblems judges the inputs; empty when healthy.
@@ -87,8 +88,8 @@ func healthProblems(in healthInputs) []string {
 	problems := configAndAPIProblems(in.configProblem, in.apiWanted, in.apiUp)
 	problems = append(problems, addressProblems(in.network, in.addresses)...)
 	for _, s := range in.services {
-		if !serviceHealthy(s) {
-			problems = append(problems, fmt.Sprintf("service %s is %s", s.Name, s.State))
+		if problem := serviceProblem(s, in.now); problem != "" {
+			problems = append(problems, problem)
 		}
 	}
 	return append(problems, in.checks...)
@@ -137,9 +138,24 @@ func canonicalCIDR(cidr string) string {
 	return ip.String() + "/" + strconv.Itoa(ones)
 }
 
-// serviceHealthy: a long-running service runs; a oneshot has run to its end.
-func serviceHealthy(s supervisor.ServiceStatus) bool {
-	return s.State == supervisor.StateRunning || (s.State == supervisor.StateExited && s.Type == "oneshot")
+// steadyAfter is how long a service that has restarted must have run before it counts as
+// running again: the supervisor's ResetAfter, after which it forgets the earlier failures too.
+// A service that crashes every 25 s is running at almost every look, and is not healthy.
+var steadyAfter = supervisor.DefaultOptions().ResetAfter
+
+// serviceProblem: a long-running service runs (steadily, once it has restarted); a oneshot has
+// run to its end. "" when the service is healthy.
+func serviceProblem(s supervisor.ServiceStatus, now time.Time) string {
+	switch {
+	case s.State == supervisor.StateExited && s.Type == "oneshot":
+		return ""
+	case s.State != supervisor.StateRunning:
+		return fmt.Sprintf("service %s is %s", s.Name, s.State)
+	case s.Restarts > 0 && now.Sub(s.Since) < steadyAfter:
+		return fmt.Sprintf("service %s is restarting (%d restarts, up %s of the %s that make it steady)",
+			s.Name, s.Restarts, now.Sub(s.Since).Truncate(time.Second), steadyAfter)
+	}
+	return ""
 }
 
 // runChecks tries every check once and says which failed.
@@ -190,6 +206,7 @@ func (m *machine) judgeHealth(ctx context.Context) []string {
 		addresses:     observedAddresses(m.resources),
 		services:      observedServices(m.resources),
 		checks:        runChecks(ctx, cfg.Health.Checks),
+		now:           time.Now(),
 	})
 }
 

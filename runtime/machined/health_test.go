@@ -27,11 +27,18 @@ func healthyInputs() healthInputs {
 			{Name: "lldpd", State: supervisor.StateRunning},
 			{Name: "setup", State: supervisor.StateExited, Type: "oneshot"},
 		},
+		now: time.Unix(1_000_000, 0),
 	}
 }
 
 func TestHealthyWhenEverythingTheConfigAsksForIsThere(t *testing.T) {
 	if got := healthProblems(healthyInputs()); len(got) != 0 {
+		t.Fatalf("problems: %v", got)
+	}
+	// a service that restarted once but has run steadily since is healthy
+	in := healthyInputs()
+	in.services[0].Restarts, in.services[0].Since = 1, in.now.Add(-steadyAfter)
+	if got := healthProblems(in); len(got) != 0 {
 		t.Fatalf("problems: %v", got)
 	}
 }
@@ -53,6 +60,10 @@ func TestHealthNamesEachProblem(t *testing.T) {
 		{"waiting", func(in *healthInputs) { in.services[0].State = supervisor.StateWaiting }, "service lldpd is waiting"},
 		{"long-running exited", func(in *healthInputs) { in.services[1].Type = "simple" }, "service setup is exited"},
 		{"check", func(in *healthInputs) { in.checks = []string{"check tcp 127.0.0.1:9: refused"} }, "check tcp 127.0.0.1:9: refused"},
+		// running at this look, but it crashed 10 s ago: a crash loop caught between two crashes
+		{"running between crashes", func(in *healthInputs) {
+			in.services[0].Restarts, in.services[0].Since = 3, in.now.Add(-10*time.Second)
+		}, "service lldpd is restarting (3 restarts, up 10s of the 30s that make it steady)"},
 	}
 	for _, c := range cases {
 		in := healthyInputs()

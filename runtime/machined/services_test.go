@@ -28,6 +28,35 @@ func TestServiceEnvironmentAndFiles(t *testing.T) {
 	}
 }
 
+// An extension's service that crash-loops slowly (its file as an extension drops it; a real
+// process that runs 3 s and exits 1, under the real supervisor): health, reading service/status,
+// still names it when it looks between two crashes and sees it running, so a trial is never
+// marked good while it loops.
+func TestAnExtensionServiceCaughtRunningBetweenCrashesIsUnhealthy(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "agent.yaml"), []byte("command: /bin/sh\nargs: [-c, 'sleep 3; exit 1']\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	specs, errs := loadServiceDir(dir)
+	if len(specs) != 1 || len(errs) != 0 {
+		t.Fatalf("specs %+v errs %v", specs, errs)
+	}
+	s, _ := testSupervisor(t, specs...)
+	state := runObservers(t, &servicesObserver{read: s.Status})
+	var seen supervisor.ServiceStatus
+	eventually(t, "agent seen running again after a crash", 3*time.Second+observed, func() bool {
+		got := observedServices(state)
+		if len(got) == 1 {
+			seen = got[0]
+		}
+		return seen.State == supervisor.StateRunning && seen.Restarts >= 1
+	})
+	problems := healthProblems(healthInputs{addresses: map[string][]string{"eth0": {"10.0.2.15/24"}}, services: []supervisor.ServiceStatus{seen}, now: time.Now()})
+	if len(problems) != 1 || !strings.HasPrefix(problems[0], "service agent is restarting (") {
+		t.Fatalf("health problems: %v", problems)
+	}
+}
+
 // The helpers below are internal/supervisor's test helpers, for the one test here that
 // loads service files (main's) and runs them.
 

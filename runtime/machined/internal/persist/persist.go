@@ -32,7 +32,7 @@ func WriteFileAtomic(path string, data []byte, mode os.FileMode) error {
 		return err
 	}
 	if err := tmp.Sync(); err != nil {
-		return fmt.Errorf("fsync %s: %v", tmp.Name(), err)
+		return fmt.Errorf("fsync %s: %w", tmp.Name(), err)
 	}
 	if err := tmp.Close(); err != nil {
 		return err
@@ -54,7 +54,7 @@ func syncDir(dir string) error {
 	}
 	defer d.Close()
 	if err := d.Sync(); err != nil {
-		return fmt.Errorf("fsync %s: %v", dir, err)
+		return fmt.Errorf("fsync %s: %w", dir, err)
 	}
 	return nil
 }

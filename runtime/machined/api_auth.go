@@ -5,9 +5,11 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 	"sync/atomic"
 )
 
@@ -35,12 +37,13 @@ func (r role) String() string {
 	return "none"
 }
 
-// apiTLS is the server side of the API's mutual TLS: the handshake config and the machine's own
-// certificate, which a config applied live may replace (setCert): new handshakes present the new
-// one, and no client may present the key of the one in place.
+// apiTLS is the server side of the API's mutual TLS: the listener's config, the machine's own
+// certificate and the client CAs. A config applied live may replace either (setCert,
+// setClientCAs): each handshake takes the ones in place then (handshake), connections already
+// open keep theirs, and no client may present the key of the machine's certificate in place.
 type apiTLS struct {
 	config    *tls.Config
-	clientCAs *x509.CertPool
+	clientCAs atomic.Pointer[x509.CertPool]
 	own       atomic.Pointer[ownCert]
 }
 
@@ -82,6 +85,65 @@ func (t *apiTLS) setCert(certPEM, keyPEM string) error {
 	return nil
 }
 
+// setClientCAs makes the handshakes from now on take client certificates that chain to caPEM's
+// certificates (one CA, or several while clients move from an old CA to a new one).
+func (t *apiTLS) setClientCAs(caPEM string) error {
+	pool, err := clientCAPool(caPEM)
+	if err != nil {
+		return err
+	}
+	t.clientCAs.Store(pool)
+	return nil
+}
+
+func clientCAPool(caPEM string) (*x509.CertPool, error) {
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM([]byte(caPEM)) {
+		return nil, fmt.Errorf("client_ca: no PEM certificate found")
+	}
+	return pool, nil
+}
+
+// caNames names the CAs of a PEM bundle by their subjects' common names, for the console.
+func caNames(caPEM string) string {
+	var names []string
+	for rest := []byte(caPEM); ; {
+		var block *pem.Block
+		if block, rest = pem.Decode(rest); block == nil {
+			break
+		}
+		if c, err := x509.ParseCertificate(block.Bytes); err == nil {
+			names = append(names, fmt.Sprintf("%q", c.Subject.CommonName))
+		}
+	}
+	return strings.Join(names, " or ")
+}
+
+// chainsAsClient says whether chain (a client's certificate, then the intermediates it sent)
+// would pass the handshake with pool as the client CAs.
+func chainsAsClient(chain []*x509.Certificate, pool *x509.CertPool) bool {
+	if len(chain) == 0 {
+		return false
+	}
+	intermediates := x509.NewCertPool()
+	for _, c := range chain[1:] {
+		intermediates.AddCert(c)
+	}
+	_, err := chain[0].Verify(x509.VerifyOptions{Roots: pool, Intermediates: intermediates, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}})
+	return err == nil
+}
+
+// handshake is the config of one TLS handshake: the certificate and client CAs in place now.
+func (t *apiTLS) handshake() *tls.Config {
+	own := t.own.Load()
+	return &tls.Config{
+		Certificates: []tls.Certificate{own.pair},
+		ClientAuth:   tls.RequireAndVerifyClientCert,
+		ClientCAs:    t.clientCAs.Load(),
+		MinVersion:   tls.VersionTLS12,
+	}
+}
+
 // clientCA is the CA that signs clients: client_ca, or ca, its older name (same meaning).
 func (a APIConfig) clientCA() (string, error) {
 	if a.ClientCA != "" && a.CA != "" && a.ClientCA != a.CA {
@@ -108,17 +170,16 @@ func (a APIConfig) tlsConfig() (*apiTLS, error) {
 	if err != nil {
 		return nil, err
 	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM([]byte(caPEM)) {
-		return nil, fmt.Errorf("client_ca: no PEM certificate found")
+	pool, err := clientCAPool(caPEM)
+	if err != nil {
+		return nil, err
 	}
-	t := &apiTLS{clientCAs: pool}
+	t := &apiTLS{}
 	t.own.Store(own)
+	t.clientCAs.Store(pool)
 	t.config = &tls.Config{
-		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return &t.own.Load().pair, nil },
-		ClientAuth:     tls.RequireAndVerifyClientCert,
-		ClientCAs:      pool,
-		MinVersion:     tls.VersionTLS12,
+		GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) { return t.handshake(), nil },
+		MinVersion:         tls.VersionTLS12,
 	}
 	return t, nil
 }
@@ -126,7 +187,7 @@ func (a APIConfig) tlsConfig() (*apiTLS, error) {
 // sharedCA says whether the client CA also vouches for this machine's own certificate: the
 // single-CA setup of older docs, where any machine's certificate chains as a client's too.
 func (t *apiTLS) sharedCA() bool {
-	_, err := t.own.Load().leaf.Verify(x509.VerifyOptions{Roots: t.clientCAs, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}})
+	_, err := t.own.Load().leaf.Verify(x509.VerifyOptions{Roots: t.clientCAs.Load(), KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}})
 	return err == nil
 }
 

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -25,7 +26,7 @@ func applyConfigHandler(b apiBackend) http.HandlerFunc {
 			writeJSON(w, code, map[string]string{"error": err.Error()})
 			return
 		}
-		err = b.ApplyConfig(configRequest{Mode: mode, Doc: doc, Who: requestIdentity(r).name}, func(report *configReport) {
+		err = b.ApplyConfig(configRequest{Mode: mode, Doc: doc, Who: requestIdentity(r).name, Client: peerChain(r)}, func(report *configReport) {
 			writeJSON(w, http.StatusOK, report)
 			if f, ok := w.(http.Flusher); ok {
 				f.Flush()
@@ -68,4 +69,12 @@ func readConfigBody(w http.ResponseWriter, r *http.Request) ([]byte, int, error)
 		return nil, http.StatusBadRequest, fmt.Errorf("reading the config: %v", err)
 	}
 	return doc, 0, nil
+}
+
+// peerChain is the certificate a request came with, then the intermediates the client sent.
+func peerChain(r *http.Request) []*x509.Certificate {
+	if r.TLS == nil {
+		return nil
+	}
+	return r.TLS.PeerCertificates
 }

@@ -109,7 +109,13 @@ func newConfigMachine(t *testing.T, adjust ...func(m *machine)) *configMachine {
 // post sends POST /v1/config as role and returns the code, the report (on 200) and the error.
 func (c *configMachine) post(t *testing.T, role, query, body string) (int, configReport, string) {
 	t.Helper()
-	resp, err := c.api.client(t, role).Post(c.api.url+"/v1/config"+query, "application/yaml", strings.NewReader(body))
+	return c.postWith(t, c.api.client(t, role), query, body)
+}
+
+// postWith sends POST /v1/config with client, as post does.
+func (c *configMachine) postWith(t *testing.T, client *http.Client, query, body string) (int, configReport, string) {
+	t.Helper()
+	resp, err := client.Post(c.api.url+"/v1/config"+query, "application/yaml", strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -487,7 +493,7 @@ func TestApplyConfigWaitsForAnUpgrade(t *testing.T) {
 func TestPlanConfigComparesSectionsAsJSON(t *testing.T) {
 	running := &Config{Hostname: "a", Services: nil, Time: TimeConfig{Servers: []string{}}}
 	next := &Config{Hostname: "a", Services: []supervisor.ServiceSpec{}, Time: TimeConfig{Disabled: true}}
-	got, merged := planConfig(running, next, "")
+	got, merged := planConfig(running, next, "", nil)
 	want := map[string]string{}
 	for _, s := range got {
 		want[s.Section] = s.Result
@@ -559,6 +565,63 @@ func (c *configMachine) presented(t *testing.T) string {
 	return resp.TLS.PeerCertificates[0].Subject.CommonName
 }
 
+// Clients move to a new CA without a reboot: both CAs applied live (sent with a certificate of
+// the old one, which chains to the pair), then the new one alone (sent with a certificate it
+// signed). After the first a client of the new CA gets in; after the second a client of the old
+// one is refused at the handshake. A CA the sender's certificate does not chain to is staged.
+func TestClientsMoveToANewClientCAWithoutAReboot(t *testing.T) {
+	c := newConfigMachine(t)
+	booted := APIConfig{ClientCA: c.api.clientCA.pem, Cert: c.api.machine.certPEM, Key: c.api.machine.keyPEM}
+	running := *c.cfg
+	running.API = booted
+	c.setRunningConfig(&running)
+	c.live.apiMu.Lock()
+	c.live.apiTLS = c.api.server.tls
+	c.live.apiMu.Unlock()
+	newCA := newTestCA(t, "new clients CA")
+	admin := certSpec{name: "admin-2", orgs: []string{"admin"}, usages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}
+	newAdmin, oldAdmin := clientWith(t, c.api.serverCA, newCA.issueSpec(t, admin)), c.api.client(t, "admin")
+	getsIn := func(client *http.Client) bool {
+		client.CloseIdleConnections() // a new handshake each time
+		resp, err := client.Get(c.api.url + "/v1/status")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	}
+	if getsIn(newAdmin) || !getsIn(oldAdmin) {
+		t.Fatal("before: only the old CA's clients get in")
+	}
+
+	both := booted
+	both.ClientCA = c.api.clientCA.pem + newCA.pem
+	if code, report, msg := c.postWith(t, oldAdmin, "", withAPI(t, both)); code != http.StatusOK || sectionOf(report, "api").Result != sectionApplied {
+		t.Fatalf("both CAs: %d %s %+v", code, msg, sectionOf(report, "api"))
+	}
+	if !getsIn(newAdmin) || !getsIn(oldAdmin) {
+		t.Fatal("with both CAs, clients of both get in")
+	}
+
+	// sent by a client of the old CA, the new CA alone would shut it out: staged, nothing changes
+	only := booted
+	only.ClientCA = newCA.pem
+	code, report, msg := c.postWith(t, oldAdmin, "", withAPI(t, only))
+	if section := sectionOf(report, "api"); code != http.StatusOK || section.Result != sectionStaged || !strings.Contains(section.Why, "shut this client out") {
+		t.Fatalf("new CA alone from an old client: %d %s %+v", code, msg, section)
+	}
+	if !getsIn(oldAdmin) {
+		t.Fatal("a staged client CA was put in place")
+	}
+
+	if code, report, msg := c.postWith(t, newAdmin, "", withAPI(t, only)); code != http.StatusOK || sectionOf(report, "api").Result != sectionApplied {
+		t.Fatalf("new CA alone from a new client: %d %s %+v", code, msg, sectionOf(report, "api"))
+	}
+	if !getsIn(newAdmin) || getsIn(oldAdmin) {
+		t.Fatal("after the move only the new CA's clients get in")
+	}
+}
+
 // withAPI is bootedConfig as JSON with an api section.
 func withAPI(t *testing.T, api APIConfig) string {
 	t.Helper()
@@ -578,7 +641,8 @@ func withAPI(t *testing.T, api APIConfig) string {
 
 // A new certificate and key for the machine take effect at once (a leaked machine key is
 // replaced without a reboot): new connections get the new certificate, the old key is no longer
-// the machine's. A new client CA or address waits for the next boot, saying why.
+// the machine's. A client CA the sender's certificate does not chain to, or a new address, waits
+// for the next boot, saying why.
 func TestAnAPICertificateAppliedLiveIsServedAtOnce(t *testing.T) {
 	c := newConfigMachine(t)
 	booted := APIConfig{ClientCA: c.api.clientCA.pem, Cert: c.api.machine.certPEM, Key: c.api.machine.keyPEM}

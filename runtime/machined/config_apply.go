@@ -6,6 +6,7 @@ package main
 // resource, whose controllers apply them. The others wait for the next boot.
 
 import (
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -55,9 +56,10 @@ type liveConfig struct {
 
 // configRequest is one POST /v1/config: the document (YAML or JSON), its mode, and who sent it.
 type configRequest struct {
-	Mode string
-	Doc  []byte
-	Who  string
+	Mode   string
+	Doc    []byte
+	Who    string
+	Client []*x509.Certificate // the certificate the request came with, then its intermediates
 }
 
 // sectionResult is what one top-level section of the new config does.
@@ -85,14 +87,14 @@ type configSection struct {
 	name    string
 	value   func(c *Config) interface{}
 	set     func(running, next *Config)
-	waitFor func(running, next *Config) string
+	waitFor func(running, next *Config, client []*x509.Certificate) string
 }
 
-func never(why string) func(running, next *Config) string {
-	return func(running, next *Config) string { return why }
+func never(why string) func(running, next *Config, client []*x509.Certificate) string {
+	return func(running, next *Config, client []*x509.Certificate) string { return why }
 }
 
-func now(running, next *Config) string { return "" }
+func now(running, next *Config, client []*x509.Certificate) string { return "" }
 
 // configSections are the config's top-level fields in the order the documentation lists them.
 // hostname, network and time reach their controllers through config/machine; the health checks
@@ -100,7 +102,7 @@ func now(running, next *Config) string { return "" }
 // (runningConfig).
 var configSections = []configSection{
 	{"hostname", func(c *Config) interface{} { return c.Hostname }, func(r, n *Config) { r.Hostname = n.Hostname },
-		func(running, next *Config) string {
+		func(running, next *Config, client []*x509.Certificate) string {
 			if next.Hostname == "" {
 				return "without a hostname the machine keeps the one it has until the next boot"
 			}
@@ -112,7 +114,7 @@ var configSections = []configSection{
 		never("services are started at boot: machined does not add, change or remove one while it runs")},
 	{"api", func(c *Config) interface{} { return c.API }, func(r, n *Config) { r.API = n.API }, apiWaitsFor},
 	{"time", func(c *Config) interface{} { return c.Time }, func(r, n *Config) { r.Time = n.Time },
-		func(running, next *Config) string {
+		func(running, next *Config, client []*x509.Certificate) string {
 			if running.Time.Disabled != next.Time.Disabled {
 				return "time sync is turned on or off at boot"
 			}
@@ -127,8 +129,10 @@ var configSections = []configSection{
 }
 
 // apiWaitsFor lets a new certificate and key take effect now (a leaked machine key is replaced
-// without a reboot); everything else of the API waits for the next boot.
-func apiWaitsFor(running, next *Config) string {
+// without a reboot), and a new client CA when the certificate the config came with chains to it:
+// the client that applies it keeps its access, so a client CA no client holds a certificate of
+// never shuts everyone out. The address, and turning the API on or off, wait for the next boot.
+func apiWaitsFor(running, next *Config, client []*x509.Certificate) string {
 	switch {
 	case running.API.Enabled() != next.API.Enabled():
 		return "the API is turned on or off at boot"
@@ -137,9 +141,21 @@ func apiWaitsFor(running, next *Config) string {
 	}
 	r, n := running.API, next.API
 	r.Cert, r.Key, n.Cert, n.Key = "", "", "", ""
-	if !sameSection(r, n) {
-		return "the API keeps its client CA until the next boot: a client CA applied live that no client " +
-			"holds a certificate of would shut everyone out"
+	if sameSection(r, n) {
+		return ""
+	}
+	caPEM, err := n.clientCA()
+	if err != nil {
+		return err.Error()
+	}
+	pool, err := clientCAPool(caPEM)
+	if err != nil {
+		return err.Error()
+	}
+	if !chainsAsClient(client, pool) {
+		return "the API keeps its client CA until the next boot: the certificate this config was sent with " +
+			"does not chain to the new client CA, so applying it now would shut this client out (to move " +
+			"clients to a new CA, apply both CAs in client_ca first, then the new one alone with a certificate it signed)"
 	}
 	return ""
 }
@@ -168,7 +184,7 @@ func emptyJSON(data []byte) string {
 // planConfig says what each section of next does on a machine running running: nothing
 // (unchanged), take effect now (applied, and copied into the running config it returns), or
 // wait for the next boot (staged, with why). With stagedWhy, nothing takes effect now.
-func planConfig(running, next *Config, stagedWhy string) ([]sectionResult, *Config) {
+func planConfig(running, next *Config, stagedWhy string, client []*x509.Certificate) ([]sectionResult, *Config) {
 	merged := *running
 	results := make([]sectionResult, 0, len(configSections))
 	for _, s := range configSections {
@@ -176,7 +192,7 @@ func planConfig(running, next *Config, stagedWhy string) ([]sectionResult, *Conf
 		if !sameSection(s.value(running), s.value(next)) {
 			r.Why = stagedWhy
 			if r.Why == "" {
-				r.Why = s.waitFor(running, next)
+				r.Why = s.waitFor(running, next, client)
 			}
 			r.Result = sectionStaged
 			if r.Why == "" && s.set != nil {
@@ -243,7 +259,7 @@ func (m *machine) ApplyConfig(req configRequest, answer func(*configReport)) err
 	defer m.live.applyMu.Unlock()
 	next := *doc
 	m.fillFromPlatformFacts(&next)
-	p := m.planApply(&next, req.Mode)
+	p := m.planApply(&next, req.Mode, req.Client)
 	if p.refusal != "" {
 		return &apiError{409, p.refusal}
 	}
@@ -282,7 +298,7 @@ type applyPlan struct {
 }
 
 // planApply plans applying next in mode on this machine.
-func (m *machine) planApply(next *Config, mode string) applyPlan {
+func (m *machine) planApply(next *Config, mode string, client []*x509.Certificate) applyPlan {
 	p := applyPlan{report: &configReport{Mode: mode}}
 	stagedWhy := ""
 	switch {
@@ -291,7 +307,7 @@ func (m *machine) planApply(next *Config, mode string) applyPlan {
 	case m.resources == nil:
 		stagedWhy = "this machine runs no controllers"
 	}
-	p.report.Sections, p.merged = planConfig(m.runningConfig(), next, stagedWhy)
+	p.report.Sections, p.merged = planConfig(m.runningConfig(), next, stagedWhy, client)
 	for _, r := range p.report.Sections {
 		p.live = p.live || r.Result == sectionApplied
 	}
@@ -398,10 +414,11 @@ func (m *machine) publishRunning(p applyPlan, source string) {
 	if !p.live {
 		return
 	}
+	before := m.runningConfig().API
 	m.setRunningConfig(p.merged)
 	for _, r := range p.report.Sections {
 		if r.Section == "api" && r.Result == sectionApplied {
-			m.useAPICert(p.merged.API)
+			m.useAPI(before, p.merged.API)
 		}
 	}
 	if !p.specChanged {
@@ -440,18 +457,31 @@ func summarize(results []sectionResult) string {
 	return strings.Join(parts, "; ")
 }
 
-// useAPICert puts the config's certificate and key in place in the running API (nothing when the
-// API is off), once an apply has changed them. The config was checked before, so this holds.
-func (m *machine) useAPICert(api APIConfig) {
+// useAPI puts what an apply changed of the API in place in the running API (nothing when the API
+// is off): the machine's certificate and key, the client CAs. The config was checked before, so
+// this holds.
+func (m *machine) useAPI(before, api APIConfig) {
 	m.live.apiMu.Lock()
 	t := m.live.apiTLS
 	m.live.apiMu.Unlock()
 	if t == nil || !api.Enabled() {
 		return
 	}
-	if err := t.setCert(api.Cert, api.Key); err != nil {
-		m.con.printf("api: the new certificate was not put in place: %v", err)
+	if before.Cert != api.Cert || before.Key != api.Key {
+		if err := t.setCert(api.Cert, api.Key); err != nil {
+			m.con.printf("api: the new certificate was not put in place: %v", err)
+		} else {
+			m.con.printf("api: serving certificate %s from now on", certName(t))
+		}
+	}
+	oldCA, _ := before.clientCA()
+	newCA, err := api.clientCA()
+	if err != nil || oldCA == newCA {
 		return
 	}
-	m.con.printf("api: serving certificate %s from now on", certName(t))
+	if err := t.setClientCAs(newCA); err != nil {
+		m.con.printf("api: the new client CA was not put in place: %v", err)
+		return
+	}
+	m.con.printf("api: clients' certificates must chain to %s from now on", caNames(newCA))
 }

@@ -33,7 +33,7 @@ func FuzzParseConfig(f *testing.F) {
 			t.Fatalf("a valid config is refused once kept: %v\n%s", err, kept)
 		}
 		for _, pair := range [][2]*Config{{{}, cfg}, {cfg, {}}} {
-			if results, merged := planConfig(pair[0], pair[1], ""); len(results) != len(configSections) || merged == nil {
+			if results, merged := planConfig(pair[0], pair[1], "", nil); len(results) != len(configSections) || merged == nil {
 				t.Fatalf("planned %d sections of %d", len(results), len(configSections))
 			}
 		}

@@ -14,6 +14,14 @@ existing stores both hold (e.g. this machine's store against a cold CI run's, ea
 empty store on its own seed). The results record which. Run: `.venv/bin/python bench/repro.py
 [--first DIR [--second DIR]] [--work DIR] [TARGET...]` (a full run of both stores: about 90 minutes
 on 2 cores).
+
+`--rebuild [--store DIR] [PROFILE...]` checks a release as its users would: it releases the profiles
+(default metal and iso) from this commit, signed with keys made for the run, then times `kiln verify
+--rebuild` of that release (a scratch checkout of the recorded commit building every directory again
+and comparing each artifact's sha256 with SHA256SUMS). With no --store the rebuild's store starts
+empty (every package built cold: about two hours here); `--store ~/.cache/kiln` measures the checkout,
+the imager and the comparison alone. The tree must be committed (the provenance names the commit).
+Its result is the `rebuild` entry of bench/results/repro.json.
 """
 
 from __future__ import annotations
@@ -104,7 +112,11 @@ def main() -> int:
         "every entry both hold",
     )
     parser.add_argument("--no-images", action="store_true", help="compare the stores only")
+    parser.add_argument("--rebuild", action="store_true", help="release PROFILEs, then kiln verify --rebuild them")
+    parser.add_argument("--store", type=Path, help="with --rebuild: the rebuild's store (default: a new empty one)")
     args = parser.parse_args()
+    if args.rebuild:
+        return rebuild_release(args.targets or ["metal", "iso"], args.store, args.work)
     if args.second is not None:
         if args.first is None:
             parser.error("--second needs --first")
@@ -125,6 +137,51 @@ def main() -> int:
     # the first store may have been built earlier: its keys for these targets are the second's
     built = sorted(n for n, i in first_packages.items() if i["status"] == "built")
     return report(args, first, second, packages, timings, built)
+
+
+def rebuild_release(profiles: list[str], store: Path | None, work: Path) -> int:
+    """Release `profiles` from this commit, `kiln verify --rebuild` them, record the `rebuild` entry."""
+    dirty = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True, check=True)
+    if dirty.stdout.strip():
+        raise SystemExit("bench/repro.py --rebuild: commit first (the provenance names the commit):\n" + dirty.stdout)
+    shutil.rmtree(work, ignore_errors=True)
+    keys, release = work / "keys", work / "release"
+    run([*KILN, "keys", "generate", str(keys)])
+    began = time.monotonic()
+    run([*KILN, "image", *profiles, "--keys", str(keys), "--out", str(release)])
+    released = time.monotonic() - began
+    argv = ["verify", "--rebuild", *[str(release / name) for name in profiles], "--key", str(keys / "release.pub")]
+    argv += ["--json"] + (["--store", str(store)] if store else [])
+    began = time.monotonic()
+    done = subprocess.run(KILN + argv, cwd=ROOT, capture_output=True, text=True)
+    rebuilt = time.monotonic() - began
+    if not done.stdout.startswith("{"):
+        raise SystemExit(f"kiln verify --rebuild failed:\n{done.stdout}\n{done.stderr[-4000:]}")
+    outcome = json.loads(done.stdout)
+    compared = [(d["profile"], len(d["same"]), len(d["differences"])) for d in outcome["directories"]]
+    entry = {
+        "commit": subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip(),
+        "profiles": profiles,
+        "store": f"existing store {store}" if store else "a new empty store (every package built cold)",
+        "ok": outcome["ok"],
+        "artifacts": {name: {"same": same, "different": different} for name, same, different in compared},
+        "seconds": {"release": round(released, 1), "verify_rebuild": round(rebuilt, 1)},
+        "phases": outcome["phases"],
+        "cores": os.cpu_count(),
+    }
+    for name, same, different in compared:
+        print(f"{name:12s} {same:3d} artifacts the same, {different} different")
+    verdict = "ok" if outcome["ok"] else "FAILED"
+    print(f"release {released:.0f} s, verify --rebuild {rebuilt:.0f} s ({entry['store']}): {verdict}")
+    stored = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    RESULTS.write_text(json.dumps(stored | {"rebuild": entry}, indent=2) + "\n")
+    return 0 if outcome["ok"] else 1
+
+
+def run(argv: list[str]) -> None:
+    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(argv[2:])} failed:\n{done.stdout}\n{done.stderr[-4000:]}")
 
 
 def shared_entries(first: Path, second: Path) -> dict[str, dict[str, Any]]:
@@ -179,7 +236,9 @@ def report(
     if images:
         print(f"images: {images['artifacts']} files of {len(PROFILES)} profiles, identical: {images['identical']}")
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    stored = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    kept = {"rebuild": stored["rebuild"]} if "rebuild" in stored else {}  # --rebuild's entry
+    RESULTS.write_text(json.dumps(result | kept, indent=2) + "\n")
     return 0 if all(r["identical"] for r in rows) and (images is None or images["identical"]) else 1
 
 

@@ -150,7 +150,7 @@ def rebuild_release(profiles: list[str], store: Path | None, work: Path) -> int:
     began = time.monotonic()
     run([*KILN, "image", *profiles, "--keys", str(keys), "--out", str(release)])
     released = time.monotonic() - began
-    argv = ["verify", "--rebuild", *[str(release / name) for name in profiles], "--key", str(keys / "release.pub")]
+    argv = ["verify", "--rebuild", str(release), "--key", str(keys / "release.pub")]
     argv += ["--json"] + (["--store", str(store)] if store else [])
     began = time.monotonic()
     done = subprocess.run(KILN + argv, cwd=ROOT, capture_output=True, text=True)

@@ -15,13 +15,14 @@ empty store on its own seed). The results record which. Run: `.venv/bin/python b
 [--first DIR [--second DIR]] [--work DIR] [TARGET...]` (a full run of both stores: about 90 minutes
 on 2 cores).
 
-`--rebuild [--store DIR] [PROFILE...]` checks a release as its users would: it releases the profiles
-(default metal and iso) from this commit, signed with keys made for the run, then times `kiln verify
---rebuild` of that release (a scratch checkout of the recorded commit building every directory again
-and comparing each artifact's sha256 with SHA256SUMS). With no --store the rebuild's store starts
-empty (every package built cold: about two hours here); `--store ~/.cache/kiln` measures the checkout,
-the imager and the comparison alone. The tree must be committed (the provenance names the commit).
-Its result is the `rebuild` entry of bench/results/repro.json.
+`--rebuild [--store-from DIR] [PROFILE...]` checks a release as its users would: it releases the
+profiles (default metal and iso) from this commit, signed with keys made for the run, then times
+`kiln verify --rebuild` of that release (a scratch checkout of the recorded commit building every
+directory again and comparing each artifact's sha256 with SHA256SUMS). Without --store-from the
+rebuild's store starts empty (every package built cold: about two hours here); `--store-from
+~/.cache/kiln` gives it a hard-linked copy of that store's entries, so the packages are found and
+what is measured is the checkout, the imager and the comparison. The tree must be committed (the
+provenance names the commit). Its result is the `rebuild` entry of bench/results/repro.json.
 """
 
 from __future__ import annotations
@@ -113,10 +114,12 @@ def main() -> int:
     )
     parser.add_argument("--no-images", action="store_true", help="compare the stores only")
     parser.add_argument("--rebuild", action="store_true", help="release PROFILEs, then kiln verify --rebuild them")
-    parser.add_argument("--store", type=Path, help="with --rebuild: the rebuild's store (default: a new empty one)")
+    parser.add_argument(
+        "--store-from", type=Path, help="with --rebuild: start the rebuild's store as a hard-linked copy of this one"
+    )
     args = parser.parse_args()
     if args.rebuild:
-        return rebuild_release(args.targets or ["metal", "iso"], args.store, args.work)
+        return rebuild_release(args.targets or ["metal", "iso"], args.store_from, args.work)
     if args.second is not None:
         if args.first is None:
             parser.error("--second needs --first")
@@ -139,7 +142,7 @@ def main() -> int:
     return report(args, first, second, packages, timings, built)
 
 
-def rebuild_release(profiles: list[str], store: Path | None, work: Path) -> int:
+def rebuild_release(profiles: list[str], store_from: Path | None, work: Path) -> int:
     """Release `profiles` from this commit, `kiln verify --rebuild` them, record the `rebuild` entry."""
     dirty = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True, check=True)
     if dirty.stdout.strip():
@@ -151,18 +154,25 @@ def rebuild_release(profiles: list[str], store: Path | None, work: Path) -> int:
     run([*KILN, "image", *profiles, "--keys", str(keys), "--out", str(release)])
     released = time.monotonic() - began
     argv = ["verify", "--rebuild", str(release), "--key", str(keys / "release.pub")]
-    argv += ["--json"] + (["--store", str(store)] if store else [])
+    store = work / "rebuild-store"
+    store.mkdir(parents=True)
+    if store_from is not None:  # entries are never written in place: links are safe to share
+        for part in ("store", "sources"):
+            subprocess.run(["cp", "-al", str(store_from / part), str(store / part)], check=True)
+    argv += ["--json", "--store", str(store)]
     began = time.monotonic()
     done = subprocess.run(KILN + argv, cwd=ROOT, capture_output=True, text=True)
     rebuilt = time.monotonic() - began
-    if not done.stdout.startswith("{"):
+    if not done.stdout.startswith("{") or "directories" not in done.stdout:
         raise SystemExit(f"kiln verify --rebuild failed:\n{done.stdout}\n{done.stderr[-4000:]}")
     outcome = json.loads(done.stdout)
     compared = [(d["profile"], len(d["same"]), len(d["differences"])) for d in outcome["directories"]]
     entry = {
         "commit": subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip(),
         "profiles": profiles,
-        "store": f"existing store {store}" if store else "a new empty store (every package built cold)",
+        "store": f"a hard-linked copy of {store_from}"
+        if store_from
+        else "a new empty store (every package built cold)",
         "ok": outcome["ok"],
         "artifacts": {name: {"same": same, "different": different} for name, same, different in compared},
         "seconds": {"release": round(released, 1), "verify_rebuild": round(rebuilt, 1)},

@@ -176,13 +176,15 @@ def rebuild_release(profiles: list[str], store_from: Path | None, work: Path) ->
         "ok": outcome["ok"],
         "artifacts": {name: {"same": same, "different": different} for name, same, different in compared},
         "seconds": {"release": round(released, 1), "verify_rebuild": round(rebuilt, 1)},
+        "ratio_verify_rebuild_to_release": round(rebuilt / released, 2),
         "phases": outcome["phases"],
         "cores": os.cpu_count(),
     }
     for name, same, different in compared:
         print(f"{name:12s} {same:3d} artifacts the same, {different} different")
     verdict = "ok" if outcome["ok"] else "FAILED"
-    print(f"release {released:.0f} s, verify --rebuild {rebuilt:.0f} s ({entry['store']}): {verdict}")
+    ratio = entry["ratio_verify_rebuild_to_release"]
+    print(f"release {released:.0f} s, verify --rebuild {rebuilt:.0f} s ({ratio} x; {entry['store']}): {verdict}")
     stored = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
     RESULTS.write_text(json.dumps(stored | {"rebuild": entry}, indent=2) + "\n")
     return 0 if outcome["ok"] else 1

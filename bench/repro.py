@@ -15,14 +15,16 @@ empty store on its own seed). The results record which. Run: `.venv/bin/python b
 [--first DIR [--second DIR]] [--work DIR] [TARGET...]` (a full run of both stores: about 90 minutes
 on 2 cores).
 
-`--rebuild [--store-from DIR] [PROFILE...]` checks a release as its users would: it releases the
-profiles (default metal and iso) from this commit, signed with keys made for the run, then times
-`kiln verify --rebuild` of that release (a scratch checkout of the recorded commit building every
-directory again and comparing each artifact's sha256 with SHA256SUMS). Without --store-from the
-rebuild's store starts empty (every package built cold: about two hours here); `--store-from
-~/.cache/kiln` gives it a hard-linked copy of that store's entries, so the packages are found and
-what is measured is the checkout, the imager and the comparison. The tree must be committed (the
-provenance names the commit). Its result is the `rebuild` entry of bench/results/repro.json.
+`--rebuild [--store-from DIR [--drop PKG,...]] [--runner R] [PROFILE...]` checks a release as its
+users would: it releases the profiles (default metal and iso) from this commit, signed with keys
+made for the run, then times `kiln verify --rebuild` of that release (a scratch checkout of the
+recorded commit building every directory again and comparing each artifact's sha256 with
+SHA256SUMS). Without --store-from the rebuild's store starts empty (every package built cold: about
+two hours here); `--store-from ~/.cache/kiln` gives it a hard-linked copy of that store's entries,
+so the packages are found and what is measured is the checkout, the imager and the comparison;
+`--drop` leaves packages out of the copy, so the rebuild builds them again, with `--runner docker`
+on the other runner. The tree must be committed (the provenance names the commit). Its result is the
+`rebuild` entry of bench/results/repro.json.
 """
 
 from __future__ import annotations
@@ -117,9 +119,18 @@ def main() -> int:
     parser.add_argument(
         "--store-from", type=Path, help="with --rebuild: start the rebuild's store as a hard-linked copy of this one"
     )
+    parser.add_argument(
+        "--drop",
+        default="",
+        help="with --store-from: packages (a,b,...) whose entries the copy leaves out, so they build again",
+    )
+    parser.add_argument(
+        "--runner", help="with --rebuild: where the rebuild builds packages (default: the recorded runner)"
+    )
     args = parser.parse_args()
     if args.rebuild:
-        return rebuild_release(args.targets or ["metal", "iso"], args.store_from, args.work)
+        dropped = [name for name in args.drop.split(",") if name]
+        return rebuild_release(args.targets or ["metal", "iso"], args.store_from, dropped, args.runner, args.work)
     if args.second is not None:
         if args.first is None:
             parser.error("--second needs --first")
@@ -142,7 +153,9 @@ def main() -> int:
     return report(args, first, second, packages, timings, built)
 
 
-def rebuild_release(profiles: list[str], store_from: Path | None, work: Path) -> int:
+def rebuild_release(
+    profiles: list[str], store_from: Path | None, dropped: list[str], runner: str | None, work: Path
+) -> int:
     """Release `profiles` from this commit, `kiln verify --rebuild` them, record the `rebuild` entry."""
     dirty = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True, check=True)
     if dirty.stdout.strip():
@@ -159,7 +172,10 @@ def rebuild_release(profiles: list[str], store_from: Path | None, work: Path) ->
     if store_from is not None:  # entries are never written in place: links are safe to share
         for part in ("store", "sources"):
             subprocess.run(["cp", "-al", str(store_from / part), str(store / part)], check=True)
-    argv += ["--json", "--store", str(store)]
+        for meta in (store / "store").glob("*/meta.json"):
+            if json.loads(meta.read_text())["name"] in dropped:
+                shutil.rmtree(meta.parent)
+    argv += ["--json", "--store", str(store)] + (["--runner", runner] if runner else [])
     began = time.monotonic()
     done = subprocess.run(KILN + argv, cwd=ROOT, capture_output=True, text=True)
     rebuilt = time.monotonic() - began

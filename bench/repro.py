@@ -202,7 +202,8 @@ def rebuild_release(
     ratio = entry["ratio_verify_rebuild_to_release"]
     print(f"release {released:.0f} s, verify --rebuild {rebuilt:.0f} s ({ratio} x; {entry['store']}): {verdict}")
     stored = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
-    RESULTS.write_text(json.dumps(stored | {"rebuild": entry}, indent=2) + "\n")
+    label = "rebuild" + (f"_{runner}" if runner else "")  # one entry per runner
+    RESULTS.write_text(json.dumps(stored | {label: entry}, indent=2) + "\n")
     return 0 if outcome["ok"] else 1
 
 
@@ -265,7 +266,7 @@ def report(
         print(f"images: {images['artifacts']} files of {len(PROFILES)} profiles, identical: {images['identical']}")
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     stored = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
-    kept = {"rebuild": stored["rebuild"]} if "rebuild" in stored else {}  # --rebuild's entry
+    kept = {key: value for key, value in stored.items() if key.startswith("rebuild")}  # --rebuild's entries
     RESULTS.write_text(json.dumps(result | kept, indent=2) + "\n")
     return 0 if all(r["identical"] for r in rows) and (images is None or images["identical"]) else 1
 

@@ -31,6 +31,7 @@ import io
 import json
 import re
 import tempfile
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -179,18 +180,31 @@ def signature_layers(manifest: bytes, digest: str) -> list[dict[str, Any]]:
 
 def check_layer(layer: dict[str, Any], payload: bytes, digest: str, keys: list[PublicKey]) -> str:
     """The fingerprint of the trusted key whose signature in `layer` holds over `payload`, a payload that
-    names `digest`; a VerificationError saying why not otherwise. The signature is checked before the
-    payload is read."""
+    names `digest`; a VerificationError saying why not otherwise."""
+    return check_signed_layer(layer, payload, digest, keys, SIGNATURE_KEY, _payload_digest)
+
+
+def check_signed_layer(
+    layer: dict[str, Any],
+    payload: bytes,
+    digest: str,
+    keys: Sequence[PublicKey],
+    annotation: str,
+    payload_digest: Callable[[bytes, str], str],
+) -> str:
+    """The check both signature formats make, each with its own annotation and payload reader: the payload
+    is the layer's, the base64 signature in `annotation` is a trusted key's, the payload names `digest`.
+    The signature is checked before the payload is read."""
     if layer["digest"] != _sha256(payload) or layer["size"] != len(payload):
         raise VerificationError([f"signature of {digest}: the payload is not the one its manifest names"])
     try:
-        signature = base64.b64decode(layer["annotations"][SIGNATURE_KEY], validate=True)
+        signature = base64.b64decode(layer["annotations"][annotation], validate=True)
     except (binascii.Error, ValueError):
         raise VerificationError([f"signature of {digest}: the signature annotation is not base64"]) from None
     signer = next((key for key in keys if holds(key, signature, payload)), None)
     if signer is None:
         raise VerificationError([f"signature of {digest} is not by a trusted key"])
-    named = _payload_digest(payload, digest)
+    named = payload_digest(payload, digest)
     if named != digest:
         raise VerificationError([f"signature payload names {named}, not the image {digest}"])
     return key_fingerprint(signer)

@@ -14,18 +14,23 @@ and the layer's `dev.kiln.signature` annotation is the Ed25519 signature of it (
 from __future__ import annotations
 
 import base64
-import binascii
-import hashlib
 import json
 from dataclasses import dataclass
 from typing import Any
 
-from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from kiln.core.registry import MANIFEST_TYPE, Client
-from kiln.signing.image_signature import DIGEST, PAYLOAD_LIMIT, canonical, descriptor, put_artifact, signature_tag
-from kiln.signing.release import VerificationError, fingerprint
+from kiln.signing.image_signature import (
+    DIGEST,
+    PAYLOAD_LIMIT,
+    canonical,
+    check_signed_layer,
+    descriptor,
+    put_artifact,
+    signature_tag,
+)
+from kiln.signing.release import VerificationError
 
 PAYLOAD_TYPE = "dev.kiln.installer-signature.v1"
 LAYER_TYPE = "application/vnd.dev.kiln.signature.v1+json"
@@ -84,19 +89,7 @@ def is_v1(manifest: bytes) -> bool:
 def check_artifact(manifest: bytes, payload: bytes, digest: str, keys: list[Ed25519PublicKey]) -> str:
     """The fingerprint of the trusted key that signed `digest`, or a VerificationError saying why not."""
     layer = signature_layer(manifest, digest)
-    if layer["digest"] != "sha256:" + hashlib.sha256(payload).hexdigest() or layer["size"] != len(payload):
-        raise VerificationError([f"signature of {digest}: the payload is not the one its manifest names"])
-    try:
-        signature = base64.b64decode(layer["annotations"][SIGNATURE_KEY], validate=True)
-    except (binascii.Error, ValueError):
-        raise VerificationError([f"signature of {digest}: the signature annotation is not base64"]) from None
-    signer = _signer(keys, signature, payload)
-    if signer is None:
-        raise VerificationError([f"signature of {digest} is not by a trusted key"])
-    named = _payload_digest(payload, digest)
-    if named != digest:
-        raise VerificationError([f"signature payload names {named}, not the image {digest}"])
-    return fingerprint(signer)
+    return check_signed_layer(layer, payload, digest, keys, SIGNATURE_KEY, _payload_digest)
 
 
 def signature_layer(manifest: bytes, digest: str) -> dict[str, Any]:
@@ -116,16 +109,6 @@ def signature_layer(manifest: bytes, digest: str) -> dict[str, Any]:
     if not ok:
         raise VerificationError([f"signature of {digest}: not a Kiln signature manifest (one {LAYER_TYPE} layer)"])
     return dict(layer)
-
-
-def _signer(keys: list[Ed25519PublicKey], signature: bytes, payload: bytes) -> Ed25519PublicKey | None:
-    for key in keys:
-        try:
-            key.verify(signature, payload)
-            return key
-        except InvalidSignature:
-            continue
-    return None
 
 
 def _payload_digest(payload: bytes, digest: str) -> str:

@@ -208,13 +208,8 @@ class Store:
         Store until `commit` or `discard` (or process death), so gc never removes a live build.
         """
         check_key(key)
-        self.tmp_dir.mkdir(parents=True, exist_ok=True)
         self.store_dir.mkdir(parents=True, exist_ok=True)
-        name = f"{key}.{os.getpid()}.{secrets.token_hex(8)}"
-        lock_path = self._lock_path(name)
-        fd = acquire(lock_path, fcntl.LOCK_EX)
-        assert fd is not None
-        staging = self.tmp_dir / name
+        staging, lock_path, fd = self._locked_tmp(key)
         try:
             staging.mkdir()
             (staging / TREE).mkdir()
@@ -224,6 +219,18 @@ class Store:
         with self._mutex:
             self._held[staging] = (lock_path, fd)
         return staging
+
+    def _locked_tmp(self, key: str) -> tuple[Path, Path, int]:
+        """A unique name `tmp/<key>.<pid>.<random>` (not made yet), its lock path and the fd holding it.
+
+        The lock comes first so that clean_tmp never takes the path for a dead build's leftover.
+        """
+        self.tmp_dir.mkdir(parents=True, exist_ok=True)
+        name = f"{key}.{os.getpid()}.{secrets.token_hex(8)}"
+        lock_path = self._lock_path(name)
+        fd = acquire(lock_path, fcntl.LOCK_EX)
+        assert fd is not None
+        return self.tmp_dir / name, lock_path, fd
 
     @contextmanager
     def fresh_staging(self, key: str) -> Iterator[Path]:
@@ -351,12 +358,7 @@ class Store:
 
     def _evict(self, key: str) -> bool:
         """Move `store/<key>` to a locked trash dir in tmp/ and delete it; False if it was gone."""
-        self.tmp_dir.mkdir(parents=True, exist_ok=True)
-        name = f"{key}.{os.getpid()}.{secrets.token_hex(8)}"
-        lock_path = self._lock_path(name)
-        fd = acquire(lock_path, fcntl.LOCK_EX)
-        assert fd is not None
-        trash = self.tmp_dir / name
+        trash, lock_path, fd = self._locked_tmp(key)
         try:
             try:
                 os.rename(self.store_dir / key, trash)

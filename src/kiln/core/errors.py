@@ -63,13 +63,18 @@ class InputError(KilnError):
         super().__init__(printable(message), location)
 
 
-class InputErrors(KilnError):
-    """Several input errors found in one pass; the CLI prints one line each."""
+class SeveralErrors(KilnError):
+    """Errors found in one pass, reported together: in file and line order, one a line, so a run
+    shows the same list whatever order it found them in."""
 
     def __init__(self, errors: list[KilnError]) -> None:
         ordered = sorted(errors, key=lambda e: (e.location or Location(""), e.message))
         super().__init__("\n".join(str(e) for e in ordered))
         self.errors = ordered
+
+
+class InputErrors(SeveralErrors):
+    """Several input errors found in one pass; the CLI prints one line each."""
 
 
 class BuildError(KilnError):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kiln.core.errors import KilnError, Location
+from kiln.core.errors import KilnError, SeveralErrors
 
 
 class FetchError(KilnError):
@@ -11,13 +11,8 @@ class FetchError(KilnError):
     exit_code = 1
 
 
-class FetchErrors(FetchError):
+class FetchErrors(SeveralErrors, FetchError):
     """Several sources failed in one pass; each is reported on its own line(s)."""
-
-    def __init__(self, errors: list[KilnError]) -> None:
-        ordered = sorted(errors, key=lambda e: (e.location or Location(""), e.message))
-        super().__init__("\n".join(str(e) for e in ordered))
-        self.errors = ordered
 
 
 class Miss(Exception):

@@ -7,20 +7,19 @@ import json
 
 from kiln.core.verb import Context
 from kiln.pkg.graph import Graph
-from kiln.pkg.options import add_tree_options
+from kiln.pkg.options import add_selection_arguments
 from kiln.pkg.show import dump_yaml
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_tree_options(parser)
-    parser.add_argument("targets", nargs="*", metavar="TARGET")
+    add_selection_arguments(parser)
     parser.add_argument("--json", action="store_true", help="JSON instead of YAML")
 
 
 def run(ctx: Context[Graph]) -> int:
     args = ctx.args
     graph = ctx.graph()
-    names = graph.closure(args.targets) if args.targets else graph.order
+    names = graph.selected(args.targets)
     data = {name: graph.tree.packages[name].canonical() for name in names}
     if args.json:
         print(json.dumps(data, indent=2))

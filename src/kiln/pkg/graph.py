@@ -78,6 +78,10 @@ class Graph:
                 stack.extend(self.edges[name])
         return [n for n in self.order if n in wanted]
 
+    def selected(self, targets: list[str]) -> list[str]:
+        """What a verb's optional TARGET... names: their closure, or every package when none is named."""
+        return self.closure(targets) if targets else self.order
+
     def dependents(self, name: str) -> list[str]:
         """Packages whose keys change when `name`'s does."""
         reverse: dict[str, set[str]] = {n: set() for n in self.edges}

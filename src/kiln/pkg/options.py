@@ -84,6 +84,12 @@ def add_tree_options(parser: argparse.ArgumentParser, *, defaults: bool = False)
     )
 
 
+def add_selection_arguments(parser: argparse.ArgumentParser, help: str | None = None) -> None:
+    """The tree options and an optional TARGET... of a verb that reads part of the tree (Graph.selected)."""
+    add_tree_options(parser)
+    parser.add_argument("targets", nargs="*", metavar="TARGET", help=help)
+
+
 def package_trees(args: argparse.Namespace) -> list[Path]:
     """The --pkgs trees in order (kiln.cli.apply_project has filled in the project's)."""
     return [Path(tree) for tree in args.pkgs]

@@ -8,15 +8,14 @@ from pathlib import Path
 from kiln.build.cache_keys import compute_keys
 from kiln.core.verb import Context
 from kiln.pkg.graph import Graph
-from kiln.pkg.options import add_tree_options
+from kiln.pkg.options import add_selection_arguments
 from kiln.pkg.show import GRAPH_FORMATS, render_graph
 from kiln.report.graph import PICTURE_FORMATS, draw_graph
 from kiln.report.output import write
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_tree_options(parser)
-    parser.add_argument("targets", nargs="*", metavar="TARGET", help="limit to these packages and their needs")
+    add_selection_arguments(parser, "limit to these packages and their needs")
     parser.add_argument(
         "--format",
         choices=GRAPH_FORMATS + PICTURE_FORMATS,
@@ -31,7 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(ctx: Context[Graph]) -> int:
     args = ctx.args
     graph = ctx.graph()
-    names = graph.closure(args.targets) if args.targets else graph.order
+    names = graph.selected(args.targets)
     keys = compute_keys(graph) if args.keys else None
     out = Path(args.out) if args.out else None
     if args.format in PICTURE_FORMATS:

@@ -7,12 +7,11 @@ import json
 
 from kiln.core.verb import Context
 from kiln.pkg.graph import Graph
-from kiln.pkg.options import add_tree_options
+from kiln.pkg.options import add_selection_arguments
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_tree_options(parser)
-    parser.add_argument("targets", nargs="*", metavar="TARGET")
+    add_selection_arguments(parser)
     parser.add_argument("--json", action="store_true", help="machine-readable summary")
 
 
@@ -21,7 +20,7 @@ def run(ctx: Context[Graph]) -> int:
 
     args = ctx.args
     graph = ctx.graph()
-    names = graph.closure(args.targets) if args.targets else graph.order
+    names = graph.selected(args.targets)
     fetched = Session.open(graph).fetch(names)
     if args.json:
         print(json.dumps({"fetched": fetched, "packages": names}, indent=2))

@@ -72,16 +72,8 @@ class Registry(Client):
             config = self.put_blob_file(entry.path / META, META_TYPE)
             files = self.put_blob_file(entry.path / MANIFEST, FILES_TYPE)
             tree = self.put_blob_file(tree_blob, TREE_TYPE)
-        manifest = {
-            "schemaVersion": 2,
-            "mediaType": MANIFEST_TYPE,
-            "artifactType": ARTIFACT_TYPE,
-            "config": config,
-            "layers": [files, tree],
-            "annotations": {"io.kiln.key": key, "io.kiln.name": entry.name},
-        }
-        body = json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode()
-        self.put_manifest(key, body)
+        annotations = {"io.kiln.key": key, "io.kiln.name": entry.name}
+        self.put_manifest(key, registry.artifact_manifest(ARTIFACT_TYPE, config, [files, tree], annotations))
         return True
 
     def pull(self, store: Store, key: str, source_date_epoch: int) -> Entry | None:

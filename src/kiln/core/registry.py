@@ -93,6 +93,22 @@ def digest_of(body: bytes) -> str:
     return "sha256:" + hashlib.sha256(body).hexdigest()
 
 
+def artifact_manifest(
+    artifact_type: str, config: dict[str, Any], layers: list[dict[str, Any]], annotations: dict[str, str]
+) -> bytes:
+    """The image manifest of a Kiln artifact (a store entry, an extension) in canonical JSON: the same
+    blobs and annotations give the same bytes, so pushing again keeps the digest."""
+    manifest = {
+        "schemaVersion": 2,
+        "mediaType": MANIFEST_TYPE,
+        "artifactType": artifact_type,
+        "config": config,
+        "layers": layers,
+        "annotations": annotations,
+    }
+    return json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode()
+
+
 def file_digest(path: Path) -> tuple[str, int]:
     """The sha256 digest and size of a file."""
     h = hashlib.sha256()

@@ -29,7 +29,7 @@ from packageurl import PackageURL
 from kiln.core import registry
 from kiln.core.errors import InputError
 from kiln.core.paths import cache_dir
-from kiln.core.registry import MANIFEST_TYPE, Client, RegistryError
+from kiln.core.registry import Client, RegistryError
 from kiln.rootfs.extension import Manifest, manifest_from_json
 
 SCHEME = "oci://"
@@ -121,20 +121,13 @@ def push(tree: Path, description: dict[str, Any], target: str) -> str:
         pack_tree(tree, blob, f"extension {description['name']}")
         config = client.put_blob_file(config_file, CONFIG_TYPE)
         layer = client.put_blob_file(blob, TREE_TYPE)
-    manifest = {
-        "schemaVersion": 2,
-        "mediaType": MANIFEST_TYPE,
-        "artifactType": ARTIFACT_TYPE,
-        "config": config,
-        "layers": [layer],
-        "annotations": {
-            "org.opencontainers.image.title": str(description["name"]),
-            "org.opencontainers.image.version": str(description["version"]),
-            "io.kiln.arch": str(description["arch"]),
-            "io.kiln.kernel": str(description.get("kernel") or ""),
-        },
+    annotations = {
+        "org.opencontainers.image.title": str(description["name"]),
+        "org.opencontainers.image.version": str(description["version"]),
+        "io.kiln.arch": str(description["arch"]),
+        "io.kiln.kernel": str(description.get("kernel") or ""),
     }
-    digest = client.put_manifest(tag, _canonical(manifest))
+    digest = client.put_manifest(tag, registry.artifact_manifest(ARTIFACT_TYPE, config, [layer], annotations))
     return Reference(repository, tag, None).pinned(digest)
 
 

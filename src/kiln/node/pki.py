@@ -34,6 +34,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from kiln.core import certificates
 from kiln.core.errors import InputError, display_path
 
 ROLES = ("admin", "operator", "reader")
@@ -143,11 +144,8 @@ def add_machine(root: Path, name: str, addresses: list[str], *, force: bool, day
     check_name(name, "machine")
     names = [check_address(a) for a in addresses]
     layout = Fleet(root)
-    authority = load_ca(layout, "machines")
-    _directories(root)
     cert_path, key_path, api_path = layout.machine(name)
-    _refuse_existing([cert_path, key_path, api_path], f"machine {name}", force=force)
-    key = ec.generate_private_key(ec.SECP256R1())
+    authority, key = _new_leaf_key(layout, "machines", [cert_path, key_path, api_path], f"machine {name}", force=force)
     cert = _leaf(authority, key, name, None, [name, *names], ExtendedKeyUsageOID.SERVER_AUTH, days)
     client_ca = layout.ca("clients")[0].read_text()
     api = api_section(client_ca, _cert_pem(cert).decode(), _key_pem(key).decode())
@@ -167,11 +165,8 @@ def add_client(
     if role not in ROLES:
         raise InputError(f"role {role!r}: want one of {', '.join(ROLES)}")
     layout = Fleet(root)
-    authority = load_ca(layout, "clients")
-    _directories(root)
     cert_path, key_path, config_path = layout.client(name)
-    _refuse_existing([cert_path, key_path, config_path], f"client {name}", force=force)
-    key = ec.generate_private_key(ec.SECP256R1())
+    authority, key = _new_leaf_key(layout, "clients", [cert_path, key_path, config_path], f"client {name}", force=force)
     cert = _leaf(authority, key, name, role, [], ExtendedKeyUsageOID.CLIENT_AUTH, days)
     machines_ca = layout.ca("machines")[0].read_text()
     context = fleet or fleet_name(authority)
@@ -252,16 +247,11 @@ def _new_ca(common_name: str, now: datetime) -> Authority:
     key = ec.generate_private_key(ec.SECP256R1())
     subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
     ski = x509.SubjectKeyIdentifier.from_public_key(key.public_key())
+    not_before, not_after = now - timedelta(minutes=5), now + timedelta(days=CA_DAYS)
     cert = (
-        x509.CertificateBuilder()
-        .subject_name(subject)
-        .issuer_name(subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - timedelta(minutes=5))
-        .not_valid_after(now + timedelta(days=CA_DAYS))
+        certificates.builder(subject, subject, key.public_key(), not_before, not_after)
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(_key_usage(ca=True), critical=True)
+        .add_extension(certificates.key_usage(cert_sign=True, crl_sign=True), critical=True)
         .add_extension(ski, critical=False)
         .sign(key, hashes.SHA256())
     )
@@ -282,16 +272,11 @@ def _leaf(
     if role is not None:
         attributes.insert(0, x509.NameAttribute(NameOID.ORGANIZATION_NAME, role))
     now = _now()
+    subject, issuer = x509.Name(attributes), authority.cert.subject
     builder = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name(attributes))
-        .issuer_name(authority.cert.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - timedelta(minutes=5))
-        .not_valid_after(now + timedelta(days=days))
+        certificates.builder(subject, issuer, key.public_key(), now - timedelta(minutes=5), now + timedelta(days=days))
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(_key_usage(ca=False), critical=True)
+        .add_extension(certificates.key_usage(cert_sign=False, crl_sign=False), critical=True)
         .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
         .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(authority.key.public_key()), critical=False)
@@ -311,20 +296,6 @@ def _general_names(names: list[str]) -> list[x509.GeneralName]:
     return found
 
 
-def _key_usage(*, ca: bool) -> x509.KeyUsage:
-    return x509.KeyUsage(
-        digital_signature=True,
-        content_commitment=False,
-        key_encipherment=False,
-        data_encipherment=False,
-        key_agreement=False,
-        key_cert_sign=ca,
-        crl_sign=ca,
-        encipher_only=False,
-        decipher_only=False,
-    )
-
-
 def _cert_pem(cert: x509.Certificate) -> bytes:
     return cert.public_bytes(serialization.Encoding.PEM)
 
@@ -333,6 +304,15 @@ def _key_pem(key: Key) -> bytes:
     return key.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
     )
+
+
+def _new_leaf_key(layout: Fleet, kind: str, paths: list[Path], what: str, *, force: bool) -> tuple[Authority, Key]:
+    """The `kind` CA and a new key for one more machine or client: the CA loads before anything is made,
+    and nothing is made when one of `paths` exists unless `force`."""
+    authority = load_ca(layout, kind)
+    _directories(layout.root)
+    _refuse_existing(paths, what, force=force)
+    return authority, ec.generate_private_key(ec.SECP256R1())
 
 
 def _directories(root: Path) -> None:

@@ -23,6 +23,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from kiln.core import certificates
 from kiln.core.errors import InputError, display_path
 from kiln.signing.efivars import DBX, SIGNER, write_signature_lists
 from kiln.signing.keyset import PCR, RELEASE, RELEASE_IMAGE, UEFI_KEYS, X509_KEYS, KeySet
@@ -198,35 +199,15 @@ def _certificate(key: rsa.RSAPrivateKey, cn: str, name: str, now: datetime) -> x
     skid = x509.SubjectKeyIdentifier.from_public_key(key.public_key())
     ca = name in CA_KEYS
     builder = (
-        x509.CertificateBuilder()
-        .subject_name(subject)
-        .issuer_name(subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now)
-        .not_valid_after(now + VALIDITY)
+        certificates.builder(subject, subject, key.public_key(), now, now + VALIDITY)
         .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
-        .add_extension(_key_usage(cert_sign=ca), critical=True)
+        .add_extension(certificates.key_usage(cert_sign=ca, crl_sign=False), critical=True)
         .add_extension(skid, critical=False)
         .add_extension(x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(skid), critical=False)
     )
     if name == "module":
         builder = builder.add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CODE_SIGNING]), critical=False)
     return builder.sign(key, hashes.SHA256())
-
-
-def _key_usage(*, cert_sign: bool) -> x509.KeyUsage:
-    return x509.KeyUsage(
-        digital_signature=True,
-        content_commitment=False,
-        key_encipherment=False,
-        data_encipherment=False,
-        key_agreement=False,
-        key_cert_sign=cert_sign,
-        crl_sign=False,
-        encipher_only=False,
-        decipher_only=False,
-    )
 
 
 def _write(path: Path, data: bytes, mode: int) -> None:

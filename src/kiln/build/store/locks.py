@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import fcntl
 import os
-from contextlib import suppress
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 
@@ -50,3 +51,17 @@ def release(path: Path, fd: int) -> None:
         with suppress(FileNotFoundError):
             os.unlink(path)
     os.close(fd)
+
+
+@contextmanager
+def held_if_free(path: Path) -> Iterator[bool]:
+    """`path` locked exclusively for the block (True), or False at once when another holds it: for
+    what must leave alone whatever is in use, without waiting for it."""
+    fd = acquire(path, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    if fd is None:
+        yield False
+        return
+    try:
+        yield True
+    finally:
+        release(path, fd)

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from kiln.build.store.files import fsync_path, rmtree, write_durable
-from kiln.build.store.locks import acquire, release
+from kiln.build.store.locks import acquire, held_if_free, release
 from kiln.build.store.manifest import MANIFEST, TreeScan, differences, manifest_bytes, read_manifest
 from kiln.core.errors import BuildError, InputError, KilnError
 from kiln.core.paths import cache_dir
@@ -181,23 +181,12 @@ class Store:
 
         Neither is waited for: what gc and `remove` must leave alone is exactly what someone holds.
         """
-        build_path = self._build_lock_path(key)
-        build_fd = acquire(build_path, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        if build_fd is None:
-            yield False
-            return
-        try:
-            path = self._lock_path(key)
-            fd = acquire(path, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            if fd is None:
+        with held_if_free(self._build_lock_path(key)) as free:
+            if not free:
                 yield False
                 return
-            try:
-                yield True
-            finally:
-                release(path, fd)
-        finally:
-            release(build_path, build_fd)
+            with held_if_free(self._lock_path(key)) as free:
+                yield free
 
     # writing
 
@@ -405,17 +394,13 @@ class Store:
             names.update(p.stem for p in self.locks_dir.glob("*.lock") if STAGING_RE.fullmatch(p.stem))
         removed: list[str] = []
         for name in sorted(names):
-            lock_path = self._lock_path(name)
-            fd = acquire(lock_path, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            if fd is None:
-                continue  # a live builder
-            try:
+            with held_if_free(self._lock_path(name)) as free:
+                if not free:
+                    continue  # a live builder
                 target = self.tmp_dir / name
                 if target.exists() or target.is_symlink():
                     rmtree(target)
                     removed.append(name)
-            finally:
-                release(lock_path, fd)
         return removed
 
     def clean_locks(self) -> int:

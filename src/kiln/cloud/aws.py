@@ -34,6 +34,7 @@ from kiln.cloud.artifact import (
     send_in_parallel,
     size_in_gib,
 )
+from kiln.cloud.result import result_json
 from kiln.core.errors import InputError
 
 ARCHITECTURES = {"amd64": "x86_64", "arm64": "arm64"}
@@ -66,17 +67,7 @@ class Result:
     seconds: dict[str, float] = field(default_factory=dict)
 
     def as_json(self) -> dict[str, Any]:
-        return {
-            "images": self.images,
-            "snapshot": self.snapshot,
-            "reused": self.reused,
-            "parameters": self.parameters,
-            "bytes_sent": self.bytes_sent,
-            "blocks_sent": self.blocks_sent,
-            "blocks_skipped": self.blocks_skipped,
-            "disk_bytes": self.disk_bytes,
-            "seconds": {phase: round(s, 2) for phase, s in self.seconds.items()},
-        }
+        return result_json(self)
 
 
 def tags(image: CloudImage) -> list[dict[str, str]]:

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import quote, urlsplit, urlunsplit
 
 from kiln.cloud.artifact import DEFAULT_NAME, CloudImage, UploadFailed, image_name, send_in_parallel
+from kiln.cloud.result import result_json
 from kiln.core import sparse
 from kiln.core.errors import InputError, KilnError
 from kiln.image.outputs.formats import MIB, VHD_FOOTER, vhd_checksum
@@ -75,15 +76,7 @@ class Result:
     commands: list[str] = field(default_factory=list)  # the az commands that make the image
 
     def as_json(self) -> dict[str, Any]:
-        return {
-            "blob": self.blob,
-            "reused": self.reused,
-            "bytes_sent": self.bytes_sent,
-            "ranges_sent": self.ranges_sent,
-            "disk_bytes": self.disk_bytes,
-            "seconds": {phase: round(s, 2) for phase, s in self.seconds.items()},
-            "commands": self.commands,
-        }
+        return result_json(self)
 
 
 def fixed_vhd(vhd: Path) -> int:

@@ -34,48 +34,44 @@ const (
 func (azure) Name() string { return "azure" }
 
 func (azure) Fetch(ctx context.Context, env Env) (Facts, error) {
-	ctx, cancel := env.withDeadline(ctx)
-	defer cancel()
-	fe, err := newFetcher("azure", env)
-	if err != nil {
-		return Facts{}, err
-	}
-	fe.retryStatus = []int{http.StatusGone} // IMDS answers 410 while the VM is still being set up
-	f := newFacts("azure")
-	var sources []string
+	return fromService(ctx, env, "azure", func(ctx context.Context, fe *fetcher) (Facts, error) {
+		fe.retryStatus = []int{http.StatusGone} // IMDS answers 410 while the VM is still being set up
+		f := newFacts("azure")
+		var sources []string
 
-	files, device, found, err := readDrive("azure", env, DriveQuery{FSTypes: []string{"udf", "iso9660"}, Files: []string{"ovf-env.xml"}})
-	if err != nil {
-		return Facts{}, err
-	}
-	if ovf, ok := files["ovf-env.xml"]; found && ok {
-		env, err := parseAzureOVF(ovf)
+		files, device, found, err := readDrive("azure", env, DriveQuery{FSTypes: []string{"udf", "iso9660"}, Files: []string{"ovf-env.xml"}})
 		if err != nil {
 			return Facts{}, err
 		}
-		f.setUserData(env.customData)
-		f.setHostname(env.hostname, "ovf-env.xml")
-		sources = append(sources, "provisioning DVD "+device)
-	}
+		if ovf, ok := files["ovf-env.xml"]; found && ok {
+			env, err := parseAzureOVF(ovf)
+			if err != nil {
+				return Facts{}, err
+			}
+			f.setUserData(env.customData)
+			f.setHostname(env.hostname, "ovf-env.xml")
+			sources = append(sources, "provisioning DVD "+device)
+		}
 
-	// compute.userData is at most 64 KiB: the document stays well within MaxDocument.
-	body, err := fe.get(ctx, azureIMDSPath, "IMDS metadata/instance", MaxDocument, map[string]string{"Metadata": "true"})
-	if err != nil {
-		return Facts{}, err
-	}
-	imds, err := parseAzureIMDS(body)
-	if err != nil {
-		return Facts{}, err
-	}
-	if f.UserData != nil && len(imds.userData) > 0 {
-		f.warn("IMDS compute.userData ignored: the custom data in ovf-env.xml is used")
-	}
-	f.setUserData(imds.userData)
-	f.setHostname(imds.computerName, "IMDS compute.osProfile.computerName")
-	f.setHostname(imds.name, "IMDS compute.name")
-	f.setInstanceID(imds.vmID, "IMDS compute.vmId")
-	f.Source = "azure " + strings.Join(append(sources, "IMDS "+fe.base), " + ")
-	return f.Facts, nil
+		// compute.userData is at most 64 KiB: the document stays well within MaxDocument.
+		body, err := fe.get(ctx, azureIMDSPath, "IMDS metadata/instance", MaxDocument, map[string]string{"Metadata": "true"})
+		if err != nil {
+			return Facts{}, err
+		}
+		imds, err := parseAzureIMDS(body)
+		if err != nil {
+			return Facts{}, err
+		}
+		if f.UserData != nil && len(imds.userData) > 0 {
+			f.warn("IMDS compute.userData ignored: the custom data in ovf-env.xml is used")
+		}
+		f.setUserData(imds.userData)
+		f.setHostname(imds.computerName, "IMDS compute.osProfile.computerName")
+		f.setHostname(imds.name, "IMDS compute.name")
+		f.setInstanceID(imds.vmID, "IMDS compute.vmId")
+		f.Source = "azure " + strings.Join(append(sources, "IMDS "+fe.base), " + ")
+		return f.Facts, nil
+	})
 }
 
 type azureOVFFacts struct {

@@ -1,7 +1,6 @@
 package platform
 
 import (
-	"context"
 	"fmt"
 )
 
@@ -10,30 +9,7 @@ import (
 // interfaces become Network facts: the public one carries the default gateways, the anchor
 // address (the one reserved IPs route to) is added alongside, and the private one gets its
 // address only (its gateway is not a default route).
-type digitalOcean struct{}
-
-func (digitalOcean) Name() string { return "digital-ocean" }
-
-func (digitalOcean) ReportReady(context.Context, Env, Facts) error { return nil }
-
-func (digitalOcean) Fetch(ctx context.Context, env Env) (Facts, error) {
-	ctx, cancel := env.withDeadline(ctx)
-	defer cancel()
-	fe, err := newFetcher("digital-ocean", env)
-	if err != nil {
-		return Facts{}, err
-	}
-	body, err := fe.get(ctx, "/metadata/v1.json", "metadata/v1.json", MaxDocument, nil)
-	if err != nil {
-		return Facts{}, err
-	}
-	f, err := parseDigitalOcean(body)
-	if err != nil {
-		return Facts{}, err
-	}
-	f.Source = "digital-ocean metadata " + fe.base
-	return f.Facts, nil
-}
+var digitalOcean = documentService{name: "digital-ocean", document: "metadata/v1.json", parse: parseDigitalOcean}
 
 type doIPv4 struct {
 	IPAddress text `json:"ip_address"`

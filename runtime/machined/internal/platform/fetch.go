@@ -63,6 +63,53 @@ func newFetcher(platform string, env Env) (*fetcher, error) {
 	return &fetcher{platform: platform, base: base, client: boundedClient(env.Client), sleep: sleeper(env.Sleep)}, nil
 }
 
+// fromService reads a platform's facts from its metadata service: read gets a fetcher for
+// it, and the whole read is bounded by env.Deadline.
+func fromService(ctx context.Context, env Env, platform string, read func(context.Context, *fetcher) (Facts, error)) (Facts, error) {
+	ctx, cancel := env.withDeadline(ctx)
+	defer cancel()
+	fe, err := newFetcher(platform, env)
+	if err != nil {
+		return Facts{}, err
+	}
+	return read(ctx, fe)
+}
+
+// documentService is a metadata service whose facts are one document, parsed by parse; the
+// user data is in that document or, where userData names one, in a document of its own
+// (absent, 404, when there is none).
+type documentService struct {
+	noReadyReport
+	name     string
+	document string // path below the service's address, as the errors name it
+	parse    func([]byte) (*facts, error)
+	userData string
+}
+
+func (s documentService) Name() string { return s.name }
+
+func (s documentService) Fetch(ctx context.Context, env Env) (Facts, error) {
+	return fromService(ctx, env, s.name, func(ctx context.Context, fe *fetcher) (Facts, error) {
+		body, err := fe.get(ctx, "/"+s.document, s.document, MaxDocument, nil)
+		if err != nil {
+			return Facts{}, err
+		}
+		f, err := s.parse(body)
+		if err != nil {
+			return Facts{}, err
+		}
+		if s.userData != "" {
+			userData, err := fe.get(ctx, "/"+s.userData, s.userData, MaxUserData, nil)
+			if err != nil && !errors.Is(err, errNotFound) {
+				return Facts{}, err
+			}
+			f.setUserData(userData)
+		}
+		f.Source = s.name + " metadata " + fe.base
+		return f.Facts, nil
+	})
+}
+
 // serviceURL validates an override of a service address (or takes the default).
 func serviceURL(override, def string) (string, error) {
 	if override == "" {

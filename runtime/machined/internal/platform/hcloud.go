@@ -1,7 +1,6 @@
 package platform
 
 import (
-	"context"
 	"errors"
 	"fmt"
 )
@@ -11,35 +10,8 @@ import (
 // instance-id are read line by line (the document also holds values machined's YAML subset
 // does not take); its network-config block (cloud-init's version 1) is parsed on its own for
 // the static IPv6 address Hetzner gives each server, since DHCP only gives IPv4.
-type hcloud struct{}
-
-func (hcloud) Name() string { return "hcloud" }
-
-func (hcloud) ReportReady(context.Context, Env, Facts) error { return nil }
-
-func (hcloud) Fetch(ctx context.Context, env Env) (Facts, error) {
-	ctx, cancel := env.withDeadline(ctx)
-	defer cancel()
-	fe, err := newFetcher("hcloud", env)
-	if err != nil {
-		return Facts{}, err
-	}
-	md, err := fe.get(ctx, "/hetzner/v1/metadata", "hetzner/v1/metadata", MaxDocument, nil)
-	if err != nil {
-		return Facts{}, err
-	}
-	f, err := parseHcloudMetadata(md)
-	if err != nil {
-		return Facts{}, err
-	}
-	userData, err := fe.get(ctx, "/hetzner/v1/userdata", "hetzner/v1/userdata", MaxUserData, nil)
-	if err != nil && !errors.Is(err, errNotFound) {
-		return Facts{}, err
-	}
-	f.setUserData(userData)
-	f.Source = "hcloud metadata " + fe.base
-	return f.Facts, nil
-}
+var hcloud = documentService{name: "hcloud", document: "hetzner/v1/metadata", parse: parseHcloudMetadata,
+	userData: "hetzner/v1/userdata"}
 
 func parseHcloudMetadata(data []byte) (*facts, error) {
 	const doc = "hetzner/v1/metadata"

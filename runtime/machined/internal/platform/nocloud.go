@@ -9,11 +9,9 @@ import (
 // 1 or 2, see netconfig.go). The network-config is the user's own static setup, so an invalid
 // one is an error rather than a silent fallback to DHCP. With no such drive the facts are
 // empty: NoCloud's network variant (a seed URL) is not read.
-type nocloud struct{}
+type nocloud struct{ noReadyReport }
 
 func (nocloud) Name() string { return "nocloud" }
-
-func (nocloud) ReportReady(context.Context, Env, Facts) error { return nil }
 
 func (nocloud) Fetch(ctx context.Context, env Env) (Facts, error) {
 	files, device, found, err := readDrive("nocloud", env, DriveQuery{Labels: []string{"cidata"},

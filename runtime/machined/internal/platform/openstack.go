@@ -10,7 +10,7 @@ import (
 // service: openstack/latest/meta_data.json (uuid, hostname), user_data (absent when none) and
 // network_data.json, whose links and networks become Network facts. The config drive comes
 // first because it needs no network: clouds without DHCP provide one for exactly that reason.
-type openstack struct{}
+type openstack struct{ noReadyReport }
 
 const (
 	osMeta    = "openstack/latest/meta_data.json"
@@ -19,8 +19,6 @@ const (
 )
 
 func (openstack) Name() string { return "openstack" }
-
-func (openstack) ReportReady(context.Context, Env, Facts) error { return nil }
 
 func (openstack) Fetch(ctx context.Context, env Env) (Facts, error) {
 	ctx, cancel := env.withDeadline(ctx)

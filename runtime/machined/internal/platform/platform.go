@@ -104,9 +104,9 @@ var platforms = map[string]Platform{
 	"aws":           aws{},
 	"gcp":           gcp{},
 	"azure":         azure{},
-	"digital-ocean": digitalOcean{},
-	"hcloud":        hcloud{},
-	"vultr":         vultr{},
+	"digital-ocean": digitalOcean,
+	"hcloud":        hcloud,
+	"vultr":         vultr,
 	"openstack":     openstack{},
 	"vmware":        vmware{},
 	"nocloud":       nocloud{},
@@ -134,13 +134,17 @@ func Lookup(name string) (Platform, error) {
 }
 
 // metal has no metadata service: the config comes from kiln.config= or a config drive.
-type metal struct{}
+type metal struct{ noReadyReport }
 
 func (metal) Name() string { return "metal" }
 func (metal) Fetch(ctx context.Context, env Env) (Facts, error) {
 	return Facts{Platform: "metal", Source: "metal: no metadata service"}, nil
 }
-func (metal) ReportReady(context.Context, Env, Facts) error { return nil }
+
+// noReadyReport is the ReportReady of every platform but Azure: nothing to tell.
+type noReadyReport struct{}
+
+func (noReadyReport) ReportReady(context.Context, Env, Facts) error { return nil }
 
 // withDeadline bounds one Fetch or ReportReady by env.Deadline.
 func (e Env) withDeadline(ctx context.Context) (context.Context, context.CancelFunc) {

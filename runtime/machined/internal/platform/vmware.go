@@ -27,11 +27,9 @@ import (
 // VMware's "backdoor" I/O port (what vmtoolsd's rpctool does). It needs port I/O from the
 // guest (an in/out instruction on port 0x5658 with ioperm, not possible in portable Go without
 // assembly) and a VMware hypervisor to test against, which this project's CI does not have.
-type vmware struct{}
+type vmware struct{ noReadyReport }
 
 func (vmware) Name() string { return "vmware" }
-
-func (vmware) ReportReady(context.Context, Env, Facts) error { return nil }
 
 // The file's name as it reads on ISO 9660 media without or with Joliet/Rock Ridge names.
 var ovfEnvFiles = []string{"ovf-env.xml", "OVF-ENV.XML", "ovf_env.xml", "OVF_ENV.XML"}

@@ -1,8 +1,6 @@
 package platform
 
 import (
-	"context"
-	"errors"
 	"fmt"
 )
 
@@ -10,35 +8,7 @@ import (
 // user data decoded to its raw bytes; 404 when none). The public interface gets its primary
 // IPv4 address by DHCP, so it is DHCP plus the additional addresses DHCP does not give; a
 // private (VPC) interface is static.
-type vultr struct{}
-
-func (vultr) Name() string { return "vultr" }
-
-func (vultr) ReportReady(context.Context, Env, Facts) error { return nil }
-
-func (vultr) Fetch(ctx context.Context, env Env) (Facts, error) {
-	ctx, cancel := env.withDeadline(ctx)
-	defer cancel()
-	fe, err := newFetcher("vultr", env)
-	if err != nil {
-		return Facts{}, err
-	}
-	body, err := fe.get(ctx, "/v1.json", "v1.json", MaxDocument, nil)
-	if err != nil {
-		return Facts{}, err
-	}
-	f, err := parseVultr(body)
-	if err != nil {
-		return Facts{}, err
-	}
-	userData, err := fe.get(ctx, "/latest/user-data", "latest/user-data", MaxUserData, nil)
-	if err != nil && !errors.Is(err, errNotFound) {
-		return Facts{}, err
-	}
-	f.setUserData(userData)
-	f.Source = "vultr metadata " + fe.base
-	return f.Facts, nil
-}
+var vultr = documentService{name: "vultr", document: "v1.json", parse: parseVultr, userData: "latest/user-data"}
 
 type vultrAddress struct {
 	Address text `json:"address"`

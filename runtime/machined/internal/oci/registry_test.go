@@ -3,6 +3,7 @@ package oci
 import (
 	"bytes"
 	"context"
+	"crypto"
 	"crypto/x509"
 	"encoding/json"
 	"fmt"
@@ -209,7 +210,10 @@ func unpackImage(t *testing.T, src Source, img Image) (string, error) {
 	return root, nil
 }
 
-func TestRegistryResolveByTagThroughIndex(t *testing.T) {
+// resolveTestImage serves the test image from a fake registry and resolves its tag 1.2.0 for
+// linux/amd64.
+func resolveTestImage(t *testing.T) (*testImage, *fakeRegistry, *Registry, Image) {
+	t.Helper()
 	ti := newTestImage(t)
 	f := newFakeRegistry(t, ti)
 	reg := f.registry()
@@ -217,6 +221,43 @@ func TestRegistryResolveByTagThroughIndex(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return ti, f, reg, img
+}
+
+// wantResolveErrors resolves each reference for linux/amd64 and wants an error saying why.
+func wantResolveErrors(t *testing.T, reg *Registry, why map[string]string) {
+	t.Helper()
+	for ref, want := range why {
+		_, err := reg.Resolve(context.Background(), ref, amd64)
+		wantErr(t, err, want)
+	}
+}
+
+// verifyMangled publishes, in turn, every one-byte change of a good signature manifest raw
+// (published for imageDigest already) and verifies each. A panic fails the test; an error or
+// (for a change the checks do not look at) a success are both fine, since the payload and its
+// signature are checked regardless.
+func verifyMangled(t *testing.T, f *fakeRegistry, raw []byte, keys []crypto.PublicKey) {
+	t.Helper()
+	reg := f.registry()
+	if _, err := VerifySignature(context.Background(), reg, imageDigest, keys); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < len(raw); i++ {
+		for _, c := range []byte{'"', '{', '0', 'x', ']'} {
+			m := append([]byte(nil), raw...)
+			if m[i] == c {
+				continue
+			}
+			m[i] = c
+			f.manifests[SignatureTag(imageDigest)] = m
+			_, _ = VerifySignature(context.Background(), reg, imageDigest, keys)
+		}
+	}
+}
+
+func TestRegistryResolveByTagThroughIndex(t *testing.T) {
+	ti, f, reg, img := resolveTestImage(t)
 	if img.Digest != digestOf(ti.manifest) {
 		t.Fatalf("digest %s, want the amd64 manifest's %s", img.Digest, digestOf(ti.manifest))
 	}
@@ -396,16 +437,12 @@ func TestRegistryRefusesSchema1AndOthers(t *testing.T) {
 	f.manifests["art"] = []byte(`{"schemaVersion":2,"mediaType":"application/vnd.example.thing+json","config":{}}`)
 	f.manifests["neither"] = []byte(`{"schemaVersion":2}`)
 	f.manifests["notjson"] = []byte(`<html>`)
-	reg := f.registry()
-	for ref, why := range map[string]string{
+	wantResolveErrors(t, f.registry(), map[string]string{
 		"old":     "schema1",
 		"art":     "unsupported manifest media type",
 		"neither": "neither an image index nor an image manifest",
 		"notjson": "not a JSON object",
-	} {
-		_, err := reg.Resolve(context.Background(), ref, amd64)
-		wantErr(t, err, why)
-	}
+	})
 }
 
 func TestRegistryRefusesBadDocuments(t *testing.T) {
@@ -425,8 +462,7 @@ func TestRegistryRefusesBadDocuments(t *testing.T) {
 	f.manifests["nested"] = mustJSON(t, Index{SchemaVersion: 2, MediaType: MediaTypeIndex, Manifests: []Descriptor{
 		{MediaType: MediaTypeIndex, Digest: digestOf(ti.index), Size: int64(len(ti.index)), Platform: &amd64},
 	}})
-	reg := f.registry()
-	for ref, why := range map[string]string{
+	wantResolveErrors(t, f.registry(), map[string]string{
 		"bigconfig": "more than the 1048576 allowed",
 		"baddigest": `layer 0: descriptor digest "sha256:../../../etc"`,
 		"notype":    "layer 1: descriptor sha256:",
@@ -434,10 +470,7 @@ func TestRegistryRefusesBadDocuments(t *testing.T) {
 		"no-such":   "404 Not Found: MANIFEST_UNKNOWN fake registry says no?",
 		"BAD/TAG":   "is not [A-Za-z0-9_]",
 		"sha512:00": "neither a tag nor a sha256 digest",
-	} {
-		_, err := reg.Resolve(context.Background(), ref, amd64)
-		wantErr(t, err, why)
-	}
+	})
 }
 
 func TestRegistryBearerTokenDance(t *testing.T) {

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -15,9 +14,10 @@ import (
 	"net"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"kiln/machined/internal/testkit"
 )
 
 // certSpec is one certificate for the auth tests: its role(s), extended key usages, and key
@@ -82,30 +82,12 @@ func clientWith(t testing.TB, serverCA *testCA, c issued) *http.Client {
 	return client(&tls.Config{RootCAs: pool, Certificates: []tls.Certificate{pair}})
 }
 
-// syncBuffer is a log the server writes from its goroutines while a test reads it.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // authAPI is a served API with two CAs (what kiln secrets generate makes) and its log.
 type authAPI struct {
 	url                string
 	serverCA, clientCA *testCA
 	machine            issued
-	log                *syncBuffer
+	log                *testkit.SyncBuffer
 	backend            *fakeBackend
 	server             *apiServer
 }
@@ -121,7 +103,7 @@ func startAuthAPI(t *testing.T, limits apiLimits) *authAPI {
 // serveAuthAPI serves backend (a machine, or a fake) as startAuthAPI does.
 func serveAuthAPI(t *testing.T, limits apiLimits, backend apiBackend) *authAPI {
 	t.Helper()
-	a := &authAPI{serverCA: newTestCA(t, "machines CA"), clientCA: newTestCA(t, "clients CA"), log: &syncBuffer{}}
+	a := &authAPI{serverCA: newTestCA(t, "machines CA"), clientCA: newTestCA(t, "clients CA"), log: &testkit.SyncBuffer{}}
 	a.machine = a.serverCA.issueSpec(t, certSpec{name: "machine", usages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}, server: true})
 	cfg := APIConfig{Listen: "127.0.0.1:0", ClientCA: a.clientCA.pem, Cert: a.machine.certPEM, Key: a.machine.keyPEM}
 	server, err := serveAPIWith(cfg, limits, backend, a.log)
@@ -258,7 +240,7 @@ func TestAPIRefusesTheMachinesOwnKeyAsAClient(t *testing.T) {
 		"clientAuth and serverAuth":                 {x509.ExtKeyUsageClientAuth, x509.ExtKeyUsageServerAuth},
 	} {
 		machine := ca.issueSpec(t, certSpec{name: "node-1", orgs: []string{"admin"}, usages: usages, server: true})
-		var errLog syncBuffer
+		var errLog testkit.SyncBuffer
 		cfg := APIConfig{Listen: "127.0.0.1:0", CA: ca.pem, Cert: machine.certPEM, Key: machine.keyPEM} // the old field
 		server, err := serveAPIWith(cfg, defaultAPILimits, &fakeBackend{}, &errLog)
 		if err != nil {

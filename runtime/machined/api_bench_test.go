@@ -11,6 +11,8 @@ import (
 	"sort"
 	"testing"
 	"time"
+
+	"kiln/machined/internal/testkit"
 )
 
 // TestAPIStatusLatency measures GET /v1/status with idle TCP connections held open, on the API
@@ -60,7 +62,7 @@ func startBenchAPI(t *testing.T, limited bool) *authAPI {
 	if limited {
 		return startAuthAPI(t, defaultAPILimits)
 	}
-	a := &authAPI{serverCA: newTestCA(t, "machines CA"), clientCA: newTestCA(t, "clients CA"), log: &syncBuffer{}, backend: &fakeBackend{}}
+	a := &authAPI{serverCA: newTestCA(t, "machines CA"), clientCA: newTestCA(t, "clients CA"), log: &testkit.SyncBuffer{}, backend: &fakeBackend{}}
 	a.machine = a.serverCA.issueSpec(t, certSpec{name: "machine", server: true})
 	tlsSetup, err := APIConfig{ClientCA: a.clientCA.pem, Cert: a.machine.certPEM, Key: a.machine.keyPEM}.tlsConfig()
 	if err != nil {

@@ -10,6 +10,7 @@ import (
 
 	"kiln/machined/internal/disk"
 	"kiln/machined/internal/platform"
+	"kiln/machined/internal/testkit"
 )
 
 func TestConfigDriveRule(t *testing.T) {
@@ -69,11 +70,11 @@ func TestKeptConfigIn(t *testing.T) {
 	if kept, err := keptConfigIn(dir); kept || err != nil {
 		t.Fatalf("empty STATE: %v %v", kept, err)
 	}
-	writeFile(t, dir+"/config.json", "")
+	testkit.WriteFile(t, dir+"/config.json", "")
 	if kept, err := keptConfigIn(dir); kept || err != nil {
 		t.Fatalf("empty config.json: %v %v", kept, err)
 	}
-	writeFile(t, dir+"/config.json", `{"hostname": "a"}`)
+	testkit.WriteFile(t, dir+"/config.json", `{"hostname": "a"}`)
 	if kept, err := keptConfigIn(dir); !kept || err != nil {
 		t.Fatalf("kept config: %v %v", kept, err)
 	}
@@ -138,7 +139,7 @@ func TestConfigDriveFilesAreReadBoundedWithoutFollowingLinks(t *testing.T) {
 		},
 	} {
 		dir := t.TempDir()
-		writeFile(t, dir+"/user-data", "hostname: fallback\n")
+		testkit.WriteFile(t, dir+"/user-data", "hostname: fallback\n")
 		if err := lay(dir); err != nil {
 			t.Fatal(err)
 		}
@@ -154,7 +155,7 @@ func TestConfigDriveFilesAreReadBoundedWithoutFollowingLinks(t *testing.T) {
 		}
 	}
 	dir := t.TempDir()
-	writeFile(t, dir+"/kiln.yaml", "version: 1\n")
+	testkit.WriteFile(t, dir+"/kiln.yaml", "version: 1\n")
 	if err := os.Symlink("/dev/zero", filepath.Join(dir, "meta-data")); err != nil {
 		t.Fatal(err)
 	}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"kiln/machined/internal/network"
+	"kiln/machined/internal/testkit/wait"
 )
 
 // applyRecorder stands in for network.Network (whose Apply internal/network tests on a
@@ -113,7 +114,7 @@ func TestResourcesListTheMachinesState(t *testing.T) {
 		t.Fatalf("resources: %+v", all)
 	}
 	// observed from this host's interfaces: lo at least
-	eventually(t, "a network/link resource", observed, func() bool { return len(m.Resources("links")) > 0 })
+	wait.Until(t, "a network/link resource", observed, func() bool { return len(m.Resources("links")) > 0 })
 	if all[0].Owner != "config" || all[1].Owner != "network" || all[1].Phase != "running" || all[0].Version != 1 {
 		t.Errorf("metadata: %+v", all)
 	}

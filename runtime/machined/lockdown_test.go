@@ -4,12 +4,14 @@ import (
 	"path/filepath"
 	"reflect"
 	"testing"
+
+	"kiln/machined/internal/testkit"
 )
 
 func procFile(t *testing.T, dir, name, text string) string {
 	t.Helper()
 	path := filepath.Join(dir, name)
-	writeFile(t, path, text)
+	testkit.WriteFile(t, path, text)
 	return path
 }
 

@@ -15,6 +15,7 @@ import (
 	"kiln/machined/internal/bootstate"
 	"kiln/machined/internal/resource"
 	"kiln/machined/internal/supervisor"
+	"kiln/machined/internal/testkit/wait"
 )
 
 // fakeLinks stands in for the kernel's interfaces (readKernelLinks reads the real ones, which
@@ -68,7 +69,7 @@ var (
 func TestLinksObserverFollowsTheKernel(t *testing.T) {
 	kernel := &fakeLinks{links: []linkSpec{eth0}, addresses: []addressSpec{dhcpAddr, linkLocal}}
 	state := runObservers(t, &linksObserver{read: kernel.read})
-	eventually(t, "eth0's two addresses observed", observed, func() bool { return len(state.List(addressType)) == 2 })
+	wait.Until(t, "eth0's two addresses observed", observed, func() bool { return len(state.List(addressType)) == 2 })
 	if got := observedAddresses(state); !reflect.DeepEqual(got, map[string][]string{"eth0": {"10.0.2.15/24", "fe80::5054:ff:fe12:3456/64"}}) {
 		t.Fatalf("observed addresses: %v", got)
 	}
@@ -80,12 +81,12 @@ func TestLinksObserverFollowsTheKernel(t *testing.T) {
 	down := eth0
 	down.Up = false
 	kernel.set([]linkSpec{down}, []addressSpec{staticAddr}, nil)
-	eventually(t, "the DHCP address destroyed and the static one observed", observed, func() bool {
+	wait.Until(t, "the DHCP address destroyed and the static one observed", observed, func() bool {
 		_, gone := state.Get(addressType, "eth0/10.0.2.15/24")
 		_, there := state.Get(addressType, "eth0/10.0.2.77/24")
 		return !gone && there
 	})
-	eventually(t, "eth0 seen down", observed, func() bool {
+	wait.Until(t, "eth0 seen down", observed, func() bool {
 		res, _ := state.Get(linkType, "eth0")
 		spec, _ := resource.SpecOf[linkSpec](res)
 		return !spec.Up
@@ -108,11 +109,11 @@ func TestServicesObserverMirrorsTheSupervisor(t *testing.T) {
 		return append([]supervisor.ServiceStatus(nil), services...)
 	}
 	state := runObservers(t, &servicesObserver{read: read})
-	eventually(t, "web observed running", observed, func() bool { return len(observedServices(state)) == 1 })
+	wait.Until(t, "web observed running", observed, func() bool { return len(observedServices(state)) == 1 })
 	mu.Lock()
 	services = []supervisor.ServiceStatus{{Name: "web", State: "backoff", Type: "simple", Restarts: 3}}
 	mu.Unlock()
-	eventually(t, "web observed in backoff", observed, func() bool {
+	wait.Until(t, "web observed in backoff", observed, func() bool {
 		got := observedServices(state)
 		return len(got) == 1 && got[0].State == "backoff" && got[0].Restarts == 3
 	})
@@ -126,7 +127,7 @@ func TestServicesObserverMirrorsTheSupervisor(t *testing.T) {
 func TestHealthJudgesTheObservedAddresses(t *testing.T) {
 	kernel := &fakeLinks{links: []linkSpec{eth0}, addresses: []addressSpec{linkLocal, {Interface: "lo", Address: "127.0.0.1/8", Family: "inet", Scope: "host"}}}
 	state := runObservers(t, &linksObserver{read: kernel.read})
-	eventually(t, "addresses observed", observed, func() bool { return len(state.List(addressType)) == 2 })
+	wait.Until(t, "addresses observed", observed, func() bool { return len(state.List(addressType)) == 2 })
 	if _, ok := observedAddresses(state)["lo"]; ok {
 		t.Fatal("loopback's address counted")
 	}
@@ -176,7 +177,7 @@ func TestResourceTypesByAlias(t *testing.T) {
 	m := &machine{con: quietConsole(), cfg: &Config{}, configSource: "test"}
 	m.startControllers(&applyRecorder{})
 	m.publishConfig()
-	eventually(t, "links observed", observed, func() bool { return len(m.Resources("network/link")) > 0 })
+	wait.Until(t, "links observed", observed, func() bool { return len(m.Resources("network/link")) > 0 })
 	if got, want := len(m.Resources("links")), len(m.Resources("network/link")); got != want {
 		t.Errorf("links: %d, network/link: %d", got, want)
 	}
@@ -199,7 +200,7 @@ func TestBootStateAndTimeAreObserved(t *testing.T) {
 	s := &slots{slot: "B", booted: "trial", state: bootstate.State{Default: "A", Next: "B", Tries: 2, Versions: map[string]string{"A": "0.1.0"}}}
 	m := &machine{con: quietConsole(), cfg: &Config{}, isReady: make(chan struct{}), slots: s}
 	m.startControllers(&applyRecorder{})
-	eventually(t, "time/status", observed, func() bool { return len(m.Resources("time")) == 1 })
+	wait.Until(t, "time/status", observed, func() bool { return len(m.Resources("time")) == 1 })
 	if spec, _ := json.Marshal(m.Resources("time")[0].Spec); !strings.Contains(string(spec), "time sync is off") {
 		t.Errorf("time/status: %s", spec)
 	}
@@ -215,9 +216,9 @@ func TestBootStateAndTimeAreObserved(t *testing.T) {
 		spec, _ := got[0].Spec.(map[string]interface{})
 		return fmt.Sprint(spec["booted_as"])
 	}
-	eventually(t, "boot/state on trial", observed, func() bool { return bootedAs() == "trial" })
+	wait.Until(t, "boot/state on trial", observed, func() bool { return bootedAs() == "trial" })
 	s.mu.Lock()
 	s.booted, s.state.Default, s.state.Next = "default", "B", ""
 	s.mu.Unlock()
-	eventually(t, "boot/state made default", observed, func() bool { return bootedAs() == "default" })
+	wait.Until(t, "boot/state made default", observed, func() bool { return bootedAs() == "default" })
 }

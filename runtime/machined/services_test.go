@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"kiln/machined/internal/supervisor"
+	"kiln/machined/internal/testkit/wait"
 )
 
 func TestServiceEnvironmentAndFiles(t *testing.T) {
@@ -21,7 +22,7 @@ func TestServiceEnvironmentAndFiles(t *testing.T) {
 		t.Fatalf("specs %+v errs %v", specs, errs)
 	}
 	s, _ := testSupervisor(t, specs...)
-	eventually(t, "env to exit", 3*time.Second, func() bool { return status(s, "env").State == supervisor.StateExited })
+	wait.Until(t, "env to exit", 3*time.Second, func() bool { return status(s, "env").State == supervisor.StateExited })
 	logs, _ := s.Logs("env")
 	if !strings.Contains(strings.Join(logs, "\n"), "hi from /bin/sh") {
 		t.Fatalf("logs: %v", logs)
@@ -44,7 +45,7 @@ func TestAnExtensionServiceCaughtRunningBetweenCrashesIsUnhealthy(t *testing.T) 
 	s, _ := testSupervisor(t, specs...)
 	state := runObservers(t, &servicesObserver{read: s.Status})
 	var seen supervisor.ServiceStatus
-	eventually(t, "agent seen running again after a crash", 3*time.Second+observed, func() bool {
+	wait.Until(t, "agent seen running again after a crash", 3*time.Second+observed, func() bool {
 		got := observedServices(state)
 		if len(got) == 1 {
 			seen = got[0]
@@ -95,17 +96,6 @@ func status(s *supervisor.Supervisor, name string) supervisor.ServiceStatus {
 		}
 	}
 	return supervisor.ServiceStatus{}
-}
-
-func eventually(t *testing.T, what string, max time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(max)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }
 
 // A failed upgrade's resume starts a new supervisor while the API lists services and reads

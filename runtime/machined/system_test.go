@@ -1,11 +1,12 @@
 package main
 
 import (
-	"os"
 	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
+
+	"kiln/machined/internal/testkit"
 )
 
 func TestParseCmdline(t *testing.T) {
@@ -45,24 +46,14 @@ func TestMountinfo(t *testing.T) {
 	}
 }
 
-func writeFile(t *testing.T, path, content string) {
-	t.Helper()
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
-		t.Fatal(err)
-	}
-}
-
 func TestCollectModaliases(t *testing.T) {
 	root := t.TempDir()
-	writeFile(t, root+"/pci/devices/0000:00:02.0/modalias", "pci:v00001AF4d00001000sv*\n")
-	writeFile(t, root+"/virtio/devices/virtio0/modalias", "virtio:d00000001v00001AF4\n")
-	writeFile(t, root+"/pci/devices/0000:00:03.0/modalias", "pci:v00001AF4d00001000sv*\n") // same device twice
-	writeFile(t, root+"/platform/devices/empty/modalias", "\n")
-	writeFile(t, root+"/platform/devices/other/uevent", "MODALIAS=ignored\n")
-	writeFile(t, root+"/platform/devices/other/power/modalias", "deeper:not-a-device\n") // not a device's own
+	testkit.WriteFile(t, root+"/pci/devices/0000:00:02.0/modalias", "pci:v00001AF4d00001000sv*\n")
+	testkit.WriteFile(t, root+"/virtio/devices/virtio0/modalias", "virtio:d00000001v00001AF4\n")
+	testkit.WriteFile(t, root+"/pci/devices/0000:00:03.0/modalias", "pci:v00001AF4d00001000sv*\n") // same device twice
+	testkit.WriteFile(t, root+"/platform/devices/empty/modalias", "\n")
+	testkit.WriteFile(t, root+"/platform/devices/other/uevent", "MODALIAS=ignored\n")
+	testkit.WriteFile(t, root+"/platform/devices/other/power/modalias", "deeper:not-a-device\n") // not a device's own
 	got := collectModaliases(root)
 	if strings.Join(got, " ") != "pci:v00001AF4d00001000sv* virtio:d00000001v00001AF4" {
 		t.Fatalf("%v", got)
@@ -74,25 +65,25 @@ func TestCollectModaliases(t *testing.T) {
 
 func TestConfigDriveFiles(t *testing.T) {
 	dir := t.TempDir()
-	writeFile(t, dir+"/user-data", "#cloud-config\nusers: [default]\nservices:\n  - name: web\n    command: /bin/web\n")
-	writeFile(t, dir+"/meta-data", "instance-id: i-1\nlocal-hostname: from-meta\n")
+	testkit.WriteFile(t, dir+"/user-data", "#cloud-config\nusers: [default]\nservices:\n  - name: web\n    command: /bin/web\n")
+	testkit.WriteFile(t, dir+"/meta-data", "instance-id: i-1\nlocal-hostname: from-meta\n")
 	cfg, source, err := configFromDir(dir, "/dev/sr0")
 	if err != nil || source != "/dev/sr0:user-data" || cfg.Hostname != "from-meta" || cfg.Services[0].Name != "web" {
 		t.Fatalf("%+v %s %v", cfg, source, err)
 	}
-	writeFile(t, dir+"/kiln.json", `{"hostname": "from-kiln"}`)
+	testkit.WriteFile(t, dir+"/kiln.json", `{"hostname": "from-kiln"}`)
 	cfg, source, err = configFromDir(dir, "/dev/sr0")
 	if err != nil || source != "/dev/sr0:kiln.json" || cfg.Hostname != "from-kiln" {
 		t.Fatalf("%+v %s %v", cfg, source, err)
 	}
-	writeFile(t, dir+"/kiln.yaml", "hostname: [not, a, string]\n")
+	testkit.WriteFile(t, dir+"/kiln.yaml", "hostname: [not, a, string]\n")
 	if _, _, err := configFromDir(dir, "/dev/sr0"); err == nil || !strings.Contains(err.Error(), "/dev/sr0:kiln.yaml") {
 		t.Fatalf("a broken kiln.yaml must be an error naming it: %v", err)
 	}
 	if _, _, err := configFromDir(t.TempDir(), "/dev/vdb"); err == nil {
 		t.Fatal("an empty drive must be an error")
 	}
-	writeFile(t, dir+"/path.yaml", "hostname: by-path\n")
+	testkit.WriteFile(t, dir+"/path.yaml", "hostname: by-path\n")
 	if cfg, err := configFromParam(dir+"/path.yaml", t.Logf); err != nil || cfg.Hostname != "by-path" {
 		t.Fatalf("kiln.config=path: %+v %v", cfg, err)
 	}
@@ -100,10 +91,10 @@ func TestConfigDriveFiles(t *testing.T) {
 
 func TestListExtensions(t *testing.T) {
 	dir := t.TempDir()
-	writeFile(t, dir+"/zfs.json", `{"name": "zfs", "version": "2.1", "author": "x", "compatibility": ">=0.1"}`)
-	writeFile(t, dir+"/gvisor.json", `{"name": "gvisor"}`)
-	writeFile(t, dir+"/unnamed.json", `{}`)
-	writeFile(t, dir+"/notes.txt", `ignored`)
+	testkit.WriteFile(t, dir+"/zfs.json", `{"name": "zfs", "version": "2.1", "author": "x", "compatibility": ">=0.1"}`)
+	testkit.WriteFile(t, dir+"/gvisor.json", `{"name": "gvisor"}`)
+	testkit.WriteFile(t, dir+"/unnamed.json", `{}`)
+	testkit.WriteFile(t, dir+"/notes.txt", `ignored`)
 	var names []string
 	for _, e := range listExtensions(dir) {
 		names = append(names, e.Name)
@@ -118,7 +109,7 @@ func TestListExtensions(t *testing.T) {
 
 func TestMayMatchRulesOutOnlyWhatNoPatternMatches(t *testing.T) {
 	dir := t.TempDir()
-	writeFile(t, dir+"/modules.alias", "# Aliases extracted from modules themselves.\nalias pci:v00008086d000010D3sv*sd*bc*sc*i* e1000e\nalias fs-xfs xfs\nalias usb:v*p*d*dc*dsc*dp*ic08isc06ip50in* usb_storage\nbroken line\n")
+	testkit.WriteFile(t, dir+"/modules.alias", "# Aliases extracted from modules themselves.\nalias pci:v00008086d000010D3sv*sd*bc*sc*i* e1000e\nalias fs-xfs xfs\nalias usb:v*p*d*dc*dsc*dp*ic08isc06ip50in* usb_storage\nbroken line\n")
 	patterns := aliasPatterns(dir + "/modules.alias")
 	if len(patterns) != 3 {
 		t.Fatalf("patterns %v", patterns)

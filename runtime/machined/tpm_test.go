@@ -4,12 +4,14 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"kiln/machined/internal/testkit"
 )
 
 func TestReadTPMReportsPCR11InLowercaseHex(t *testing.T) {
 	dir := t.TempDir()
 	value := strings.Repeat("AB", 32)
-	writeFile(t, filepath.Join(dir, "pcr-sha256", "11"), value+"\n")
+	testkit.WriteFile(t, filepath.Join(dir, "pcr-sha256", "11"), value+"\n")
 	state := readTPM(dir)
 	if state == nil || state.PCR11 != strings.ToLower(value) || state.Error != "" {
 		t.Fatalf("got %+v", state)
@@ -27,11 +29,11 @@ func TestReadTPMWithoutATPMOrWithGarbage(t *testing.T) {
 		t.Errorf("line: %q", line)
 	}
 	dir := t.TempDir()
-	writeFile(t, filepath.Join(dir, "pcr-sha256", "11"), "zz not hex")
+	testkit.WriteFile(t, filepath.Join(dir, "pcr-sha256", "11"), "zz not hex")
 	if state := readTPM(dir); state == nil || state.Error == "" || state.PCR11 != "" {
 		t.Errorf("garbage: got %+v", state)
 	}
-	writeFile(t, filepath.Join(dir, "pcr-sha256", "11"), strings.Repeat("00", 20))
+	testkit.WriteFile(t, filepath.Join(dir, "pcr-sha256", "11"), strings.Repeat("00", 20))
 	if state := readTPM(dir); state == nil || !strings.Contains(state.Error, "not a sha256 value") {
 		t.Errorf("sha1-sized: got %+v", state)
 	}

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"kiln/machined/internal/supervisor"
+	"kiln/machined/internal/testkit"
 )
 
 // fakeSys builds a /sys/class/block the way the kernel lays it out (class entries are
@@ -16,17 +17,17 @@ func fakeSys(t *testing.T) string {
 	sys := t.TempDir()
 	dev := sys + "/devices/pci0000:00/virtio1/block"
 	disk := func(name string, sectors string, parts ...string) {
-		writeFile(t, dev+"/"+name+"/size", sectors)
-		writeFile(t, dev+"/"+name+"/uevent", "DEVTYPE=disk\nDEVNAME="+name+"\n")
-		writeFile(t, dev+"/"+name+"/removable", "0")
-		writeFile(t, dev+"/"+name+"/ro", "0")
+		testkit.WriteFile(t, dev+"/"+name+"/size", sectors)
+		testkit.WriteFile(t, dev+"/"+name+"/uevent", "DEVTYPE=disk\nDEVNAME="+name+"\n")
+		testkit.WriteFile(t, dev+"/"+name+"/removable", "0")
+		testkit.WriteFile(t, dev+"/"+name+"/ro", "0")
 		os.MkdirAll(sys+"/class/block", 0o755)
 		os.Symlink(dev+"/"+name, sys+"/class/block/"+name)
 		for i, p := range parts {
 			pn := name + string(rune('1'+i))
-			writeFile(t, dev+"/"+name+"/"+pn+"/partition", string(rune('1'+i)))
-			writeFile(t, dev+"/"+name+"/"+pn+"/size", "2048")
-			writeFile(t, dev+"/"+name+"/"+pn+"/uevent", "DEVTYPE=partition\nDEVNAME="+pn+"\nPARTNAME="+p+"\n")
+			testkit.WriteFile(t, dev+"/"+name+"/"+pn+"/partition", string(rune('1'+i)))
+			testkit.WriteFile(t, dev+"/"+name+"/"+pn+"/size", "2048")
+			testkit.WriteFile(t, dev+"/"+name+"/"+pn+"/uevent", "DEVTYPE=partition\nDEVNAME="+pn+"\nPARTNAME="+p+"\n")
 			os.Symlink(dev+"/"+name+"/"+pn, sys+"/class/block/"+pn)
 		}
 	}
@@ -127,15 +128,5 @@ func TestProbeFilesystems(t *testing.T) {
 		if IsBlank(img) {
 			t.Errorf("%s: a formatted image is not blank", tool.cmd)
 		}
-	}
-}
-
-func writeFile(t *testing.T, path, content string) {
-	t.Helper()
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
-		t.Fatal(err)
 	}
 }

@@ -7,12 +7,12 @@ import (
 	"os"
 	"reflect"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"kiln/machined/internal/dhcp"
 	"kiln/machined/internal/dhcp6"
+	"kiln/machined/internal/testkit"
 )
 
 // fakeClients stands in for the DHCP and DHCPv6 clients: each gets a lease at once (applied
@@ -20,23 +20,7 @@ import (
 // The rtnetlink side is the recorder of lease_test.go; TestApplyInANetworkNamespace runs the
 // same steps on real interfaces.
 type fakeClients struct {
-	mu      sync.Mutex
-	running map[string]bool
-	events  []string
-}
-
-func (f *fakeClients) note(format string, args ...interface{}) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.events = append(f.events, fmt.Sprintf(format, args...))
-}
-
-func (f *fakeClients) take() string {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	s := strings.Join(f.events, "; ")
-	f.events = nil
-	return s
+	testkit.Lines // what started and stopped
 }
 
 func applyNetwork(t *testing.T) (*Network, *recorder, *fakeClients) {
@@ -50,21 +34,21 @@ func applyNetwork(t *testing.T) (*Network, *recorder, *fakeClients) {
 	}
 	f := &fakeClients{}
 	n.runDHCP = func(ctx context.Context, iface net.Interface, first chan struct{}) {
-		f.note("dhcp %s started", iface.Name)
+		f.Add("dhcp %s started", iface.Name)
 		lease := gcpLease(map[string]string{"eth0": "10.0.2.15", "eth1": "10.0.3.15"}[iface.Name])
 		n.setState(iface.Name, dhcp.Bound)
 		n.applyLease(iface, lease, false)
 		close(first)
 		<-ctx.Done()
 		n.endDHCP(iface)
-		f.note("dhcp %s stopped", iface.Name)
+		f.Add("dhcp %s stopped", iface.Name)
 	}
 	n.runDHCP6 = func(ctx context.Context, iface net.Interface) {
-		f.note("dhcp6 %s started", iface.Name)
+		f.Add("dhcp6 %s started", iface.Name)
 		n.applyLease6(iface, dhcp6.Lease{IP: net.ParseIP("2001:db8::15"), Valid: time.Hour, Start: t0}, false)
 		<-ctx.Done()
 		n.endDHCP6(iface)
-		f.note("dhcp6 %s stopped", iface.Name)
+		f.Add("dhcp6 %s stopped", iface.Name)
 	}
 	return n, rec, f
 }
@@ -78,17 +62,17 @@ func TestApplyStopsDHCPTheConfigTurnsOffAndTakesItsLease(t *testing.T) {
 	n, rec, f := applyNetwork(t)
 	// the boot's first step: DHCP everywhere (to reach a config URL)
 	n.Configure(NetworkConfig{Interfaces: []InterfaceConfig{{Name: "eth0"}, {Name: "eth1"}}}, time.Second)
-	if got := f.take(); got != "dhcp eth0 started; dhcp6 eth0 started; dhcp eth1 started; dhcp6 eth1 started" &&
+	if got := f.Take(); got != "dhcp eth0 started; dhcp6 eth0 started; dhcp eth1 started; dhcp6 eth1 started" &&
 		got != "dhcp6 eth0 started; dhcp eth0 started; dhcp6 eth1 started; dhcp eth1 started" {
 		// the order of the two clients of one interface is the scheduler's
 		if strings.Count(got, "started") != 4 {
 			t.Fatalf("clients: %s", got)
 		}
 	}
-	rec.take()
+	rec.Take()
 	// the machine config (kept on STATE): eth0 static, DHCP off; eth1 not named
 	n.Apply(static("eth0", "10.0.2.77/24", "10.0.2.2"), time.Second)
-	got := rec.take()
+	got := rec.Take()
 	for _, want := range []string{"del 10.0.2.15/32", "del 10.0.3.15/32", "del 2001:db8::15/128", "add 10.0.2.77/24", "route 0.0.0.0/0 via 10.0.2.2 proto 4"} {
 		if !strings.Contains(got, want) {
 			t.Errorf("rtnetlink calls lack %q:\n%s", want, got)
@@ -97,7 +81,7 @@ func TestApplyStopsDHCPTheConfigTurnsOffAndTakesItsLease(t *testing.T) {
 	if strings.Index(got, "del 10.0.2.15/32") > strings.Index(got, "add 10.0.2.77/24") {
 		t.Errorf("the static address must come after the lease is removed:\n%s", got)
 	}
-	if events := f.take(); strings.Count(events, "stopped") != 4 || strings.Contains(events, "started") {
+	if events := f.Take(); strings.Count(events, "stopped") != 4 || strings.Contains(events, "started") {
 		t.Errorf("clients: %s", events)
 	}
 	if leases := n.Leases(); len(leases) != 0 {
@@ -109,22 +93,22 @@ func TestApplyStopsDHCPTheConfigTurnsOffAndTakesItsLease(t *testing.T) {
 
 	// applying the same config again changes nothing
 	n.Apply(static("eth0", "10.0.2.77/24", "10.0.2.2"), time.Second)
-	if got := rec.take(); strings.Contains(got, "del") || strings.Contains(got, "unroute") {
+	if got := rec.Take(); strings.Contains(got, "del") || strings.Contains(got, "unroute") {
 		t.Errorf("an unchanged config removed something: %s", got)
 	}
-	if events := f.take(); events != "" {
+	if events := f.Take(); events != "" {
 		t.Errorf("an unchanged config touched the clients: %s", events)
 	}
 
 	// back to DHCP on eth0 (dhcp6 off): the static address and route go, DHCP starts again
 	no := false
 	n.Apply(NetworkConfig{Interfaces: []InterfaceConfig{{Name: "eth0", DHCP6: &no}}}, time.Second)
-	got = rec.take()
+	got = rec.Take()
 	if !strings.Contains(got, "del 10.0.2.77/24") || !strings.Contains(got, "unroute 0.0.0.0/0 via 10.0.2.2") ||
 		!strings.Contains(got, "add 10.0.2.15/32") {
 		t.Errorf("back to DHCP: %s", got)
 	}
-	if events := f.take(); events != "dhcp eth0 started" {
+	if events := f.Take(); events != "dhcp eth0 started" {
 		t.Errorf("clients: %s", events)
 	}
 	if addrs := n.Addresses(); !reflect.DeepEqual(addrs["eth0"], []string{"10.0.2.15/32"}) {

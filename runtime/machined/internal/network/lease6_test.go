@@ -23,7 +23,7 @@ func lease6(ip string) dhcp6.Lease {
 func TestDHCP6LeaseAppliedMovedAndLost(t *testing.T) {
 	n, rec, said := testNetwork(t)
 	n.applyLease6(eth0, lease6("2001:db8::100"), false)
-	if got := rec.take(); got != "add 2001:db8::100/128" {
+	if got := rec.Take(); got != "add 2001:db8::100/128" {
 		t.Fatalf("calls: %s", got)
 	}
 	if data, _ := os.ReadFile(n.resolvConf); string(data) != "nameserver 2001:db8::53\n" {
@@ -32,7 +32,7 @@ func TestDHCP6LeaseAppliedMovedAndLost(t *testing.T) {
 	n.applyLease6(eth0, lease6("2001:db8::100"), true)
 	moved := lease6("2001:db8::200")
 	n.applyLease6(eth0, moved, true)
-	if got := rec.take(); got != "add 2001:db8::100/128; add 2001:db8::200/128; del 2001:db8::100/128" {
+	if got := rec.Take(); got != "add 2001:db8::100/128; add 2001:db8::200/128; del 2001:db8::100/128" {
 		t.Fatalf("calls: %s", got)
 	}
 	li := n.Leases()["eth0/dhcp6"]
@@ -45,7 +45,7 @@ func TestDHCP6LeaseAppliedMovedAndLost(t *testing.T) {
 	}
 	v4 := gcpLease("10.128.0.5")
 	n.applyLease(eth0, v4, false)
-	rec.take()
+	rec.Take()
 	if got := n.NTPServers(); !reflect.DeepEqual(got, []string{"169.254.169.254", "2001:db8::123"}) {
 		t.Errorf("NTP %v", got)
 	}
@@ -54,7 +54,7 @@ func TestDHCP6LeaseAppliedMovedAndLost(t *testing.T) {
 		t.Errorf("resolv.conf %q", data)
 	}
 	n.dropLease6(eth0, moved, "expired")
-	if got := rec.take(); got != "add 2001:db8::200/128; del 2001:db8::200/128" {
+	if got := rec.Take(); got != "add 2001:db8::200/128; del 2001:db8::200/128" {
 		t.Fatalf("calls: %s", got)
 	}
 	if li := n.Leases()["eth0/dhcp6"]; li.Address != "" || li.Renewals != 0 {

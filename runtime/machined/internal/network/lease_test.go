@@ -13,19 +13,17 @@ import (
 	"time"
 
 	"kiln/machined/internal/dhcp"
+	"kiln/machined/internal/testkit"
 )
 
 // recorder stands in for rtnetlink: it logs each request (from any goroutine: the DHCP
 // clients apply their leases on their own).
 type recorder struct {
-	mu    sync.Mutex
-	calls []string
+	testkit.Lines
 }
 
 func (r *recorder) log(format string, args ...interface{}) error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.calls = append(r.calls, fmt.Sprintf(format, args...))
+	r.Add(format, args...)
 	return nil
 }
 
@@ -39,15 +37,6 @@ func (r *recorder) delRoute(i int, rt route) error {
 func (r *recorder) setMTU(i int, mtu int) error { return r.log("mtu %d", mtu) }
 func (r *recorder) linkUp(i int) error          { return nil }
 func (r *recorder) Close()                      {}
-
-// take returns the calls so far and forgets them.
-func (r *recorder) take() string {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	s := strings.Join(r.calls, "; ")
-	r.calls = nil
-	return s
-}
 
 var t0 = time.Date(2024, 1, 1, 0, 0, 0, 0, time.UTC)
 
@@ -79,21 +68,21 @@ func TestApplyLeaseRenewAndLose(t *testing.T) {
 	n, rec, said := testNetwork(t)
 	n.setState("eth0", dhcp.Bound)
 	n.applyLease(eth0, gcpLease("10.128.0.5"), false)
-	if got := rec.take(); got != "mtu 1460; add 10.128.0.5/32; route 10.128.0.1/32 on-link proto 16; route 0.0.0.0/0 via 10.128.0.1 proto 16" {
+	if got := rec.Take(); got != "mtu 1460; add 10.128.0.5/32; route 10.128.0.1/32 on-link proto 16; route 0.0.0.0/0 via 10.128.0.1 proto 16" {
 		t.Fatalf("first lease: %s", got)
 	}
 	if data, _ := os.ReadFile(n.resolvConf); string(data) != "nameserver 169.254.169.254\n" {
 		t.Errorf("resolv.conf %q", data)
 	}
 	n.applyLease(eth0, gcpLease("10.128.0.5"), true)
-	if got := rec.take(); strings.Contains(got, "del") || strings.Contains(got, "unroute") {
+	if got := rec.Take(); strings.Contains(got, "del") || strings.Contains(got, "unroute") {
 		t.Fatalf("an unchanged renewal removes nothing: %s", got)
 	}
 	moved := gcpLease("10.128.0.9")
 	moved.Routes = []dhcp.Route{{Dst: cidr("0.0.0.0/0"), Gateway: net.IPv4(10, 128, 0, 1).To4()}}
 	n.applyLease(eth0, moved, true)
 	want := "mtu 1460; add 10.128.0.9/32; route 10.128.0.1/32 on-link proto 16; route 0.0.0.0/0 via 10.128.0.1 proto 16; del 10.128.0.5/32"
-	if got := rec.take(); got != want {
+	if got := rec.Take(); got != want {
 		t.Fatalf("moved lease:\n%s\nwant\n%s", got, want)
 	}
 	if got := n.Addresses()["eth0"]; !reflect.DeepEqual(got, []string{"10.128.0.9/32"}) {
@@ -107,7 +96,7 @@ func TestApplyLeaseRenewAndLose(t *testing.T) {
 		t.Errorf("lease info\n%+v\nwant\n%+v", info, wantInfo)
 	}
 	n.dropLease(eth0, moved, "expired")
-	if got := rec.take(); got != "unroute 0.0.0.0/0 via 10.128.0.1; unroute 10.128.0.1/32 on-link; del 10.128.0.9/32" {
+	if got := rec.Take(); got != "unroute 0.0.0.0/0 via 10.128.0.1; unroute 10.128.0.1/32 on-link; del 10.128.0.9/32" {
 		t.Fatalf("lost lease: %s", got)
 	}
 	if len(n.Addresses()["eth0"]) != 0 || n.Leases()["eth0"].Address != "" || n.NTPServers() != nil {
@@ -124,12 +113,12 @@ func TestApplyLeaseReplacesRoutesByDestination(t *testing.T) {
 	n, rec, _ := testNetwork(t)
 	l := dhcp.Lease{IP: net.IPv4(10, 0, 0, 5).To4(), Mask: net.CIDRMask(24, 32), Router: net.IPv4(10, 0, 0, 1).To4(), Start: t0, Lease: time.Hour}
 	n.applyLease(eth0, l, false)
-	if got := rec.take(); got != "add 10.0.0.5/24; route 0.0.0.0/0 via 10.0.0.1 proto 16" {
+	if got := rec.Take(); got != "add 10.0.0.5/24; route 0.0.0.0/0 via 10.0.0.1 proto 16" {
 		t.Fatal(got)
 	}
 	l.Router = net.IPv4(10, 0, 0, 254).To4()
 	n.applyLease(eth0, l, true)
-	if got := rec.take(); got != "add 10.0.0.5/24; route 0.0.0.0/0 via 10.0.0.254 proto 16" {
+	if got := rec.Take(); got != "add 10.0.0.5/24; route 0.0.0.0/0 via 10.0.0.254 proto 16" {
 		t.Fatalf("the new default route replaces the old; deleting the old by destination would take the new: %s", got)
 	}
 }
@@ -139,7 +128,7 @@ func TestApplyLeaseWithConfig(t *testing.T) {
 	n.setConfig(InterfaceConfig{Name: "eth0", MTU: 9000, Routes: []RouteConfig{{To: "192.0.2.0/24", Via: "10.128.0.1"}}})
 	n.applyLease(eth0, gcpLease("10.128.0.5"), false)
 	want := "add 10.128.0.5/32; route 10.128.0.1/32 on-link proto 16; route 0.0.0.0/0 via 10.128.0.1 proto 16; route 192.0.2.0/24 via 10.128.0.1 proto 4"
-	if got := rec.take(); got != want {
+	if got := rec.Take(); got != want {
 		t.Fatalf("the config's MTU wins and its routes follow the lease's:\n%s\nwant\n%s", got, want)
 	}
 }
@@ -150,11 +139,11 @@ func TestApplyStatic(t *testing.T) {
 		Routes: []RouteConfig{{To: "192.0.2.0/24", Via: "10.128.0.1"}, {To: "198.51.100.0/24"}}})
 	want := "mtu 1460; add 10.128.0.5/32; route 198.51.100.0/24 on-link proto 4; route 10.128.0.1/32 on-link proto 4; " +
 		"route 0.0.0.0/0 via 10.128.0.1 proto 4; route 192.0.2.0/24 via 10.128.0.1 proto 4"
-	if got := rec.take(); got != want {
+	if got := rec.Take(); got != want {
 		t.Fatalf("\n%s\nwant\n%s", got, want)
 	}
 	n.applyStatic(rec, eth0, InterfaceConfig{Name: "eth0", MTU: 1500, Routes: []RouteConfig{{To: "192.0.2.0/24", Via: "10.0.0.1"}}})
-	if got := rec.take(); got != "mtu 1500" {
+	if got := rec.Take(); got != "mtu 1500" {
 		t.Fatalf("DHCP alone: the routes wait for the lease: %s", got)
 	}
 }

@@ -39,7 +39,7 @@ func TestLinkLocalRoutesOnlyOnTheMetadataInterface(t *testing.T) {
 	n.SetMetadataInterface(func() string { return "eth0" })
 	n.setState("eth1", dhcp.Bound)
 	n.applyLease(eth1, azureLease("10.0.1.5"), false)
-	if got := rec.take(); strings.Contains(got, "169.254") || !strings.Contains(got, "route 168.63.129.16/32 via 10.0.1.1") {
+	if got := rec.Take(); strings.Contains(got, "169.254") || !strings.Contains(got, "route 168.63.129.16/32 via 10.0.1.1") {
 		t.Fatalf("eth1 took %s", got)
 	}
 	if text := strings.Join(*said, "\n"); !strings.Contains(text, "eth1: DHCP routes 169.254.169.254/32 via 10.0.1.1 ignored") {
@@ -57,7 +57,7 @@ func TestLinkLocalRoutesOnlyOnTheMetadataInterface(t *testing.T) {
 
 	n.setState("eth0", dhcp.Bound)
 	n.applyLease(eth0, azureLease("10.0.0.5"), false)
-	if got := rec.take(); !strings.Contains(got, "route 169.254.169.254/32 via 10.0.1.1") {
+	if got := rec.Take(); !strings.Contains(got, "route 169.254.169.254/32 via 10.0.1.1") {
 		t.Fatalf("the metadata interface did not take its route: %s", got)
 	}
 	if info := n.Leases()["eth0"]; len(info.IgnoredRoutes) != 0 || len(info.Routes) != 3 {
@@ -75,7 +75,7 @@ func TestLinkLocalRoutesIgnoredEverywhereWithoutAMetadataInterface(t *testing.T)
 		l := azureLease("10.0.0.5")
 		l.Routes = append(l.Routes, dhcp.Route{Dst: cidr("128.0.0.0/1"), Gateway: net.IPv4(10, 0, 1, 1).To4()})
 		n.applyLease(eth0, l, false)
-		if got := rec.take(); strings.Contains(got, "169.254") || strings.Contains(got, "128.0.0.0/1") || !strings.Contains(got, "0.0.0.0/0") {
+		if got := rec.Take(); strings.Contains(got, "169.254") || strings.Contains(got, "128.0.0.0/1") || !strings.Contains(got, "0.0.0.0/0") {
 			t.Fatalf("took %s", got)
 		}
 	}

@@ -1,7 +1,6 @@
 package ntp
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"net"
@@ -9,30 +8,11 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
-	"sync"
 	"testing"
 	"time"
 
 	"kiln/machined/internal/testkit"
 )
-
-// lockedBuffer collects chronyd's log while it runs.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // startChronyd runs chronyd as an NTP server on 127.0.0.1 at local stratum 8, from a
 // config in a temp dir (nothing read from /etc/chrony), with -x so it never touches the
@@ -76,7 +56,7 @@ pidfile %s
 		args = append(args, "-U")
 	}
 	cmd := exec.Command(bin, args...)
-	var log lockedBuffer
+	var log testkit.SyncBuffer
 	cmd.Stdout, cmd.Stderr = &log, &log
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

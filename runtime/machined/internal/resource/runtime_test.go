@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"kiln/machined/internal/testkit"
 )
 
 // funcController is a controller made of a function.
@@ -29,24 +31,6 @@ func (c *funcController) Reconcile(ctx context.Context, r *Run) error {
 		return nil
 	}
 	return c.reconcile(ctx, r)
-}
-
-// logs collects what the runtime reports, safely from every controller goroutine.
-type logs struct {
-	mu    sync.Mutex
-	lines []string
-}
-
-func (l *logs) say(format string, args ...interface{}) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.lines = append(l.lines, fmt.Sprintf(format, args...))
-}
-
-func (l *logs) text() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return strings.Join(l.lines, "\n")
 }
 
 // start runs rt until the test ends (or stop is called) and waits for Run to return then.
@@ -240,8 +224,8 @@ func TestStaleOutputsRemoved(t *testing.T) {
 // other controllers keep running meanwhile.
 func TestPanicRecoveredAndRetried(t *testing.T) {
 	s := NewState()
-	var log logs
-	rt := NewRuntime(s, log.say)
+	var log testkit.Lines // what the runtime reports, from every controller goroutine
+	rt := NewRuntime(s, log.Add)
 	var backoffs []int
 	var mu sync.Mutex
 	rt.Backoff = func(n int) time.Duration {
@@ -267,7 +251,7 @@ func TestPanicRecoveredAndRetried(t *testing.T) {
 	start(t, rt)
 	waitFor(t, s, "steady", "x", specIs("ok"))
 	waitFor(t, s, "out", "x", specIs("ok"))
-	text := log.text()
+	text := log.Join("\n")
 	if !strings.Contains(text, "controller flaky: panic: assignment to entry in nil map") ||
 		!strings.Contains(text, "controller flaky: not yet") {
 		t.Fatalf("reports:\n%s", text)

@@ -6,6 +6,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"kiln/machined/internal/testkit/wait"
 )
 
 // capturePanics routes panic reports to a slice for one test.
@@ -39,7 +41,7 @@ func TestGoSafeRecoversAndReports(t *testing.T) {
 		m["boom"] = 1 // a nil map write: a runtime panic, as a parser bug would be
 	})
 	wg.Wait()
-	eventually(t, "the panic report", time.Second, func() bool { return len(got()) == 1 })
+	wait.Until(t, "the panic report", time.Second, func() bool { return len(got()) == 1 })
 	line := got()[0]
 	for _, want := range []string{"machined: panic in test worker:", "assignment to entry in nil map", "stack:", "safego_test.go"} {
 		if !strings.Contains(line, want) {
@@ -72,25 +74,14 @@ func TestGoForeverRestartsThenGivesUp(t *testing.T) {
 			panic("transient")
 		}
 	})
-	eventually(t, "a third, clean run", time.Second, func() bool { mu.Lock(); defer mu.Unlock(); return runs == 3 })
+	wait.Until(t, "a third, clean run", time.Second, func() bool { mu.Lock(); defer mu.Unlock(); return runs == 3 })
 	if n := len(got()); n != 2 {
 		t.Fatalf("%d reports, want 2: %v", n, got())
 	}
 
 	Forever("broken loop", func() { panic("always") })
-	eventually(t, "the component marked failed", 2*time.Second, func() bool {
+	wait.Until(t, "the component marked failed", 2*time.Second, func() bool {
 		l := got()
 		return len(l) > 0 && strings.Contains(l[len(l)-1], "broken loop panicked 11 times; it is marked failed")
 	})
-}
-
-func eventually(t *testing.T, what string, max time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(max)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }

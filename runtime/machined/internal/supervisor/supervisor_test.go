@@ -8,6 +8,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"kiln/machined/internal/testkit/wait"
 )
 
 // Real child processes (/bin/sh) under the real reaper: fast backoff settings keep it short.
@@ -64,20 +66,9 @@ func status(s *Supervisor, name string) ServiceStatus {
 	return ServiceStatus{}
 }
 
-func eventually(t *testing.T, what string, max time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(max)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 func TestRestartWithExponentialBackoff(t *testing.T) {
 	s, events := testSupervisor(t, sh("crash", "echo attempt; exit 3", RestartOnFailure))
-	eventually(t, "five restarts", 5*time.Second, func() bool { return status(s, "crash").Restarts >= 5 })
+	wait.Until(t, "five restarts", 5*time.Second, func() bool { return status(s, "crash").Restarts >= 5 })
 	var delays []string
 	for _, e := range events.all() {
 		if i := strings.Index(e, "restarting in "); i >= 0 {
@@ -107,10 +98,10 @@ func TestRestartPolicies(t *testing.T) {
 		sh("fail-never", "exit 1", RestartNever),
 		sh("always", "exit 0", RestartAlways),
 		ServiceSpec{Name: "missing", Command: "/nonexistent/binary", Restart: RestartNever})
-	eventually(t, "done to exit", 3*time.Second, func() bool { return status(s, "done").State == StateExited })
-	eventually(t, "fail-never to fail", 3*time.Second, func() bool { return status(s, "fail-never").State == StateFailed })
-	eventually(t, "missing to fail", 3*time.Second, func() bool { return status(s, "missing").State == StateFailed })
-	eventually(t, "always to restart", 3*time.Second, func() bool { return status(s, "always").Restarts >= 2 })
+	wait.Until(t, "done to exit", 3*time.Second, func() bool { return status(s, "done").State == StateExited })
+	wait.Until(t, "fail-never to fail", 3*time.Second, func() bool { return status(s, "fail-never").State == StateFailed })
+	wait.Until(t, "missing to fail", 3*time.Second, func() bool { return status(s, "missing").State == StateFailed })
+	wait.Until(t, "always to restart", 3*time.Second, func() bool { return status(s, "always").Restarts >= 2 })
 	if st := status(s, "done"); st.Restarts != 0 {
 		t.Fatalf("on-failure restarted a clean exit: %+v", st)
 	}
@@ -121,12 +112,12 @@ func TestRestartPolicies(t *testing.T) {
 
 func TestKilledServiceRestarts(t *testing.T) {
 	s, _ := testSupervisor(t, sh("daemon", "exec sleep 60", RestartAlways))
-	eventually(t, "daemon running", 3*time.Second, func() bool { return status(s, "daemon").State == StateRunning })
+	wait.Until(t, "daemon running", 3*time.Second, func() bool { return status(s, "daemon").State == StateRunning })
 	first := status(s, "daemon").PID
 	if err := syscall.Kill(first, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "a new pid", 3*time.Second, func() bool {
+	wait.Until(t, "a new pid", 3*time.Second, func() bool {
 		st := status(s, "daemon")
 		return st.State == StateRunning && st.PID != first && st.PID != 0
 	})
@@ -146,7 +137,7 @@ func TestDependenciesStartInOrder(t *testing.T) {
 		oneshot(sh("setup", "sleep 0.3; touch "+dir+"/setup-done", RestartNever)),
 		oneshot(sh("broken", "exit 1", RestartNever)),
 		sh("stuck", "exec sleep 60", RestartAlways, "broken"))
-	eventually(t, "web running", 5*time.Second, func() bool { return status(s, "web").State == StateRunning })
+	wait.Until(t, "web running", 5*time.Second, func() bool { return status(s, "web").State == StateRunning })
 	if st := status(s, "db"); st.State != StateRunning {
 		t.Fatalf("db should be running (setup had finished first): %+v", st)
 	}
@@ -163,7 +154,7 @@ func TestDependenciesStartInOrder(t *testing.T) {
 	if !(pos["setup"] < pos["db"] && pos["db"] < pos["web"]) {
 		t.Fatalf("start order %v", order)
 	}
-	eventually(t, "broken to fail", 3*time.Second, func() bool { return status(s, "broken").State == StateFailed })
+	wait.Until(t, "broken to fail", 3*time.Second, func() bool { return status(s, "broken").State == StateFailed })
 	time.Sleep(200 * time.Millisecond)
 	if st := status(s, "stuck"); st.State != StateWaiting || strings.Join(st.Waiting, ",") != "broken" {
 		t.Fatalf("stuck should wait for broken: %+v", st)
@@ -176,7 +167,7 @@ func TestStopEscalatesToSIGKILL(t *testing.T) {
 		sh("stubborn", "trap '' TERM; echo ignoring TERM; while :; do sleep 0.05; done", RestartAlways))
 	// running is not enough: on a loaded machine the shell may not have set its trap yet, and
 	// then SIGTERM ends it at once
-	eventually(t, "both running, stubborn ignoring TERM", 3*time.Second, func() bool {
+	wait.Until(t, "both running, stubborn ignoring TERM", 3*time.Second, func() bool {
 		lines, _ := s.Logs("stubborn")
 		return status(s, "polite").State == StateRunning && status(s, "stubborn").State == StateRunning &&
 			strings.Contains(strings.Join(lines, "\n"), "ignoring TERM")

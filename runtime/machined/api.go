@@ -117,12 +117,7 @@ func apiHandler(b apiBackend, serverKey func() []byte, refused func(string)) htt
 			status, err = b.Upgrade(req)
 		}
 		if err != nil {
-			code := http.StatusBadRequest
-			var ae *apiError
-			if errors.As(err, &ae) {
-				code = ae.code
-			}
-			writeJSON(w, code, map[string]string{"error": err.Error()})
+			writeError(w, err, http.StatusBadRequest)
 			return
 		}
 		writeJSON(w, http.StatusAccepted, map[string]interface{}{"upgrade": status})
@@ -150,6 +145,15 @@ func writeJSON(w http.ResponseWriter, code int, v interface{}) {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	_ = enc.Encode(v)
+}
+
+// writeError answers {"error": ...} with the status an apiError carries, else with code.
+func writeError(w http.ResponseWriter, err error, code int) {
+	var ae *apiError
+	if errors.As(err, &ae) {
+		code = ae.code
+	}
+	writeJSON(w, code, map[string]string{"error": err.Error()})
 }
 
 // serveAPI listens with mutual TLS: a client without a certificate signed by the client CA

@@ -33,12 +33,7 @@ func applyConfigHandler(b apiBackend) http.HandlerFunc {
 			}
 		})
 		if err != nil {
-			code := http.StatusInternalServerError
-			var ae *apiError
-			if errors.As(err, &ae) {
-				code = ae.code
-			}
-			writeJSON(w, code, map[string]string{"error": err.Error()})
+			writeError(w, err, http.StatusInternalServerError)
 		}
 	}
 }

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -137,12 +136,7 @@ func (l *watchLimiter) serve(b apiBackend, w http.ResponseWriter, r *http.Reques
 	defer l.release(source)
 	watch, err := b.WatchResources(t, id)
 	if err != nil {
-		code := http.StatusInternalServerError
-		var ae *apiError
-		if errors.As(err, &ae) {
-			code = ae.code
-		}
-		writeJSON(w, code, map[string]string{"error": err.Error()})
+		writeError(w, err, http.StatusInternalServerError)
 		return
 	}
 	defer watch.Close()

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"hash/fnv"
 	"math/rand"
 	"net"
 	"time"
@@ -74,17 +73,8 @@ func (systemClock) Sleep(ctx context.Context, d time.Duration) {
 	}
 }
 
-// Hooks tell the client's owner what changed. They run on Run's goroutine, so the lease
-// is applied before the client moves on.
-type Hooks struct {
-	// State reports each state entered, for status.
-	State func(State)
-	// Bound gets each lease acquired (renewed false) or extended (renewed true). An extended
-	// lease may carry another address or other routes, which then replace the old ones.
-	Bound func(l Lease, renewed bool)
-	// Lost says the lease expired or a server refused it: what Bound applied must go.
-	Lost func(l Lease, reason string)
-}
+// Hooks tell the client's owner what changed (see HooksFor).
+type Hooks = HooksFor[State, Lease]
 
 // Client gets and keeps the lease of one interface.
 type Client struct {
@@ -108,35 +98,16 @@ func (c *Client) Run(ctx context.Context) {
 		c.clk = SystemClock()
 	}
 	if c.rng == nil {
-		c.rng = rand.New(rand.NewSource(seed(c.MAC)))
+		c.rng = NewRand(c.MAC)
 	}
-	for {
-		l, ok := c.acquire(ctx)
-		if !ok {
-			return
-		}
-		c.bound(l, false)
-		l, reason := c.hold(ctx, l)
-		if reason == "" {
-			return
-		}
-		c.lost(l, reason)
-	}
-}
-
-// seed mixes the MAC into the time, so that identical VMs booted in the same instant (with
-// the same clock) still pick different transaction ids and jitter.
-func seed(mac net.HardwareAddr) int64 {
-	h := fnv.New64a()
-	h.Write(mac)
-	return time.Now().UnixNano() ^ int64(h.Sum64())
+	c.Hooks.Cycle(ctx, c.acquire, c.hold)
 }
 
 // acquire runs DISCOVER exchanges until one gives a lease; false when ctx ended.
 func (c *Client) acquire(ctx context.Context) (Lease, bool) {
 	retry := c.backoff()
 	for {
-		c.setState(Init)
+		c.Hooks.Enter(Init)
 		l, err := c.discover(ctx)
 		if ctx.Err() != nil {
 			return Lease{}, false
@@ -160,7 +131,7 @@ func (c *Client) discover(ctx context.Context) (Lease, error) {
 	if err != nil {
 		return Lease{}, err
 	}
-	c.setState(Requesting)
+	c.Hooks.Enter(Requesting)
 	server := offer.serverID()
 	req := request{msgType: msgRequest, options: []option{{optRequestedIP, offer.yiaddr.To4()}, {optServerID, server}}}
 	reply, sent, err := x.ask(ctx, req, nil, c.clk.Now().Add(requestFor), c.backoff().wait, answerFrom(server))
@@ -174,7 +145,7 @@ func (c *Client) discover(ctx context.Context) (Lease, error) {
 // was lost, or no reason when ctx ended.
 func (c *Client) hold(ctx context.Context, l Lease) (Lease, string) {
 	for {
-		c.setState(Bound)
+		c.Hooks.Enter(Bound)
 		c.clk.Sleep(ctx, l.Start.Add(l.Renew).Sub(c.clk.Now()))
 		if ctx.Err() != nil {
 			return l, ""
@@ -184,7 +155,7 @@ func (c *Client) hold(ctx context.Context, l Lease) (Lease, string) {
 		case ctx.Err() != nil:
 			return l, ""
 		case err == nil:
-			c.bound(next, true)
+			c.Hooks.Extended(next)
 			l = next
 		case errors.Is(err, errNak):
 			return l, "refused by the server (NAK)"
@@ -197,12 +168,12 @@ func (c *Client) hold(ctx context.Context, l Lease) (Lease, string) {
 // extend asks the lease's server (RENEWING, until T2), then any server (REBINDING, until
 // the lease expires).
 func (c *Client) extend(ctx context.Context, l Lease) (Lease, error) {
-	c.setState(Renewing)
+	c.Hooks.Enter(Renewing)
 	next, err := c.renew(ctx, l, l.ServerID, l.Start.Add(l.Rebind))
 	if err == nil || errors.Is(err, errNak) || ctx.Err() != nil {
 		return next, err
 	}
-	c.setState(Rebinding)
+	c.Hooks.Enter(Rebinding)
 	return c.renew(ctx, l, nil, l.Expiry())
 }
 
@@ -270,24 +241,6 @@ func leaseOf(p packet, sent time.Time, server net.IP) (Lease, error) {
 		l.ServerID = server
 	}
 	return l, nil
-}
-
-func (c *Client) setState(s State) {
-	if c.Hooks.State != nil {
-		c.Hooks.State(s)
-	}
-}
-
-func (c *Client) bound(l Lease, renewed bool) {
-	if c.Hooks.Bound != nil {
-		c.Hooks.Bound(l, renewed)
-	}
-}
-
-func (c *Client) lost(l Lease, reason string) {
-	if c.Hooks.Lost != nil {
-		c.Hooks.Lost(l, reason)
-	}
 }
 
 // exchange is one transaction: one transaction id, and the replies that carry it.

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"hash/fnv"
 	"math/rand"
 	"net"
 	"time"
@@ -52,15 +51,8 @@ func (s State) String() string {
 // Clock is internal/dhcp's: real time on the machine, a fake one in tests.
 type Clock = dhcp.Clock
 
-// Hooks tell the client's owner what changed; they run on Run's goroutine.
-type Hooks struct {
-	State func(State)
-	// Bound gets each lease acquired (renewed false) or extended (renewed true); an
-	// extended lease may carry another address, which then replaces the old one.
-	Bound func(l Lease, renewed bool)
-	// Lost says the lease expired or a server ended it: its address must go.
-	Lost func(l Lease, reason string)
-}
+// Hooks tell the client's owner what changed (see internal/dhcp's HooksFor).
+type Hooks = dhcp.HooksFor[State, Lease]
 
 // Client gets and keeps one IA_NA address for one interface.
 type Client struct {
@@ -84,30 +76,17 @@ func (c *Client) Run(ctx context.Context) {
 		c.clk = dhcp.SystemClock()
 	}
 	if c.rng == nil {
-		h := fnv.New64a()
-		h.Write(c.MAC)
-		c.rng = rand.New(rand.NewSource(time.Now().UnixNano() ^ int64(h.Sum64())))
+		c.rng = dhcp.NewRand(c.MAC)
 	}
 	c.duid, c.iaid = duidLL(c.MAC), iaid(c.MAC)
-	for {
-		l, ok := c.acquire(ctx)
-		if !ok {
-			return
-		}
-		c.bound(l, false)
-		l, reason := c.hold(ctx, l)
-		if reason == "" {
-			return
-		}
-		c.lost(l, reason)
-	}
+	c.Hooks.Cycle(ctx, c.acquire, c.hold)
 }
 
 // acquire runs SOLICIT conversations until one gives a lease; false when ctx ended.
 func (c *Client) acquire(ctx context.Context) (Lease, bool) {
 	retry := c.backoff(solTimeout, solMaxRT)
 	for {
-		c.setState(Init)
+		c.Hooks.Enter(Init)
 		l, err := c.solicit(ctx)
 		if ctx.Err() != nil {
 			return Lease{}, false
@@ -138,7 +117,7 @@ func (c *Client) solicit(ctx context.Context) (Lease, error) {
 	if err != nil {
 		return Lease{}, err
 	}
-	c.setState(Requesting)
+	c.Hooks.Enter(Requesting)
 	server := offered.ServerID
 	opts := []option{{optServerID, server}, iaNA(c.iaid, offered.IP)}
 	reply, sent, err := c.ask(ctx, t, msgRequest, opts, c.clk.Now().Add(requestFor), c.backoff(reqTimeout, reqMaxRT),
@@ -153,7 +132,7 @@ func (c *Client) solicit(ctx context.Context) (Lease, error) {
 // was lost, or no reason when ctx ended.
 func (c *Client) hold(ctx context.Context, l Lease) (Lease, string) {
 	for {
-		c.setState(Bound)
+		c.Hooks.Enter(Bound)
 		c.clk.Sleep(ctx, l.Start.Add(l.T1).Sub(c.clk.Now()))
 		if ctx.Err() != nil {
 			return l, ""
@@ -164,7 +143,7 @@ func (c *Client) hold(ctx context.Context, l Lease) (Lease, string) {
 		case ctx.Err() != nil:
 			return l, ""
 		case err == nil:
-			c.bound(next, true)
+			c.Hooks.Extended(next)
 			l = next
 		case errors.As(err, &refused):
 			return l, "ended by the server: " + refused.Error()
@@ -177,12 +156,12 @@ func (c *Client) hold(ctx context.Context, l Lease) (Lease, string) {
 // extend sends RENEW to the lease's server until T2, then REBIND to any server until the
 // address's valid lifetime ends.
 func (c *Client) extend(ctx context.Context, l Lease) (Lease, error) {
-	c.setState(Renewing)
+	c.Hooks.Enter(Renewing)
 	next, err := c.renew(ctx, l, msgRenew, l.Start.Add(l.T2))
 	if err != errNoAnswer || ctx.Err() != nil {
 		return next, err
 	}
-	c.setState(Rebinding)
+	c.Hooks.Enter(Rebinding)
 	return c.renew(ctx, l, msgRebind, l.Expiry())
 }
 
@@ -263,24 +242,6 @@ func (c *Client) await(ctx context.Context, t Transport, xid uint32, until time.
 		}
 	}
 	return message{}, false
-}
-
-func (c *Client) setState(s State) {
-	if c.Hooks.State != nil {
-		c.Hooks.State(s)
-	}
-}
-
-func (c *Client) bound(l Lease, renewed bool) {
-	if c.Hooks.Bound != nil {
-		c.Hooks.Bound(l, renewed)
-	}
-}
-
-func (c *Client) lost(l Lease, reason string) {
-	if c.Hooks.Lost != nil {
-		c.Hooks.Lost(l, reason)
-	}
 }
 
 // backoff is RFC 8415 §15's schedule: RT starts at IRT and doubles up to MRT, each time

@@ -8,15 +8,16 @@ import (
 	"time"
 
 	"kiln/machined/internal/dhcp"
+	"kiln/machined/internal/dhcp6"
 )
 
 // dhcpLink is one interface's DHCP state. It remembers what applying the lease put on the
 // interface, so a renewal that moves the address or routes replaces them and an expiry
 // removes them; it outlives a restarted dhcpLoop for the same reason.
 type dhcpLink struct {
-	cfg      InterfaceConfig // its MTU and routes win over and outlive the lease's
-	state    dhcp.State
-	lease    *dhcp.Lease
+	cfg   InterfaceConfig // its MTU and routes win over and outlive the lease's
+	state dhcp.State
+	leased[dhcp.Lease]
 	renewals int // since the lease was acquired
 	addr     *net.IPNet
 	routes   []route
@@ -93,35 +94,28 @@ func (d *dhcpLink) info(now time.Time) LeaseInfo {
 func (n *Network) NTPServers() []string {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	names := make([]string, 0, len(n.links))
-	for name := range n.links {
-		names = append(names, name)
-	}
-	sort.Strings(names)
 	seen := map[string]bool{}
-	var out []string
-	for _, name := range names {
-		if l := n.links[name].lease; l != nil {
-			for _, s := range ipStrings(l.NTP) {
-				if !seen[s] {
-					seen[s] = true
-					out = append(out, s)
-				}
-			}
-		}
-	}
-	names = names[:0]
-	for name := range n.links6 {
+	out := appendNTP(nil, seen, n.links, func(l dhcp.Lease) []net.IP { return l.NTP })
+	return appendNTP(out, seen, n.links6, func(l dhcp6.Lease) []net.IP { return l.NTP })
+}
+
+// appendNTP appends the NTP servers (ntp) of the leases in links not seen yet, interfaces in
+// name order.
+func appendNTP[L any, D clientLink[L]](out []string, seen map[string]bool, links map[string]D, ntp func(L) []net.IP) []string {
+	names := make([]string, 0, len(links))
+	for name := range links {
 		names = append(names, name)
 	}
 	sort.Strings(names)
 	for _, name := range names {
-		if l := n.links6[name].lease; l != nil {
-			for _, s := range ipStrings(l.NTP) {
-				if !seen[s] {
-					seen[s] = true
-					out = append(out, s)
-				}
+		l := links[name].held()
+		if l == nil {
+			continue
+		}
+		for _, s := range ipStrings(ntp(*l)) {
+			if !seen[s] {
+				seen[s] = true
+				out = append(out, s)
 			}
 		}
 	}
@@ -140,13 +134,23 @@ func ipStrings(ips []net.IP) []string {
 func (n *Network) link(name string) *dhcpLink {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	d := n.links[name]
+	return linkIn(n.links, name)
+}
+
+// linkIn returns links[name], creating it; n.mu is held.
+func linkIn[D any](links map[string]*D, name string) *D {
+	d := links[name]
 	if d == nil {
-		d = &dhcpLink{}
-		n.links[name] = d
+		d = new(D)
+		links[name] = d
 	}
 	return d
 }
+
+// leased holds the lease of a dhcpLink or dhcp6Link: nil when none.
+type leased[L any] struct{ lease *L }
+
+func (h *leased[L]) held() *L { return h.lease }
 
 // setConfig keeps the config of a DHCP interface for applyLease.
 func (n *Network) setConfig(ic InterfaceConfig) {
@@ -166,9 +170,8 @@ func (n *Network) setState(name string, s dhcp.State) {
 // applyLease puts a new or renewed lease on the interface: MTU, address, routes (replacing
 // what the previous lease put there), then the config's own routes again.
 func (n *Network) applyLease(ifc net.Interface, l dhcp.Lease, renewed bool) {
-	ops, err := n.openLinks()
-	if err != nil {
-		n.say("network: %s: %v", ifc.Name, err)
+	ops, ok := n.linksFor(ifc.Name)
+	if !ok {
 		return
 	}
 	defer ops.Close()
@@ -242,9 +245,8 @@ func (n *Network) dropLease(ifc net.Interface, l dhcp.Lease, reason string) {
 	d.lease, d.addr, d.routes, d.ignored, d.renewals = nil, nil, nil, nil, 0
 	n.mu.Unlock()
 	n.say("network: %s: DHCP lease %s %s; removing it", ifc.Name, l.IPNet(), reason)
-	ops, err := n.openLinks()
-	if err != nil {
-		n.say("network: %s: %v", ifc.Name, err)
+	ops, ok := n.linksFor(ifc.Name)
+	if !ok {
 		return
 	}
 	defer ops.Close()
@@ -253,6 +255,16 @@ func (n *Network) dropLease(ifc net.Interface, l dhcp.Lease, reason string) {
 		n.delAddress(ops, ifc, addr)
 		n.forget(ifc.Name, addr.String())
 	}
+}
+
+// linksFor opens rtnetlink for work on the interface ifname, saying why not when it cannot.
+func (n *Network) linksFor(ifname string) (linkOps, bool) {
+	ops, err := n.openLinks()
+	if err != nil {
+		n.say("network: %s: %v", ifname, err)
+		return nil, false
+	}
+	return ops, true
 }
 
 func (n *Network) delAddress(ops linkOps, ifc net.Interface, addr *net.IPNet) {

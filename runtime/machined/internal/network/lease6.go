@@ -11,8 +11,8 @@ import (
 
 // dhcp6Link is one interface's DHCPv6 state: the lease and the /128 it put on the interface.
 type dhcp6Link struct {
-	state    dhcp6.State
-	lease    *dhcp6.Lease
+	state dhcp6.State
+	leased[dhcp6.Lease]
 	renewals int
 	addr     *net.IPNet
 }
@@ -39,12 +39,7 @@ func (d *dhcp6Link) info(now time.Time) LeaseInfo {
 func (n *Network) link6(name string) *dhcp6Link {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	d := n.links6[name]
-	if d == nil {
-		d = &dhcp6Link{}
-		n.links6[name] = d
-	}
-	return d
+	return linkIn(n.links6, name)
 }
 
 // startDHCP6 starts the interface's DHCPv6 client unless one runs, and runs it again should
@@ -84,9 +79,8 @@ func (n *Network) dhcp6Loop(ctx context.Context, iface net.Interface) {
 // applyLease6 puts a DHCPv6 address on the interface as a /128, replacing the previous
 // lease's; its DNS servers are used when neither the config nor a DHCPv4 lease names any.
 func (n *Network) applyLease6(ifc net.Interface, l dhcp6.Lease, renewed bool) {
-	ops, err := n.openLinks()
-	if err != nil {
-		n.say("network: %s: %v", ifc.Name, err)
+	ops, ok := n.linksFor(ifc.Name)
+	if !ok {
 		return
 	}
 	defer ops.Close()
@@ -136,9 +130,8 @@ func (n *Network) dropLease6(ifc net.Interface, l dhcp6.Lease, reason string) {
 	if addr == nil {
 		return
 	}
-	ops, err := n.openLinks()
-	if err != nil {
-		n.say("network: %s: %v", ifc.Name, err)
+	ops, ok := n.linksFor(ifc.Name)
+	if !ok {
 		return
 	}
 	defer ops.Close()

@@ -157,19 +157,21 @@ func (c *netlinkConn) delRoute(index int, r route) error {
 	return c.request(syscall.RTM_DELROUTE, 0, body)
 }
 
-// routeMessage is an rtmsg with the destination, the gateway (none: on-link, scope link)
-// and the output interface.
+// routeMessage is an rtmsg with the destination, the gateway (none: on-link, scope link for
+// IPv4) and the output interface, which says on which link an IPv6 gateway (link-local, as
+// may be) is.
 func routeMessage(index int, r route) ([]byte, error) {
+	family, bits, name := byte(syscall.AF_INET), 32, "IPv4"
 	if r.v6() {
-		return routeMessage6(index, r)
+		family, bits, name = syscall.AF_INET6, 128, "IPv6"
 	}
-	dst := r.dst.IP.To4()
-	ones, bits := r.dst.Mask.Size()
-	if dst == nil || bits != 32 {
-		return nil, fmt.Errorf("route to %s: not an IPv4 prefix", r.dst.String())
+	dst := familyIP(r.dst.IP, bits)
+	ones, size := r.dst.Mask.Size()
+	if dst == nil || size != bits {
+		return nil, fmt.Errorf("route to %s: not an %s prefix", r.dst.String(), name)
 	}
 	body := make([]byte, syscall.SizeofRtMsg)
-	body[0] = syscall.AF_INET
+	body[0] = family
 	body[1] = byte(ones)
 	body[4] = syscall.RT_TABLE_MAIN
 	body[5] = r.proto
@@ -179,15 +181,26 @@ func routeMessage(index int, r route) ([]byte, error) {
 		body = attr(body, syscall.RTA_DST, dst)
 	}
 	if r.gw != nil {
-		gw := r.gw.To4()
+		gw := familyIP(r.gw, bits)
 		if gw == nil {
-			return nil, fmt.Errorf("gateway %s is not IPv4", r.gw)
+			return nil, fmt.Errorf("gateway %s is not %s", r.gw, name)
 		}
 		body = attr(body, syscall.RTA_GATEWAY, gw)
 	}
 	oif := make([]byte, 4)
 	hostEndian.PutUint32(oif, uint32(index))
 	return attr(body, syscall.RTA_OIF, oif), nil
+}
+
+// familyIP is ip as an address of bits bits (32: IPv4, 128: IPv6), nil when it is not one.
+func familyIP(ip net.IP, bits int) net.IP {
+	if bits == 32 {
+		return ip.To4()
+	}
+	if ip.To4() != nil {
+		return nil
+	}
+	return ip.To16()
 }
 
 // delAddress removes an address (a lease that expired or moved).
@@ -236,34 +249,6 @@ func addressMessage6(index int, ipnet *net.IPNet) ([]byte, error) {
 	body[3] = syscall.RT_SCOPE_UNIVERSE
 	hostEndian.PutUint32(body[4:], uint32(index))
 	return attr(body, syscall.IFA_ADDRESS, ip6), nil
-}
-
-// routeMessage6 is routeMessage for IPv6: 16-byte destination and gateway (which may be
-// link-local: RTA_OIF says on which link).
-func routeMessage6(index int, r route) ([]byte, error) {
-	ones, bits := r.dst.Mask.Size()
-	if r.dst.IP.To16() == nil || bits != 128 {
-		return nil, fmt.Errorf("route to %s: not an IPv6 prefix", r.dst.String())
-	}
-	body := make([]byte, syscall.SizeofRtMsg)
-	body[0] = syscall.AF_INET6
-	body[1] = byte(ones)
-	body[4] = syscall.RT_TABLE_MAIN
-	body[5] = r.proto
-	body[6] = syscall.RT_SCOPE_UNIVERSE
-	body[7] = syscall.RTN_UNICAST
-	if ones > 0 {
-		body = attr(body, syscall.RTA_DST, r.dst.IP.To16())
-	}
-	if r.gw != nil {
-		if r.gw.To4() != nil || r.gw.To16() == nil {
-			return nil, fmt.Errorf("gateway %s is not IPv6", r.gw)
-		}
-		body = attr(body, syscall.RTA_GATEWAY, r.gw.To16())
-	}
-	oif := make([]byte, 4)
-	hostEndian.PutUint32(oif, uint32(index))
-	return attr(body, syscall.RTA_OIF, oif), nil
 }
 
 // setMTU sets the interface's MTU (IFLA_MTU), as DHCP option 26 or the config asks.

@@ -32,6 +32,24 @@ func vethPair(t *testing.T, ip, prefix string) (srv, cli string) {
 	return srv, cli
 }
 
+// runClientHelper runs the client half of a test, the test helper of this binary, inside the
+// client's namespace cli with env (the helper's interface variable) set to vc0, and fails the
+// test, showing dnsmasq's logs, unless it passes within timeout.
+func runClientHelper(t *testing.T, ip, cli, helper, env string, timeout time.Duration, logs func() string) {
+	t.Helper()
+	began := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout+5*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, ip, "netns", "exec", cli, os.Args[0], "-test.run=^"+helper+"$", "-test.v",
+		fmt.Sprintf("-test.timeout=%s", timeout))
+	cmd.Env = append(os.Environ(), env+"=vc0")
+	out, err := cmd.CombinedOutput()
+	t.Logf("client (%s):\n%s", time.Since(began).Round(time.Millisecond), out)
+	if err != nil || !bytes.Contains(out, []byte("--- PASS: "+helper)) {
+		t.Fatalf("the client in the namespace failed: %v\ndnsmasq:\n%s", err, logs())
+	}
+}
+
 // helperIface names the interface TestDnsmasqClientHelper runs DHCP on; it is set only when
 // TestDHCPAgainstDnsmasq runs this test binary again inside the client's namespace.
 const helperIface = "KILN_DNSMASQ_HELPER_IFACE"
@@ -59,16 +77,7 @@ func TestDHCPAgainstDnsmasq(t *testing.T) {
 		"--dhcp-option=option:T1,4",
 		"--dhcp-option=option:T2,8")
 
-	began := time.Now()
-	ctx, cancel := context.WithTimeout(context.Background(), 45*time.Second)
-	defer cancel()
-	helper := exec.CommandContext(ctx, ip, "netns", "exec", cli, os.Args[0], "-test.run=^TestDnsmasqClientHelper$", "-test.v", "-test.timeout=40s")
-	helper.Env = append(os.Environ(), helperIface+"=vc0")
-	out, err := helper.CombinedOutput()
-	t.Logf("client (%s):\n%s", time.Since(began).Round(time.Millisecond), out)
-	if err != nil || !bytes.Contains(out, []byte("--- PASS: TestDnsmasqClientHelper")) {
-		t.Fatalf("the client in the namespace failed: %v\ndnsmasq:\n%s", err, logs())
-	}
+	runClientHelper(t, ip, cli, "TestDnsmasqClientHelper", helperIface, 40*time.Second, logs)
 
 	// what the client left in the kernel, read back from the client's namespace
 	routes := mustRun(t, ip, "-n", cli, "-4", "route", "show", "dev", "vc0")
@@ -136,16 +145,7 @@ func TestDHCP6AgainstDnsmasq(t *testing.T) {
 		"--dhcp-range=2001:db8:1::100,2001:db8:1::100,64,2m",
 		"--dhcp-option=option6:dns-server,[2001:db8::53]")
 
-	began := time.Now()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	helper := exec.CommandContext(ctx, ip, "netns", "exec", cli, os.Args[0], "-test.run=^TestDnsmasqDHCP6ClientHelper$", "-test.v", "-test.timeout=25s")
-	helper.Env = append(os.Environ(), helperIface6+"=vc0")
-	out, err := helper.CombinedOutput()
-	t.Logf("client (%s):\n%s", time.Since(began).Round(time.Millisecond), out)
-	if err != nil || !bytes.Contains(out, []byte("--- PASS: TestDnsmasqDHCP6ClientHelper")) {
-		t.Fatalf("the client in the namespace failed: %v\ndnsmasq:\n%s", err, logs())
-	}
+	runClientHelper(t, ip, cli, "TestDnsmasqDHCP6ClientHelper", helperIface6, 25*time.Second, logs)
 	if addr := mustRun(t, ip, "-n", cli, "-6", "addr", "show", "dev", "vc0"); !strings.Contains(addr, "inet6 2001:db8:1::100/128") {
 		t.Errorf("no 2001:db8:1::100/128:\n%s", addr)
 	}

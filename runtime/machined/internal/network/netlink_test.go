@@ -225,20 +225,39 @@ func addVeth(t *testing.T, nl *netlinkConn, name, peer string) *net.Interface {
 // kernelRoutes reads the calling thread's main routing table for one interface, sorted,
 // as "dst/len via gw" or "dst/len on-link".
 func kernelRoutes(t *testing.T, ifname string) []string {
-	data, err := os.ReadFile("/proc/thread-self/net/route")
+	return procRoutes(t, "route", ifname, func(f []string) (string, procRoute) {
+		if len(f) < 8 {
+			return "", procRoute{}
+		}
+		ones, _ := net.IPMask(hexIP(f[7])).Size()
+		return f[0], procRoute{dst: hexIP(f[1]), ones: ones, gw: hexIP(f[2])}
+	})
+}
+
+// procRoute is one route of /proc/thread-self/net/route or ipv6_route.
+type procRoute struct {
+	dst  net.IP
+	ones int
+	gw   net.IP
+}
+
+// procRoutes reads the calling thread's routes from /proc/thread-self/net/file for one
+// interface, sorted, as "dst/len via gw" or "dst/len on-link"; fields reads a line's
+// interface and route (no interface: not a route).
+func procRoutes(t *testing.T, file, ifname string, fields func(f []string) (string, procRoute)) []string {
+	data, err := os.ReadFile("/proc/thread-self/net/" + file)
 	if err != nil {
 		t.Fatal(err)
 	}
 	var out []string
-	for _, line := range strings.Split(string(data), "\n")[1:] {
-		f := strings.Fields(line)
-		if len(f) < 8 || f[0] != ifname {
+	for _, line := range strings.Split(string(data), "\n") {
+		name, r := fields(strings.Fields(line))
+		if name != ifname {
 			continue
 		}
-		ones, _ := net.IPMask(hexIP(f[7])).Size()
-		s := fmt.Sprintf("%s/%d on-link", hexIP(f[1]), ones)
-		if gw := hexIP(f[2]); !gw.IsUnspecified() {
-			s = fmt.Sprintf("%s/%d via %s", hexIP(f[1]), ones, gw)
+		s := fmt.Sprintf("%s/%d on-link", r.dst, r.ones)
+		if !r.gw.IsUnspecified() {
+			s = fmt.Sprintf("%s/%d via %s", r.dst, r.ones, r.gw)
 		}
 		out = append(out, s)
 	}
@@ -380,25 +399,13 @@ func mustRoute(t *testing.T, rc RouteConfig) route {
 // kernelRoutes6 reads the calling thread's IPv6 routes for one interface (every table, so
 // the local table's entries are there too), as "dst/len via gw" or "dst/len on-link".
 func kernelRoutes6(t *testing.T, ifname string) []string {
-	data, err := os.ReadFile("/proc/thread-self/net/ipv6_route")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out []string
-	for _, line := range strings.Split(string(data), "\n") {
-		f := strings.Fields(line)
-		if len(f) < 10 || f[9] != ifname {
-			continue
+	return procRoutes(t, "ipv6_route", ifname, func(f []string) (string, procRoute) {
+		if len(f) < 10 {
+			return "", procRoute{}
 		}
 		ones, _ := strconv.ParseUint(f[1], 16, 8)
-		s := fmt.Sprintf("%s/%d on-link", hexIP6(f[0]), ones)
-		if gw := hexIP6(f[4]); !gw.IsUnspecified() {
-			s = fmt.Sprintf("%s/%d via %s", hexIP6(f[0]), ones, gw)
-		}
-		out = append(out, s)
-	}
-	sort.Strings(out)
-	return out
+		return f[9], procRoute{dst: hexIP6(f[0]), ones: int(ones), gw: hexIP6(f[4])}
+	})
 }
 
 func hexIP6(h string) net.IP {

@@ -49,24 +49,18 @@ func (f *fakeClock) After(d time.Duration) <-chan time.Time {
 	return ch
 }
 
-func (f *fakeClock) Step(off time.Duration) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.setErr != nil {
-		return f.setErr
-	}
-	f.steps = append(f.steps, off)
-	f.skew += off
-	return nil
-}
+func (f *fakeClock) Step(off time.Duration) error { return f.correct(&f.steps, off) }
 
-func (f *fakeClock) Slew(off time.Duration) error {
+func (f *fakeClock) Slew(off time.Duration) error { return f.correct(&f.slews, off) }
+
+// correct moves the clock by off, noting it in log (steps or slews), unless setErr fails it.
+func (f *fakeClock) correct(log *[]time.Duration, off time.Duration) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.setErr != nil {
 		return f.setErr
 	}
-	f.slews = append(f.slews, off)
+	*log = append(*log, off)
 	f.skew += off
 	return nil
 }

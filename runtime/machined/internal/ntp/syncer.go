@@ -157,11 +157,7 @@ func (s *Syncer) isSynced() bool {
 
 // fail records why a poll failed, saying so only when the reason changes.
 func (s *Syncer) fail(msg string) {
-	s.mu.Lock()
-	changed := s.status.Error != msg
-	s.status.Error = msg
-	s.mu.Unlock()
-	if changed {
+	if s.setError(msg) {
 		s.say("ntp: %s", msg)
 	}
 }
@@ -169,12 +165,19 @@ func (s *Syncer) fail(msg string) {
 // refuse records that a correction was refused; say tells whether to say so (once per
 // episode: the offset differs on every poll).
 func (s *Syncer) refuse(why string, say bool) {
-	s.mu.Lock()
-	s.status.Error = why
-	s.mu.Unlock()
+	s.setError(why)
 	if say {
 		s.say("ntp: %s", why)
 	}
+}
+
+// setError records the status's error, telling whether it changed.
+func (s *Syncer) setError(msg string) (changed bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	changed = s.status.Error != msg
+	s.status.Error = msg
+	return changed
 }
 
 // succeed records a sync to sample c.

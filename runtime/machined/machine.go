@@ -301,7 +301,16 @@ func (m *machine) persistConfig() {
 
 // startServices starts the extensions' services and the config's, supervised.
 func (m *machine) startServices(logDir string) {
-	specs, errs := loadServiceDir(servicesDir)
+	if err := m.superviseServices(servicesDir, logDir); err != nil {
+		m.con.printf("services: %v; none started", err)
+	}
+}
+
+// superviseServices starts a supervisor, logging to logDir ("": memory only), with the
+// services of dir (those that load: the others are logged) and the config's. An error means
+// none started.
+func (m *machine) superviseServices(dir, logDir string) error {
+	specs, errs := loadServiceDir(dir)
 	for _, err := range errs {
 		m.con.printf("services: %v", err)
 	}
@@ -310,9 +319,7 @@ func (m *machine) startServices(logDir string) {
 	opts.Events = func(line string) { m.con.printf("%s", line) }
 	sup := supervisor.New(opts)
 	m.setSupervisor(sup)
-	if err := sup.Start(supervisor.MergeServices(specs, m.cfg.Services)); err != nil {
-		m.con.printf("services: %v; none started", err)
-	}
+	return sup.Start(supervisor.MergeServices(specs, m.cfg.Services))
 }
 
 // currentSupervisor is the supervisor running the services now, nil before there is one.

@@ -68,16 +68,7 @@ func userMode(m *machine, configPath, services, logDir string) {
 	}
 	m.kernel, m.varSource = kernelRelease(), "none"
 	m.extensions = listExtensions(extensionsDir)
-	specs, errs := loadServiceDir(services)
-	for _, err := range errs {
-		m.con.printf("services: %v", err)
-	}
-	opts := supervisor.DefaultOptions()
-	opts.LogDir = logDir
-	opts.Events = func(line string) { m.con.printf("%s", line) }
-	sup := supervisor.New(opts)
-	m.setSupervisor(sup)
-	if err := sup.Start(supervisor.MergeServices(specs, m.cfg.Services)); err != nil {
+	if err := m.superviseServices(services, logDir); err != nil {
 		m.con.printf("services: %v", err)
 		os.Exit(2)
 	}

@@ -1,17 +1,10 @@
 package main
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/json"
-	"encoding/pem"
 	"io"
-	"math/big"
-	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -19,56 +12,6 @@ import (
 
 	"kiln/machined/internal/testkit"
 )
-
-// certSpec is one certificate for the auth tests: its role(s), extended key usages, and key
-// (nil: a new one).
-type certSpec struct {
-	name   string
-	orgs   []string
-	usages []x509.ExtKeyUsage
-	key    *ecdsa.PrivateKey
-	server bool // names 127.0.0.1, so a client can verify it as the machine
-}
-
-type issued struct {
-	certPEM, keyPEM string
-	cert            *x509.Certificate
-	key             *ecdsa.PrivateKey
-}
-
-func (ca *testCA) issueSpec(t testing.TB, s certSpec) issued {
-	t.Helper()
-	key := s.key
-	if key == nil {
-		var err error
-		if key, err = ecdsa.GenerateKey(elliptic.P256(), rand.Reader); err != nil {
-			t.Fatal(err)
-		}
-	}
-	serial++
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: s.name, Organization: s.orgs},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: s.usages,
-	}
-	if s.server {
-		tmpl.IPAddresses = []net.IP{net.IPv4(127, 0, 0, 1)}
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, _ := x509.ParseCertificate(der)
-	keyDER, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return issued{
-		certPEM: string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})),
-		keyPEM:  string(pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER})),
-		cert:    cert, key: key,
-	}
-}
 
 // clientWith is an HTTPS client presenting c, trusting serverCA for the machine.
 func clientWith(t testing.TB, serverCA *testCA, c issued) *http.Client {

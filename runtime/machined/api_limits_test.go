@@ -155,19 +155,26 @@ func TestAPIClosesConnectionsThatSendNothing(t *testing.T) {
 	}
 }
 
-func TestAPIClosesIdleKeptAliveConnections(t *testing.T) {
-	limits := defaultAPILimits
-	limits.IdleTimeout = 200 * time.Millisecond
-	a := startAuthAPI(t, limits)
+// dialAs opens a TLS connection to a's API as name with role, closed when the test ends.
+func dialAs(t *testing.T, a *authAPI, name, role string) *tls.Conn {
+	t.Helper()
 	pool := x509.NewCertPool()
 	pool.AppendCertsFromPEM([]byte(a.serverCA.pem))
-	me := a.clientCA.issueSpec(t, certSpec{name: "r", orgs: []string{"reader"}, usages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}})
+	me := a.clientCA.issueSpec(t, certSpec{name: name, orgs: []string{role}, usages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}})
 	pair, _ := tls.X509KeyPair([]byte(me.certPEM), []byte(me.keyPEM))
 	c, err := tls.Dial("tcp", hostPort(a.url), &tls.Config{RootCAs: pool, Certificates: []tls.Certificate{pair}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.Close()
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func TestAPIClosesIdleKeptAliveConnections(t *testing.T) {
+	limits := defaultAPILimits
+	limits.IdleTimeout = 200 * time.Millisecond
+	a := startAuthAPI(t, limits)
+	c := dialAs(t, a, "r", "reader")
 	_, _ = io.WriteString(c, "GET /v1/status HTTP/1.1\r\nHost: m\r\n\r\n")
 	_ = c.SetReadDeadline(time.Now().Add(3 * time.Second))
 	var got bytes.Buffer
@@ -220,15 +227,7 @@ func TestAPIReadTimeoutEndsASlowRequest(t *testing.T) {
 	limits := defaultAPILimits
 	limits.ReadTimeout = 300 * time.Millisecond
 	a := startAuthAPI(t, limits)
-	pool := x509.NewCertPool()
-	pool.AppendCertsFromPEM([]byte(a.serverCA.pem))
-	me := a.clientCA.issueSpec(t, certSpec{name: "op", orgs: []string{"operator"}, usages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}})
-	pair, _ := tls.X509KeyPair([]byte(me.certPEM), []byte(me.keyPEM))
-	c, err := tls.Dial("tcp", hostPort(a.url), &tls.Config{RootCAs: pool, Certificates: []tls.Certificate{pair}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := dialAs(t, a, "op", "operator")
 	start := time.Now()
 	_, _ = io.WriteString(c, "POST /v1/upgrade HTTP/1.1\r\nHost: m\r\nContent-Length: 1000\r\n\r\n{\"image\": ")
 	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))

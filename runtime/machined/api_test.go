@@ -154,22 +154,28 @@ func TestAPIAcceptsTheRightClientCertificate(t *testing.T) {
 	}
 }
 
+// postJSON posts body to url and wants the answer's status to be want; it returns the answer.
+func postJSON(t *testing.T, c *http.Client, url, body string, want int) map[string]interface{} {
+	t.Helper()
+	resp, err := c.Post(url, "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var out map[string]interface{}
+	_ = json.NewDecoder(resp.Body).Decode(&out)
+	if resp.StatusCode != want {
+		t.Fatalf("POST %s %s: %d %v, want %d", url, body, resp.StatusCode, out, want)
+	}
+	return out
+}
+
 func TestAPIRollbackRebootsOnlyWhenTheStateChanged(t *testing.T) {
 	url, serverCA, clientCA, backend := startTestAPI(t)
 	c := client(clientCA.clientTLS(t, serverCA, true))
 	post := func(want int) map[string]interface{} {
 		t.Helper()
-		resp, err := c.Post(url+"/v1/rollback", "application/json", nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		var out map[string]interface{}
-		_ = json.NewDecoder(resp.Body).Decode(&out)
-		if resp.StatusCode != want {
-			t.Fatalf("POST /v1/rollback: %d %v, want %d", resp.StatusCode, out, want)
-		}
-		return out
+		return postJSON(t, c, url+"/v1/rollback", "", want)
 	}
 	backend.rollbackErr = errors.New("slot B holds no system to roll back to")
 	if got := post(http.StatusConflict); got["error"] != "rollback: slot B holds no system to roll back to" {
@@ -234,17 +240,7 @@ func TestAPIUpgradeStartsOneAndRefusesWhatIsWrong(t *testing.T) {
 	c := client(clientCA.clientTLS(t, serverCA, true))
 	post := func(body string, want int) map[string]interface{} {
 		t.Helper()
-		resp, err := c.Post(url+"/v1/upgrade", "application/json", strings.NewReader(body))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		var out map[string]interface{}
-		_ = json.NewDecoder(resp.Body).Decode(&out)
-		if resp.StatusCode != want {
-			t.Fatalf("POST /v1/upgrade %s: %d %v, want %d", body, resp.StatusCode, out, want)
-		}
-		return out
+		return postJSON(t, c, url+"/v1/upgrade", body, want)
 	}
 	for body, why := range map[string]string{
 		`{"image": "10.0.2.2:5000/kiln/installer:0.2.0", "tag": "x"}`:   "unknown field",

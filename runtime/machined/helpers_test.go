@@ -39,53 +39,87 @@ var serial int64 = 1
 
 func newTestCA(t testing.TB, name string) *testCA {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
+	cert, key := certify(t, &x509.Certificate{
+		Subject: pkix.Name{CommonName: name}, IsCA: true, BasicConstraintsValid: true,
+		KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
+	}, nil, nil)
+	return &testCA{cert: cert, key: key, pem: string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: cert.Raw}))}
+}
+
+// certify makes the certificate tmpl describes, with the next serial number and valid from an
+// hour ago for two hours, for key (nil: a new one), signed by parent (nil: self-signed).
+func certify(t testing.TB, tmpl *x509.Certificate, key *ecdsa.PrivateKey, parent *testCA) (*x509.Certificate, *ecdsa.PrivateKey) {
+	t.Helper()
+	if key == nil {
+		var err error
+		if key, err = ecdsa.GenerateKey(elliptic.P256(), rand.Reader); err != nil {
+			t.Fatal(err)
+		}
 	}
 	serial++
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: name},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
+	tmpl.SerialNumber = big.NewInt(serial)
+	tmpl.NotBefore, tmpl.NotAfter = time.Now().Add(-time.Hour), time.Now().Add(time.Hour)
+	issuer, signer := tmpl, key
+	if parent != nil {
+		issuer, signer = parent.cert, parent.key
 	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, issuer, &key.PublicKey, signer)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cert, _ := x509.ParseCertificate(der)
-	return &testCA{cert: cert, key: key, pem: string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}))}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cert, key
+}
+
+// certSpec is one certificate for the auth tests: its role(s), extended key usages, and key
+// (nil: a new one).
+type certSpec struct {
+	name   string
+	orgs   []string
+	usages []x509.ExtKeyUsage
+	key    *ecdsa.PrivateKey
+	server bool // names 127.0.0.1, so a client can verify it as the machine
+}
+
+type issued struct {
+	certPEM, keyPEM string
+	cert            *x509.Certificate
+	key             *ecdsa.PrivateKey
+}
+
+func (ca *testCA) issueSpec(t testing.TB, s certSpec) issued {
+	t.Helper()
+	tmpl := &x509.Certificate{
+		Subject:  pkix.Name{CommonName: s.name, Organization: s.orgs},
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: s.usages,
+	}
+	if s.server {
+		tmpl.IPAddresses = []net.IP{net.IPv4(127, 0, 0, 1)}
+	}
+	cert, key := certify(t, tmpl, s.key, ca)
+	keyDER, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return issued{
+		certPEM: string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: cert.Raw})),
+		keyPEM:  string(pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER})),
+		cert:    cert, key: key,
+	}
 }
 
 // issue returns PEM certificate and key for a server (127.0.0.1) or a client (role admin).
 func (ca *testCA) issue(t *testing.T, name string, server bool) (certPEM, keyPEM string) {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	serial++
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: name},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
-	}
+	s := certSpec{name: name, orgs: []string{"admin"}, usages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}
 	if server {
-		tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}
-		tmpl.IPAddresses = []net.IP{net.IPv4(127, 0, 0, 1)}
-	} else {
-		tmpl.Subject.Organization = []string{"admin"} // the role (api_auth.go)
+		s = certSpec{name: name, usages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}, server: true}
 	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	keyDER, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})),
-		string(pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}))
+	c := ca.issueSpec(t, s)
+	return c.certPEM, c.keyPEM
 }
 
 func (ca *testCA) clientTLS(t *testing.T, serverCA *testCA, withCert bool) *tls.Config {

@@ -79,31 +79,25 @@ func TestPlatformNetworkMapsIPv4AndIPv6ByNameAndSkipsUnknownMACs(t *testing.T) {
 }
 
 func TestPlatformUserDataIsTheConfigOnlyWhenNoneWasGiven(t *testing.T) {
-	m := &machine{con: quietConsole(), cfg: &Config{}}
-	m.platform = &platformState{impl: mustLookup(t, "aws"), facts: platform.Facts{
-		UserData: []byte("#cloud-config\nhostname: from-user-data\nruncmd: [x]\n"),
-		Hostname: "ip-10-0-0-1." + strings.Repeat("long.", 14) + "internal",
-	}}
-	m.applyPlatform()
-	if m.configSource != "aws:user-data" || m.cfg.Hostname != "from-user-data" {
-		t.Fatalf("source %q hostname %q", m.configSource, m.cfg.Hostname)
-	}
-	// a config from kiln.config= wins; the platform's long hostname is cut to its first label
-	m = &machine{con: quietConsole(), cfg: &Config{}, configSource: "kiln.config"}
-	m.platform = &platformState{impl: mustLookup(t, "gcp"), facts: platform.Facts{
-		UserData: []byte("hostname: ignored\n"),
-		Hostname: "ip-10-0-0-1." + strings.Repeat("long.", 14) + "internal",
-	}}
-	m.applyPlatform()
-	if m.configSource != "kiln.config" || m.cfg.Hostname != "ip-10-0-0-1" {
-		t.Fatalf("source %q hostname %q", m.configSource, m.cfg.Hostname)
-	}
-	// user data that is not a valid config leaves the defaults, said on the console
-	m = &machine{con: quietConsole(), cfg: &Config{}}
-	m.platform = &platformState{impl: mustLookup(t, "aws"), facts: platform.Facts{UserData: []byte("hostname: -bad-\n")}}
-	m.applyPlatform()
-	if m.configSource != "" || !strings.Contains(strings.Join(m.con.log.Lines(), ""), "using defaults") {
-		t.Fatalf("source %q console %q", m.configSource, m.con.log.Lines())
+	long := "ip-10-0-0-1." + strings.Repeat("long.", 14) + "internal"
+	for _, tc := range []struct {
+		platform, source, userData, hostname  string // source: where a config came from already
+		wantSource, wantHostname, wantConsole string
+	}{
+		{"aws", "", "#cloud-config\nhostname: from-user-data\nruncmd: [x]\n", long, "aws:user-data", "from-user-data", ""},
+		// a config from kiln.config= wins; the platform's long hostname is cut to its first label
+		{"gcp", "kiln.config", "hostname: ignored\n", long, "kiln.config", "ip-10-0-0-1", ""},
+		// user data that is not a valid config leaves the defaults, said on the console
+		{"aws", "", "hostname: -bad-\n", "", "", "", "using defaults"},
+	} {
+		m := &machine{con: quietConsole(), cfg: &Config{}, configSource: tc.source}
+		m.platform = &platformState{impl: mustLookup(t, tc.platform),
+			facts: platform.Facts{UserData: []byte(tc.userData), Hostname: tc.hostname}}
+		m.applyPlatform()
+		console := strings.Join(m.con.log.Lines(), "")
+		if m.configSource != tc.wantSource || m.cfg.Hostname != tc.wantHostname || !strings.Contains(console, tc.wantConsole) {
+			t.Errorf("%s user data %q: source %q hostname %q console %q", tc.platform, tc.userData, m.configSource, m.cfg.Hostname, console)
+		}
 	}
 }
 

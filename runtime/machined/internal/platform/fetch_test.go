@@ -22,9 +22,7 @@ func TestRetry5xxThenSuccess(t *testing.T) {
 		}
 		return true
 	})
-	var log sleepLog
-	env := testEnv(srv.URL)
-	env.Sleep = log.sleep
+	env, log := loggedEnv(srv.URL)
 	facts := fetch(t, "digital-ocean", env)
 	if facts.Hostname != "sample-droplet" {
 		t.Errorf("hostname %q", facts.Hostname)
@@ -39,9 +37,7 @@ func TestRetryGivesUp(t *testing.T) {
 		http.Error(w, "broken", http.StatusInternalServerError)
 	}))
 	defer srv.Close()
-	var log sleepLog
-	env := testEnv(srv.URL)
-	env.Sleep = log.sleep
+	env, log := loggedEnv(srv.URL)
 	_, err := mustLookup(t, "vultr").Fetch(context.Background(), env)
 	wantErr(t, err, "vultr: v1.json: HTTP 500", "gave up after 8 attempts")
 	want := []time.Duration{250, 500, 1000, 2000, 4000, 5000, 5000}
@@ -60,9 +56,7 @@ func TestConnectionErrorsAreRetried(t *testing.T) {
 	}
 	addr := l.Addr().String()
 	l.Close() // nothing listens there now: connection refused
-	var log sleepLog
-	env := testEnv("http://" + addr)
-	env.Sleep = log.sleep
+	env, log := loggedEnv("http://" + addr)
 	_, err = mustLookup(t, "hcloud").Fetch(context.Background(), env)
 	wantErr(t, err, "hcloud: hetzner/v1/metadata", "refused", "gave up")
 	if n := len(log.get()); n != maxAttempts-1 {
@@ -75,9 +69,7 @@ func TestNoRetryOn4xx(t *testing.T) {
 		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			w.WriteHeader(code)
 		}))
-		var log sleepLog
-		env := testEnv(srv.URL)
-		env.Sleep = log.sleep
+		env, log := loggedEnv(srv.URL)
 		_, err := mustLookup(t, "digital-ocean").Fetch(context.Background(), env)
 		srv.Close()
 		wantErr(t, err, "digital-ocean: metadata/v1.json", strconv.Itoa(code))
@@ -175,9 +167,7 @@ func TestRedirects(t *testing.T) {
 		}
 	}))
 	defer srv.Close()
-	var log sleepLog
-	env := testEnv(srv.URL)
-	env.Sleep = log.sleep
+	env, log := loggedEnv(srv.URL)
 	_, err := mustLookup(t, "digital-ocean").Fetch(context.Background(), env)
 	wantErr(t, err, "digital-ocean: metadata/v1.json", "refused")
 	if len(log.get()) != 0 {
@@ -220,9 +210,7 @@ func TestAzureIMDSGoneIsRetried(t *testing.T) {
 		_, _ = w.Write(readTestdata(t, "azure/imds-instance.json"))
 	}))
 	defer srv.Close()
-	var log sleepLog
-	env := testEnv(srv.URL)
-	env.Sleep = log.sleep
+	env, log := loggedEnv(srv.URL)
 	if facts := fetch(t, "azure", env); facts.InstanceID != "02aab8a4-74ef-476e-8182-f6d2ba4166a6" || len(log.get()) != 1 {
 		t.Errorf("facts %+v after %d retries", facts, len(log.get()))
 	}

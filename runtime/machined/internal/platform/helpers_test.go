@@ -113,6 +113,14 @@ func testEnv(url string) Env {
 	return Env{BaseURL: url, Sleep: func(time.Duration) {}, Deadline: 5 * time.Second}
 }
 
+// loggedEnv is testEnv with its sleeps (the retries' backoff) logged.
+func loggedEnv(url string) (Env, *sleepLog) {
+	log := &sleepLog{}
+	env := testEnv(url)
+	env.Sleep = log.sleep
+	return env, log
+}
+
 func readTestdata(t *testing.T, path string) []byte {
 	t.Helper()
 	data, err := os.ReadFile(filepath.Join("testdata", filepath.FromSlash(path)))

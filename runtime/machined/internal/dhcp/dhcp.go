@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -31,7 +32,23 @@ type udpTransport struct{ conn net.PacketConn }
 // NewUDPTransport opens the client socket on ifname. SO_BINDTODEVICE keeps the exchange on
 // that interface; SO_BROADCAST lets it reach servers before it has an address.
 func NewUDPTransport(ifname string) (Transport, error) {
-	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_DGRAM|syscall.SOCK_CLOEXEC, syscall.IPPROTO_UDP)
+	conn, err := DeviceSocket(syscall.AF_INET, ifname, "DHCP", func(fd int) error {
+		if err := syscall.SetsockoptInt(fd, syscall.SOL_SOCKET, syscall.SO_BROADCAST, 1); err != nil {
+			return err
+		}
+		return syscall.Bind(fd, &syscall.SockaddrInet4{Port: 68})
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &udpTransport{conn: conn}, nil
+}
+
+// DeviceSocket opens a UDP socket of family (AF_INET, AF_INET6) on the interface ifname, with
+// SO_REUSEADDR and SO_BINDTODEVICE, then bind (further options, and the bind); protocol
+// ("DHCP", "DHCPv6") names it in an error.
+func DeviceSocket(family int, ifname, protocol string, bind func(fd int) error) (net.PacketConn, error) {
+	fd, err := syscall.Socket(family, syscall.SOCK_DGRAM|syscall.SOCK_CLOEXEC, syscall.IPPROTO_UDP)
 	if err != nil {
 		return nil, err
 	}
@@ -39,25 +56,29 @@ func NewUDPTransport(ifname string) (Transport, error) {
 		if err := syscall.SetsockoptInt(fd, syscall.SOL_SOCKET, syscall.SO_REUSEADDR, 1); err != nil {
 			return err
 		}
-		if err := syscall.SetsockoptInt(fd, syscall.SOL_SOCKET, syscall.SO_BROADCAST, 1); err != nil {
-			return err
-		}
 		if err := syscall.BindToDevice(fd, ifname); err != nil {
 			return err
 		}
-		return syscall.Bind(fd, &syscall.SockaddrInet4{Port: 68})
+		return bind(fd)
 	}
 	if err := setup(); err != nil {
 		syscall.Close(fd)
-		return nil, fmt.Errorf("DHCP socket on %s: %v", ifname, err)
+		return nil, fmt.Errorf("%s socket on %s: %v", protocol, ifname, err)
 	}
-	f := os.NewFile(uintptr(fd), "dhcp-"+ifname)
+	f := os.NewFile(uintptr(fd), strings.ToLower(protocol)+"-"+ifname)
 	defer f.Close()
-	conn, err := net.FilePacketConn(f)
-	if err != nil {
+	return net.FilePacketConn(f)
+}
+
+// Receive reads one datagram from conn until deadline: 4096 bytes at most, more than option
+// 57 offers (a larger one is cut, not lost).
+func Receive(conn net.PacketConn, deadline time.Time) ([]byte, error) {
+	if err := conn.SetReadDeadline(deadline); err != nil {
 		return nil, err
 	}
-	return &udpTransport{conn: conn}, nil
+	buf := make([]byte, 4096)
+	n, _, err := conn.ReadFrom(buf)
+	return buf[:n], err
 }
 
 func (u *udpTransport) Send(b []byte, dst net.IP) error {
@@ -68,13 +89,6 @@ func (u *udpTransport) Send(b []byte, dst net.IP) error {
 	return err
 }
 
-func (u *udpTransport) Receive(deadline time.Time) ([]byte, error) {
-	if err := u.conn.SetReadDeadline(deadline); err != nil {
-		return nil, err
-	}
-	buf := make([]byte, 4096) // more than option 57 offers: a larger reply is cut, not lost
-	n, _, err := u.conn.ReadFrom(buf)
-	return buf[:n], err
-}
+func (u *udpTransport) Receive(deadline time.Time) ([]byte, error) { return Receive(u.conn, deadline) }
 
 func (u *udpTransport) Close() error { return u.conn.Close() }

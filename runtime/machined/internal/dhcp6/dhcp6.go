@@ -22,6 +22,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"kiln/machined/internal/dhcp"
 )
 
 // Transport sends to the servers and receives their replies.
@@ -61,31 +63,14 @@ func NewUDPTransport(ifname string, wait time.Duration) (Transport, error) {
 	if ll == nil {
 		return nil, fmt.Errorf("DHCPv6 on %s: no usable link-local address", ifname)
 	}
-	fd, err := syscall.Socket(syscall.AF_INET6, syscall.SOCK_DGRAM|syscall.SOCK_CLOEXEC, syscall.IPPROTO_UDP)
-	if err != nil {
-		return nil, err
-	}
-	setup := func() error {
-		if err := syscall.SetsockoptInt(fd, syscall.SOL_SOCKET, syscall.SO_REUSEADDR, 1); err != nil {
-			return err
-		}
-		if err := syscall.BindToDevice(fd, ifname); err != nil {
-			return err
-		}
+	conn, err := dhcp.DeviceSocket(syscall.AF_INET6, ifname, "DHCPv6", func(fd int) error {
 		if err := syscall.SetsockoptInt(fd, syscall.IPPROTO_IPV6, syscall.IPV6_MULTICAST_IF, ifc.Index); err != nil {
 			return err
 		}
 		sa := &syscall.SockaddrInet6{Port: 546, ZoneId: uint32(ifc.Index)}
 		copy(sa.Addr[:], ll)
 		return syscall.Bind(fd, sa)
-	}
-	if err := setup(); err != nil {
-		syscall.Close(fd)
-		return nil, fmt.Errorf("DHCPv6 socket on %s: %v", ifname, err)
-	}
-	f := os.NewFile(uintptr(fd), "dhcp6-"+ifname)
-	defer f.Close()
-	conn, err := net.FilePacketConn(f)
+	})
 	if err != nil {
 		return nil, err
 	}
@@ -126,12 +111,7 @@ func (u *udpTransport) Send(b []byte) error {
 }
 
 func (u *udpTransport) Receive(deadline time.Time) ([]byte, error) {
-	if err := u.conn.SetReadDeadline(deadline); err != nil {
-		return nil, err
-	}
-	buf := make([]byte, 4096)
-	n, _, err := u.conn.ReadFrom(buf)
-	return buf[:n], err
+	return dhcp.Receive(u.conn, deadline)
 }
 
 func (u *udpTransport) Close() error { return u.conn.Close() }

@@ -19,15 +19,6 @@ import (
 	"kiln/machined/internal/testkit"
 )
 
-const probeDiskSize = testkit.ProbeDiskSize
-
-var (
-	stubDisk       = testkit.StubDisk
-	putLE32        = testkit.PutLE32
-	mdSuper        = testkit.MDSuper
-	signatureStubs = testkit.SignatureStubs
-)
-
 func installWant(name, want string) string {
 	if name == "MBR signature only" && diskpkg.LookTool("wipefs") != "" {
 		return "an MBR partition table (dos)"
@@ -53,10 +44,10 @@ func probeFile(t *testing.T, path string) []diskpkg.Finding {
 // Stubbed signatures through `machined install`: refused naming the finding, then --wipe.
 func TestInstallRefusesEachStubbedSignatureUnlessWipe(t *testing.T) {
 	dir := t.TempDir()
-	image := gptImage(t, dir, 4<<20)
-	for name, c := range signatureStubs {
+	image := testkit.GPTImage(t, dir, 4<<20)
+	for name, c := range testkit.SignatureStubs {
 		disk := filepath.Join(dir, "used.img")
-		stubDisk(t, disk, c.Patches)
+		testkit.StubDisk(t, disk, c.Patches)
 		code, _, errs := runInstall(t, "--disk", disk, "--image", image)
 		if code != 2 || strings.Count(errs, "\n") != 1 || !strings.Contains(errs, "refusing to install onto "+disk+": it holds ") ||
 			!strings.Contains(errs, installWant(name, c.Want)) || !strings.HasSuffix(errs, "; pass --wipe to overwrite it\n") {
@@ -74,10 +65,10 @@ func TestInstallRefusesEachStubbedSignatureUnlessWipe(t *testing.T) {
 
 func TestInstallRefusesNonZeroEndsWithoutSignature(t *testing.T) {
 	dir := t.TempDir()
-	image := gptImage(t, dir, 4<<20)
-	for name, off := range map[string]int64{"first MiB": 300 << 10, "last MiB": probeDiskSize - 200<<10} {
+	image := testkit.GPTImage(t, dir, 4<<20)
+	for name, off := range map[string]int64{"first MiB": 300 << 10, "last MiB": testkit.ProbeDiskSize - 200<<10} {
 		disk := filepath.Join(dir, "data.img")
-		stubDisk(t, disk, map[int64][]byte{off: []byte("some data nobody recognises")})
+		testkit.StubDisk(t, disk, map[int64][]byte{off: []byte("some data nobody recognises")})
 		if found := probeFile(t, disk); len(found) != 0 {
 			t.Fatalf("%s: machined's probe found %v in plain data", name, found)
 		}
@@ -91,8 +82,8 @@ func TestInstallRefusesNonZeroEndsWithoutSignature(t *testing.T) {
 
 func TestInstallAcceptsEmptyDiskAndSaysHowItChecked(t *testing.T) {
 	dir := t.TempDir()
-	image := gptImage(t, dir, 4<<20)
-	disk := emptyDisk(t, dir, probeDiskSize)
+	image := testkit.GPTImage(t, dir, 4<<20)
+	disk := emptyDisk(t, dir, testkit.ProbeDiskSize)
 	code, out, errs := runInstall(t, "--disk", disk, "--image", image)
 	if code != 0 || !strings.Contains(out, disk+" is empty (checked by machined's probe") {
 		t.Fatalf("exit %d: %s%s", code, out, errs)
@@ -120,7 +111,7 @@ func TestProbeFindsWhatRealToolsWrite(t *testing.T) {
 		{"mkswap", nil, "swap"},
 	}
 	dir := t.TempDir()
-	image := gptImage(t, dir, 4<<20)
+	image := testkit.GPTImage(t, dir, 4<<20)
 	ran := 0
 	for _, c := range tools {
 		path, err := exec.LookPath(c.tool)
@@ -130,7 +121,7 @@ func TestProbeFindsWhatRealToolsWrite(t *testing.T) {
 		}
 		ran++
 		disk := filepath.Join(dir, c.id+".img")
-		size := int64(probeDiskSize)
+		size := int64(testkit.ProbeDiskSize)
 		if c.id == "xfs" || c.id == "btrfs" || c.id == "f2fs" {
 			size = 320 << 20 // their smallest filesystems
 		}
@@ -161,16 +152,16 @@ func TestProbeFindsWhatRealToolsWrite(t *testing.T) {
 // The installer container holds no util-linux: machined's probe alone decides there.
 func TestInstallWithoutUtilLinuxUsesMachinedProbeAlone(t *testing.T) {
 	dir := t.TempDir()
-	image := gptImage(t, dir, 4<<20) // with sfdisk, before util-linux goes out of sight
+	image := testkit.GPTImage(t, dir, 4<<20) // with sfdisk, before util-linux goes out of sight
 	t.Setenv("PATH", t.TempDir())
 	saved := diskpkg.ToolDirs
 	diskpkg.ToolDirs = nil
 	defer func() { diskpkg.ToolDirs = saved }()
-	disk := emptyDisk(t, dir, probeDiskSize)
+	disk := emptyDisk(t, dir, testkit.ProbeDiskSize)
 	code, out, errs := runInstall(t, "--disk", disk, "--image", image)
 	if code != 0 || !strings.Contains(out, disk+" is empty (checked by machined's probe;") {
 		t.Fatalf("exit %d: %s%s", code, out, errs)
 	}
-	stubDisk(t, disk, signatureStubs["mdraid 1.2"].Patches)
+	testkit.StubDisk(t, disk, testkit.SignatureStubs["mdraid 1.2"].Patches)
 	refusedOneLine(t, "it holds an mdraid array member (metadata 1.x) (linux_raid_member); pass --wipe", "--disk", disk, "--image", image)
 }

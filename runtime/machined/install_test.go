@@ -21,8 +21,6 @@ import (
 	"kiln/machined/internal/testkit"
 )
 
-var gptImage = testkit.GPTImage
-
 // emptyDisk makes a sparse all-zero file of the given size.
 func emptyDisk(t *testing.T, dir string, size int64) string {
 	t.Helper()
@@ -61,7 +59,7 @@ func sameStart(t *testing.T, image, disk string) {
 
 func TestInstallOntoEmptyFileKeepsSizeAndStaysSparse(t *testing.T) {
 	dir := t.TempDir()
-	image := gptImage(t, dir, 8<<20)
+	image := testkit.GPTImage(t, dir, 8<<20)
 	disk := emptyDisk(t, dir, 32<<20)
 	code, out, errs := runInstall(t, "--disk", disk, "--image", image)
 	if code != 0 {
@@ -130,7 +128,7 @@ func gzipImage(t *testing.T, raw string, withSize bool) string {
 func TestInstallGzipImage(t *testing.T) {
 	for _, withSize := range []bool{true, false} {
 		dir := t.TempDir()
-		image := gptImage(t, dir, 4<<20)
+		image := testkit.GPTImage(t, dir, 4<<20)
 		gz := gzipImage(t, image, withSize)
 		disk := emptyDisk(t, dir, 6<<20)
 		code, out, errs := runInstall(t, "--disk", disk, "--image", gz)
@@ -146,7 +144,7 @@ func TestInstallGzipImage(t *testing.T) {
 
 func TestInstallGzipWrongSizeFails(t *testing.T) {
 	dir := t.TempDir()
-	image := gptImage(t, dir, 4<<20)
+	image := testkit.GPTImage(t, dir, 4<<20)
 	data, _ := os.ReadFile(image)
 	f, _ := os.Create(image + ".gz")
 	zw := gzip.NewWriter(f)
@@ -175,7 +173,7 @@ func refusedOneLine(t *testing.T, want string, args ...string) {
 
 func TestInstallRefusesDiskWithContentUnlessWipe(t *testing.T) {
 	dir := t.TempDir()
-	image := gptImage(t, dir, 4<<20)
+	image := testkit.GPTImage(t, dir, 4<<20)
 	cases := map[string]func(path string){
 		"a GPT partition table (gpt)": func(path string) {
 			src, _ := os.ReadFile(image)
@@ -219,7 +217,7 @@ func TestInstallRefusesDiskWithContentUnlessWipe(t *testing.T) {
 
 func TestInstallRefusals(t *testing.T) {
 	dir := t.TempDir()
-	image := gptImage(t, dir, 8<<20)
+	image := testkit.GPTImage(t, dir, 8<<20)
 	small := emptyDisk(t, dir, 4<<20)
 	refusedOneLine(t, "is smaller than the image", "--disk", small, "--image", image)
 	refusedOneLine(t, "--disk is required", "--image", image)
@@ -236,7 +234,7 @@ func TestInstallRefusals(t *testing.T) {
 // --check runs the same checks and writes nothing: what `kiln install` asks before it builds an image.
 func TestInstallCheckWritesNothing(t *testing.T) {
 	dir := t.TempDir()
-	image := gptImage(t, dir, 8<<20)
+	image := testkit.GPTImage(t, dir, 8<<20)
 	disk := emptyDisk(t, dir, 32<<20)
 	code, out, errs := runInstall(t, "--check", "--disk", disk, "--size", "16777216")
 	if code != 0 || !strings.Contains(out, disk+" can take the image (16 MiB onto 32 MiB); nothing written") {
@@ -273,7 +271,7 @@ func TestInstallOntoLoopDevice(t *testing.T) {
 		testkit.Unavailable(t, "needs root and losetup for a loop device")
 	}
 	dir := t.TempDir()
-	image := gptImage(t, dir, 8<<20)
+	image := testkit.GPTImage(t, dir, 8<<20)
 	backing := emptyDisk(t, dir, 16<<20)
 	// stale data at the end (an old backup GPT) is refused without --wipe and gone after it
 	f, _ := os.OpenFile(backing, os.O_RDWR, 0)
@@ -323,7 +321,7 @@ func kernelReadsGPT() bool {
 // before its JSON; machined reads the layout from that combined output on the first boot.
 func TestLayoutReadableAfterInstallOntoBiggerDisk(t *testing.T) {
 	dir := t.TempDir()
-	image := gptImage(t, dir, 4<<20)
+	image := testkit.GPTImage(t, dir, 4<<20)
 	disk := emptyDisk(t, dir, 16<<20)
 	if code, _, errs := runInstall(t, "--disk", disk, "--image", image); code != 0 {
 		t.Fatalf("exit %d: %s", code, errs)

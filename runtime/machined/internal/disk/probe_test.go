@@ -19,16 +19,6 @@ import (
 	"kiln/machined/internal/testkit"
 )
 
-const probeDiskSize = testkit.ProbeDiskSize
-
-var (
-	stubDisk       = testkit.StubDisk
-	putLE32        = testkit.PutLE32
-	mdSuper        = testkit.MDSuper
-	signatureStubs = testkit.SignatureStubs
-	gptImage       = testkit.GPTImage
-)
-
 func probeFile(t *testing.T, path string) []Finding {
 	t.Helper()
 	f, err := os.Open(path)
@@ -53,12 +43,12 @@ func hasFinding(found []Finding, want string) bool {
 	return false
 }
 
-// Stubbed signatures: the bytes written where the real tool writes them (see signatureStubs).
+// Stubbed signatures: the bytes written where the real tool writes them (see testkit.SignatureStubs).
 func TestProbeFindsEachStubbedSignature(t *testing.T) {
 	dir := t.TempDir()
-	for name, c := range signatureStubs {
+	for name, c := range testkit.SignatureStubs {
 		path := filepath.Join(dir, "disk.img")
-		stubDisk(t, path, c.Patches)
+		testkit.StubDisk(t, path, c.Patches)
 		if found := probeFile(t, path); !hasFinding(found, c.Want) {
 			t.Errorf("%s: machined's probe found %v, want %q", name, found, c.Want)
 		}
@@ -67,7 +57,7 @@ func TestProbeFindsEachStubbedSignature(t *testing.T) {
 
 func TestProbeDoesNotMistakeAnImageForForeignData(t *testing.T) {
 	dir := t.TempDir()
-	image := gptImage(t, dir, 4<<20)
+	image := testkit.GPTImage(t, dir, 4<<20)
 	found := probeFile(t, image)
 	if JoinFindings(found) != "a protective MBR (PMBR), a GPT partition table (gpt) and a backup GPT header (gpt)" {
 		t.Fatalf("found %v", found)
@@ -214,7 +204,7 @@ func TestProbeWithBlkidAlone(t *testing.T) {
 	defer func() { ToolDirs = saved }()
 
 	disk := filepath.Join(dir, "d.img")
-	stubDisk(t, disk, nil)
+	testkit.StubDisk(t, disk, nil)
 	if found, tool, err := probeWithUtilLinux(disk); tool != "blkid" || err != nil || len(found) != 0 {
 		t.Fatalf("empty: %v %q %v", found, tool, err)
 	}
@@ -229,7 +219,7 @@ func TestProbeWithBlkidAlone(t *testing.T) {
 	if err != nil {
 		return
 	}
-	stubDisk(t, disk, nil)
+	testkit.StubDisk(t, disk, nil)
 	if out, err := supervisor.Run(mkswap, disk); err != nil {
 		t.Fatalf("mkswap: %v %s", err, out)
 	}
@@ -247,15 +237,15 @@ func TestProbeWithBlkidAlone(t *testing.T) {
 func TestIsBlankLooksAtBothEnds(t *testing.T) {
 	dir := t.TempDir()
 	disk := filepath.Join(dir, "d.img")
-	stubDisk(t, disk, nil)
+	testkit.StubDisk(t, disk, nil)
 	if !IsBlank(disk) {
 		t.Fatal("zeros are blank")
 	}
-	stubDisk(t, disk, signatureStubs["mdraid 1.0"].Patches)
+	testkit.StubDisk(t, disk, testkit.SignatureStubs["mdraid 1.0"].Patches)
 	if IsBlank(disk) {
 		t.Fatal("an md 1.0 member is not blank")
 	}
-	stubDisk(t, disk, map[int64][]byte{-100: {1}})
+	testkit.StubDisk(t, disk, map[int64][]byte{-100: {1}})
 	if IsBlank(disk) {
 		t.Fatal("data in the last MiB is not blank")
 	}

@@ -224,15 +224,6 @@ func resolveTestImage(t *testing.T) (*testImage, *fakeRegistry, *Registry, Image
 	return ti, f, reg, img
 }
 
-// wantResolveErrors resolves each reference for linux/amd64 and wants an error saying why.
-func wantResolveErrors(t *testing.T, reg *Registry, why map[string]string) {
-	t.Helper()
-	for ref, want := range why {
-		_, err := reg.Resolve(context.Background(), ref, amd64)
-		wantErr(t, err, want)
-	}
-}
-
 // verifyMangled publishes, in turn, every one-byte change of a good signature manifest raw
 // (published for imageDigest already) and verifies each. A panic fails the test; an error or
 // (for a change the checks do not look at) a success are both fine, since the payload and its
@@ -430,24 +421,16 @@ func TestRegistryOversizeManifest(t *testing.T) {
 	}
 }
 
-func TestRegistryRefusesSchema1AndOthers(t *testing.T) {
-	f := newFakeRegistry(t, nil)
+// Resolve refuses what is not an image it can install: other schemas and media types, what is
+// not JSON, oversized or malformed descriptors, nested indexes, unknown or malformed references.
+func TestRegistryRefusesBadDocuments(t *testing.T) {
+	ti := newTestImage(t)
+	f := newFakeRegistry(t, ti)
 	f.manifests["old"] = []byte(`{"schemaVersion":1,"name":"kiln/installer","tag":"old","fsLayers":[]}`)
 	f.types["old"] = "application/vnd.docker.distribution.manifest.v1+prettyjws"
 	f.manifests["art"] = []byte(`{"schemaVersion":2,"mediaType":"application/vnd.example.thing+json","config":{}}`)
 	f.manifests["neither"] = []byte(`{"schemaVersion":2}`)
 	f.manifests["notjson"] = []byte(`<html>`)
-	wantResolveErrors(t, f.registry(), map[string]string{
-		"old":     "schema1",
-		"art":     "unsupported manifest media type",
-		"neither": "neither an image index nor an image manifest",
-		"notjson": "not a JSON object",
-	})
-}
-
-func TestRegistryRefusesBadDocuments(t *testing.T) {
-	ti := newTestImage(t)
-	f := newFakeRegistry(t, ti)
 	var m Manifest
 	json.Unmarshal(ti.manifest, &m)
 	m.Config.Size = maxConfigBytes + 1
@@ -462,7 +445,12 @@ func TestRegistryRefusesBadDocuments(t *testing.T) {
 	f.manifests["nested"] = mustJSON(t, Index{SchemaVersion: 2, MediaType: MediaTypeIndex, Manifests: []Descriptor{
 		{MediaType: MediaTypeIndex, Digest: digestOf(ti.index), Size: int64(len(ti.index)), Platform: &amd64},
 	}})
-	wantResolveErrors(t, f.registry(), map[string]string{
+	reg := f.registry()
+	for ref, why := range map[string]string{
+		"old":       "schema1",
+		"art":       "unsupported manifest media type",
+		"neither":   "neither an image index nor an image manifest",
+		"notjson":   "not a JSON object",
 		"bigconfig": "more than the 1048576 allowed",
 		"baddigest": `layer 0: descriptor digest "sha256:../../../etc"`,
 		"notype":    "layer 1: descriptor sha256:",
@@ -470,7 +458,10 @@ func TestRegistryRefusesBadDocuments(t *testing.T) {
 		"no-such":   "404 Not Found: MANIFEST_UNKNOWN fake registry says no?",
 		"BAD/TAG":   "is not [A-Za-z0-9_]",
 		"sha512:00": "neither a tag nor a sha256 digest",
-	})
+	} {
+		_, err := reg.Resolve(context.Background(), ref, amd64)
+		wantErr(t, err, why)
+	}
 }
 
 func TestRegistryBearerTokenDance(t *testing.T) {

@@ -259,19 +259,9 @@ func cosignLayers(m Manifest) ([]cosignLayer, error) {
 // bytes, and the payload must be a cosign signature of digest. It returns the signer's
 // fingerprint.
 func verifyCosignLayer(ctx context.Context, src Source, l cosignLayer, digest string, keys []crypto.PublicKey) (string, error) {
-	payload, err := fetchPayload(ctx, src, l.payload)
+	payload, signer, err := signedPayload(ctx, src, l.payload, l.signature, digest, keys)
 	if err != nil {
-		return "", fmt.Errorf("signature payload of %s: %v", digest, err)
-	}
-	signer := ""
-	for _, k := range keys {
-		if signatureHolds(k, payload, l.signature) {
-			signer = KeyFingerprint(k)
-			break
-		}
-	}
-	if signer == "" {
-		return "", fmt.Errorf("signature of %s is not by a trusted key", digest)
+		return "", err
 	}
 	var p CosignPayload
 	if err := json.Unmarshal(payload, &p); err != nil {
@@ -283,13 +273,36 @@ func verifyCosignLayer(ctx context.Context, src Source, l cosignLayer, digest st
 	if p.Critical.Identity.DockerReference == nil {
 		return "", fmt.Errorf("malformed signature payload for %s: no critical.identity.docker-reference", digest)
 	}
-	if got := p.Critical.Image.DockerManifestDigest; got != digest {
-		if !ValidDigest(got) {
-			got = quote(got)
-		}
-		return "", fmt.Errorf("signature payload names %s, not the image %s", got, digest)
+	if err := payloadNames(p.Critical.Image.DockerManifestDigest, digest); err != nil {
+		return "", err
 	}
 	return signer, nil
+}
+
+// signedPayload fetches a signature's payload (layer) and finds the trusted key for which sig
+// holds over it: it returns the payload and the signer's fingerprint.
+func signedPayload(ctx context.Context, src Source, layer Descriptor, sig []byte, digest string, keys []crypto.PublicKey) ([]byte, string, error) {
+	payload, err := fetchPayload(ctx, src, layer)
+	if err != nil {
+		return nil, "", fmt.Errorf("signature payload of %s: %v", digest, err)
+	}
+	for _, k := range keys {
+		if signatureHolds(k, payload, sig) {
+			return payload, KeyFingerprint(k), nil
+		}
+	}
+	return nil, "", fmt.Errorf("signature of %s is not by a trusted key", digest)
+}
+
+// payloadNames checks that the image a signature payload names, got, is digest.
+func payloadNames(got, digest string) error {
+	if got == digest {
+		return nil
+	}
+	if !ValidDigest(got) {
+		got = quote(got)
+	}
+	return fmt.Errorf("signature payload names %s, not the image %s", got, digest)
 }
 
 // signatureHolds verifies sig over payload with key: ECDSA over the payload's SHA-256 (ASN.1

@@ -53,10 +53,10 @@ func isLegacySignature(m Manifest) bool {
 // verifyLegacy checks a first-format signature manifest (body) of digest with the Ed25519 keys
 // among keys and returns the signer's fingerprint.
 func verifyLegacy(ctx context.Context, src Source, body []byte, digest string, keys []crypto.PublicKey) (string, error) {
-	var edKeys []ed25519.PublicKey
+	var edKeys []crypto.PublicKey
 	for _, k := range keys {
-		if e, ok := k.(ed25519.PublicKey); ok {
-			edKeys = append(edKeys, e)
+		if _, ok := k.(ed25519.PublicKey); ok {
+			edKeys = append(edKeys, k)
 		}
 	}
 	if len(edKeys) == 0 {
@@ -66,19 +66,9 @@ func verifyLegacy(ctx context.Context, src Source, body []byte, digest string, k
 	if err != nil {
 		return "", fmt.Errorf("malformed signature manifest for %s: %v", digest, err)
 	}
-	payload, err := fetchPayload(ctx, src, layer)
+	payload, signer, err := signedPayload(ctx, src, layer, sig, digest, edKeys)
 	if err != nil {
-		return "", fmt.Errorf("signature payload of %s: %v", digest, err)
-	}
-	signer := ""
-	for _, k := range edKeys {
-		if ed25519.Verify(k, payload, sig) {
-			signer = KeyFingerprint(k)
-			break
-		}
-	}
-	if signer == "" {
-		return "", fmt.Errorf("signature of %s is not by a trusted key", digest)
+		return "", err
 	}
 	var p SignaturePayload
 	if err := json.Unmarshal(payload, &p); err != nil {
@@ -87,11 +77,8 @@ func verifyLegacy(ctx context.Context, src Source, body []byte, digest string, k
 	if p.Critical.Type != SignatureType {
 		return "", fmt.Errorf("signature payload for %s has type %s, not %s", digest, quote(p.Critical.Type), SignatureType)
 	}
-	if got := p.Critical.Image.ManifestDigest; got != digest {
-		if !ValidDigest(got) {
-			got = quote(got)
-		}
-		return "", fmt.Errorf("signature payload names %s, not the image %s", got, digest)
+	if err := payloadNames(p.Critical.Image.ManifestDigest, digest); err != nil {
+		return "", err
 	}
 	return signer, nil
 }

@@ -216,12 +216,30 @@ func resolveTestImage(t *testing.T) (*testImage, *fakeRegistry, *Registry, Image
 	t.Helper()
 	ti := newTestImage(t)
 	f := newFakeRegistry(t, ti)
+	reg, img := resolveFrom(t, f)
+	return ti, f, reg, img
+}
+
+// resolveFrom resolves tag 1.2.0 for linux/amd64 from f.
+func resolveFrom(t *testing.T, f *fakeRegistry) (*Registry, Image) {
+	t.Helper()
 	reg := f.registry()
 	img, err := reg.Resolve(context.Background(), "1.2.0", amd64)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return ti, f, reg, img
+	return reg, img
+}
+
+// unpackFrom resolves tag 1.2.0 for linux/amd64 from f and unpacks it, through the registry
+// client it returns.
+func unpackFrom(t *testing.T, f *fakeRegistry) *Registry {
+	t.Helper()
+	reg, img := resolveFrom(t, f)
+	if _, err := unpackImage(t, reg, img); err != nil {
+		t.Fatal(err)
+	}
+	return reg
 }
 
 // verifyMangled publishes, in turn, every one-byte change of a good signature manifest raw
@@ -391,14 +409,7 @@ func TestRegistryBlobRedirectDropsAuthorization(t *testing.T) {
 	f := newFakeRegistry(t, ti)
 	f.redirect = true
 	f.token = "t0k3n"
-	reg := f.registry()
-	img, err := reg.Resolve(context.Background(), "1.2.0", amd64)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := unpackImage(t, reg, img); err != nil {
-		t.Fatal(err)
-	}
+	unpackFrom(t, f)
 	if len(f.storageAuth) != 3 { // config and two layers
 		t.Fatalf("storage got %d requests", len(f.storageAuth))
 	}
@@ -468,14 +479,7 @@ func TestRegistryBearerTokenDance(t *testing.T) {
 	ti := newTestImage(t)
 	f := newFakeRegistry(t, ti)
 	f.token = "t0k3n"
-	reg := f.registry()
-	img, err := reg.Resolve(context.Background(), "1.2.0", amd64)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := unpackImage(t, reg, img); err != nil {
-		t.Fatal(err)
-	}
+	reg := unpackFrom(t, f)
 	if len(f.tokenQueries) != 1 {
 		t.Fatalf("fetched %d tokens, want 1 (it is kept)", len(f.tokenQueries))
 	}

@@ -4,11 +4,11 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"kiln/machined/internal/supervisor"
+	"kiln/machined/internal/testkit"
 	"kiln/machined/internal/testkit/wait"
 )
 
@@ -21,8 +21,8 @@ func TestServiceEnvironmentAndFiles(t *testing.T) {
 	if len(specs) != 1 || specs[0].Name != "env" || len(errs) != 1 || !strings.Contains(errs[0].Error(), "bad.json") {
 		t.Fatalf("specs %+v errs %v", specs, errs)
 	}
-	s, _ := testSupervisor(t, specs...)
-	wait.Until(t, "env to exit", 3*time.Second, func() bool { return status(s, "env").State == supervisor.StateExited })
+	s, _ := testkit.Supervisor(t, t.TempDir(), specs...)
+	wait.Until(t, "env to exit", 3*time.Second, func() bool { return testkit.ServiceStatus(s, "env").State == supervisor.StateExited })
 	logs, _ := s.Logs("env")
 	if !strings.Contains(strings.Join(logs, "\n"), "hi from /bin/sh") {
 		t.Fatalf("logs: %v", logs)
@@ -42,7 +42,7 @@ func TestAnExtensionServiceCaughtRunningBetweenCrashesIsUnhealthy(t *testing.T) 
 	if len(specs) != 1 || len(errs) != 0 {
 		t.Fatalf("specs %+v errs %v", specs, errs)
 	}
-	s, _ := testSupervisor(t, specs...)
+	s, _ := testkit.Supervisor(t, t.TempDir(), specs...)
 	state := runObservers(t, &servicesObserver{read: s.Status})
 	var seen supervisor.ServiceStatus
 	wait.Until(t, "agent seen running again after a crash", 3*time.Second+observed, func() bool {
@@ -56,46 +56,6 @@ func TestAnExtensionServiceCaughtRunningBetweenCrashesIsUnhealthy(t *testing.T) 
 	if len(problems) != 1 || !strings.HasPrefix(problems[0], "service agent is restarting (") {
 		t.Fatalf("health problems: %v", problems)
 	}
-}
-
-// The helpers below are internal/supervisor's test helpers, for the one test here that
-// loads service files (main's) and runs them.
-
-type eventLog struct {
-	mu    sync.Mutex
-	lines []string
-}
-
-func (e *eventLog) add(line string) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	e.lines = append(e.lines, line)
-}
-
-func testSupervisor(t *testing.T, specs ...supervisor.ServiceSpec) (*supervisor.Supervisor, *eventLog) {
-	t.Helper()
-	events := &eventLog{}
-	s := supervisor.New(supervisor.Options{LogDir: t.TempDir(), BackoffBase: 50 * time.Millisecond,
-		BackoffMax: 200 * time.Millisecond, ResetAfter: 5 * time.Second, StopTimeout: 500 * time.Millisecond, Events: events.add})
-	for i := range specs {
-		if err := specs[i].Validate(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := s.Start(specs); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(s.Stop)
-	return s, events
-}
-
-func status(s *supervisor.Supervisor, name string) supervisor.ServiceStatus {
-	for _, st := range s.Status() {
-		if st.Name == name {
-			return st
-		}
-	}
-	return supervisor.ServiceStatus{}
 }
 
 // A failed upgrade's resume starts a new supervisor while the API lists services and reads

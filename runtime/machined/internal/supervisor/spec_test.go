@@ -3,6 +3,7 @@ package supervisor
 import (
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestServiceDefaultsAndDependencies(t *testing.T) {
@@ -22,5 +23,11 @@ func TestServiceDefaultsAndDependencies(t *testing.T) {
 		[]ServiceSpec{{Name: "web", Command: "/cfg/web"}})
 	if len(merged) != 2 || merged[1].Command != "/cfg/web" || merged[1].Source != "machine config" {
 		t.Fatalf("merge: %+v", merged)
+	}
+}
+
+func TestBackoffDoublesUpToItsMax(t *testing.T) {
+	if backoff(time.Second, 30*time.Second, 1) != time.Second || backoff(time.Second, 30*time.Second, 6) != 30*time.Second {
+		t.Fatal("backoff")
 	}
 }

@@ -1,76 +1,43 @@
-package supervisor
+package supervisor_test
 
 import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"kiln/machined/internal/supervisor"
+	"kiln/machined/internal/testkit"
 	"kiln/machined/internal/testkit/wait"
 )
 
 // Real child processes (/bin/sh) under the real reaper: fast backoff settings keep it short.
 
-type eventLog struct {
-	mu    sync.Mutex
-	lines []string
-}
-
-func (e *eventLog) add(line string) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	e.lines = append(e.lines, line)
-}
-
-func (e *eventLog) all() []string {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return append([]string(nil), e.lines...)
-}
-
-func testSupervisor(t *testing.T, specs ...ServiceSpec) (*Supervisor, *eventLog) {
+// testSupervisor is testkit.Supervisor logging to a temporary directory.
+func testSupervisor(t *testing.T, specs ...supervisor.ServiceSpec) (*supervisor.Supervisor, *testkit.Lines) {
 	t.Helper()
-	events := &eventLog{}
-	s := New(Options{LogDir: t.TempDir(), BackoffBase: 50 * time.Millisecond,
-		BackoffMax: 200 * time.Millisecond, ResetAfter: 5 * time.Second, StopTimeout: 500 * time.Millisecond, Events: events.add})
-	for i := range specs {
-		if err := specs[i].Validate(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := s.Start(specs); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(s.Stop)
-	return s, events
+	return testkit.Supervisor(t, t.TempDir(), specs...)
 }
 
-func sh(name, script string, restart string, after ...string) ServiceSpec {
-	return ServiceSpec{Name: name, Command: "/bin/sh", Args: []string{"-c", script}, Restart: restart, After: after}
+func sh(name, script string, restart string, after ...string) supervisor.ServiceSpec {
+	return supervisor.ServiceSpec{Name: name, Command: "/bin/sh", Args: []string{"-c", script}, Restart: restart, After: after}
 }
 
-func oneshot(s ServiceSpec) ServiceSpec {
-	s.Type = TypeOneshot
+func oneshot(s supervisor.ServiceSpec) supervisor.ServiceSpec {
+	s.Type = supervisor.TypeOneshot
 	return s
 }
 
-func status(s *Supervisor, name string) ServiceStatus {
-	for _, st := range s.Status() {
-		if st.Name == name {
-			return st
-		}
-	}
-	return ServiceStatus{}
-}
+var status = testkit.ServiceStatus
 
 func TestRestartWithExponentialBackoff(t *testing.T) {
-	s, events := testSupervisor(t, sh("crash", "echo attempt; exit 3", RestartOnFailure))
+	logDir := t.TempDir()
+	s, events := testkit.Supervisor(t, logDir, sh("crash", "echo attempt; exit 3", supervisor.RestartOnFailure))
 	wait.Until(t, "five restarts", 5*time.Second, func() bool { return status(s, "crash").Restarts >= 5 })
 	var delays []string
-	for _, e := range events.all() {
+	for _, e := range events.All() {
 		if i := strings.Index(e, "restarting in "); i >= 0 {
 			delays = append(delays, e[i+len("restarting in "):])
 		}
@@ -86,7 +53,7 @@ func TestRestartWithExponentialBackoff(t *testing.T) {
 	if n := strings.Count(strings.Join(logs, "\n"), "attempt"); n < 5 {
 		t.Fatalf("ring buffer kept %d attempts:\n%s", n, strings.Join(logs, "\n"))
 	}
-	data, err := os.ReadFile(filepath.Join(s.opts.LogDir, "crash.log"))
+	data, err := os.ReadFile(filepath.Join(logDir, "crash.log"))
 	if err != nil || strings.Count(string(data), "attempt") < 5 {
 		t.Fatalf("crash.log: %v\n%s", err, data)
 	}
@@ -94,13 +61,13 @@ func TestRestartWithExponentialBackoff(t *testing.T) {
 
 func TestRestartPolicies(t *testing.T) {
 	s, _ := testSupervisor(t,
-		sh("done", "exit 0", RestartOnFailure),
-		sh("fail-never", "exit 1", RestartNever),
-		sh("always", "exit 0", RestartAlways),
-		ServiceSpec{Name: "missing", Command: "/nonexistent/binary", Restart: RestartNever})
-	wait.Until(t, "done to exit", 3*time.Second, func() bool { return status(s, "done").State == StateExited })
-	wait.Until(t, "fail-never to fail", 3*time.Second, func() bool { return status(s, "fail-never").State == StateFailed })
-	wait.Until(t, "missing to fail", 3*time.Second, func() bool { return status(s, "missing").State == StateFailed })
+		sh("done", "exit 0", supervisor.RestartOnFailure),
+		sh("fail-never", "exit 1", supervisor.RestartNever),
+		sh("always", "exit 0", supervisor.RestartAlways),
+		supervisor.ServiceSpec{Name: "missing", Command: "/nonexistent/binary", Restart: supervisor.RestartNever})
+	wait.Until(t, "done to exit", 3*time.Second, func() bool { return status(s, "done").State == supervisor.StateExited })
+	wait.Until(t, "fail-never to fail", 3*time.Second, func() bool { return status(s, "fail-never").State == supervisor.StateFailed })
+	wait.Until(t, "missing to fail", 3*time.Second, func() bool { return status(s, "missing").State == supervisor.StateFailed })
 	wait.Until(t, "always to restart", 3*time.Second, func() bool { return status(s, "always").Restarts >= 2 })
 	if st := status(s, "done"); st.Restarts != 0 {
 		t.Fatalf("on-failure restarted a clean exit: %+v", st)
@@ -111,15 +78,15 @@ func TestRestartPolicies(t *testing.T) {
 }
 
 func TestKilledServiceRestarts(t *testing.T) {
-	s, _ := testSupervisor(t, sh("daemon", "exec sleep 60", RestartAlways))
-	wait.Until(t, "daemon running", 3*time.Second, func() bool { return status(s, "daemon").State == StateRunning })
+	s, _ := testSupervisor(t, sh("daemon", "exec sleep 60", supervisor.RestartAlways))
+	wait.Until(t, "daemon running", 3*time.Second, func() bool { return status(s, "daemon").State == supervisor.StateRunning })
 	first := status(s, "daemon").PID
 	if err := syscall.Kill(first, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
 	wait.Until(t, "a new pid", 3*time.Second, func() bool {
 		st := status(s, "daemon")
-		return st.State == StateRunning && st.PID != first && st.PID != 0
+		return st.State == supervisor.StateRunning && st.PID != first && st.PID != 0
 	})
 	if st := status(s, "daemon"); st.Restarts != 1 || st.LastExit != "killed by killed" {
 		t.Fatalf("after kill: %+v", st)
@@ -132,17 +99,17 @@ func TestDependenciesStartInOrder(t *testing.T) {
 	// web starts after db is running; stuck waits for a one-shot that failed for good (a simple
 	// service counts as started while it runs, so a failing simple one would race with stuck).
 	s, events := testSupervisor(t,
-		sh("web", "exec sleep 60", RestartAlways, "db"),
-		sh("db", "test -f "+dir+"/setup-done && exec sleep 60", RestartNever, "setup"),
-		oneshot(sh("setup", "sleep 0.3; touch "+dir+"/setup-done", RestartNever)),
-		oneshot(sh("broken", "exit 1", RestartNever)),
-		sh("stuck", "exec sleep 60", RestartAlways, "broken"))
-	wait.Until(t, "web running", 5*time.Second, func() bool { return status(s, "web").State == StateRunning })
-	if st := status(s, "db"); st.State != StateRunning {
+		sh("web", "exec sleep 60", supervisor.RestartAlways, "db"),
+		sh("db", "test -f "+dir+"/setup-done && exec sleep 60", supervisor.RestartNever, "setup"),
+		oneshot(sh("setup", "sleep 0.3; touch "+dir+"/setup-done", supervisor.RestartNever)),
+		oneshot(sh("broken", "exit 1", supervisor.RestartNever)),
+		sh("stuck", "exec sleep 60", supervisor.RestartAlways, "broken"))
+	wait.Until(t, "web running", 5*time.Second, func() bool { return status(s, "web").State == supervisor.StateRunning })
+	if st := status(s, "db"); st.State != supervisor.StateRunning {
 		t.Fatalf("db should be running (setup had finished first): %+v", st)
 	}
 	order := []string{}
-	for _, e := range events.all() {
+	for _, e := range events.All() {
 		if strings.Contains(e, ": started") {
 			order = append(order, strings.Fields(e)[1])
 		}
@@ -154,22 +121,22 @@ func TestDependenciesStartInOrder(t *testing.T) {
 	if !(pos["setup"] < pos["db"] && pos["db"] < pos["web"]) {
 		t.Fatalf("start order %v", order)
 	}
-	wait.Until(t, "broken to fail", 3*time.Second, func() bool { return status(s, "broken").State == StateFailed })
+	wait.Until(t, "broken to fail", 3*time.Second, func() bool { return status(s, "broken").State == supervisor.StateFailed })
 	time.Sleep(200 * time.Millisecond)
-	if st := status(s, "stuck"); st.State != StateWaiting || strings.Join(st.Waiting, ",") != "broken" {
+	if st := status(s, "stuck"); st.State != supervisor.StateWaiting || strings.Join(st.Waiting, ",") != "broken" {
 		t.Fatalf("stuck should wait for broken: %+v", st)
 	}
 }
 
 func TestStopEscalatesToSIGKILL(t *testing.T) {
 	s, _ := testSupervisor(t,
-		sh("polite", "exec sleep 60", RestartAlways),
-		sh("stubborn", "trap '' TERM; echo ignoring TERM; while :; do sleep 0.05; done", RestartAlways))
+		sh("polite", "exec sleep 60", supervisor.RestartAlways),
+		sh("stubborn", "trap '' TERM; echo ignoring TERM; while :; do sleep 0.05; done", supervisor.RestartAlways))
 	// running is not enough: on a loaded machine the shell may not have set its trap yet, and
 	// then SIGTERM ends it at once
 	wait.Until(t, "both running, stubborn ignoring TERM", 3*time.Second, func() bool {
 		lines, _ := s.Logs("stubborn")
-		return status(s, "polite").State == StateRunning && status(s, "stubborn").State == StateRunning &&
+		return status(s, "polite").State == supervisor.StateRunning && status(s, "stubborn").State == supervisor.StateRunning &&
 			strings.Contains(strings.Join(lines, "\n"), "ignoring TERM")
 	})
 	pids := []int{status(s, "polite").PID, status(s, "stubborn").PID}
@@ -185,38 +152,35 @@ func TestStopEscalatesToSIGKILL(t *testing.T) {
 		}
 	}
 	for _, name := range []string{"polite", "stubborn"} {
-		if st := status(s, name); st.State != StateStopped {
+		if st := status(s, name); st.State != supervisor.StateStopped {
 			t.Fatalf("%s: %+v", name, st)
 		}
 	}
 }
 
 func TestRunCommandsThroughTheReaper(t *testing.T) {
-	out, err := Run("/bin/sh", "-c", "echo out; echo err >&2")
+	out, err := supervisor.Run("/bin/sh", "-c", "echo out; echo err >&2")
 	if err != nil || out != "out\nerr\n" {
 		t.Fatalf("%q %v", out, err)
 	}
-	out, err = RunInput([]byte("piped\n"), "/bin/cat")
+	out, err = supervisor.RunInput([]byte("piped\n"), "/bin/cat")
 	if err != nil || out != "piped\n" {
 		t.Fatalf("%q %v", out, err)
 	}
-	if _, err := Run("/bin/sh", "-c", "echo first; echo why it failed; exit 4"); err == nil || err.Error() != "/bin/sh: exit status 4: why it failed" {
+	if _, err := supervisor.Run("/bin/sh", "-c", "echo first; echo why it failed; exit 4"); err == nil || err.Error() != "/bin/sh: exit status 4: why it failed" {
 		t.Fatalf("failure: %v", err)
 	}
 }
 
 func TestRingLogBounds(t *testing.T) {
-	r := NewRingLog(3, 1000)
+	r := supervisor.NewRingLog(3, 1000)
 	r.Write([]byte("a\nb\nc\nd\npartial"))
 	if got := strings.Join(r.Lines(), ","); got != "b,c,d,partial" {
 		t.Fatalf("lines: %s", got)
 	}
-	r = NewRingLog(100, 10)
+	r = supervisor.NewRingLog(100, 10)
 	r.Write([]byte("12345\n67890\nabcde\n"))
 	if got := strings.Join(r.Lines(), ","); got != "67890,abcde" {
 		t.Fatalf("byte bound: %s", got)
-	}
-	if backoff(time.Second, 30*time.Second, 1) != time.Second || backoff(time.Second, 30*time.Second, 6) != 30*time.Second {
-		t.Fatal("backoff")
 	}
 }

@@ -40,6 +40,13 @@ func (l *Lines) Add(format string, args ...interface{}) {
 	l.lines = append(l.lines, fmt.Sprintf(format, args...))
 }
 
+// All returns the lines so far.
+func (l *Lines) All() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]string(nil), l.lines...)
+}
+
 // Join returns the lines so far, joined by sep.
 func (l *Lines) Join(sep string) string {
 	l.mu.Lock()

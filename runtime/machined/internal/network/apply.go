@@ -104,37 +104,33 @@ func (n *Network) stopUnwanted(loops map[string]*loop, keep func(string) bool, w
 
 // endDHCP removes what a stopped DHCP client's lease put on the interface, and its status.
 func (n *Network) endDHCP(iface net.Interface) {
-	endClient(n, n.links, iface.Name, func(l dhcp.Lease) {
-		n.dropLease(iface, l, "given up: the config turns DHCP off here")
-	})
+	n.mu.Lock()
+	var held *dhcp.Lease
+	if d := n.links[iface.Name]; d != nil {
+		held = d.lease
+	}
+	n.mu.Unlock()
+	if held != nil {
+		n.dropLease(iface, *held, "given up: the config turns DHCP off here")
+	}
+	n.mu.Lock()
+	delete(n.links, iface.Name)
+	n.mu.Unlock()
 }
 
 // endDHCP6 removes a stopped DHCPv6 client's address and its status.
 func (n *Network) endDHCP6(iface net.Interface) {
-	endClient(n, n.links6, iface.Name, func(l dhcp6.Lease) {
-		n.dropLease6(iface, l, "given up: the config turns DHCPv6 off here")
-	})
-}
-
-// clientLink is a dhcpLink or a dhcp6Link: an interface's client state, holding leases L.
-type clientLink[L any] interface {
-	held() *L // nil: none
-}
-
-// endClient drops the lease a stopped client held on the interface, if any, then forgets the
-// interface's status in links (n.links or n.links6).
-func endClient[L any, D clientLink[L]](n *Network, links map[string]D, name string, drop func(L)) {
 	n.mu.Lock()
-	var held *L
-	if d, ok := links[name]; ok {
-		held = d.held()
+	var held *dhcp6.Lease
+	if d := n.links6[iface.Name]; d != nil {
+		held = d.lease
 	}
 	n.mu.Unlock()
 	if held != nil {
-		drop(*held)
+		n.dropLease6(iface, *held, "given up: the config turns DHCPv6 off here")
 	}
 	n.mu.Lock()
-	delete(links, name)
+	delete(n.links6, iface.Name)
 	n.mu.Unlock()
 }
 

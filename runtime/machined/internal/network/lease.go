@@ -8,16 +8,15 @@ import (
 	"time"
 
 	"kiln/machined/internal/dhcp"
-	"kiln/machined/internal/dhcp6"
 )
 
 // dhcpLink is one interface's DHCP state. It remembers what applying the lease put on the
 // interface, so a renewal that moves the address or routes replaces them and an expiry
 // removes them; it outlives a restarted dhcpLoop for the same reason.
 type dhcpLink struct {
-	cfg   InterfaceConfig // its MTU and routes win over and outlive the lease's
-	state dhcp.State
-	leased[dhcp.Lease]
+	cfg      InterfaceConfig // its MTU and routes win over and outlive the lease's
+	state    dhcp.State
+	lease    *dhcp.Lease
 	renewals int // since the lease was acquired
 	addr     *net.IPNet
 	routes   []route
@@ -94,28 +93,35 @@ func (d *dhcpLink) info(now time.Time) LeaseInfo {
 func (n *Network) NTPServers() []string {
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	names := make([]string, 0, len(n.links))
+	for name := range n.links {
+		names = append(names, name)
+	}
+	sort.Strings(names)
 	seen := map[string]bool{}
-	out := appendNTP(nil, seen, n.links, func(l dhcp.Lease) []net.IP { return l.NTP })
-	return appendNTP(out, seen, n.links6, func(l dhcp6.Lease) []net.IP { return l.NTP })
-}
-
-// appendNTP appends the NTP servers (ntp) of the leases in links not seen yet, interfaces in
-// name order.
-func appendNTP[L any, D clientLink[L]](out []string, seen map[string]bool, links map[string]D, ntp func(L) []net.IP) []string {
-	names := make([]string, 0, len(links))
-	for name := range links {
+	var out []string
+	for _, name := range names {
+		if l := n.links[name].lease; l != nil {
+			for _, s := range ipStrings(l.NTP) {
+				if !seen[s] {
+					seen[s] = true
+					out = append(out, s)
+				}
+			}
+		}
+	}
+	names = names[:0]
+	for name := range n.links6 {
 		names = append(names, name)
 	}
 	sort.Strings(names)
 	for _, name := range names {
-		l := links[name].held()
-		if l == nil {
-			continue
-		}
-		for _, s := range ipStrings(ntp(*l)) {
-			if !seen[s] {
-				seen[s] = true
-				out = append(out, s)
+		if l := n.links6[name].lease; l != nil {
+			for _, s := range ipStrings(l.NTP) {
+				if !seen[s] {
+					seen[s] = true
+					out = append(out, s)
+				}
 			}
 		}
 	}
@@ -134,23 +140,13 @@ func ipStrings(ips []net.IP) []string {
 func (n *Network) link(name string) *dhcpLink {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	return linkIn(n.links, name)
-}
-
-// linkIn returns links[name], creating it; n.mu is held.
-func linkIn[D any](links map[string]*D, name string) *D {
-	d := links[name]
+	d := n.links[name]
 	if d == nil {
-		d = new(D)
-		links[name] = d
+		d = &dhcpLink{}
+		n.links[name] = d
 	}
 	return d
 }
-
-// leased holds the lease of a dhcpLink or dhcp6Link: nil when none.
-type leased[L any] struct{ lease *L }
-
-func (h *leased[L]) held() *L { return h.lease }
 
 // setConfig keeps the config of a DHCP interface for applyLease.
 func (n *Network) setConfig(ic InterfaceConfig) {

@@ -11,8 +11,8 @@ import (
 
 // dhcp6Link is one interface's DHCPv6 state: the lease and the /128 it put on the interface.
 type dhcp6Link struct {
-	state dhcp6.State
-	leased[dhcp6.Lease]
+	state    dhcp6.State
+	lease    *dhcp6.Lease
 	renewals int
 	addr     *net.IPNet
 }
@@ -39,7 +39,12 @@ func (d *dhcp6Link) info(now time.Time) LeaseInfo {
 func (n *Network) link6(name string) *dhcp6Link {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	return linkIn(n.links6, name)
+	d := n.links6[name]
+	if d == nil {
+		d = &dhcp6Link{}
+		n.links6[name] = d
+	}
+	return d
 }
 
 // startDHCP6 starts the interface's DHCPv6 client unless one runs, and runs it again should

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"kiln/machined/internal/testkit"
 )
 
 // startSyncer runs a Syncer on a fake clock skew away from real time until the test ends.
@@ -22,17 +24,7 @@ func startSyncerSaying(t *testing.T, skew time.Duration, servers []string, say f
 	s.Clock, s.Setter = f, f
 	s.timeout = 300 * time.Millisecond
 	s.gap = 10 * time.Millisecond
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { s.Run(ctx); close(done) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case <-done:
-		case <-time.After(5 * time.Second):
-			t.Error("Run did not return after cancel")
-		}
-	})
+	testkit.RunUntilStopped(t, 5*time.Second, s.Run)
 	return s, f
 }
 

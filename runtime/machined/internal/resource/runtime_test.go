@@ -35,22 +35,7 @@ func (c *funcController) Reconcile(ctx context.Context, r *Run) error {
 
 // start runs rt until the test ends (or stop is called) and waits for Run to return then.
 func start(t *testing.T, rt *Runtime) (stop func()) {
-	ctx, cancel := context.WithCancel(context.Background())
-	finished := make(chan struct{})
-	go func() { rt.Run(ctx); close(finished) }()
-	var once sync.Once
-	stop = func() {
-		once.Do(func() {
-			cancel()
-			select {
-			case <-finished:
-			case <-time.After(10 * time.Second):
-				t.Fatal("Run did not return after its context ended")
-			}
-		})
-	}
-	t.Cleanup(stop)
-	return stop
+	return testkit.RunUntilStopped(t, 10*time.Second, rt.Run)
 }
 
 // waitFor watches one resource until cond holds for it (ok is false while it does not exist).

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -9,6 +8,8 @@ import (
 	"sort"
 	"testing"
 	"time"
+
+	"kiln/machined/internal/resource"
 )
 
 // TestConfigApplyLatency measures a config change over the API to the machine showing it: a
@@ -68,15 +69,9 @@ func TestConfigApplyLatency(t *testing.T) {
 // waitConfigVersion waits for config/machine to reach version (watched, as waitNetworkApplied).
 func (c *configMachine) waitConfigVersion(t *testing.T, version uint64) {
 	t.Helper()
-	w := c.resources.Watch(machineConfigType, machineConfigID)
-	defer w.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	for c.configVersion(t) < version {
-		if _, err := w.Next(ctx); err != nil {
-			t.Fatalf("config/machine never reached version %d", version)
-		}
-	}
+	c.waitUntil(t, machineConfigType, machineConfigID, fmt.Sprintf("version %d", version), func(res resource.Resource) bool {
+		return res.Version >= version
+	})
 }
 
 // percentiles are the median and 90th percentile of samples, in milliseconds.

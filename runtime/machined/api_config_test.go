@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -174,18 +175,25 @@ func sectionOf(report configReport, name string) sectionResult {
 // waitNetworkApplied waits for network/status to reach version (a real condition, watched).
 func (c *configMachine) waitNetworkApplied(t *testing.T, version uint64) {
 	t.Helper()
-	w := c.resources.Watch(networkStatusType, networkStatusID)
+	c.waitUntil(t, networkStatusType, networkStatusID, fmt.Sprintf("config version %d", version), func(res resource.Resource) bool {
+		spec, _ := resource.SpecOf[networkStatusSpec](res)
+		return spec.ConfigVersion >= version
+	})
+}
+
+// waitUntil waits, watching it, until the resource typ/id exists and reached says so of it.
+func (c *configMachine) waitUntil(t *testing.T, typ resource.Type, id, what string, reached func(resource.Resource) bool) {
+	t.Helper()
+	w := c.resources.Watch(typ, id)
 	defer w.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	for {
-		if res, ok := c.resources.Get(networkStatusType, networkStatusID); ok {
-			if spec, _ := resource.SpecOf[networkStatusSpec](res); spec.ConfigVersion >= version {
-				return
-			}
+		if res, ok := c.resources.Get(typ, id); ok && reached(res) {
+			return
 		}
 		if _, err := w.Next(ctx); err != nil {
-			t.Fatalf("network/status never reached config version %d", version)
+			t.Fatalf("%s/%s never reached %s", typ, id, what)
 		}
 	}
 }
@@ -565,11 +573,10 @@ func (c *configMachine) presented(t *testing.T) string {
 	return resp.TLS.PeerCertificates[0].Subject.CommonName
 }
 
-// Clients move to a new CA without a reboot: both CAs applied live (sent with a certificate of
-// the old one, which chains to the pair), then the new one alone (sent with a certificate it
-// signed). After the first a client of the new CA gets in; after the second a client of the old
-// one is refused at the handshake. A CA the sender's certificate does not chain to is staged.
-func TestClientsMoveToANewClientCAWithoutAReboot(t *testing.T) {
+// newAPIConfigMachine is a config machine whose running config has the API its test server
+// serves, wired as startAPI wires it (live applies reach that server's TLS); and that api section.
+func newAPIConfigMachine(t *testing.T) (*configMachine, APIConfig) {
+	t.Helper()
 	c := newConfigMachine(t)
 	booted := APIConfig{ClientCA: c.api.clientCA.pem, Cert: c.api.machine.certPEM, Key: c.api.machine.keyPEM}
 	running := *c.cfg
@@ -578,6 +585,15 @@ func TestClientsMoveToANewClientCAWithoutAReboot(t *testing.T) {
 	c.live.apiMu.Lock()
 	c.live.apiTLS = c.api.server.tls
 	c.live.apiMu.Unlock()
+	return c, booted
+}
+
+// Clients move to a new CA without a reboot: both CAs applied live (sent with a certificate of
+// the old one, which chains to the pair), then the new one alone (sent with a certificate it
+// signed). After the first a client of the new CA gets in; after the second a client of the old
+// one is refused at the handshake. A CA the sender's certificate does not chain to is staged.
+func TestClientsMoveToANewClientCAWithoutAReboot(t *testing.T) {
+	c, booted := newAPIConfigMachine(t)
 	newCA := newTestCA(t, "new clients CA")
 	admin := certSpec{name: "admin-2", orgs: []string{"admin"}, usages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}
 	newAdmin, oldAdmin := clientWith(t, c.api.serverCA, newCA.issueSpec(t, admin)), c.api.client(t, "admin")
@@ -644,14 +660,7 @@ func withAPI(t *testing.T, api APIConfig) string {
 // the machine's. A client CA the sender's certificate does not chain to, or a new address, waits
 // for the next boot, saying why.
 func TestAnAPICertificateAppliedLiveIsServedAtOnce(t *testing.T) {
-	c := newConfigMachine(t)
-	booted := APIConfig{ClientCA: c.api.clientCA.pem, Cert: c.api.machine.certPEM, Key: c.api.machine.keyPEM}
-	running := *c.cfg
-	running.API = booted
-	c.setRunningConfig(&running)
-	c.live.apiMu.Lock()
-	c.live.apiTLS = c.api.server.tls
-	c.live.apiMu.Unlock()
+	c, booted := newAPIConfigMachine(t)
 	if got := c.presented(t); got != "machine" {
 		t.Fatalf("before: %q", got)
 	}

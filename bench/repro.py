@@ -160,6 +160,7 @@ def rebuild_release(
     dirty = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True, check=True)
     if dirty.stdout.strip():
         raise SystemExit("bench/repro.py --rebuild: commit first (the provenance names the commit):\n" + dirty.stdout)
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     shutil.rmtree(work, ignore_errors=True)
     keys, release = work / "keys", work / "release"
     run([*KILN, "keys", "generate", str(keys)])
@@ -184,11 +185,11 @@ def rebuild_release(
     outcome = json.loads(done.stdout)
     compared = [(d["profile"], len(d["same"]), len(d["differences"])) for d in outcome["directories"]]
     entry = {
-        "commit": subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip(),
+        "commit": commit,
         "profiles": profiles,
-        "store": f"a hard-linked copy of {store_from}"
-        if store_from
-        else "a new empty store (every package built cold)",
+        "store": f"a hard-linked copy of {store_from}" if store_from else "a new empty store",
+        "rebuilt_packages": dropped if store_from else "all",
+        "runner": runner or "as recorded",
         "ok": outcome["ok"],
         "artifacts": {name: {"same": same, "different": different} for name, same, different in compared},
         "seconds": {"release": round(released, 1), "verify_rebuild": round(rebuilt, 1)},

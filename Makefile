@@ -46,10 +46,9 @@ release: setup
 	$(if $(RELEASE_KEYS),,@echo "make release: not signed; RELEASE_KEYS=DIR signs it with DIR's release key")
 
 # Everything the tests need runs first: the host tools (setup), and the Docker engine and OCI
-# registry the runner, cache and installer tests use (services). Then lanes side by side
+# registry the runner, cache and installer tests use (services). Then two lanes at once
 # (scripts/test_lanes.py): the QEMU boots (tests/e2e), and beside them, niced, the unit and
-# integration tests; machined's Go tests (go-test) start when the first of the two ends, and a
-# second boots lane shares the e2e modules still waiting once the builds and Go lanes are done.
+# integration tests; machined's Go tests (go-test) start when the first of the two ends.
 test: setup services
 	$(BIN)/python scripts/test_lanes.py $(BIN)/python
 

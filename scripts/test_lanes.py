@@ -1,7 +1,7 @@
-"""`make test`'s runner: the boots and the builds in lanes side by side, so both cores work.
+"""`make test`'s runner: the boots and the builds in two lanes at once, so both cores work.
 
 QEMU without KVM runs a guest on one core, so a run that boots one test after another leaves
-the other core idle for most of the end-to-end tier. This runs four lanes:
+the other core idle for most of the end-to-end tier. This runs two lanes side by side:
 
 - boots: pytest over tests/e2e, at normal priority (its boots wait on consoles with deadlines);
 - builds: pytest over tests/unit and tests/integration, under `nice -n 5`: the boots come first
@@ -10,13 +10,10 @@ the other core idle for most of the end-to-end tier. This runs four lanes:
   cold store's kernel and Go on both cores, and the test seed's debootstrap, run by the first
   integration test, ran past the test's 30 minutes;
 - go: machined's Go tests under the race detector and its fuzz targets (`make go-test`), at the
-  same priority, started when the first of boots and builds ends, on the core it leaves;
-- boots2: a second pytest over tests/e2e, started once builds and go have both ended. The two
-  boots lanes share the tier module by module (tests/claims.py): each runs the modules it
-  claims first, so the e2e modules still waiting when the other lanes end boot two at a time.
+  same priority, started when the first of the other two lanes ends, on the core it leaves.
 
-The lanes share the default store; its per-key build locks make a lane that reaches a package
-another is building wait and then find it stored, so nothing is built twice. Each lane's lines
+Both lanes share the default store; its per-key build locks make a lane that reaches a package
+the other is building wait and then find it stored, so nothing is built twice. Each lane's lines
 come out as they are written, prefixed with the lane's name; each pytest keeps its own cache off
 (two processes would race on .pytest_cache). With KILN_TEST_JUNIT_DIR set, each pytest writes
 its JUnit XML there (bench/ci.py reads them). The exit code is the first failing lane's, or 0.
@@ -29,32 +26,23 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-CLAIMS_ENV = "KILN_TEST_CLAIMS"  # tests/claims.py reads it
 NICE = ("nice", "-n", "5")
 
 
 @dataclass(frozen=True)
 class Lane:
-    """Commands run one after another, with `env` added; the lane stops at the first that fails.
-    A lane with `after` starts once any lane it names has ended (with `after_all`, every one);
-    names of lanes not run count as ended."""
+    """Commands run one after another; the lane stops at the first that fails. A lane `after_first`
+    starts once any lane without it has ended."""
 
     name: str
     commands: tuple[tuple[str, ...], ...]
-    after: tuple[str, ...] = ()
-    after_all: bool = False
-    env: tuple[tuple[str, str], ...] = ()
-
-    def may_start(self, ended: set[str]) -> bool:
-        waited = [name in ended for name in self.after]
-        return not waited or (all(waited) if self.after_all else any(waited))
+    after_first: bool = False
 
 
 def pytest(python: str, lane: str, *paths: str) -> tuple[str, ...]:
@@ -63,21 +51,11 @@ def pytest(python: str, lane: str, *paths: str) -> tuple[str, ...]:
     return (python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *junit, *paths)
 
 
-def lanes(python: str, claims: Path) -> list[Lane]:
-    """make test's lanes; the two boots lanes claim e2e modules in the directory `claims`."""
-    shared = (CLAIMS_ENV, str(claims))
+def lanes(python: str) -> list[Lane]:
     return [
-        Lane("boots", (pytest(python, "boots", "tests/e2e"),), env=(shared,)),
+        Lane("boots", (pytest(python, "boots", "tests/e2e"),)),
         Lane("builds", ((*NICE, *pytest(python, "builds", "tests/unit", "tests/integration")),)),
-        Lane("go", ((*NICE, "make", "--no-print-directory", "go-test"),), after=("boots", "builds")),
-        # Its prebuilds would repeat the first boots lane's, which started them long before.
-        Lane(
-            "boots2",
-            (pytest(python, "boots2", "tests/e2e"),),
-            after=("builds", "go"),
-            after_all=True,
-            env=(shared, ("KILN_TEST_PREBUILD", "0")),
-        ),
+        Lane("go", ((*NICE, "make", "--no-print-directory", "go-test"),), after_first=True),
     ]
 
 
@@ -95,7 +73,7 @@ def run_lane(lane: Lane, codes: dict[str, int], out_lock: threading.Lock) -> Non
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
-                env={**os.environ, "PYTHONUNBUFFERED": "1", **dict(lane.env)},
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
             )
         except OSError as exc:
             with out_lock:
@@ -116,24 +94,24 @@ def run_lane(lane: Lane, codes: dict[str, int], out_lock: threading.Lock) -> Non
 
 
 def run(chosen: list[Lane]) -> int:
-    """Run the lanes side by side, each once those it waits for have ended; the first failing
+    """Run the lanes side by side (the `after_first` ones from the first end on); the first failing
     lane's exit code, or 0."""
     codes: dict[str, int] = {}
     out_lock = threading.Lock()
-    changed = threading.Condition()
-    ended = {name for lane in chosen for name in lane.after} - {lane.name for lane in chosen}
+    first_done = threading.Event()
 
     def lane_thread(lane: Lane) -> None:
-        with changed:
-            changed.wait_for(lambda: lane.may_start(ended))
+        if lane.after_first:
+            first_done.wait()
         try:
             run_lane(lane, codes, out_lock)
         finally:  # a lane that could not even start its command must not hold the late ones back
-            with changed:
-                ended.add(lane.name)
-                changed.notify_all()
+            if not lane.after_first:
+                first_done.set()
 
     threads = [threading.Thread(target=lane_thread, args=(lane,), name=lane.name) for lane in chosen]
+    if all(lane.after_first for lane in chosen):
+        first_done.set()
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -145,8 +123,7 @@ def run(chosen: list[Lane]) -> int:
 
 
 def main(argv: list[str]) -> int:
-    with tempfile.TemporaryDirectory(prefix="kiln-test-claims-") as claims:
-        return run(lanes(argv[0] if argv else sys.executable, Path(claims)))
+    return run(lanes(argv[0] if argv else sys.executable))
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ import pytest
 from kiln import __version__
 from kiln.cli import main
 from kiln.core.release_version import VERSION_ENV
-from tests.claims import pytest_runtestloop  # noqa: F401  (the hook: make test's boots lanes share e2e)
 from tests.prebuild import Background, start, wanted
 
 # One release version for every test, whatever commit is checked out: without it the version is

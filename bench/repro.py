@@ -48,8 +48,9 @@ PROFILES = sorted(p.stem for p in (ROOT / "profiles").glob("*.yaml"))
 KILN = [sys.executable, "-m", "kiln.cli"]
 
 
-def kiln(cache: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "KILN_CACHE": str(cache), "KILN_PROGRESS": "plain"}
+def kiln(cache: Path | None, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run kiln in the store `cache` (None: the one this environment uses); exit naming it if it fails."""
+    env = {**os.environ, "KILN_PROGRESS": "plain"} | ({"KILN_CACHE": str(cache)} if cache else {})
     result = subprocess.run([*KILN, *args], cwd=ROOT, env=env, capture_output=True, text=True)
     if result.returncode != 0:
         raise SystemExit(
@@ -163,9 +164,9 @@ def rebuild_release(
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     shutil.rmtree(work, ignore_errors=True)
     keys, release = work / "keys", work / "release"
-    run([*KILN, "keys", "generate", str(keys)])
+    kiln(None, "keys", "generate", str(keys))
     began = time.monotonic()
-    run([*KILN, "image", *profiles, "--keys", str(keys), "--out", str(release)])
+    kiln(None, "image", *profiles, "--keys", str(keys), "--out", str(release))
     released = time.monotonic() - began
     argv = ["verify", "--rebuild", str(release), "--key", str(keys / "release.pub")]
     store = work / "rebuild-store"
@@ -206,12 +207,6 @@ def rebuild_release(
     label = "rebuild" + (f"_{runner}" if runner else "")  # one entry per runner
     RESULTS.write_text(json.dumps(stored | {label: entry}, indent=2) + "\n")
     return 0 if outcome["ok"] else 1
-
-
-def run(argv: list[str]) -> None:
-    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise SystemExit(f"{' '.join(argv[2:])} failed:\n{done.stdout}\n{done.stderr[-4000:]}")
 
 
 def shared_entries(first: Path, second: Path) -> dict[str, dict[str, Any]]:

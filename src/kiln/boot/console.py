@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, TypedDict
 
 PANIC = re.compile(r"Kernel panic|end Kernel panic|kiln-init: fatal")
 TAIL = 50
@@ -29,6 +29,15 @@ class BootResult:
     tail: list[str]
     reason: str
     exit_code: int | None = None
+
+
+class WatchOptions(TypedDict, total=False):
+    """`watch`'s keywords for how a boot ends after its expected line, as a type: kiln.boot.qemu.boot
+    takes them and hands them on, without a second copy of their defaults to keep in step."""
+
+    until_exit: bool
+    on_found: Callable[[BootResult], None] | None
+    exit_timeout: float | None
 
 
 def watch(

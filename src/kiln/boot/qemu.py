@@ -16,9 +16,11 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Unpack
 
 from kiln.boot.arch import choose_arch
 from kiln.boot.console import BootResult as BootResult
+from kiln.boot.console import WatchOptions
 from kiln.boot.console import watch as watch
 from kiln.boot.platforms import MIB, Platform, platform_for
 from kiln.boot.platforms import OVMF_CODE as OVMF_CODE  # kept importable from here
@@ -225,23 +227,19 @@ def boot(
     timeout: float,
     log: Path,
     echo: Callable[[str], None] | None = None,
-    *,
-    until_exit: bool = False,
-    on_found: Callable[[BootResult], None] | None = None,
-    exit_timeout: float | None = None,
+    **options: Unpack[WatchOptions],
 ) -> BootResult:
     """Run QEMU until `expect` shows on the console, a panic, QEMU's exit, or the timeout.
 
     With `until_exit`, a found line is not the end: the guest must also stop QEMU (power off)
     before the timeout (or `exit_timeout`, see console.watch), and the result carries QEMU's exit code.
+    The keyword `options` (until_exit, on_found, exit_timeout) are console.watch's, handed on as they are.
     """
     with tempfile.TemporaryDirectory(prefix="kiln-boot-") as tmp, ExitStack() as stack:
         if machine.tpm:
             machine.tpm_socket = Path(f"{stack.enter_context(software_tpm(Path(tmp) / 'tpm'))}.ctrl")
         command = machine.command(_prepare(machine, Path(tmp)))
-        return watch(
-            command, expect, timeout, log, echo, until_exit=until_exit, on_found=on_found, exit_timeout=exit_timeout
-        )
+        return watch(command, expect, timeout, log, echo, **options)
 
 
 def _prepare(machine: Machine, tmp: Path) -> Path | None:

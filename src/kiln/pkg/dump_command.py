@@ -7,7 +7,7 @@ import json
 
 from kiln.core.verb import Context
 from kiln.pkg.graph import Graph
-from kiln.pkg.options import add_selection_arguments
+from kiln.pkg.options import add_selection_arguments, selected_packages
 from kiln.pkg.show import dump_yaml
 
 
@@ -17,11 +17,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(ctx: Context[Graph]) -> int:
-    args = ctx.args
-    graph = ctx.graph()
-    names = graph.selected(args.targets)
+    graph, names = selected_packages(ctx)
     data = {name: graph.tree.packages[name].canonical() for name in names}
-    if args.json:
+    if ctx.args.json:
         print(json.dumps(data, indent=2))
     else:
         print(dump_yaml(data), end="")

@@ -14,6 +14,7 @@ from pathlib import Path
 from kiln.core.console import PROGRESS_ENV, PROGRESS_MODES
 from kiln.core.project import Project
 from kiln.core.release_version import VERSION_ENV, VERSION_VARIABLE, release_version
+from kiln.core.verb import Context
 from kiln.pkg.graph import Graph
 from kiln.pkg.loader import Tree, load_tree
 from kiln.pkg.variables import DEFAULT_PLATFORM, Platform, parse_overrides
@@ -88,6 +89,13 @@ def add_selection_arguments(parser: argparse.ArgumentParser, help: str | None = 
     """The tree options and an optional TARGET... of a verb that reads part of the tree (Graph.selected)."""
     add_tree_options(parser)
     parser.add_argument("targets", nargs="*", metavar="TARGET", help=help)
+
+
+def selected_packages(ctx: Context[Graph]) -> tuple[Graph, list[str]]:
+    """The graph and the packages the TARGET... of add_selection_arguments names, read where that
+    argument is made, for the verbs that take it."""
+    graph = ctx.graph()
+    return graph, graph.selected(ctx.args.targets)
 
 
 def package_trees(args: argparse.Namespace) -> list[Path]:

@@ -8,7 +8,7 @@ from pathlib import Path
 from kiln.build.cache_keys import compute_keys
 from kiln.core.verb import Context
 from kiln.pkg.graph import Graph
-from kiln.pkg.options import add_selection_arguments
+from kiln.pkg.options import add_selection_arguments, selected_packages
 from kiln.pkg.show import GRAPH_FORMATS, render_graph
 from kiln.report.graph import PICTURE_FORMATS, draw_graph
 from kiln.report.output import write
@@ -29,8 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(ctx: Context[Graph]) -> int:
     args = ctx.args
-    graph = ctx.graph()
-    names = graph.selected(args.targets)
+    graph, names = selected_packages(ctx)
     keys = compute_keys(graph) if args.keys else None
     out = Path(args.out) if args.out else None
     if args.format in PICTURE_FORMATS:

@@ -7,7 +7,7 @@ import json
 
 from kiln.core.verb import Context
 from kiln.pkg.graph import Graph
-from kiln.pkg.options import add_selection_arguments
+from kiln.pkg.options import add_selection_arguments, selected_packages
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -18,11 +18,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(ctx: Context[Graph]) -> int:
     from kiln.build.session import Session
 
-    args = ctx.args
-    graph = ctx.graph()
-    names = graph.selected(args.targets)
+    graph, names = selected_packages(ctx)
     fetched = Session.open(graph).fetch(names)
-    if args.json:
+    if ctx.args.json:
         print(json.dumps({"fetched": fetched, "packages": names}, indent=2))
     else:
         print(f"fetched {fetched} source(s) for {len(names)} package(s)")

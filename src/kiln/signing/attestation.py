@@ -20,6 +20,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from kiln.core.hashing import file_sha256
 from kiln.signing import dsse
+from kiln.signing.listing import digests_by_name
 from kiln.signing.release import (
     ENVELOPE,
     MAX_PROVENANCE,
@@ -94,19 +95,12 @@ def parse_subjects(payload: bytes) -> dict[str, str]:
         problems.append(f"_type is not {STATEMENT_TYPE}")
     if statement.get("predicateType") != SLSA_PROVENANCE:
         problems.append(f"predicateType is not {SLSA_PROVENANCE}")
-    subjects: dict[str, str] = {}
     entries = statement.get("subject")
     if not isinstance(entries, list) or not entries:
         problems.append("no subject")
         entries = []
-    for index, entry in enumerate(entries):
-        name, digest, problem = _subject(entry)
-        if problem is None and name in subjects:
-            problem = f"{name}: named twice"
-        if problem is not None:
-            problems.append(f"subject[{index}]: {problem}")
-            continue
-        subjects[name] = digest
+    subjects, wrong = digests_by_name([_subject(entry) for entry in entries], lambda name, _: f"{name}: named twice")
+    problems += [f"subject[{index}]: {problem}" for index, problem in wrong.items()]
     if problems:
         raise VerificationError([f"{ENVELOPE}: {problem}" for problem in problems])
     return subjects

@@ -39,6 +39,7 @@ from kiln.core.errors import InputError, InputErrors, KilnError, printable
 from kiln.core.hashing import file_sha256
 from kiln.signing import dsse
 from kiln.signing.keyset import RELEASE, KeySet
+from kiln.signing.listing import digests_by_name
 
 SUMS = "SHA256SUMS"
 SIGNATURE = "SHA256SUMS.sig"
@@ -193,31 +194,21 @@ def parse_sums(data: bytes) -> dict[str, str]:
         raise VerificationError([f"{SUMS}: not UTF-8"]) from None
     if text and not text.endswith("\n"):
         raise VerificationError([f"{SUMS}: does not end with a newline (truncated?)"])
-    listed: dict[str, str] = {}
-    first_line: dict[str, int] = {}
-    problems: list[str] = []
-    for number, line in enumerate(text.split("\n")[:-1], start=1):
-        digest, name, problem = _parse_line(line)
-        if problem is None and name in first_line:
-            problem = f"{name}: listed twice (first on line {first_line[name]})"
-        if problem is not None:
-            problems.append(f"{SUMS}:{number}: {problem}")
-            continue
-        listed[name] = digest
-        first_line[name] = number
-    if problems:
-        raise VerificationError(problems)
+    lines = [_parse_line(line) for line in text.split("\n")[:-1]]
+    listed, wrong = digests_by_name(lines, lambda name, first: f"{name}: listed twice (first on line {first + 1})")
+    if wrong:
+        raise VerificationError([f"{SUMS}:{index + 1}: {problem}" for index, problem in wrong.items()])
     return listed
 
 
 def _parse_line(line: str) -> tuple[str, str, str | None]:
-    """(digest, name, None) of one `<sha256>  <path>` line, or what is wrong with it third."""
+    """(name, digest, None) of one `<sha256>  <path>` line, or what is wrong with it third."""
     digest, separator, name = line.partition("  ")
     if not separator:
         return "", "", "not '<sha256>  <relative path>'"
     if not _DIGEST.fullmatch(digest):
         return "", "", f"{digest[:70]!r} is not a sha256 (64 lowercase hex digits)"
-    return digest, name, name_problem(name)
+    return name, digest, name_problem(name)
 
 
 def name_problem(name: str) -> str | None:

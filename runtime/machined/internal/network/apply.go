@@ -104,33 +104,32 @@ func (n *Network) stopUnwanted(loops map[string]*loop, keep func(string) bool, w
 
 // endDHCP removes what a stopped DHCP client's lease put on the interface, and its status.
 func (n *Network) endDHCP(iface net.Interface) {
-	n.mu.Lock()
-	var held *dhcp.Lease
-	if d := n.links[iface.Name]; d != nil {
-		held = d.lease
-	}
-	n.mu.Unlock()
-	if held != nil {
-		n.dropLease(iface, *held, "given up: the config turns DHCP off here")
-	}
-	n.mu.Lock()
-	delete(n.links, iface.Name)
-	n.mu.Unlock()
+	endLink(n, n.links, iface.Name, func(d *dhcpLink) *dhcp.Lease { return d.lease }, func(l dhcp.Lease) {
+		n.dropLease(iface, l, "given up: the config turns DHCP off here")
+	})
 }
 
 // endDHCP6 removes a stopped DHCPv6 client's address and its status.
 func (n *Network) endDHCP6(iface net.Interface) {
+	endLink(n, n.links6, iface.Name, func(d *dhcp6Link) *dhcp6.Lease { return d.lease }, func(l dhcp6.Lease) {
+		n.dropLease6(iface, l, "given up: the config turns DHCPv6 off here")
+	})
+}
+
+// endLink is endDHCP and endDHCP6: drop the lease the link of name holds, if any, outside the
+// lock (drop takes it), then forget the link.
+func endLink[T, L any](n *Network, links map[string]*T, name string, lease func(*T) *L, drop func(L)) {
 	n.mu.Lock()
-	var held *dhcp6.Lease
-	if d := n.links6[iface.Name]; d != nil {
-		held = d.lease
+	var held *L
+	if d := links[name]; d != nil {
+		held = lease(d)
 	}
 	n.mu.Unlock()
 	if held != nil {
-		n.dropLease6(iface, *held, "given up: the config turns DHCPv6 off here")
+		drop(*held)
 	}
 	n.mu.Lock()
-	delete(n.links6, iface.Name)
+	delete(links, name)
 	n.mu.Unlock()
 }
 

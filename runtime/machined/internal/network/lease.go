@@ -93,39 +93,36 @@ func (d *dhcpLink) info(now time.Time) LeaseInfo {
 func (n *Network) NTPServers() []string {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	names := make([]string, 0, len(n.links))
-	for name := range n.links {
-		names = append(names, name)
-	}
-	sort.Strings(names)
-	seen := map[string]bool{}
-	var out []string
-	for _, name := range names {
+	var all []string
+	for _, name := range sortedNames(n.links) {
 		if l := n.links[name].lease; l != nil {
-			for _, s := range ipStrings(l.NTP) {
-				if !seen[s] {
-					seen[s] = true
-					out = append(out, s)
-				}
-			}
+			all = append(all, ipStrings(l.NTP)...)
 		}
 	}
-	names = names[:0]
-	for name := range n.links6 {
-		names = append(names, name)
-	}
-	sort.Strings(names)
-	for _, name := range names {
+	for _, name := range sortedNames(n.links6) {
 		if l := n.links6[name].lease; l != nil {
-			for _, s := range ipStrings(l.NTP) {
-				if !seen[s] {
-					seen[s] = true
-					out = append(out, s)
-				}
-			}
+			all = append(all, ipStrings(l.NTP)...)
+		}
+	}
+	seen := map[string]bool{}
+	var out []string
+	for _, s := range all {
+		if !seen[s] {
+			seen[s] = true
+			out = append(out, s)
 		}
 	}
 	return out
+}
+
+// sortedNames are links' interface names in order, so that what is built from them is stable.
+func sortedNames[T any](links map[string]*T) []string {
+	names := make([]string, 0, len(links))
+	for name := range links {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	return names
 }
 
 func ipStrings(ips []net.IP) []string {
@@ -137,13 +134,16 @@ func ipStrings(ips []net.IP) []string {
 }
 
 // link returns the interface's DHCP state, creating it.
-func (n *Network) link(name string) *dhcpLink {
+func (n *Network) link(name string) *dhcpLink { return linkOf(n, n.links, name) }
+
+// linkOf returns the entry of links for the interface name, creating it: link and link6.
+func linkOf[T any](n *Network, links map[string]*T, name string) *T {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	d := n.links[name]
+	d := links[name]
 	if d == nil {
-		d = &dhcpLink{}
-		n.links[name] = d
+		d = new(T)
+		links[name] = d
 	}
 	return d
 }

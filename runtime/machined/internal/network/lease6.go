@@ -36,16 +36,8 @@ func (d *dhcp6Link) info(now time.Time) LeaseInfo {
 	return li
 }
 
-func (n *Network) link6(name string) *dhcp6Link {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	d := n.links6[name]
-	if d == nil {
-		d = &dhcp6Link{}
-		n.links6[name] = d
-	}
-	return d
-}
+// link6 returns the interface's DHCPv6 state, creating it.
+func (n *Network) link6(name string) *dhcp6Link { return linkOf(n, n.links6, name) }
 
 // startDHCP6 starts the interface's DHCPv6 client unless one runs, and runs it again should
 // it panic, until Apply stops it. Nothing waits for it: DHCPv6 never holds up the boot.

@@ -2,7 +2,6 @@ package main
 
 import (
 	"crypto/x509"
-	"encoding/json"
 	"fmt"
 	"log"
 	"net"
@@ -19,10 +18,7 @@ import (
 // as it was (mutual TLS, a header timeout, nothing else) and as it is (apiLimits), and writes
 // the figures to $KILN_API_BENCH (bench/api.py runs it); without the variable it is skipped.
 func TestAPIStatusLatency(t *testing.T) {
-	out := os.Getenv("KILN_API_BENCH")
-	if out == "" {
-		t.Skip("set KILN_API_BENCH=FILE to measure (bench/api.py)")
-	}
+	out := benchOutput(t, "KILN_API_BENCH", "bench/api.py")
 	const requests = 500
 	results := map[string]interface{}{"requests_per_case": requests}
 	for _, server := range []string{"before", "after"} {
@@ -51,10 +47,7 @@ func TestAPIStatusLatency(t *testing.T) {
 			})
 		}
 	}
-	data, _ := json.MarshalIndent(results, "", "  ")
-	if err := os.WriteFile(out, append(data, '\n'), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	writeBenchResults(t, out, results)
 }
 
 // startBenchAPI serves the API with the limits (after) or as serveAPI did before them.

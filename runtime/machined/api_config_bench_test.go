@@ -1,10 +1,8 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
 	"net/http"
-	"os"
 	"sort"
 	"testing"
 	"time"
@@ -20,10 +18,7 @@ import (
 // POST with mode=dry_run (parsed and planned, nothing kept or applied) is the baseline. Writes
 // the figures to $KILN_CONFIG_BENCH (bench/config_apply.py runs it); without it, skipped.
 func TestConfigApplyLatency(t *testing.T) {
-	out := os.Getenv("KILN_CONFIG_BENCH")
-	if out == "" {
-		t.Skip("set KILN_CONFIG_BENCH=FILE to measure (bench/config_apply.py)")
-	}
+	out := benchOutput(t, "KILN_CONFIG_BENCH", "bench/config_apply.py")
 	const applies = 200
 	c := newConfigMachine(t)
 	admin := c.api.client(t, "admin")
@@ -57,13 +52,7 @@ func TestConfigApplyLatency(t *testing.T) {
 	} {
 		results[name+"_ms"] = percentiles(samples)
 	}
-	data, err := json.MarshalIndent(results, "", "  ")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(out, data, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	writeBenchResults(t, out, results)
 }
 
 // waitConfigVersion waits for config/machine to reach version (watched, as waitNetworkApplied).

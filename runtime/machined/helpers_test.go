@@ -12,6 +12,7 @@ import (
 	"kiln/machined/internal/disk"
 	"math/big"
 	"net"
+	"os"
 	"testing"
 	"time"
 )
@@ -26,6 +27,29 @@ func fmtJSON(t *testing.T, v interface{}) string {
 		t.Fatal(err)
 	}
 	return string(data)
+}
+
+// benchOutput is the file a measuring test writes its figures to, named by the environment
+// variable env that script sets; without it the test is skipped, so go test ./... measures nothing.
+func benchOutput(t *testing.T, env, script string) string {
+	t.Helper()
+	out := os.Getenv(env)
+	if out == "" {
+		t.Skipf("set %s=FILE to measure (%s)", env, script)
+	}
+	return out
+}
+
+// writeBenchResults writes a measuring test's figures to out as indented JSON.
+func writeBenchResults(t *testing.T, out string, results map[string]interface{}) {
+	t.Helper()
+	data, err := json.MarshalIndent(results, "", "  ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(out, append(data, '\n'), 0o644); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // testCA is a throwaway certificate authority for the API tests.

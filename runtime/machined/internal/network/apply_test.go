@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"os"
 	"reflect"
 	"strings"
 	"testing"
@@ -122,7 +121,6 @@ func TestApplyConfigNameserversWinOnlyWhileTheConfigHasThem(t *testing.T) {
 	cfg.Nameservers = []string{"192.0.2.53"}
 	n.Apply(cfg, time.Second)
 	n.Apply(NetworkConfig{Interfaces: []InterfaceConfig{{Name: "eth1"}}}, time.Second) // DHCP's DNS: 169.254.169.254
-	if data, _ := os.ReadFile(n.resolvConf); string(data) != "nameserver 169.254.169.254\n" {
-		t.Errorf("without config nameservers, DHCP's count again: %q", data)
-	}
+	// without config nameservers, DHCP's count again
+	wantResolvConf(t, n, "nameserver 169.254.169.254\n")
 }

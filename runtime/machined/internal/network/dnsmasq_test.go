@@ -182,9 +182,7 @@ func TestDnsmasqDHCP6ClientHelper(t *testing.T) {
 	if got := n.Addresses()[ifname]; !reflect.DeepEqual(got, []string{"2001:db8:1::100/128"}) {
 		t.Errorf("addresses %v", got)
 	}
-	if data, _ := os.ReadFile(n.resolvConf); string(data) != "nameserver 2001:db8::53\n" {
-		t.Errorf("resolv.conf %q", data)
-	}
+	wantResolvConf(t, n, "nameserver 2001:db8::53\n")
 }
 
 // needNetnsTools skips unless the test runs as root with iproute2 and dnsmasq installed.

@@ -2,7 +2,6 @@ package network
 
 import (
 	"net"
-	"os"
 	"reflect"
 	"strings"
 	"testing"
@@ -26,9 +25,7 @@ func TestDHCP6LeaseAppliedMovedAndLost(t *testing.T) {
 	if got := rec.Take(); got != "add 2001:db8::100/128" {
 		t.Fatalf("calls: %s", got)
 	}
-	if data, _ := os.ReadFile(n.resolvConf); string(data) != "nameserver 2001:db8::53\n" {
-		t.Errorf("resolv.conf %q", data)
-	}
+	wantResolvConf(t, n, "nameserver 2001:db8::53\n")
 	n.applyLease6(eth0, lease6("2001:db8::100"), true)
 	moved := lease6("2001:db8::200")
 	n.applyLease6(eth0, moved, true)
@@ -50,9 +47,7 @@ func TestDHCP6LeaseAppliedMovedAndLost(t *testing.T) {
 		t.Errorf("NTP %v", got)
 	}
 	n.applyLease6(eth0, moved, true) // DHCPv4's DNS servers stay
-	if data, _ := os.ReadFile(n.resolvConf); string(data) != "nameserver 169.254.169.254\n" {
-		t.Errorf("resolv.conf %q", data)
-	}
+	wantResolvConf(t, n, "nameserver 169.254.169.254\n")
 	n.dropLease6(eth0, moved, "expired")
 	if got := rec.Take(); got != "add 2001:db8::200/128; del 2001:db8::200/128" {
 		t.Fatalf("calls: %s", got)

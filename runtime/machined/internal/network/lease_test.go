@@ -62,6 +62,14 @@ func gcpLease(ip string) dhcp.Lease {
 		Start: t0, Lease: time.Hour, Renew: 30 * time.Minute, Rebind: 52 * time.Minute}
 }
 
+// wantResolvConf fails the test unless n's resolv.conf reads want.
+func wantResolvConf(t *testing.T, n *Network, want string) {
+	t.Helper()
+	if data, _ := os.ReadFile(n.resolvConf); string(data) != want {
+		t.Errorf("resolv.conf %q, want %q", data, want)
+	}
+}
+
 var eth0 = net.Interface{Index: 2, Name: "eth0"}
 
 func TestApplyLeaseRenewAndLose(t *testing.T) {
@@ -71,9 +79,7 @@ func TestApplyLeaseRenewAndLose(t *testing.T) {
 	if got := rec.Take(); got != "mtu 1460; add 10.128.0.5/32; route 10.128.0.1/32 on-link proto 16; route 0.0.0.0/0 via 10.128.0.1 proto 16" {
 		t.Fatalf("first lease: %s", got)
 	}
-	if data, _ := os.ReadFile(n.resolvConf); string(data) != "nameserver 169.254.169.254\n" {
-		t.Errorf("resolv.conf %q", data)
-	}
+	wantResolvConf(t, n, "nameserver 169.254.169.254\n")
 	n.applyLease(eth0, gcpLease("10.128.0.5"), true)
 	if got := rec.Take(); strings.Contains(got, "del") || strings.Contains(got, "unroute") {
 		t.Fatalf("an unchanged renewal removes nothing: %s", got)

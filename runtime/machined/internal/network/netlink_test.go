@@ -382,9 +382,7 @@ func TestConfigureStaticIPv6InANetworkNamespace(t *testing.T) {
 		if got := n.Addresses()["kd0"]; strings.Join(got, " ") != "192.0.2.10/24 2001:db8:5::10/64" {
 			t.Errorf("addresses %v", got)
 		}
-		if data, _ := os.ReadFile(n.resolvConf); string(data) != "nameserver 2001:db8::53\nnameserver 192.0.2.53\n" {
-			t.Errorf("resolv.conf %q", data)
-		}
+		wantResolvConf(t, n, "nameserver 2001:db8::53\nnameserver 192.0.2.53\n")
 	})
 }
 

@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"net/url"
 	"os"
@@ -125,14 +124,11 @@ func readBounded(path string, max int64) ([]byte, error) {
 	if info, err := f.Stat(); err != nil || !info.Mode().IsRegular() {
 		return nil, fmt.Errorf("%s: not a regular file", path)
 	}
-	data, err := io.ReadAll(io.LimitReader(f, max+1))
-	if err != nil {
-		return nil, err
-	}
-	if int64(len(data)) > max {
+	data, err := safefile.ReadAtMost(f, max)
+	if errors.Is(err, safefile.ErrTooLarge) {
 		return nil, fmt.Errorf("%s: more than %d bytes", path, max)
 	}
-	return data, nil
+	return data, err
 }
 
 // configClient follows at most 3 redirects, and never from https to http unless a digest
@@ -161,12 +157,12 @@ func fetch(client *http.Client, remote remoteConfig) ([]byte, error) {
 	if resp.StatusCode != http.StatusOK {
 		return nil, fmt.Errorf("GET %s: %s", redact.String(remote.url), resp.Status)
 	}
-	data, err := io.ReadAll(io.LimitReader(resp.Body, maxRemoteConfig+1))
+	data, err := safefile.ReadAtMost(resp.Body, maxRemoteConfig)
+	if errors.Is(err, safefile.ErrTooLarge) {
+		return nil, fmt.Errorf("GET %s: larger than %d bytes", redact.String(remote.url), maxRemoteConfig)
+	}
 	if err != nil {
 		return nil, err
-	}
-	if len(data) > maxRemoteConfig {
-		return nil, fmt.Errorf("GET %s: larger than %d bytes", redact.String(remote.url), maxRemoteConfig)
 	}
 	if remote.digest != nil {
 		sum := sha256.Sum256(data)

@@ -2,13 +2,13 @@ package main
 
 import (
 	"bytes"
-	"io"
 	"os"
 	"path"
 	"path/filepath"
 	"sort"
 	"strings"
 
+	"kiln/machined/internal/safefile"
 	"kiln/machined/internal/supervisor"
 )
 
@@ -111,8 +111,8 @@ func aliasPatterns(path string) []string {
 		return nil
 	}
 	defer f.Close()
-	data, err := io.ReadAll(io.LimitReader(f, aliasLimit+1))
-	if err != nil || len(data) > aliasLimit {
+	data, err := safefile.ReadAtMost(f, aliasLimit)
+	if err != nil {
 		return nil
 	}
 	patterns := []string{}

@@ -2,9 +2,10 @@ package main
 
 import (
 	"encoding/json"
-	"io"
 	"os"
 	"regexp"
+
+	"kiln/machined/internal/safefile"
 )
 
 // schematicFile is written by Kiln's imager into the rootfs of an image made from a schematic
@@ -25,8 +26,8 @@ func readSchematic(path string) string {
 		return ""
 	}
 	defer f.Close()
-	data, err := io.ReadAll(io.LimitReader(f, schematicLimit+1))
-	if err != nil || len(data) > schematicLimit {
+	data, err := safefile.ReadAtMost(f, schematicLimit)
+	if err != nil {
 		return ""
 	}
 	var doc struct {

@@ -9,6 +9,8 @@ import (
 	"io"
 	"strconv"
 	"strings"
+
+	"kiln/machined/internal/safefile"
 )
 
 const sha256Prefix = "sha256:"
@@ -142,12 +144,12 @@ func readVerified(rc io.ReadCloser) ([]byte, error) {
 
 // readLimited reads all of r, failing if it holds more than max bytes.
 func readLimited(r io.Reader, max int64, what string) ([]byte, error) {
-	b, err := io.ReadAll(io.LimitReader(r, max+1))
+	b, err := safefile.ReadAtMost(r, max)
+	if errors.Is(err, safefile.ErrTooLarge) {
+		return nil, fmt.Errorf("%s is larger than %d bytes", what, max)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("reading %s: %w", what, err)
-	}
-	if int64(len(b)) > max {
-		return nil, fmt.Errorf("%s is larger than %d bytes", what, max)
 	}
 	return b, nil
 }

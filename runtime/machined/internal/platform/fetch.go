@@ -11,6 +11,8 @@ import (
 	"net/url"
 	"strings"
 	"time"
+
+	"kiln/machined/internal/safefile"
 )
 
 // Limits on one answer. Metadata documents are a few KiB; the clouds cap user data at 16 KiB
@@ -284,12 +286,9 @@ func readLimited(r io.Reader, length, limit int64) ([]byte, error) {
 	if length > limit {
 		return nil, fmt.Errorf("%w: %d bytes announced, the limit is %d", errTooLarge, length, limit)
 	}
-	data, err := io.ReadAll(io.LimitReader(r, limit+1))
-	if err != nil {
-		return nil, err
-	}
-	if int64(len(data)) > limit {
+	data, err := safefile.ReadAtMost(r, limit)
+	if errors.Is(err, safefile.ErrTooLarge) {
 		return nil, fmt.Errorf("%w: more than the %d bytes allowed", errTooLarge, limit)
 	}
-	return data, nil
+	return data, err
 }

@@ -99,12 +99,25 @@ func readAt(dir int, name, shown string, max int64) ([]byte, error) {
 	if err := check(&st, shown, max); err != nil {
 		return nil, err
 	}
-	data, err := io.ReadAll(io.LimitReader(f, max+1))
+	data, err := ReadAtMost(f, max)
+	if errors.Is(err, ErrTooLarge) {
+		return nil, fmt.Errorf("%s: more than %d bytes: %w", shown, max, ErrTooLarge)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", shown, err)
 	}
+	return data, nil
+}
+
+// ReadAtMost reads all of r if it holds at most max bytes; more is ErrTooLarge (callers name
+// what was too large), never a silent truncation, and no more than max+1 bytes are read.
+func ReadAtMost(r io.Reader, max int64) ([]byte, error) {
+	data, err := io.ReadAll(io.LimitReader(r, max+1))
+	if err != nil {
+		return nil, err
+	}
 	if int64(len(data)) > max {
-		return nil, fmt.Errorf("%s: more than %d bytes: %w", shown, max, ErrTooLarge)
+		return nil, ErrTooLarge
 	}
 	return data, nil
 }

@@ -105,3 +105,12 @@ func TestReadFile(t *testing.T) {
 		t.Errorf("ReadFile over the cap: %v", err)
 	}
 }
+
+func TestReadAtMost(t *testing.T) {
+	if data, err := ReadAtMost(strings.NewReader("12345"), 5); err != nil || string(data) != "12345" {
+		t.Errorf("max bytes exactly: %q, %v", data, err)
+	}
+	if data, err := ReadAtMost(strings.NewReader("123456"), 5); !errors.Is(err, ErrTooLarge) || data != nil {
+		t.Errorf("one byte more: %q, %v", data, err)
+	}
+}

@@ -259,16 +259,10 @@ func cosignLayers(m Manifest) ([]cosignLayer, error) {
 // bytes, and the payload must be a cosign signature of digest. It returns the signer's
 // fingerprint.
 func verifyCosignLayer(ctx context.Context, src Source, l cosignLayer, digest string, keys []crypto.PublicKey) (string, error) {
-	payload, signer, err := signedPayload(ctx, src, l.payload, l.signature, digest, keys)
+	var p CosignPayload
+	signer, err := signedPayload(ctx, src, l.payload, l.signature, digest, keys, &p)
 	if err != nil {
 		return "", err
-	}
-	var p CosignPayload
-	if err := json.Unmarshal(payload, &p); err != nil {
-		return "", fmt.Errorf("malformed signature payload for %s: %v", digest, err)
-	}
-	if p.Critical.Type != CosignSignatureType {
-		return "", fmt.Errorf("signature payload for %s has type %s, not %s", digest, quote(p.Critical.Type), quote(CosignSignatureType))
 	}
 	if p.Critical.Identity.DockerReference == nil {
 		return "", fmt.Errorf("malformed signature payload for %s: no critical.identity.docker-reference", digest)
@@ -279,19 +273,45 @@ func verifyCosignLayer(ctx context.Context, src Source, l cosignLayer, digest st
 	return signer, nil
 }
 
-// signedPayload fetches a signature's payload (layer) and finds the trusted key for which sig
-// holds over it: it returns the payload and the signer's fingerprint.
-func signedPayload(ctx context.Context, src Source, layer Descriptor, sig []byte, digest string, keys []crypto.PublicKey) ([]byte, string, error) {
+// signedDocument is a signature format's payload, decoded from JSON; checkType says whether it
+// is the type of document that format signs.
+type signedDocument interface {
+	checkType(digest string) error
+}
+
+func (p *CosignPayload) checkType(digest string) error {
+	if p.Critical.Type != CosignSignatureType {
+		return fmt.Errorf("signature payload for %s has type %s, not %s", digest, quote(p.Critical.Type), quote(CosignSignatureType))
+	}
+	return nil
+}
+
+// signedPayload fetches a signature's payload (layer), finds the trusted key for which sig
+// holds over it, and decodes the payload into doc, which must be of its format's type. Both
+// formats check their signatures so; it returns the signer's fingerprint.
+func signedPayload(ctx context.Context, src Source, layer Descriptor, sig []byte, digest string, keys []crypto.PublicKey,
+	doc signedDocument) (string, error) {
 	payload, err := fetchPayload(ctx, src, layer)
 	if err != nil {
-		return nil, "", fmt.Errorf("signature payload of %s: %v", digest, err)
+		return "", fmt.Errorf("signature payload of %s: %v", digest, err)
 	}
+	signer, trusted := "", false
 	for _, k := range keys {
 		if signatureHolds(k, payload, sig) {
-			return payload, KeyFingerprint(k), nil
+			signer, trusted = KeyFingerprint(k), true
+			break
 		}
 	}
-	return nil, "", fmt.Errorf("signature of %s is not by a trusted key", digest)
+	if !trusted {
+		return "", fmt.Errorf("signature of %s is not by a trusted key", digest)
+	}
+	if err := json.Unmarshal(payload, doc); err != nil {
+		return "", fmt.Errorf("malformed signature payload for %s: %v", digest, err)
+	}
+	if err := doc.checkType(digest); err != nil {
+		return "", err
+	}
+	return signer, nil
 }
 
 // payloadNames checks that the image a signature payload names, got, is digest.

@@ -40,6 +40,13 @@ type SignaturePayload struct {
 	} `json:"critical"`
 }
 
+func (p *SignaturePayload) checkType(digest string) error {
+	if p.Critical.Type != SignatureType {
+		return fmt.Errorf("signature payload for %s has type %s, not %s", digest, quote(p.Critical.Type), SignatureType)
+	}
+	return nil
+}
+
 // isLegacySignature: a signature manifest in the first Kiln format has a layer of its media type.
 func isLegacySignature(m Manifest) bool {
 	for _, l := range m.Layers {
@@ -66,16 +73,10 @@ func verifyLegacy(ctx context.Context, src Source, body []byte, digest string, k
 	if err != nil {
 		return "", fmt.Errorf("malformed signature manifest for %s: %v", digest, err)
 	}
-	payload, signer, err := signedPayload(ctx, src, layer, sig, digest, edKeys)
+	var p SignaturePayload
+	signer, err := signedPayload(ctx, src, layer, sig, digest, edKeys, &p)
 	if err != nil {
 		return "", err
-	}
-	var p SignaturePayload
-	if err := json.Unmarshal(payload, &p); err != nil {
-		return "", fmt.Errorf("malformed signature payload for %s: %v", digest, err)
-	}
-	if p.Critical.Type != SignatureType {
-		return "", fmt.Errorf("signature payload for %s has type %s, not %s", digest, quote(p.Critical.Type), SignatureType)
 	}
 	if err := payloadNames(p.Critical.Image.ManifestDigest, digest); err != nil {
 		return "", err

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"kiln/machined/internal/testkit"
 )
 
 // sentMsg is a message the client sent, as the fake network saw it.
@@ -38,7 +40,7 @@ type fakeNet struct {
 	horizon time.Duration
 	cancel  context.CancelFunc
 	sent    []sentMsg
-	queue   [][]byte
+	replies testkit.Replies
 	opens   int
 	// answer returns the replies to a message (nil: silence).
 	answer func(s sentMsg) [][]byte
@@ -70,18 +72,12 @@ func (f *fakeNet) Send(b []byte, dst net.IP) error {
 	}
 	s := sentMsg{at: f.now.Sub(f.start), dst: dst, p: p}
 	f.sent = append(f.sent, s)
-	f.queue = append(f.queue, f.answer(s)...)
+	f.replies.Add(f.answer(s)...)
 	return nil
 }
 
 func (f *fakeNet) Receive(deadline time.Time) ([]byte, error) {
-	if len(f.queue) > 0 {
-		b := f.queue[0]
-		f.queue = f.queue[1:]
-		return b, nil
-	}
-	f.advance(deadline.Sub(f.now))
-	return nil, errors.New("timeout")
+	return f.replies.Receive(deadline, func(t time.Time) { f.advance(t.Sub(f.now)) })
 }
 
 func (f *fakeNet) Close() error { return nil }

@@ -3,9 +3,10 @@ package dhcp6
 import (
 	"context"
 	"encoding/binary"
-	"errors"
 	"net"
 	"time"
+
+	"kiln/machined/internal/testkit"
 )
 
 var (
@@ -60,11 +61,11 @@ func (c *fakeClock) Sleep(ctx context.Context, d time.Duration) {
 // fakeServer is a transport that hands each message to answer and queues its replies;
 // waiting for a reply that is not there moves the clock to the deadline.
 type fakeServer struct {
-	clk    *fakeClock
-	answer func(m message) [][]byte
-	queue  [][]byte
-	sent   []message
-	opens  int
+	clk     *fakeClock
+	answer  func(m message) [][]byte
+	replies testkit.Replies
+	sent    []message
+	opens   int
 }
 
 func (s *fakeServer) open() (Transport, error) { s.opens++; return s, nil }
@@ -75,20 +76,16 @@ func (s *fakeServer) Send(b []byte) error {
 		return err
 	}
 	s.sent = append(s.sent, m)
-	s.queue = append(s.queue, s.answer(m)...)
+	s.replies.Add(s.answer(m)...)
 	return nil
 }
 
 func (s *fakeServer) Receive(deadline time.Time) ([]byte, error) {
-	if len(s.queue) > 0 {
-		b := s.queue[0]
-		s.queue = s.queue[1:]
-		return b, nil
-	}
-	if deadline.After(s.clk.now) {
-		s.clk.now = deadline
-	}
-	return nil, errors.New("timeout")
+	return s.replies.Receive(deadline, func(t time.Time) {
+		if t.After(s.clk.now) {
+			s.clk.now = t
+		}
+	})
 }
 
 func (s *fakeServer) Close() error { return nil }

@@ -1,6 +1,6 @@
 // Package testkit holds what machined's tests in several packages share: disk images with
 // stubbed signatures and GPT images made by the real sfdisk, a supervisor with fast backoff,
-// fake files, and logs safe to write from any goroutine. Only tests import it; the tests of
+// fake files, a fake server's queued replies, and logs safe to write from any goroutine. Only tests import it; the tests of
 // the packages it imports itself use internal/testkit/wait.
 package testkit
 

@@ -8,10 +8,11 @@ one warm-up run (which fills the step caches). Three loops:
 - default: a comment appended to machined's main.go (Go's build cache kept by its step cache).
   Target 20 s (mkosi documents about 40 s from a change to a VM).
 - `--kernel`: a fragment that turns one more driver on (=y; a different one each run, and a unique
-  DEFAULT_HOSTNAME so no run finds its config stored). The kernel rebuilds through its kept ccache.
+  DEFAULT_HOSTNAME so no run finds its config stored). The kernel rebuilds in its kept object tree.
 - `--kernel-patch`: a patch to kernel/reboot.c that adds one object-changing line per run.
-Kernel loops also report the kernel step's phases from its build log (unpack and patches,
-configuration, the make of vmlinux + modules, install, test) and ccache's counts. Target 90 s.
+Kernel loops also report the kernel step's phases from its build log (unpack and patches, the
+sources' mtimes set by content, configuration, the make of vmlinux + modules, install, test) and
+ccache's counts (every compile, hit or miss). Target 90 s.
 
 Run: `.venv/bin/python bench/loop.py [--kernel | --kernel-patch]` after `make image`. Writes its
 loop's entry of bench/results/loop.json.
@@ -83,8 +84,9 @@ def kernel_phases(project: Path) -> dict[str, float]:
     builds = [seconds for phase, seconds in times if phase == "build"]
     phases = {
         "unpack_patch": sum(seconds for phase, seconds in times if phase == "prepare"),
-        "configure": sum(builds[:2]),
-        "make_vmlinux_modules": sum(builds[2:]),
+        "sync_sources": sum(builds[:1]),  # incremental.sh begin
+        "configure": sum(builds[1:3]),
+        "make_vmlinux_modules": sum(builds[3:]),
         "install": sum(seconds for phase, seconds in times if phase == "install"),
         "test": sum(seconds for phase, seconds in times if phase == "test"),
     }

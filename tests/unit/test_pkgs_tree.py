@@ -98,17 +98,25 @@ def test_go_is_bootstrapped_by_stage0s_go() -> None:
 
 
 def test_the_kernel_compiles_through_a_kept_ccache_and_applies_its_patches(tree: Tree) -> None:
-    """kernel and kernel-build: the same patches, ccache in front of every compiler, its cache kept."""
+    """kernel and kernel-build: the same patches, ccache in front of every compiler, its cache kept;
+    the kernel keeps its object tree too, between incremental.sh's begin and end around make."""
     vars_text = (PKGS / "vars.yaml").read_text()
     assert f'ccache_path: "/tmp/ccache-bin:{rootplan.PATH}"' in vars_text  # the step's PATH, ccache first
     for name in ("kernel", "kernel-build"):
         step = tree.packages[name].steps[0]
         env = dict(step.env)
-        assert step.cache == ("/tmp/ccache",), name
+        assert step.cache == (("/tmp/ccache", "/tmp/build/obj") if name == "kernel" else ("/tmp/ccache",)), name
         assert env["CCACHE_DIR"] == "/tmp/ccache" and env["PATH"].startswith("/tmp/ccache-bin:"), name
         assert any(source.destination == "kiln/patches" for source in step.sources), name
         prepare = "\n".join(step.prepare)
         assert prepare.index("tar -xf") < prepare.index("kiln/patches/*.patch") < prepare.index("compiler_check")
+    build = tree.packages["kernel"].steps[0].build
+    assert build[0].startswith("sh kiln/incremental.sh begin /tmp/build/linux /tmp/build/obj")
+    assert "kconfig.sh" in build[1]
+    make = next(snippet for snippet in build if " modules" in snippet)
+    assert make.index("make -C linux O=/tmp/build/obj") < make.index(
+        "incremental.sh end /tmp/build/linux /tmp/build/obj"
+    )
 
 
 def test_extension_modules_compile_through_ccache_too(tree: Tree) -> None:

@@ -60,3 +60,14 @@ def test_an_output_that_depends_on_its_cache_fails_the_check(project: Project) -
     assert result.code == 1, result.err
     [difference] = json.loads(result.out)["packages"]["leaky"]["differences"]
     assert difference["path"] == "share/count"
+
+
+def test_a_failed_no_cache_rebuild_keeps_the_stored_entry(project: Project) -> None:
+    """The real builder: --no-cache replaces an entry only once the rebuild succeeded (here the
+    second build fails, as it counts two builds in its cache)."""
+    write(project, "second-fails", leak="test $(wc -l < /var/cache/counter/builds) -lt 2")
+    project.kiln("build", "second-fails", check=True)
+    failed = project.kiln("build", "second-fails", "--no-cache")
+    assert failed.code == 1, failed.err
+    again = project.kiln("build", "second-fails", "--json", check=True)
+    assert json.loads(again.out)["packages"]["second-fails"]["status"] == "cached"

@@ -50,7 +50,7 @@ class StubBuilder:
         self.peak = 0
         self._lock = threading.Lock()
 
-    def build(self, name: str, on_phase: Callable[[str], None]) -> Entry:
+    def build(self, name: str, on_phase: Callable[[str], None], *, replace: bool = False) -> Entry:
         with self._lock:
             self.calls.append(name)
             self.active += 1
@@ -62,6 +62,8 @@ class StubBuilder:
                 raise BuildError(f"package '{name}' failed")
             staging = self.store.staging(self.keys[name])
             (staging / "tree" / "out").write_text(name)
+            if replace and self.store.has(self.keys[name]):  # as the real builder: once the rebuild succeeded
+                self.store.remove_locked(self.keys[name])
             return self.store.commit(self.keys[name], staging, name, {}, 1704067200)
         finally:
             with self._lock:

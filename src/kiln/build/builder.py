@@ -166,8 +166,11 @@ class Builder:
                 "(its cache key was computed from the earlier contents); run the build again"
             )
 
-    def build(self, name: str, on_phase: Callable[[str], None]) -> Entry:
-        """Build `name` into the store; the caller holds the store lock for its key."""
+    def build(self, name: str, on_phase: Callable[[str], None], *, replace: bool = False) -> Entry:
+        """Build `name` into the store; the caller holds the store lock for its key.
+
+        With `replace` (a --no-cache rebuild), a stored entry gives way only once the rebuild has
+        succeeded: a failed or cancelled rebuild leaves it as it was."""
         if self.graph.tree.native_tool(name):
             raise BuildError(
                 f"package '{name}' is a tool (tool: true): a cross build takes its native build, which is missing"
@@ -186,7 +189,7 @@ class Builder:
             caches = stack.enter_context(
                 buildcache.held(self.store.root, name, self.graph.tree.platform.arch, _cache_paths(package))
             )
-            return self._build(package, key, staging, log, on_phase, start, caches)
+            return self._build(package, key, staging, log, on_phase, start, caches, replace=replace)
 
     def _build(
         self,
@@ -197,6 +200,8 @@ class Builder:
         on_phase: Callable[[str], None],
         start: float,
         caches: dict[str, Path],
+        *,
+        replace: bool,
     ) -> Entry:
         name = package.name
         with self._open_log(name) as out:
@@ -206,6 +211,9 @@ class Builder:
             shutil.rmtree(staging / "work")
             seconds = round(time.monotonic() - start, 2)
             _mark(out, f"==> {name}: built in {seconds} s\n")
+            TOKEN.check(f"package '{name}'")  # a cancelled run replaces nothing
+            if replace and self.store.has(key):
+                self.store.remove_locked(key)
             return self._commit(name, staging, seconds)
 
     def rebuild(self, name: str, staging: Path, log: Path, on_phase: Callable[[str], None]) -> Path:

@@ -301,9 +301,7 @@ class Scheduler:
         with store.lock(key):
             status = CACHED
             if self.no_cache or not store.has(key):
-                if store.has(key):
-                    store.remove_locked(key)
-                self.builder.build(name, lambda text: self.progress.phase(name, text))
+                self.builder.build(name, lambda text: self.progress.phase(name, text), replace=self.no_cache)
                 status = BUILT
             if not pins.pin(key):
                 raise BuildError(f"package '{name}': its entry {key} is missing right after it was stored")

@@ -272,6 +272,7 @@ func (m *machine) pullAndInstall(req upgradeRequest, slot string) (bool, error) 
 	pulled := time.Since(start)
 	m.upgrades.update(func(s *upgradeStatus) { s.PullSeconds = pulled.Seconds() })
 	m.con.printf("upgrade: pulled %s (%s, Kiln %s, %s) in %.1f s", req.describe(), img.Digest, rel.Version, signatureNote(signer), pulled.Seconds())
+	pauseAt(pauseStep(m.params), "pulled", func(f string, a ...interface{}) { m.con.printf("upgrade: "+f, a...) })
 
 	installStart := time.Now()
 	m.upgrades.update(func(s *upgradeStatus) { s.State = upgradeInstalling })
@@ -735,10 +736,14 @@ func restoreBootState(env string, st bootstate.State) error {
 	return nil
 }
 
-// installerCommand is the sandbox helper running the image's installer for slot, BOOT at /boot.
-func installerCommand(root, bootDir, slot string) *exec.Cmd {
-	cmd := exec.Command(sandboxExe, sandboxArgs(root, bootDir, []string{slot, "grub"}, "/usr/bin/installer", "install", "--upgrade",
-		"--boot-dir", "/boot", "--slot", slot, "--tries", fmt.Sprint(defaultTries))...)
+// installerCommand is the sandbox helper running the image's installer for slot, BOOT at /boot;
+// pause is kiln.test=pause:STEP's step for the power-cut tests, normally "".
+func installerCommand(root, bootDir, slot, pause string) *exec.Cmd {
+	args := []string{"install", "--upgrade", "--boot-dir", "/boot", "--slot", slot, "--tries", fmt.Sprint(defaultTries)}
+	if pause != "" {
+		args = append(args, "--test-pause-after", pause)
+	}
+	cmd := exec.Command(sandboxExe, sandboxArgs(root, bootDir, []string{slot, "grub"}, "/usr/bin/installer", args...)...)
 	cmd.Dir = "/"
 	cmd.Env = []string{"PATH=/usr/bin"}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Cloneflags: sandboxFlags, Pdeathsig: syscall.SIGKILL}
@@ -755,7 +760,7 @@ func (m *machine) runInstaller(root, bootDir, slot string) error {
 	if err := os.MkdirAll(filepath.Join(bootDir, slot), 0o700); err != nil {
 		return fmt.Errorf("slot %s on BOOT: %v", slot, err)
 	}
-	cmd := installerCommand(root, bootDir, slot)
+	cmd := installerCommand(root, bootDir, slot, pauseStep(m.params))
 	out, done, err := supervisor.Children().StartPiped(cmd)
 	if err != nil {
 		return fmt.Errorf("starting the installer: %v", err)

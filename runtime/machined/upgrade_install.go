@@ -19,6 +19,7 @@ import (
 	"runtime"
 	"strings"
 	"syscall"
+	"time"
 
 	"kiln/machined/internal/bootstate"
 	"kiln/machined/internal/persist"
@@ -102,6 +103,7 @@ func upgradeMain(args []string, stdout, stderr io.Writer) int {
 	tries := fs.Int("tries", defaultTries, "boots the new slot gets to reach ready before GRUB falls back")
 	dir := fs.String("release", releaseDir, "where the image's vmlinuz, initramfs.zst and release.json are")
 	bootDir := fs.String("boot-dir", "", "BOOT, already mounted here (instead of --boot: what an upgrade's sandbox gives)")
+	pause := fs.String("test-pause-after", "", "end-to-end power-cut tests: stop for good after this step (kiln.test=pause:STEP)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -112,10 +114,14 @@ func upgradeMain(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "install: --upgrade needs --boot DEVICE or --boot-dir DIR, and --slot A or B, and nothing else")
 		return 2
 	}
-	if *bootDir != "" {
-		return exitCode(writeSlotInto(*dir, *bootDir, *slot, *tries, installSay(stdout)), stderr)
+	say := installSay(stdout)
+	if *pause != "" {
+		upgradeCheckpoint = func(step string) { pauseAt(*pause, step, say) }
 	}
-	return exitCode(writeSlot(*dir, *boot, *slot, *tries, installSay(stdout)), stderr)
+	if *bootDir != "" {
+		return exitCode(writeSlotInto(*dir, *bootDir, *slot, *tries, say), stderr)
+	}
+	return exitCode(writeSlot(*dir, *boot, *slot, *tries, say), stderr)
 }
 
 // writeSlot mounts BOOT (in the installer's own mount namespace) and writes the slot.
@@ -131,8 +137,21 @@ func writeSlot(dir, boot, slot string, tries int, say func(string, ...interface{
 }
 
 // upgradeCheckpoint is called after each step that changes BOOT; the power-cut tests stop the
-// write there and check that what is on BOOT still boots (nothing else sets it).
+// write there and check that what is on BOOT still boots (the Go tests set it, and
+// --test-pause-after for the end-to-end ones).
 var upgradeCheckpoint = func(step string) {}
+
+// pauseAt blocks its goroutine for good when step is `want` (spaces written as '-'), after saying
+// so: an end-to-end test cuts the power (kills QEMU) there. Any other step returns at once.
+func pauseAt(want, step string, say func(string, ...interface{})) {
+	if want == "" || want != strings.ReplaceAll(step, " ", "-") {
+		return
+	}
+	say("test: paused after %s, for a power cut", step)
+	for {
+		time.Sleep(time.Hour) // not select{}: with nothing else running, Go would call that a deadlock
+	}
+}
 
 // writeSlotInto writes the slot into a mounted BOOT, then the boot state that puts it on trial.
 // Until that last write, GRUB boots the default slot, which nothing here touches; so a power cut

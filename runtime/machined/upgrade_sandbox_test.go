@@ -76,7 +76,7 @@ func TestTheInstallerRunsIsolated(t *testing.T) {
 
 	defer func(e string) { sandboxExe = e }(sandboxExe)
 	sandboxExe = os.Args[0]
-	out, err := runReaped(installerCommand(root, boot, "B"))
+	out, err := runReaped(installerCommand(root, boot, "B", ""))
 	if err != nil {
 		t.Fatalf("%v\n%s", err, out)
 	}
@@ -207,7 +207,7 @@ func TestTheRealInstallerWritesItsSlotInTheSandbox(t *testing.T) {
 	var out []byte
 	err := guardBootState(env, "B", "0.2.0", func() error {
 		var err error
-		out, err = runReaped(installerCommand(root, boot, "B"))
+		out, err = runReaped(installerCommand(root, boot, "B", ""))
 		return err
 	}, nil)
 	if err != nil {

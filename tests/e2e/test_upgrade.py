@@ -12,6 +12,9 @@ the registries it may reach over plain http) from a URL pinned by its sha256.
 Each QEMU run is one boot (`-no-reboot`: a reboot ends QEMU), on a disk that keeps what GRUB
 and machined write; between runs the test reads the disk (the boot state with mtools, the
 /var marker with debugfs).
+
+A power cut is QEMU killed with SIGKILL while machined or its installer waits at a chosen step of
+an upgrade (kiln.test=pause:STEP, machined's hook for this test and nothing else).
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ from kiln.boot.qemu import READY, BootResult, Machine, boot
 from kiln.image.assets import BootAssets
 from kiln.image.outputs.installer import build_installer
 from tests.e2e.conftest import kiln
-from tests.e2e.test_slots import Disk
+from tests.e2e.test_slots import Disk, booted_slot
 from tests.e2e.test_system import GUEST_HOST, console, free_port, make_ca, make_cert
 from tests.integration import services
 
@@ -301,6 +304,13 @@ class Session:
                 os.kill(int(self.pidfile.read_text()), signal.SIGTERM)
         self.thread.join(10)
 
+    def cut_power(self) -> None:
+        """SIGKILL QEMU: the guest gets no word, and what it had not written to its disk is lost."""
+        assert self.thread.is_alive(), "QEMU ended before the power cut"
+        os.kill(int(self.pidfile.read_text()), signal.SIGKILL)
+        self.thread.join(30)
+        assert not self.thread.is_alive(), "QEMU outlived SIGKILL"
+
     def wait_for(self, text: str, timeout: float = BOOT_TIMEOUT) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -490,6 +500,47 @@ def test_upgrade_rollback_and_refusals_under_bios(world: World) -> None:
     # slot A now holds the release that failed: rolling back to it is refused
     code, answer = api(session.port, world.pki, "POST", "/v1/rollback")
     assert code == 409 and "did not reach ready" in str(answer["error"]), answer
+    assert api(session.port, world.pki, "POST", "/v1/poweroff")[0] == 202
+    session.end()
+    assert MARKER.decode() in debugfs(disk, "cat marker"), "/var lost its marker"
+
+
+# Where the power-cut test stops an upgrade (kiln.test=pause:STEP) and cuts the power: after the
+# pull (nothing on BOOT yet), amid the new slot's files, after its boot.cfg, after the boot state.
+CUTS = ("pulled", "wrote-B/vmlinuz", "wrote-B/boot.cfg", "wrote-the-boot-state")
+
+
+def test_a_power_cut_at_each_step_of_an_upgrade_leaves_a_machine_that_boots(world: World) -> None:
+    """An upgrade 1 -> 2 is stopped at each step in turn (machined and its installer pause there,
+    kiln.test=pause:STEP on slot A's command line) and QEMU is killed (SIGKILL: a power cut, with
+    whatever the guest had not written lost). Until the boot state is written, the next boot is
+    version 1 from slot A, with nothing on trial; after it, version 2 boots on trial and becomes
+    the default. /var's marker survives all of them."""
+    push(world.v2.layout, world.registry, "stable")
+    disk = fresh_disk(world, "powercut.raw")
+    first_boot(world, disk, "bios")  # STATE and EPHEMERAL made, powered off cleanly, the marker on /var
+    slots = Disk(disk)
+    original = slots.read("A/boot.cfg").decode()
+    assert original.count("kiln.slot=A") == 1, original
+    for step in CUTS:
+        cmdline = original.replace("kiln.slot=A", f"kiln.test=pause:{step} kiln.slot=A")
+        slots.write("A/boot.cfg", cmdline.encode(), world.work / "powercut-boot.cfg")
+        session = boot_and(world, disk, "bios", "cut-" + step.replace("/", "-"))
+        assert ready_version(session.log) == V1 and booted_slot(session.log) == "A"
+        code, answer = api(
+            session.port, world.pki, "POST", "/v1/upgrade", {"image": f"{world.guest_registry}/{REPO}:{V2}"}
+        )
+        assert code == 202, answer
+        session.wait_for(f"test: paused after {step.replace('-', ' ')}, for a power cut")
+        session.cut_power()
+        state = slots.state()
+        if step != "wrote-the-boot-state":
+            assert state["kiln_default"] == "A" and not state.get("kiln_next"), (step, state)
+        else:
+            assert state["kiln_next"] == "B" and state["kiln_version_B"] == V2, state
+    session = boot_and(world, disk, "bios", "after-the-cuts", trial=True)
+    assert ready_version(session.log) == V2 and booted_slot(session.log) == "B"
+    assert Disk(disk).state()["kiln_default"] == "B"
     assert api(session.port, world.pki, "POST", "/v1/poweroff")[0] == 202
     session.end()
     assert MARKER.decode() in debugfs(disk, "cat marker"), "/var lost its marker"

@@ -147,7 +147,7 @@ class StubBuilder:
         self.keys = compute_keys(graph)
         self.runner = NoRunner()  # runs nothing: `build` below stands in for the runner too
 
-    def build(self, name: str, on_phase: Callable[[str], None]) -> Entry:
+    def build(self, name: str, on_phase: Callable[[str], None], *, replace: bool = False) -> Entry:
         self.during(name)
         deps = [self.keys[d] for d in self.graph.edges[name]]
         for key in deps:
@@ -156,6 +156,8 @@ class StubBuilder:
         with self.store.fresh_staging(self.keys[name]) as staging:
             (staging / "tree" / "out").write_text(name)
             TOKEN.check(f"package '{name}'")
+            if replace and self.store.has(self.keys[name]):  # as the real builder: once the rebuild succeeded
+                self.store.remove_locked(self.keys[name])
             return self.store.commit(self.keys[name], staging, name, {}, SDE)
 
 

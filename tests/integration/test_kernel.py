@@ -185,7 +185,10 @@ def configure_only_package(kproject: KernelProject) -> None:
             )
     finalize.append({"from": "/tmp/build/fail", "to": "/fail"})
     spec["name"] = "kernel-configure"
-    spec["steps"] = [{**step, "build": build, "install": [], "test": []}]
+    # without the kept object tree: finalize copies the .configs from the root, where a step
+    # cache is not mounted
+    caches = [path for path in step.get("cache", []) if path != OBJ]
+    spec["steps"] = [{**step, "build": build, "install": [], "test": [], "cache": caches}]
     spec["finalize"] = finalize
     text = yaml.safe_dump(spec, sort_keys=False)
     assert "{{" not in text and "{%" not in text and "{#" not in text  # rendered: no template syntax left

@@ -540,7 +540,7 @@ def test_a_power_cut_at_each_step_of_an_upgrade_leaves_a_machine_that_boots(worl
             assert state["kiln_next"] == "B" and state["kiln_version_B"] == V2, state
     session = boot_and(world, disk, "bios", "after-the-cuts", trial=True)
     assert ready_version(session.log) == V2 and booted_slot(session.log) == "B"
-    assert Disk(disk).state()["kiln_default"] == "B"
+    assert slots.state()["kiln_default"] == "B"
     assert api(session.port, world.pki, "POST", "/v1/poweroff")[0] == 202
     session.end()
     assert MARKER.decode() in debugfs(disk, "cat marker"), "/var lost its marker"

@@ -287,7 +287,7 @@ func TestApplyConfigAutoAppliesLiveAndStagesTheRest(t *testing.T) {
 		t.Fatalf("%d %s", code, msg)
 	}
 	want := map[string]string{"hostname": sectionApplied, "network": sectionApplied, "allow_unsigned": sectionApplied,
-		"install": sectionStaged, "services": sectionStaged, "api": sectionUnchanged, "time": sectionUnchanged,
+		"install": sectionStaged, "services": sectionApplied, "api": sectionUnchanged, "time": sectionUnchanged,
 		"registries": sectionUnchanged, "release_keys": sectionUnchanged, "require_signatures": sectionUnchanged,
 		"health": sectionUnchanged}
 	if got := results(report); !reflect.DeepEqual(got, want) {
@@ -315,7 +315,7 @@ func TestApplyConfigAutoAppliesLiveAndStagesTheRest(t *testing.T) {
 		t.Errorf("kept with mode %v: it holds the API's key", info.Mode())
 	}
 	running := c.runningConfig()
-	if running.Hostname != "node-2" || running.Install.Disk != "/dev/vda" || len(running.Services[0].Args) != 0 {
+	if running.Hostname != "node-2" || running.Install.Disk != "/dev/vda" || strings.Join(running.Services[0].Args, " ") != "--fast" {
 		t.Errorf("running config %+v: the live sections new, the others as booted", running)
 	}
 	if err := c.upgradePolicy(); err != nil {
@@ -360,7 +360,7 @@ func TestApplyConfigDryRunWritesNothing(t *testing.T) {
 	if code != http.StatusOK {
 		t.Fatalf("%d %s", code, msg)
 	}
-	if got := results(report); got["network"] != sectionApplied || got["services"] != sectionStaged {
+	if got := results(report); got["network"] != sectionApplied || got["install"] != sectionStaged {
 		t.Errorf("sections %v", got)
 	}
 	if report.Kept != "" || report.ConfigVersion != before+1 || !strings.Contains(strings.Join(report.Notes, "\n"), "dry run") {
@@ -480,7 +480,7 @@ func TestApplyConfigWhenTheNextBootReadsAnotherConfig(t *testing.T) {
 		t.Errorf("staged: %d %q", code, msg)
 	}
 	code, report, _ := c.post(t, "admin", "", appliedConfig)
-	if got := results(report); code != http.StatusOK || got["network"] != sectionApplied || got["services"] != sectionNotKept {
+	if got := results(report); code != http.StatusOK || got["network"] != sectionApplied || got["install"] != sectionNotKept {
 		t.Errorf("auto: %d %v", code, got)
 	}
 	if !strings.Contains(strings.Join(report.Notes, "\n"), "live changes last until then") {

@@ -97,7 +97,7 @@ func never(why string) func(running, next *Config, client []*x509.Certificate) s
 func now(running, next *Config, client []*x509.Certificate) string { return "" }
 
 // configSections are the config's top-level fields in the order the documentation lists them.
-// hostname, network and time reach their controllers through config/machine; the health checks
+// hostname, network, time and services reach their controllers through config/machine; the health checks
 // are read at each health verdict, registries and the signature policy whenever an upgrade starts
 // (runningConfig).
 var configSections = []configSection{
@@ -110,8 +110,7 @@ var configSections = []configSection{
 		}},
 	{"install", func(c *Config) interface{} { return c.Install }, nil, never("the disk is chosen and set up at boot")},
 	{"network", func(c *Config) interface{} { return c.Network }, func(r, n *Config) { r.Network = n.Network }, now},
-	{"services", func(c *Config) interface{} { return c.Services }, nil,
-		never("services are started at boot: machined does not add, change or remove one while it runs")},
+	{"services", func(c *Config) interface{} { return c.Services }, func(r, n *Config) { r.Services = n.Services }, now},
 	{"api", func(c *Config) interface{} { return c.API }, func(r, n *Config) { r.API = n.API }, apiWaitsFor},
 	{"time", func(c *Config) interface{} { return c.Time }, func(r, n *Config) { r.Time = n.Time },
 		func(running, next *Config, client []*x509.Certificate) string {
@@ -431,10 +430,11 @@ func (m *machine) publishRunning(p applyPlan, source string) {
 
 // configSpec is the part of c the controllers read, as config/machine holds it.
 func configSpec(source string, c *Config) machineConfigSpec {
-	return machineConfigSpec{Source: source, Network: c.Network, Hostname: c.Hostname, TimeServers: c.Time.Servers}
+	return machineConfigSpec{Source: source, Network: c.Network, Hostname: c.Hostname, TimeServers: c.Time.Servers,
+		Services: c.Services}
 }
 
-// summarize is the console's line of sections: "applied network; staged for the next boot services".
+// summarize is the console's line of sections: "applied network; staged for the next boot install".
 func summarize(results []sectionResult) string {
 	var order []string
 	by := map[string][]string{}

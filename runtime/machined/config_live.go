@@ -8,8 +8,9 @@ import (
 )
 
 // The controllers that apply the machine config's hostname and time servers whenever
-// config/machine changes (at boot, and when a config is applied over the API). Neither owns a
-// resource: the hostname shows in the status, the time server in use in its time section.
+// config/machine changes (at boot, and when a config is applied over the API), and its services
+// (services_live.go). None owns a resource: the hostname shows in the status, the time server in
+// use in its time section, the services as service/status.
 
 // hostnameController sets the config's hostname; a config without one leaves it as it is.
 type hostnameController struct {
@@ -54,7 +55,7 @@ func runningConfigSpec(r *resource.Run) (machineConfigSpec, bool) {
 	return resource.SpecOf[machineConfigSpec](res)
 }
 
-// liveControllers are the hostname and time controllers of this machine: only PID 1 sets the
+// liveControllers are the hostname, time and services controllers of this machine: only PID 1 sets the
 // hostname (a test may set live.setHostname), and the clock is there once startClock ran.
 func (m *machine) liveControllers() []resource.Controller {
 	set := m.live.setHostname
@@ -64,7 +65,8 @@ func (m *machine) liveControllers() []resource.Controller {
 			set = func(name string) error { return syscall.Sethostname([]byte(name)) }
 		}
 	}
-	return []resource.Controller{&hostnameController{set: set}, &timeController{apply: m.useTimeServers}}
+	services := &servicesController{current: m.currentSupervisor, extensions: m.extensionServices, printf: m.con.printf}
+	return []resource.Controller{&hostnameController{set: set}, &timeController{apply: m.useTimeServers}, services}
 }
 
 // useTimeServers points the running clock at the configured servers, or the fallbacks.

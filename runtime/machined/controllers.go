@@ -8,6 +8,7 @@ import (
 	"kiln/machined/internal/network"
 	"kiln/machined/internal/resource"
 	"kiln/machined/internal/safego"
+	"kiln/machined/internal/supervisor"
 )
 
 // The machine's resources (internal/resource) and the controllers that own them.
@@ -35,6 +36,8 @@ type machineConfigSpec struct {
 	Network     network.NetworkConfig `json:"network"`
 	Hostname    string                `json:"hostname,omitempty"`     // the hostname controller's (config_live.go)
 	TimeServers []string              `json:"time_servers,omitempty"` // the time controller's
+	// the services controller's (services_live.go); not shown, as a service's env may hold secrets
+	Services []supervisor.ServiceSpec `json:"-"`
 }
 
 // networkStatusSpec says which machine config version's network is applied.

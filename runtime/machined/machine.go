@@ -36,11 +36,12 @@ type machine struct {
 	extensions    []Extension
 	schematic     string // the image's schematic ID (kiln image --schematic), "" for none
 	net           *network.Network
-	resources     *resource.State        // the machine's resources, which its controllers keep (controllers.go)
-	live          liveConfig             // the config it runs now, and applying a new one (config_apply.go)
-	supMu         sync.Mutex             // guards sup: a failed upgrade's resume replaces it while the API reads it
-	sup           *supervisor.Supervisor // read through currentSupervisor()
-	apiAddr       string                 // "" when the API is off
+	resources     *resource.State          // the machine's resources, which its controllers keep (controllers.go)
+	live          liveConfig               // the config it runs now, and applying a new one (config_apply.go)
+	supMu         sync.Mutex               // guards sup and extServices, which a failed upgrade's resume replaces
+	sup           *supervisor.Supervisor   // read through currentSupervisor()
+	extServices   []supervisor.ServiceSpec // the extensions' services, read through extensionServices()
+	apiAddr       string                   // "" when the API is off
 	stopAPI       func()
 	started       time.Time
 	power         chan string
@@ -307,8 +308,9 @@ func (m *machine) startServices(logDir string) {
 }
 
 // superviseServices starts a supervisor, logging to logDir ("": memory only), with the
-// services of dir (those that load: the others are logged) and the config's. An error means
-// none started.
+// services of dir (those that load: the others are logged) and the running config's. An error
+// means none started; the supervisor is kept all the same, so a config applied later (the
+// services controller) can start them.
 func (m *machine) superviseServices(dir, logDir string) error {
 	specs, errs := loadServiceDir(dir)
 	for _, err := range errs {
@@ -318,8 +320,10 @@ func (m *machine) superviseServices(dir, logDir string) error {
 	opts.LogDir = logDir
 	opts.Events = func(line string) { m.con.printf("%s", line) }
 	sup := supervisor.New(opts)
-	m.setSupervisor(sup)
-	return sup.Start(supervisor.MergeServices(specs, m.cfg.Services))
+	// started before it is handed over: the services controller updates only a started one
+	err := sup.Start(supervisor.MergeServices(specs, m.runningConfig().Services))
+	m.setSupervisor(sup, specs)
+	return err
 }
 
 // currentSupervisor is the supervisor running the services now, nil before there is one.
@@ -329,10 +333,17 @@ func (m *machine) currentSupervisor() *supervisor.Supervisor {
 	return m.sup
 }
 
-func (m *machine) setSupervisor(sup *supervisor.Supervisor) {
+// extensionServices are the services the extensions define, as the running supervisor read them.
+func (m *machine) extensionServices() []supervisor.ServiceSpec {
 	m.supMu.Lock()
 	defer m.supMu.Unlock()
-	m.sup = sup
+	return m.extServices
+}
+
+func (m *machine) setSupervisor(sup *supervisor.Supervisor, extensions []supervisor.ServiceSpec) {
+	m.supMu.Lock()
+	defer m.supMu.Unlock()
+	m.sup, m.extServices = sup, extensions
 }
 
 func (m *machine) startAPI() {

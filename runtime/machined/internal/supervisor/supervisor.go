@@ -4,11 +4,13 @@
 package supervisor
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"sort"
 	"sync"
 	"syscall"
@@ -68,11 +70,15 @@ type service struct {
 	since    time.Time
 	log      *RingLog
 	file     *os.File
+	quitting bool          // Update stops this service alone (removed or changed); under s.mu
+	quit     chan struct{} // closed with quitting: ends its backoff and dependency waits
+	done     chan struct{} // closed when its supervise goroutine returns
 }
 
 // Supervisor starts, restarts and stops a set of services.
 type Supervisor struct {
 	opts     Options
+	updateMu sync.Mutex // one Update at a time
 	mu       sync.Mutex
 	services map[string]*service
 	changed  chan struct{} // closed and replaced on every state change
@@ -94,8 +100,15 @@ func (s *Supervisor) Start(specs []ServiceSpec) error {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.launch(specs)
+	return nil
+}
+
+// launch adds the services and starts their goroutines. Callers hold s.mu.
+func (s *Supervisor) launch(specs []ServiceSpec) {
 	for _, spec := range specs {
-		svc := &service{spec: spec, state: StateWaiting, since: time.Now(), log: NewRingLog(1000, 256<<10)}
+		svc := &service{spec: spec, state: StateWaiting, since: time.Now(), log: NewRingLog(1000, 256<<10),
+			quit: make(chan struct{}), done: make(chan struct{})}
 		if s.opts.LogDir != "" {
 			path := filepath.Join(s.opts.LogDir, spec.Name+".log")
 			if f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND|syscall.O_CLOEXEC, 0o640); err == nil {
@@ -111,7 +124,111 @@ func (s *Supervisor) Start(specs []ServiceSpec) error {
 		svc := s.services[spec.Name]
 		safego.Go("service "+spec.Name, func() { s.supervise(svc) })
 	}
-	return nil
+	s.broadcast() // a service waiting on a name just added looks again
+}
+
+// Changes is what an Update did, by service name.
+type Changes struct {
+	Started   []string `json:"started,omitempty"`   // new services
+	Restarted []string `json:"restarted,omitempty"` // services whose spec changed
+	Stopped   []string `json:"stopped,omitempty"`   // services no longer in the set
+}
+
+// Empty says whether the update changed nothing.
+func (c Changes) Empty() bool { return len(c.Started)+len(c.Restarted)+len(c.Stopped) == 0 }
+
+// ErrStopped is Update's answer once Stop has begun: the supervisor takes no new services.
+var ErrStopped = errors.New("the services are stopped")
+
+// Update makes the running set `specs`: a service whose name is gone is stopped, one whose spec
+// changed is stopped and started again, a new one is started, and the others run on untouched.
+// The set is validated first, as Start's is; on an error nothing changes.
+func (s *Supervisor) Update(specs []ServiceSpec) (Changes, error) {
+	var changes Changes
+	if err := checkDependencies(specs); err != nil {
+		return changes, err
+	}
+	s.updateMu.Lock()
+	defer s.updateMu.Unlock()
+	want := map[string]ServiceSpec{}
+	for _, spec := range specs {
+		want[spec.Name] = spec
+	}
+	s.mu.Lock()
+	if s.stopping {
+		s.mu.Unlock()
+		return changes, ErrStopped
+	}
+	var stop []*service
+	for name, svc := range s.services {
+		if spec, kept := want[name]; !kept {
+			stop = append(stop, svc)
+			changes.Stopped = append(changes.Stopped, name)
+		} else if !sameRun(spec, svc.spec) {
+			stop = append(stop, svc)
+			changes.Restarted = append(changes.Restarted, name)
+		} else {
+			svc.spec.Source = spec.Source // defined elsewhere now, run the same: it runs on
+		}
+	}
+	var start []ServiceSpec
+	for _, spec := range specs {
+		if svc, ok := s.services[spec.Name]; !ok || !sameRun(spec, svc.spec) {
+			start = append(start, spec)
+			if !ok {
+				changes.Started = append(changes.Started, spec.Name)
+			}
+		}
+	}
+	for _, svc := range stop {
+		svc.quitting = true
+		close(svc.quit)
+		if svc.pid > 0 {
+			_ = syscall.Kill(-svc.pid, syscall.SIGTERM)
+		}
+	}
+	s.mu.Unlock()
+	for _, svc := range stop {
+		s.awaitStop(svc)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, svc := range stop {
+		delete(s.services, svc.spec.Name)
+	}
+	if !s.stopping { // Stop may have begun meanwhile: it takes nothing new
+		s.launch(start)
+	}
+	sort.Strings(changes.Started)
+	sort.Strings(changes.Restarted)
+	sort.Strings(changes.Stopped)
+	return changes, nil
+}
+
+// sameRun says whether two specs run the same service: all but where it was defined.
+func sameRun(a, b ServiceSpec) bool {
+	a.Source, b.Source = "", ""
+	return reflect.DeepEqual(a, b)
+}
+
+// awaitStop waits for a service Update is stopping to end: SIGKILL after the stop timeout.
+func (s *Supervisor) awaitStop(svc *service) {
+	select {
+	case <-svc.done:
+	case <-time.After(s.opts.StopTimeout):
+		s.mu.Lock()
+		if svc.pid > 0 {
+			_ = syscall.Kill(-svc.pid, syscall.SIGKILL)
+		}
+		s.mu.Unlock()
+		<-svc.done
+	}
+	s.mu.Lock()
+	if svc.file != nil {
+		svc.file.Close()
+		svc.file = nil
+	}
+	s.mu.Unlock()
 }
 
 func (s *Supervisor) event(format string, args ...interface{}) {
@@ -124,6 +241,11 @@ func (s *Supervisor) event(format string, args ...interface{}) {
 func (s *Supervisor) setState(svc *service, state string) {
 	svc.state = state
 	svc.since = time.Now()
+	s.broadcast()
+}
+
+// broadcast wakes everyone waiting on a change. Callers hold s.mu.
+func (s *Supervisor) broadcast() {
 	close(s.changed)
 	s.changed = make(chan struct{})
 }
@@ -152,10 +274,11 @@ func (s *Supervisor) pending(svc *service) []string {
 
 func (s *Supervisor) supervise(svc *service) {
 	defer s.wg.Done()
+	defer close(svc.done)
 	// Wait for dependencies.
 	for {
 		s.mu.Lock()
-		if s.stopping {
+		if s.stopping || svc.quitting {
 			s.setState(svc, StateStopped)
 			s.mu.Unlock()
 			return
@@ -169,6 +292,7 @@ func (s *Supervisor) supervise(svc *service) {
 		select {
 		case <-changed:
 		case <-s.wake:
+		case <-svc.quit:
 		}
 	}
 	failures := 0
@@ -176,7 +300,7 @@ func (s *Supervisor) supervise(svc *service) {
 		began := time.Now()
 		status, err := s.runOnce(svc)
 		s.mu.Lock()
-		if s.stopping {
+		if s.stopping || svc.quitting {
 			s.setState(svc, StateStopped)
 			s.mu.Unlock()
 			return
@@ -212,9 +336,10 @@ func (s *Supervisor) supervise(svc *service) {
 		select {
 		case <-time.After(delay):
 		case <-s.wake:
+		case <-svc.quit:
 		}
 		s.mu.Lock()
-		if !s.stopping {
+		if !s.stopping && !svc.quitting {
 			svc.restarts++
 		}
 		s.mu.Unlock()
@@ -244,7 +369,7 @@ func (s *Supervisor) runOnce(svc *service) (syscall.WaitStatus, error) {
 		SysProcAttr: &syscall.SysProcAttr{Setpgid: true},
 	}
 	s.mu.Lock()
-	if s.stopping {
+	if s.stopping || svc.quitting {
 		s.mu.Unlock()
 		return 0, fmt.Errorf("stopping")
 	}

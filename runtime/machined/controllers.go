@@ -140,13 +140,15 @@ type apiResource struct {
 
 // resourceTypes are the types the machine has, in the order GET /v1/resources lists them.
 var resourceTypes = []resource.Type{
-	machineConfigType, networkStatusType, linkType, addressType, serviceType, bootType, timeType, healthType, readyType,
+	machineConfigType, networkStatusType, linkType, addressType, serviceType, bootType, timeType, volumeType,
+	platType, upgradeType, healthType, readyType,
 }
 
 // typeAliases are the short names `kiln node get` takes for the types (as talosctl get does).
 var typeAliases = map[string]resource.Type{
 	"config": machineConfigType, "links": linkType, "addresses": addressType, "services": serviceType,
-	"bootstate": bootType, "time": timeType, "health": healthType, "ready": readyType,
+	"bootstate": bootType, "time": timeType, "volumes": volumeType, "platform": platType, "upgrade": upgradeType,
+	"health": healthType, "ready": readyType,
 }
 
 // canonicalType is the type an API request names, by its full name or its alias.

@@ -1,7 +1,8 @@
 package main
 
-// Observed resources: what the kernel, the supervisor, the boot slots and the clock have now
-// (network/link, network/address, service/status, boot/state, time/status), refreshed every
+// Observed resources: what the kernel, the supervisor, the boot slots, the clock, the disks,
+// the platform and the upgrader have now (network/link, network/address, service/status,
+// boot/state, time/status, volume/status, platform/metadata, upgrade/status), refreshed every
 // observeEvery (links and addresses after each network apply too). They are the machine's
 // facts, not its wishes: `kiln node get addresses` reads them, and the health verdict is judged
 // from them.
@@ -21,6 +22,9 @@ const (
 	serviceType resource.Type = "service/status"
 	bootType    resource.Type = "boot/state"
 	timeType    resource.Type = "time/status"
+	volumeType  resource.Type = "volume/status"
+	platType    resource.Type = "platform/metadata"
+	upgradeType resource.Type = "upgrade/status"
 
 	observeEvery = 2 * time.Second
 )
@@ -186,10 +190,37 @@ func (m *machine) observers() []resource.Controller {
 		return status, status != nil
 	}
 	timeStatus := func() (interface{}, bool) { return m.timeStatus(), true }
+	volumes := func() (interface{}, bool) {
+		select {
+		case <-m.isReady: // setupVar has chosen the disk and mounted /var (before ready)
+			return m.volumes(), true
+		default:
+			return nil, false
+		}
+	}
+	platform := func() (interface{}, bool) { return m.platform.status(), true } // fetched before the controllers start
+	upgrade := func() (interface{}, bool) {
+		status := m.upgrades.snapshot()
+		return status, status != nil
+	}
 	return []resource.Controller{
 		&linksObserver{read: readKernelLinks},
 		&servicesObserver{read: m.Services},
 		&snapshotObserver{name: "bootstate", typ: bootType, id: "slots", read: bootState},
 		&snapshotObserver{name: "clock", typ: timeType, id: "clock", read: timeStatus},
+		&snapshotObserver{name: "volumes", typ: volumeType, id: "volumes", read: volumes},
+		&snapshotObserver{name: "platform", typ: platType, id: "platform", read: platform},
+		&snapshotObserver{name: "upgrader", typ: upgradeType, id: "upgrade", read: upgrade},
 	}
+}
+
+// volumeSpec is where the machine keeps what it writes: the disk it owns and what is mounted from it.
+type volumeSpec struct {
+	Disk  string `json:"disk,omitempty"`  // the disk machined owns ("" when none)
+	Var   string `json:"var"`             // /var's source: EPHEMERAL's partition, or tmpfs
+	State string `json:"state,omitempty"` // STATE's partition, mounted at stateMount ("" when not)
+}
+
+func (m *machine) volumes() volumeSpec {
+	return volumeSpec{Disk: m.ownedDisk, Var: m.varSource, State: m.stateDev}
 }

@@ -585,6 +585,7 @@ def test_api_mutual_tls_and_poweroff(image_dir: Path, pki: Path, config_server: 
         resources = {(r["type"], r["id"]): r for r in json.loads(body)["resources"]}
         # what the kernel, the supervisor and the clock have (no boot/state: this machine has no A/B disk)
         observed = {"network/link", "network/address", "service/status", "time/status"}
+        observed |= {"volume/status", "platform/metadata"}  # the disks it uses, its platform's metadata
         assert status == 200 and {key for key in resources if key[0] not in observed} == {
             ("config/machine", "machine"),
             ("network/status", "applied"),
@@ -599,6 +600,13 @@ def test_api_mutual_tls_and_poweroff(image_dir: Path, pki: Path, config_server: 
         assert status == 200 and {r["type"] for r in json.loads(body)["resources"]} == {"network/address"}, body
         assert resources[("health/machine", "machine")]["owner"] == "health", resources
         assert resources[("machine/ready", "machine")]["spec"]["var"] == "tmpfs", resources
+        # the disks it uses: observed within a period of ready (diskless: /var on a tmpfs)
+        deadline, reader = time.monotonic() + 10, client_context(pki, "reader")
+        while not (volumes := json.loads(request(port, reader, "GET", "/v1/resources?type=volumes")[1])["resources"]):
+            assert time.monotonic() < deadline, "no volume/status 10 s after ready"
+            time.sleep(0.5)
+        assert volumes[0]["spec"] == {"var": "tmpfs"}, volumes
+        assert resources[("platform/metadata", "platform")]["spec"]["name"] == "metal", resources
         applied = resources[("network/status", "applied")]
         assert applied["owner"] == "network" and applied["phase"] == "running", applied
         assert applied["spec"]["config_version"] == resources[("config/machine", "machine")]["version"], resources

@@ -259,35 +259,20 @@ func (x *exchange) ask(ctx context.Context, m request, dst net.IP, deadline time
 	accept func(packet) bool) (packet, time.Time, error) {
 	m.xid, m.mac = x.xid, x.c.MAC
 	msg := m.marshal()
-	clock := x.c.clk
-	first := clock.Now()
-	for ctx.Err() == nil && clock.Now().Before(deadline) {
-		_ = x.t.Send(msg, dst) // a failed send is a lost packet: wait, then send again
-		next := clock.Now().Add(wait())
-		if next.After(deadline) {
-			next = deadline
-		}
-		if p, ok := x.await(ctx, next, accept); ok {
-			return p, first, nil
-		}
+	r := Retransmit[packet]{
+		Clock:   x.c.clk,
+		Send:    func(time.Time) error { return x.t.Send(msg, dst) },
+		Receive: x.t.Receive,
+		Take: func(data []byte) (packet, bool) {
+			p, err := parsePacket(data)
+			return p, err == nil && x.ours(p) && accept(p)
+		},
 	}
-	return packet{}, first, errNoAnswer
-}
-
-// await reads replies until accept takes one or until comes.
-func (x *exchange) await(ctx context.Context, until time.Time, accept func(packet) bool) (packet, bool) {
-	clock := x.c.clk
-	for ctx.Err() == nil && clock.Now().Before(until) {
-		data, err := x.t.Receive(until)
-		if err != nil {
-			clock.Sleep(ctx, until.Sub(clock.Now())) // a broken socket fails at once: do not spin
-			return packet{}, false
-		}
-		if p, err := parsePacket(data); err == nil && x.ours(p) && accept(p) {
-			return p, true
-		}
+	p, first, ok := r.Ask(ctx, deadline, wait)
+	if !ok {
+		return packet{}, first, errNoAnswer
 	}
-	return packet{}, false
+	return p, first, nil
 }
 
 // ours says whether p answers this transaction.

@@ -213,35 +213,24 @@ func (c *Client) answer(msgType byte, server []byte, refusals bool) func(message
 func (c *Client) ask(ctx context.Context, t Transport, msgType byte, opts []option, deadline time.Time, b *backoff,
 	accept func(message) bool) (message, time.Time, error) {
 	xid := c.rng.Uint32() & 0xffffff
-	first := c.clk.Now()
-	for ctx.Err() == nil && c.clk.Now().Before(deadline) {
-		m := message{msgType: msgType, xid: xid, options: append([]option{{optClientID, c.duid}}, opts...)}
-		m.options = append(m.options, oro(), elapsed(int64(c.clk.Now().Sub(first))))
-		_ = t.Send(m.marshal()) // a failed send is a lost packet: wait, then send again
-		next := c.clk.Now().Add(b.wait())
-		if next.After(deadline) {
-			next = deadline
-		}
-		if reply, ok := c.await(ctx, t, xid, next, accept); ok {
-			return reply, first, nil
-		}
+	r := dhcp.Retransmit[message]{
+		Clock: c.clk,
+		Send: func(first time.Time) error {
+			m := message{msgType: msgType, xid: xid, options: append([]option{{optClientID, c.duid}}, opts...)}
+			m.options = append(m.options, oro(), elapsed(int64(c.clk.Now().Sub(first))))
+			return t.Send(m.marshal())
+		},
+		Receive: t.Receive,
+		Take: func(data []byte) (message, bool) {
+			m, err := parseMessage(data)
+			return m, err == nil && m.xid == xid && accept(m)
+		},
 	}
-	return message{}, first, errNoAnswer
-}
-
-// await reads replies until accept takes one with xid or until comes.
-func (c *Client) await(ctx context.Context, t Transport, xid uint32, until time.Time, accept func(message) bool) (message, bool) {
-	for ctx.Err() == nil && c.clk.Now().Before(until) {
-		data, err := t.Receive(until)
-		if err != nil {
-			c.clk.Sleep(ctx, until.Sub(c.clk.Now())) // a broken socket fails at once: do not spin
-			return message{}, false
-		}
-		if m, err := parseMessage(data); err == nil && m.xid == xid && accept(m) {
-			return m, true
-		}
+	reply, first, ok := r.Ask(ctx, deadline, b.wait)
+	if !ok {
+		return message{}, first, errNoAnswer
 	}
-	return message{}, false
+	return reply, first, nil
 }
 
 // backoff is RFC 8415 §15's schedule: RT starts at IRT and doubles up to MRT, each time

@@ -26,21 +26,6 @@ func installWant(name, want string) string {
 	return want
 }
 
-func probeFile(t *testing.T, path string) []diskpkg.Finding {
-	t.Helper()
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	st, _ := f.Stat()
-	w, err := diskpkg.ReadWindows(f, st.Size())
-	if err != nil {
-		t.Fatal(err)
-	}
-	return diskpkg.ProbeSignatures(w)
-}
-
 // Stubbed signatures through `machined install`: refused naming the finding, then --wipe.
 func TestInstallRefusesEachStubbedSignatureUnlessWipe(t *testing.T) {
 	dir := t.TempDir()
@@ -69,8 +54,8 @@ func TestInstallRefusesNonZeroEndsWithoutSignature(t *testing.T) {
 	for name, off := range map[string]int64{"first MiB": 300 << 10, "last MiB": testkit.ProbeDiskSize - 200<<10} {
 		disk := filepath.Join(dir, "data.img")
 		testkit.StubDisk(t, disk, map[int64][]byte{off: []byte("some data nobody recognises")})
-		if found := probeFile(t, disk); len(found) != 0 {
-			t.Fatalf("%s: machined's probe found %v in plain data", name, found)
+		if found, err := diskpkg.ProbePath(disk); err != nil || len(found) != 0 {
+			t.Fatalf("%s: machined's probe found %v in plain data (%v)", name, found, err)
 		}
 		refusedOneLine(t, "it holds data in its "+name+"; pass --wipe", "--disk", disk, "--image", image)
 		if code, _, errs := runInstall(t, "--disk", disk, "--image", image, "--wipe"); code != 0 {
@@ -130,7 +115,10 @@ func TestProbeFindsWhatRealToolsWrite(t *testing.T) {
 		if out, err := supervisor.Run(path, append(c.args, disk)...); err != nil {
 			t.Fatalf("%s: %v\n%s", c.tool, err, out)
 		}
-		found := probeFile(t, disk)
+		found, err := diskpkg.ProbePath(disk)
+		if err != nil {
+			t.Fatal(err)
+		}
 		ok := false
 		for _, f := range found {
 			ok = ok || f.ID == c.id

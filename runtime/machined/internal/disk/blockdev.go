@@ -3,7 +3,6 @@ package disk
 import (
 	"bytes"
 	"encoding/binary"
-	"io"
 	"os"
 	"path/filepath"
 	"sort"
@@ -131,16 +130,7 @@ func probeFSBytes(b []byte) (string, string, error) {
 // secondary headers reach past the first MiB). That is how a freshly provisioned virtual or
 // wiped disk reads.
 func IsBlank(path string) bool {
-	f, err := os.Open(path)
-	if err != nil {
-		return false
-	}
-	defer f.Close()
-	size, err := f.Seek(0, io.SeekEnd)
-	if err != nil || size <= 0 {
-		return false
-	}
-	w, err := ReadWindows(f, size)
+	w, err := readWindowsAt(path)
 	if err != nil {
 		return false
 	}

@@ -162,6 +162,33 @@ func (w *Windows) le32(off int64) (uint32, bool) {
 
 const mdMagic = 0xa92b4efc
 
+// readWindowsAt reads the windows of the disk or image at path, sized by seeking to its end
+// (which a block device answers, where its stat says 0); an empty one is an error.
+func readWindowsAt(path string) (*Windows, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	size, err := f.Seek(0, io.SeekEnd)
+	if err != nil {
+		return nil, err
+	}
+	if size <= 0 {
+		return nil, fmt.Errorf("%s is empty", path)
+	}
+	return ReadWindows(f, size)
+}
+
+// ProbePath is ProbeSignatures on the disk or image at path.
+func ProbePath(path string) ([]Finding, error) {
+	w, err := readWindowsAt(path)
+	if err != nil {
+		return nil, err
+	}
+	return ProbeSignatures(w), nil
+}
+
 // ProbeSignatures is machined's own probe: the signatures the kernel's and blkid's probes
 // use for what people most often find on a disk they did not mean to erase. It returns
 // them in the order of their offsets.

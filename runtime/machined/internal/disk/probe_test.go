@@ -21,17 +21,11 @@ import (
 
 func probeFile(t *testing.T, path string) []Finding {
 	t.Helper()
-	f, err := os.Open(path)
+	found, err := ProbePath(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer f.Close()
-	st, _ := f.Stat()
-	w, err := ReadWindows(f, st.Size())
-	if err != nil {
-		t.Fatal(err)
-	}
-	return ProbeSignatures(w)
+	return found
 }
 
 func hasFinding(found []Finding, want string) bool {

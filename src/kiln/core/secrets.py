@@ -86,14 +86,18 @@ def secret_field(path: Path_) -> bool:
     return path[-2:] in KEY_FIELDS or secret_name(path[-1])
 
 
+_TEXT_SECRETS = (
+    (PRIVATE_KEY, "holds a PEM private key"),
+    (TOKEN_FORMATS, "holds an access token"),
+    (URL_PASSWORD, "holds a URL with a password"),
+)
+
+
 def secret_text(text: str) -> str:
     """What secret `text` holds, in a few words; empty when none."""
-    if PRIVATE_KEY.search(text):
-        return "holds a PEM private key"
-    if TOKEN_FORMATS.search(text):
-        return "holds an access token"
-    if URL_PASSWORD.search(text):
-        return "holds a URL with a password"
+    for pattern, what in _TEXT_SECRETS:
+        if pattern.search(text):
+            return what
     assigned = ASSIGNMENT.match(text)
     if assigned and secret_name(assigned["name"]):
         return f"sets {assigned['name']!r}, a secret"

@@ -93,16 +93,17 @@ class TreeScan:
             os.utime(path, ns=(self.limit_ns, self.limit_ns), follow_symlinks=False)
 
 
+_SPECIAL_KINDS = (
+    (stat.S_ISCHR, "character device"),
+    (stat.S_ISBLK, "block device"),
+    (stat.S_ISFIFO, "fifo"),
+    (stat.S_ISSOCK, "socket"),
+)
+
+
 def _special_kind(mode: int) -> str:
-    if stat.S_ISCHR(mode):
-        return "character device"
-    if stat.S_ISBLK(mode):
-        return "block device"
-    if stat.S_ISFIFO(mode):
-        return "fifo"
-    if stat.S_ISSOCK(mode):
-        return "socket"
-    return "special file"
+    """What a file that is neither regular, directory nor link is, in words for an error."""
+    return next((kind for test, kind in _SPECIAL_KINDS if test(mode)), "special file")
 
 
 def manifest_bytes(records: list[FileRecord]) -> bytes:

@@ -10,6 +10,7 @@ used or did not prove itself (a guest of another arch, no /dev/kvm, no banner).
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -22,10 +23,19 @@ from kiln.boot.qemu import Machine
 from kiln.core.paths import cache_dir
 
 ACCELS = ("auto", "tcg", "kvm")
+ACCEL_HELP = (
+    "auto (default: KVM when this host's KVM has booted Linux, found out once by a first boot and cached; else "
+    "TCG), tcg or kvm"
+)
 PROBE_SECONDS = 10.0
 BANNER = "Linux version"  # the kernel's first console line
 KVM_DEVICE = Path("/dev/kvm")
 _HOST_ARCH = {"x86_64": "amd64", "aarch64": "arm64"}
+
+
+def add_accel_option(parser: argparse.ArgumentParser, help: str = ACCEL_HELP) -> None:
+    """--accel of every verb that boots a machine (choose() resolves auto)."""
+    parser.add_argument("--accel", choices=ACCELS, default="auto", help=help)
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from kiln.boot.accel import ACCELS, BANNER
+from kiln.boot.accel import BANNER, add_accel_option
 from kiln.boot.accel import choose as choose_accel
 from kiln.boot.arch import ARCHES, choose_arch
 from kiln.boot.qemu import READY, BootResult, Machine, boot, machine_for
@@ -75,13 +75,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     OLD_KEEP.add_to(parser, action="store_true")
     parser.add_argument("--memory", default="1024", help="guest memory in MiB (default 1024)")
-    parser.add_argument(
-        "--accel",
-        choices=ACCELS,
-        default="auto",
-        help="auto (default: KVM when this host's KVM has booted Linux, found out once by a first boot and "
-        "cached; else TCG), tcg or kvm",
-    )
+    add_accel_option(parser)
     parser.add_argument("--log", metavar="PATH", help="console log (default: in the cache, printed at the end)")
     parser.add_argument("--quiet", action="store_true", help="do not stream the console")
     parser.add_argument(

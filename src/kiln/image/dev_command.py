@@ -16,7 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from kiln.boot import command as boot_command
-from kiln.boot.accel import ACCELS
+from kiln.boot.accel import add_accel_option
 from kiln.core.console import say_line
 from kiln.core.verb import Context
 from kiln.image import kernel_initramfs
@@ -39,7 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_jobs_option(parser)
     parser.add_argument("--cmdline", default="", help="extra kernel command line")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for ready (default 120)")
-    parser.add_argument("--accel", choices=ACCELS, default="auto", help="as kiln boot --accel")
+    add_accel_option(parser, help="as kiln boot --accel")
     parser.add_argument("--keep", action="store_true", help="keep the machine running after ready (Ctrl-C stops it)")
     parser.add_argument("--quiet", action="store_true", help="do not stream the console")
     parser.add_argument("--json", action="store_true", help="the phases' seconds as JSON on stdout; implies --quiet")

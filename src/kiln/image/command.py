@@ -14,7 +14,7 @@ from kiln.core.project import RUNNERS
 from kiln.core.verb import Context
 from kiln.image import kernel_initramfs
 from kiln.pkg.graph import Graph
-from kiln.pkg.options import add_profiles_dir_option, add_tree_options
+from kiln.pkg.options import add_keys_option, add_profiles_dir_option, add_schematic_option, add_tree_options
 from kiln.pkg.variables import DEFAULT_PLATFORM
 
 if TYPE_CHECKING:
@@ -31,17 +31,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "file's profiles:, else --kind kernel,initramfs is written",
     )
     add_profiles_dir_option(parser)
-    parser.add_argument(
-        "--keys",
-        type=Path,
-        metavar="DIR",
-        help="sign with the keys in DIR (kiln keys generate), in place of the profiles' keys:",
-    )
-    parser.add_argument(
-        "--schematic",
-        type=Path,
-        metavar="FILE",
-        help="customise every profile with this schematic (extensions, kernel arguments, machine config; "
+    add_keys_option(parser, "sign with the keys in DIR (kiln keys generate), in place of the profiles' keys:")
+    add_schematic_option(
+        parser,
+        "customise every profile with this schematic (extensions, kernel arguments, machine config; "
         "docs/factory.md); its ID goes in the manifests, SBOMs and the rootfs",
     )
     parser.add_argument(

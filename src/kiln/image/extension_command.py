@@ -23,7 +23,7 @@ from kiln.core.errors import InputError
 from kiln.core.hashing import file_sha256
 from kiln.core.verb import Context
 from kiln.pkg.graph import Graph
-from kiln.pkg.options import add_jobs_option, add_tree_options
+from kiln.pkg.options import add_jobs_option, add_keys_option, add_tree_options
 
 DEFAULT_OUT = "_out/extensions"
 
@@ -41,12 +41,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--to", metavar="HOST/REPO:TAG", help="push: the repository and tag, e.g. localhost:5000/ext:1.0"
     )
-    parser.add_argument(
-        "--keys",
-        type=Path,
-        metavar="DIR",
-        help="build: sign the layer's kernel modules with DIR's module key (kiln keys generate), as a Secure "
-        "Boot image's are; an image signs them again with its own keys either way",
+    add_keys_option(
+        parser,
+        "build: sign the layer's kernel modules with DIR's module key (kiln keys generate), as a Secure Boot "
+        "image's are; an image signs them again with its own keys either way",
     )
     parser.add_argument("--json", action="store_true", help="what was written, as JSON on stdout")
 

@@ -12,7 +12,7 @@ from kiln.core.console import say_line
 from kiln.core.errors import InputError
 from kiln.core.verb import Context
 from kiln.pkg.graph import Graph
-from kiln.pkg.options import add_jobs_option, add_profiles_dir_option, add_tree_options
+from kiln.pkg.options import add_jobs_option, add_profiles_dir_option, add_schematic_option, add_tree_options
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -32,9 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_profiles_dir_option(parser)
     parser.add_argument("--image", metavar="FILE", help="install this raw disk image instead of building the profile")
-    parser.add_argument(
-        "--schematic", type=Path, metavar="FILE", help="customise the profile with this schematic (docs/factory.md)"
-    )
+    add_schematic_option(parser, "customise the profile with this schematic (docs/factory.md)")
     parser.add_argument("--out", default="_out", metavar="DIR", help="where the profile's output is written")
     parser.add_argument("--json", action="store_true", help="what was installed where, as JSON")
     add_jobs_option(parser)

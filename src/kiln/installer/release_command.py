@@ -23,7 +23,7 @@ from kiln.core.errors import InputError
 from kiln.core.verb import Context
 from kiln.installer.image_layout import open_layout
 from kiln.installer.release import CHANNELS, Pushed, check_upgrade_from, push_releases, read_releases
-from kiln.pkg.options import add_jobs_option, add_profiles_dir_option, add_tree_options
+from kiln.pkg.options import add_jobs_option, add_profiles_dir_option, add_schematic_option, add_tree_options
 from kiln.signing.release import PROVENANCE
 
 if TYPE_CHECKING:
@@ -77,11 +77,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(cosign verify-attestation checks it); default: provenance.intoto.json beside the layout, when there",
     )
     parser.add_argument("--out", metavar="DIR", help="where a profile's output is written (default _out)")
-    parser.add_argument(
-        "--schematic",
-        type=Path,
-        metavar="FILE",
-        help="build the installer profile customised by this schematic (as kiln image --schematic): machines "
+    add_schematic_option(
+        parser,
+        "build the installer profile customised by this schematic (as kiln image --schematic): machines "
         "installed or upgraded from the release keep its extensions; push it to its own repository",
     )
     add_profiles_dir_option(parser)

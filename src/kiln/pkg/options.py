@@ -34,6 +34,16 @@ def add_profiles_dir_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_keys_option(parser: argparse.ArgumentParser, help: str) -> None:
+    """--keys DIR of every verb that signs with a key directory (kiln keys generate makes one)."""
+    parser.add_argument("--keys", type=Path, metavar="DIR", help=help)
+
+
+def add_schematic_option(parser: argparse.ArgumentParser, help: str) -> None:
+    """--schematic FILE of every verb that customises profiles with a schematic (kiln.image.schematic)."""
+    parser.add_argument("--schematic", type=Path, metavar="FILE", help=help)
+
+
 def add_tree_options(parser: argparse.ArgumentParser, *, defaults: bool = False) -> None:
     """--pkgs, --platform, --set, --release-version, --progress and --from-tar: with their defaults on the
     root parser, with none (argparse.SUPPRESS) on a verb."""

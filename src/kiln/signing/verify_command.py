@@ -22,6 +22,7 @@ from kiln.core import console
 from kiln.core.errors import InputError, KilnError, display_path, printable
 from kiln.core.project import RUNNERS
 from kiln.core.verb import Context
+from kiln.pkg.options import add_schematic_option
 from kiln.signing.attestation import check_provenance
 from kiln.signing.release import ENVELOPE, SUMS, VerificationError, check_directory, fingerprint, load_public_key
 
@@ -93,11 +94,8 @@ def add_rebuild_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--keep", action="store_true", help="with --rebuild: keep the checkout, the store and the rebuilt outputs"
     )
-    parser.add_argument(
-        "--schematic",
-        type=Path,
-        metavar="FILE",
-        help="with --rebuild: the schematic the release was made with, when its provenance redacted a secret",
+    add_schematic_option(
+        parser, "with --rebuild: the schematic the release was made with, when its provenance redacted a secret"
     )
 
 

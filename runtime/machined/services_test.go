@@ -1,6 +1,7 @@
 package main
 
 import (
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -75,4 +76,87 @@ func TestSupervisorSwapWhileAPIReads(t *testing.T) {
 		m.currentSupervisor().Stop()
 	}
 	<-done
+}
+
+// The services section applied live, on real processes: newConfigMachine's controllers, and a
+// supervisor started as the boot starts it (an extension's service from a directory, the booted
+// config's web, whose /bin/web does not exist and so keeps failing).
+
+// withServices is bootedConfig with its services section replaced by services (YAML list items).
+func withServices(services ...string) string {
+	head := bootedConfig[:strings.Index(bootedConfig, "services:")]
+	if len(services) == 0 {
+		return head + "services: []\n"
+	}
+	return head + "services:\n  - " + strings.Join(services, "\n  - ") + "\n"
+}
+
+func serviceState(m *machine, name string) supervisor.ServiceStatus {
+	for _, s := range m.Services() {
+		if s.Name == name {
+			return s
+		}
+	}
+	return supervisor.ServiceStatus{}
+}
+
+func TestAppliedServicesStartRestartAndStopWithoutTouchingTheOthers(t *testing.T) {
+	c := newConfigMachine(t)
+	extensions := t.TempDir()
+	ext := "name: ext\ncommand: /bin/sh\nargs: [-c, exec sleep 60]\nrestart: always\n"
+	if err := os.WriteFile(filepath.Join(extensions, "ext.yaml"), []byte(ext), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.superviseServices(extensions, ""); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.currentSupervisor().Stop() })
+	wait.Until(t, "ext running", 5*time.Second, func() bool { return serviceState(c.machine, "ext").State == supervisor.StateRunning })
+	extPID := serviceState(c.machine, "ext").PID
+
+	web := "{name: web, command: /bin/sh, args: [-c, exec sleep 60], restart: always}"
+	code, report, msg := c.post(t, "admin", "", withServices(web, "{name: side, command: /bin/sh, args: [-c, exec sleep 61], after: [web]}"))
+	if code != http.StatusOK || sectionOf(report, "services").Result != sectionApplied {
+		t.Fatalf("%d %s: %+v", code, msg, report)
+	}
+	wait.Until(t, "web and side running", 5*time.Second, func() bool {
+		return serviceState(c.machine, "web").State == supervisor.StateRunning && serviceState(c.machine, "side").State == supervisor.StateRunning
+	})
+	if st := serviceState(c.machine, "web"); st.Source != "machine config" || st.Restarts != 0 {
+		t.Errorf("web runs anew from the applied config: %+v", st)
+	}
+	if st := serviceState(c.machine, "ext"); st.PID != extPID {
+		t.Errorf("the extension's service was restarted: pid %d, now %+v", extPID, st)
+	}
+	webPID := serviceState(c.machine, "web").PID
+
+	code, report, msg = c.post(t, "admin", "", withServices(web))
+	if code != http.StatusOK || sectionOf(report, "services").Result != sectionApplied {
+		t.Fatalf("%d %s: %+v", code, msg, report)
+	}
+	wait.Until(t, "side gone", 5*time.Second, func() bool { return serviceState(c.machine, "side").Name == "" })
+	if web, ext := serviceState(c.machine, "web"), serviceState(c.machine, "ext"); web.PID != webPID || ext.PID != extPID {
+		t.Errorf("removing side touched the others: web %+v, ext %+v", web, ext)
+	}
+	if got := c.runningConfig().Services; len(got) != 1 || got[0].Name != "web" {
+		t.Errorf("running config's services: %+v", got)
+	}
+}
+
+func TestAnAppliedServiceSetWithAnUnknownDependencyKeepsWhatRuns(t *testing.T) {
+	c := newConfigMachine(t)
+	if err := c.superviseServices(t.TempDir(), ""); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.currentSupervisor().Stop() })
+	code, _, msg := c.post(t, "admin", "", withServices("{name: lone, command: /bin/sh, args: [-c, exec sleep 60], after: [nowhere]}"))
+	if code != http.StatusOK {
+		t.Fatalf("%d %s", code, msg)
+	}
+	wait.Until(t, "the refusal on the console", 5*time.Second, func() bool {
+		return strings.Contains(strings.Join(c.con.log.Lines(), "\n"), `starts after "nowhere", which is not defined; the running services are kept`)
+	})
+	if st := serviceState(c.machine, "web"); st.Name != "web" {
+		t.Errorf("web (booted) should still be there: %+v", c.Services())
+	}
 }

@@ -197,7 +197,7 @@ class FakeMachine:
         self.configs.append((mode, body))
         sections = [
             {"section": "hostname", "result": "applied" if mode == "auto" else "staged for the next boot"},
-            {"section": "install", "result": "staged for the next boot", "why": "the disk is chosen and set up at boot"},
+            {"section": "install", "result": "staged for the next boot", "why": "the disk is set up at boot"},
             {"section": "api", "result": "unchanged"},
         ]
         report: dict[str, Any] = {"mode": mode, "sections": sections}
@@ -598,7 +598,7 @@ def test_kiln_node_apply_config_prints_each_section(
     assert result.out.splitlines() == [
         f"{machine.endpoint}: config applied, kept in /run/kiln/state/config.json; config/machine version 3",
         "  hostname            applied",
-        "  install             staged for the next boot: the disk is chosen and set up at boot",
+        "  install             staged for the next boot: the disk is set up at boot",
         "  api                 unchanged",
     ]
     assert machine.configs == [("auto", b"hostname: node-2\n")]  # the file as it is

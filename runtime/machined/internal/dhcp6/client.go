@@ -28,25 +28,17 @@ const (
 
 var errNoAnswer = errors.New("no answer from a DHCPv6 server")
 
-// State is where the client is.
-type State int
+// State is internal/dhcp's: the same five states, named alike (Requesting follows an ADVERTISE
+// here, an OFFER there; Rebinding runs to the end of the valid lifetime).
+type State = dhcp.State
 
 const (
-	Init       State = iota // no lease: soliciting servers
-	Requesting              // requesting an advertised address
-	Bound                   // holding a lease until T1
-	Renewing                // T1 to T2: RENEW to the lease's server
-	Rebinding               // T2 to the end of the valid lifetime: REBIND to any server
+	Init       = dhcp.Init
+	Requesting = dhcp.Requesting
+	Bound      = dhcp.Bound
+	Renewing   = dhcp.Renewing
+	Rebinding  = dhcp.Rebinding
 )
-
-var stateNames = [...]string{Init: "init", Requesting: "requesting", Bound: "bound", Renewing: "renewing", Rebinding: "rebinding"}
-
-func (s State) String() string {
-	if s < 0 || int(s) >= len(stateNames) {
-		return "unknown"
-	}
-	return stateNames[s]
-}
 
 // Clock is internal/dhcp's: real time on the machine, a fake one in tests.
 type Clock = dhcp.Clock

@@ -111,7 +111,7 @@ func TestAppliedServicesStartRestartAndStopWithoutTouchingTheOthers(t *testing.T
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.currentSupervisor().Stop() })
-	wait.Until(t, "ext running", 5*time.Second, func() bool { return serviceState(c.machine, "ext").State == supervisor.StateRunning })
+	wait.Until(t, "ext running", 15*time.Second, func() bool { return serviceState(c.machine, "ext").State == supervisor.StateRunning })
 	extPID := serviceState(c.machine, "ext").PID
 
 	web := "{name: web, command: /bin/sh, args: [-c, exec sleep 60], restart: always}"
@@ -119,7 +119,7 @@ func TestAppliedServicesStartRestartAndStopWithoutTouchingTheOthers(t *testing.T
 	if code != http.StatusOK || sectionOf(report, "services").Result != sectionApplied {
 		t.Fatalf("%d %s: %+v", code, msg, report)
 	}
-	wait.Until(t, "web and side running", 5*time.Second, func() bool {
+	wait.Until(t, "web and side running", 15*time.Second, func() bool {
 		return serviceState(c.machine, "web").State == supervisor.StateRunning && serviceState(c.machine, "side").State == supervisor.StateRunning
 	})
 	if st := serviceState(c.machine, "web"); st.Source != "machine config" || st.Restarts != 0 {
@@ -134,7 +134,7 @@ func TestAppliedServicesStartRestartAndStopWithoutTouchingTheOthers(t *testing.T
 	if code != http.StatusOK || sectionOf(report, "services").Result != sectionApplied {
 		t.Fatalf("%d %s: %+v", code, msg, report)
 	}
-	wait.Until(t, "side gone", 5*time.Second, func() bool { return serviceState(c.machine, "side").Name == "" })
+	wait.Until(t, "side gone", 15*time.Second, func() bool { return serviceState(c.machine, "side").Name == "" })
 	if web, ext := serviceState(c.machine, "web"), serviceState(c.machine, "ext"); web.PID != webPID || ext.PID != extPID {
 		t.Errorf("removing side touched the others: web %+v, ext %+v", web, ext)
 	}
@@ -153,7 +153,7 @@ func TestAnAppliedServiceSetWithAnUnknownDependencyKeepsWhatRuns(t *testing.T) {
 	if code != http.StatusOK {
 		t.Fatalf("%d %s", code, msg)
 	}
-	wait.Until(t, "the refusal on the console", 5*time.Second, func() bool {
+	wait.Until(t, "the refusal on the console", 15*time.Second, func() bool {
 		return strings.Contains(strings.Join(c.con.log.Lines(), "\n"), `starts after "nowhere", which is not defined; the running services are kept`)
 	})
 	if st := serviceState(c.machine, "web"); st.Name != "web" {

@@ -180,24 +180,23 @@ func (c *snapshotObserver) Reconcile(_ context.Context, r *resource.Run) error {
 
 // observers are the machine's observed resources' controllers.
 func (m *machine) observers() []resource.Controller {
-	bootState := func() (interface{}, bool) {
-		select {
-		case <-m.isReady: // the boot has found its slots (m.slots is set once, before ready)
-		default:
-			return nil, false
+	// what the boot sets up before ready (the slots, the disk and /var) is read only after it
+	afterReady := func(read func() (interface{}, bool)) func() (interface{}, bool) {
+		return func() (interface{}, bool) {
+			select {
+			case <-m.isReady:
+				return read()
+			default:
+				return nil, false
+			}
 		}
+	}
+	bootState := afterReady(func() (interface{}, bool) {
 		status := m.slots.status()
 		return status, status != nil
-	}
+	})
 	timeStatus := func() (interface{}, bool) { return m.timeStatus(), true }
-	volumes := func() (interface{}, bool) {
-		select {
-		case <-m.isReady: // setupVar has chosen the disk and mounted /var (before ready)
-			return m.volumes(), true
-		default:
-			return nil, false
-		}
-	}
+	volumes := afterReady(func() (interface{}, bool) { return m.volumes(), true })
 	platform := func() (interface{}, bool) { return m.platform.status(), true } // fetched before the controllers start
 	upgrade := func() (interface{}, bool) {
 		status := m.upgrades.snapshot()

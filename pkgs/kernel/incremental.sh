@@ -30,8 +30,9 @@ stamp=$obj/.kiln-stamp
 sums=$obj/.kiln-sources
 marker=$obj/.kiln-building
 
+# every source file's sha256, sorted by line, as comm wants them
 digests() {
-    (cd "$src" && find . -type f -print0 | sort -z | xargs -0 sha256sum) | sort
+    (cd "$src" && find . -type f -print0 | xargs -0 -r sha256sum) | sort
 }
 
 identity() {
@@ -66,7 +67,7 @@ begin)
     find "$src" -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +
     if [ "$kept" = yes ]; then
         # sha256sum's lines are 64 hex digits, two characters, then the path
-        sort "$sums" | comm -13 - /tmp/kiln-sources | cut -c67- > /tmp/kiln-changed
+        comm -13 "$sums" /tmp/kiln-sources | cut -c67- > /tmp/kiln-changed
         (cd "$src" && xargs -r -d '\n' touch -h -- < /tmp/kiln-changed)
         echo "incremental: object tree kept; $(wc -l < /tmp/kiln-changed) source files changed since its last good build"
     else

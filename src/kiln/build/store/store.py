@@ -28,6 +28,7 @@ from typing import Any
 from kiln.build.store.files import fsync_path, rmtree, write_durable
 from kiln.build.store.locks import acquire, held_if_free, release
 from kiln.build.store.manifest import MANIFEST, TreeScan, differences, manifest_bytes, read_manifest
+from kiln.build.store.priority import lend_priority
 from kiln.core.errors import BuildError, InputError, KilnError
 from kiln.core.paths import cache_dir
 
@@ -145,10 +146,15 @@ class Store:
         A lock file of its own (`<key>.build.lock`), apart from the key lock readers share
         (`use`, `Pins`): waiting to build a key never waits for the runs that pin it, so two
         runs pinning each other's outputs cannot deadlock. gc and remove skip a key whose
-        build lock is held. Not reentrant: taking it twice in one thread deadlocks.
+        build lock is held. Not reentrant: taking it twice in one thread deadlocks. A waiter lends
+        the holder its CPU priority (store/priority.py), so a niced build never holds up a key
+        that a build at a better priority waits for.
         """
         path = self._build_lock_path(check_key(key))
-        fd = acquire(path, fcntl.LOCK_EX)
+        fd = acquire(path, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if fd is None:
+            lend_priority(path)
+            fd = acquire(path, fcntl.LOCK_EX)
         assert fd is not None
         try:
             yield

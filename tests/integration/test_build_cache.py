@@ -1,12 +1,16 @@
-"""A step's `cache:` directories, for real in bubblewrap: kept between builds, empty under --check."""
+"""A step's `cache:` directories, for real in bubblewrap: kept between builds, empty under --check; and its
+`scratch:` directories: in memory, empty at every build."""
 
 from __future__ import annotations
 
 import json
 import textwrap
+from pathlib import Path
 
 import pytest
 
+from kiln.build.scratch import memory_base
+from kiln.build.store.store import Store
 from tests.integration.conftest import Project
 
 pytestmark = pytest.mark.integration
@@ -71,3 +75,41 @@ def test_a_failed_no_cache_rebuild_keeps_the_stored_entry(project: Project) -> N
     assert failed.code == 1, failed.err
     again = project.kiln("build", "second-fails", "--json", check=True)
     assert json.loads(again.out)["packages"]["second-fails"]["status"] == "cached"
+
+
+# Writes into its scratch directory in one snippet and reads it in the next; says what it found first
+# and which filesystem holds it; the output holds neither.
+SCRATCH = """\
+name: scratchy
+variant: stage0
+version: "1.0"
+steps:
+  - scratch:
+      - /tmp/build/src
+    prepare:
+      - 'echo "found at start: $(ls -A /tmp/build/src | wc -l)"'
+      - 'echo "filesystem: $(stat -f -c %T /tmp/build/src)"'
+      - echo unpacked > /tmp/build/src/tree
+    build:
+      - 'echo "read in build: $(cat /tmp/build/src/tree)"'
+    install:
+      - mkdir -p /out/share && echo stable > /out/share/stable.txt
+finalize:
+  - from: /out
+    to: /
+"""
+
+
+def test_a_scratch_directory_is_in_memory_for_the_build_and_empty_at_the_next(project: Project) -> None:
+    (project.pkgs / "scratchy").mkdir()
+    (project.pkgs / "scratchy" / "pkg.yaml").write_text(SCRATCH)
+    project.kiln("build", "scratchy", check=True)
+    project.kiln("build", "scratchy", "--no-cache", check=True)  # the same key again: nothing kept
+    log = project.kiln("log", "scratchy", check=True).out
+    assert "found at start: 0" in log and "read in build: unpacked" in log
+    assert "filesystem: tmpfs" in log  # this machine's /dev/shm is a tmpfs with room
+    checked = project.kiln("build", "scratchy", "--check", "--json", check=True)
+    assert json.loads(checked.out)["packages"]["scratchy"]["reproducible"] is True
+    base = memory_base(Store(project.cache))
+    assert base is not None and base.is_relative_to(Path("/dev/shm"))
+    assert list(base.iterdir()) == []  # every build's directories went with it

@@ -193,6 +193,20 @@ CASES: dict[str, tuple[dict[str, str], list[str]]] = {
             "(a directory inside the build root), not '/'"
         ],
     ),
+    "scratch path that is the root": (
+        {"a/pkg.yaml": "name: a\nvariant: stage0\nsteps:\n  - scratch: [/]\nfinalize: [{from: /, to: /}]\n"},
+        [
+            "pkgs/a/pkg.yaml:4: scratch[0] must be an absolute path of letters, digits and '._+-' "
+            "(a directory inside the build root), not '/'"
+        ],
+    ),
+    "finalize from a scratch directory": (
+        {
+            "a/pkg.yaml": "name: a\nvariant: stage0\nsteps:\n  - scratch: [/tmp/src]\n"
+            "finalize:\n  - {from: /out, to: /}\n  - {from: /tmp/src/lib, to: /lib}\n"
+        },
+        ["pkgs/a/pkg.yaml:7: from '/tmp/src/lib' is in a scratch directory, never part of the output"],
+    ),
     "bad network": (
         {"a/pkg.yaml": "name: a\nvariant: stage0\nsteps:\n  - network: host\nfinalize: [{from: /, to: /}]\n"},
         ["pkgs/a/pkg.yaml:4: network must be 'none' or 'default', not 'host'"],

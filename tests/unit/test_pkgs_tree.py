@@ -99,7 +99,8 @@ def test_go_is_bootstrapped_by_stage0s_go() -> None:
 
 def test_the_kernel_compiles_through_a_kept_ccache_and_applies_its_patches(tree: Tree) -> None:
     """kernel and kernel-build: the same patches, ccache in front of every compiler, its cache kept;
-    the kernel keeps its object tree too, between incremental.sh's begin and end around make."""
+    the kernel keeps its object tree too, between incremental.sh's begin and end around make, and
+    unpacks its source into a scratch directory."""
     vars_text = (PKGS / "vars.yaml").read_text()
     assert f'ccache_path: "/tmp/ccache-bin:{rootplan.PATH}"' in vars_text  # the step's PATH, ccache first
     for name in ("kernel", "kernel-build"):
@@ -109,8 +110,13 @@ def test_the_kernel_compiles_through_a_kept_ccache_and_applies_its_patches(tree:
         assert env["CCACHE_DIR"] == "/tmp/ccache" and env["PATH"].startswith("/tmp/ccache-bin:"), name
         assert any(source.destination == "kiln/patches" for source in step.sources), name
         prepare = "\n".join(step.prepare)
-        assert prepare.index("tar -xf") < prepare.index("kiln/patches/*.patch") < prepare.index("compiler_check")
-    build = tree.packages["kernel"].steps[0].build
+        assert (
+            prepare.index("-xf linux.tar.xz") < prepare.index("kiln/patches/*.patch") < prepare.index("compiler_check")
+        )
+        assert "xz -T0" in prepare, name  # the tarball's blocks decompressed on every core
+    kernel = tree.packages["kernel"].steps[0]
+    assert kernel.scratch == ("/tmp/build/linux",)  # the source tree in memory: O= builds leave it untouched
+    build = kernel.build
     assert build[0].startswith("sh kiln/incremental.sh begin /tmp/build/linux /tmp/build/obj")
     assert "kconfig.sh" in build[1]
     make = next(snippet for snippet in build if " modules" in snippet)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from kiln.build import buildcache
+from kiln.build import buildcache, scratch
 from kiln.build.cache_keys import local_source_digest, stage0_key, tree_digest
 from kiln.build.cancel import TOKEN
 from kiln.build.emulation import cannot_run_reason
@@ -189,6 +189,7 @@ class Builder:
             caches = stack.enter_context(
                 buildcache.held(self.store.root, name, self.graph.tree.platform.arch, _cache_paths(package))
             )
+            caches |= stack.enter_context(scratch.held(self.store, staging, _scratch_paths(package)))
             return self._build(package, key, staging, log, on_phase, start, caches, replace=replace)
 
     def _build(
@@ -224,10 +225,10 @@ class Builder:
         package = self.graph.tree.packages[name]
         log.parent.mkdir(parents=True, exist_ok=True)
         caches = buildcache.empty(staging / "caches", _cache_paths(package))
-        with log.open("wb") as out:
+        with log.open("wb") as out, scratch.held(self.store, staging, _scratch_paths(package)) as scratches:
             on_phase("sources")
             with contextlib.closing(self.prepare_root(package, staging / "work")) as root:
-                self._steps(package, root, staging, log, out, on_phase, caches)
+                self._steps(package, root, staging, log, out, on_phase, caches | scratches)
         shutil.rmtree(staging / "work")
         shutil.rmtree(staging / "caches", ignore_errors=True)
         return staging / "tree"
@@ -319,13 +320,13 @@ class Builder:
         on_phase: Callable[[str], None],
         caches: dict[str, Path],
     ) -> None:
-        """Run every snippet in order, with the step's cache directories, then finalize into staging/tree."""
+        """Run every snippet in order, with the step's cache and scratch directories; finalize into staging/tree."""
         name = package.name
         tree = self.graph.tree
         no_tests = cannot_run_reason(tree.platform.carch) if tree.cross else None
         for s_index, step in enumerate(package.steps, start=1):
             env = self.env(step.env)
-            mounts = [(caches[path], path) for path in step.cache]
+            mounts = [(caches[path], path) for path in (*step.cache, *step.scratch)]
             for phase, script in step.snippets():
                 if phase == "test" and no_tests:
                     on_phase(f"step {s_index} test skipped")
@@ -355,6 +356,10 @@ class Builder:
 
 def _cache_paths(package: Package) -> list[str]:
     return [path for step in package.steps for path in step.cache]
+
+
+def _scratch_paths(package: Package) -> list[str]:
+    return [path for step in package.steps for path in step.scratch]
 
 
 def _mark(out: IO[bytes], text: str) -> None:

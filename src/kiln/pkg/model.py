@@ -6,6 +6,7 @@ import fnmatch
 import functools
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -58,6 +59,7 @@ class Step:
     env: tuple[tuple[str, str], ...] = ()
     network: str = "none"
     cache: tuple[str, ...] = ()  # directories kept between builds of the package (kiln.build.buildcache)
+    scratch: tuple[str, ...] = ()  # directories that start empty, in memory where the runner can (kiln.build.scratch)
     prepare: tuple[str, ...] = ()
     build: tuple[str, ...] = ()
     install: tuple[str, ...] = ()
@@ -133,6 +135,7 @@ class Package:
                 env=tuple(sorted((str(k), _env_value(v)) for k, v in st.get("env", {}).items())),
                 network=st.get("network", "none"),
                 cache=tuple(st.get("cache", [])),
+                scratch=tuple(st.get("scratch", [])),
                 **{phase: tuple(st.get(phase, [])) for phase in SNIPPET_PHASES},
             )
             for st in spec.get("steps", [])
@@ -170,6 +173,7 @@ class Package:
                     "network": st.network,
                     # Only when declared: keys of steps without caches stay what they were.
                     **({"cache": list(st.cache)} if st.cache else {}),
+                    **({"scratch": list(st.scratch)} if st.scratch else {}),
                     **{phase: list(getattr(st, phase)) for phase in SNIPPET_PHASES},
                 }
                 for st in self.steps
@@ -191,8 +195,9 @@ def _path_fields(spec: dict[str, Any]) -> list[tuple[Path_, Any, bool, bool]]:
             for key in ("destination", "path"):
                 if key in source:
                     fields.append((("steps", i, "sources", j, key), source[key], False, False))
-        for j, directory in enumerate(step.get("cache", [])):
-            fields.append((("steps", i, "cache", j), directory, True, True))
+        for kind in ("cache", "scratch"):
+            for j, directory in enumerate(step.get(kind, [])):
+                fields.append((("steps", i, kind, j), directory, True, True))
     for i, fin in enumerate(spec.get("finalize", [])):
         for key in ("from", "to"):
             fields.append((("finalize", i, key), fin.get(key), True, False))
@@ -215,11 +220,12 @@ def _check_paths(spec: dict[str, Any], file: Path, positions: Positioned, templa
             errors.append(InputError(f"{path[-1]} {problem}, not {value!r}", where(path)))
     for path, value, absolute, mount in _path_fields(spec):
         problem = path_problem(value, absolute=absolute, mount=mount)
-        label = path[-1] if isinstance(path[-1], str) else path[-2]  # cache entries are list items
-        if problem is None and label == "cache" and os.path.normpath(value) == "/":
+        label = path[-1] if isinstance(path[-1], str) else path[-2]  # cache and scratch entries are list items
+        if problem is None and label in ("cache", "scratch") and os.path.normpath(value) == "/":
             problem = "must name a directory below /"
         if problem:
             errors.append(InputError(f"{label} {problem}, not {value!r}", where(path)))
+    errors += _finalize_from_scratch(spec, where)
     for i, step in enumerate(spec.get("steps", [])):
         for key in step.get("env", {}):
             if not isinstance(key, str) or not _ENV_NAME.fullmatch(key):
@@ -233,6 +239,30 @@ def _check_paths(spec: dict[str, Any], file: Path, positions: Positioned, templa
 
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _finalize_from_scratch(spec: dict[str, Any], where: Callable[[Path_], Location]) -> list[InputError]:
+    """A finalize that copies from a scratch directory: refused, as a runner may hold it outside the root."""
+    scratch = [
+        os.path.normpath(path)
+        for step in spec.get("steps", [])
+        for path in step.get("scratch", [])
+        if isinstance(path, str) and path.startswith("/")
+    ]
+    errors = []
+    for i, fin in enumerate(spec.get("finalize", [])):
+        source = fin.get("from")
+        if not isinstance(source, str) or not source.startswith("/"):
+            continue
+        source = os.path.normpath(source)
+        if any(source == path or source.startswith(path + "/") for path in scratch):
+            errors.append(
+                InputError(
+                    f"from {source!r} is in a scratch directory, never part of the output",
+                    where(("finalize", i, "from")),
+                )
+            )
+    return errors
 
 
 MAX_LICENSE = 1000

@@ -409,6 +409,16 @@ class Store:
                     removed.append(name)
         return removed
 
+    @contextmanager
+    def unless_staging_live(self, name: str) -> Iterator[bool]:
+        """True for the block if `name` is a staging dir's name and no live build holds its lock (which
+        is held meanwhile, so no build can take that name); False otherwise."""
+        if not STAGING_RE.fullmatch(name):
+            yield False
+            return
+        with held_if_free(self._lock_path(name)) as free:
+            yield free
+
     def clean_locks(self) -> int:
         """Remove key lock files nobody holds (a killed process cannot unlink its own); return how many."""
         if not self.locks_dir.is_dir():

@@ -76,7 +76,7 @@ def remove_dead(store: Store, base: Path) -> list[str]:
     removed = []
     for entry in sorted(base.iterdir()):
         with store.unless_staging_live(entry.name) as dead:
-            if dead:
+            if dead and entry.exists():  # another build may have just removed it
                 rmtree(entry)
                 removed.append(entry.name)
     return removed

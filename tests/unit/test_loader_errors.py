@@ -207,6 +207,10 @@ CASES: dict[str, tuple[dict[str, str], list[str]]] = {
         },
         ["pkgs/a/pkg.yaml:7: from '/tmp/src/lib' is in a scratch directory, never part of the output"],
     ),
+    "finalize from a directory holding a scratch directory": (
+        {"a/pkg.yaml": "name: a\nvariant: stage0\nsteps:\n  - scratch: [/tmp/src]\nfinalize: [{from: /, to: /}]\n"},
+        ["pkgs/a/pkg.yaml:5: from '/' holds the scratch directory '/tmp/src', never part of the output"],
+    ),
     "bad network": (
         {"a/pkg.yaml": "name: a\nvariant: stage0\nsteps:\n  - network: host\nfinalize: [{from: /, to: /}]\n"},
         ["pkgs/a/pkg.yaml:4: network must be 'none' or 'default', not 'host'"],

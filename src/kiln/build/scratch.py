@@ -28,7 +28,6 @@ from kiln.build.store.files import rmtree
 from kiln.build.store.store import Store
 
 SHM = Path("/dev/shm")
-TMPFS_MAGIC = 0x01021994
 MIN_FREE = 4 << 30  # room for a kernel's source tree and then some
 
 

@@ -242,7 +242,8 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def _finalize_from_scratch(spec: dict[str, Any], where: Callable[[Path_], Location]) -> list[InputError]:
-    """A finalize that copies from a scratch directory: refused, as a runner may hold it outside the root."""
+    """A finalize that copies from a scratch directory, or from a directory holding one: refused, as a
+    runner may hold it outside the root."""
     scratch = [
         os.path.normpath(path)
         for step in spec.get("steps", [])
@@ -255,13 +256,17 @@ def _finalize_from_scratch(spec: dict[str, Any], where: Callable[[Path_], Locati
         if not isinstance(source, str) or not source.startswith("/"):
             continue
         source = os.path.normpath(source)
-        if any(source == path or source.startswith(path + "/") for path in scratch):
-            errors.append(
-                InputError(
-                    f"from {source!r} is in a scratch directory, never part of the output",
-                    where(("finalize", i, "from")),
-                )
-            )
+        inside = [path for path in scratch if source == path or source.startswith(path + "/")]
+        holds = [path for path in scratch if path.startswith(source.rstrip("/") + "/")]
+        if inside:
+            problem = "is in a scratch directory"
+        elif holds:  # the sandbox would copy an empty mount point, docker the tree: runners would differ
+            problem = f"holds the scratch directory {holds[0]!r}"
+        else:
+            continue
+        errors.append(
+            InputError(f"from {source!r} {problem}, never part of the output", where(("finalize", i, "from")))
+        )
     return errors
 
 

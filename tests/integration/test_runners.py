@@ -98,9 +98,12 @@ dependencies:
 steps:
   - env: {GREETING: hi there}
     cache: [/var/cache/uses-tc]
+    scratch: [/tmp/build/unpacked]
+    prepare:
+      - echo "$GREETING" > /tmp/build/unpacked/word
     build:
       - test -d /var/cache/uses-tc && touch /var/cache/uses-tc/seen
-      - mkdir res && kiln-tool "$GREETING" > res/result
+      - mkdir res && kiln-tool "$(cat /tmp/build/unpacked/word)" > res/result
       - test -f /usr/include/greet/greet.h
       - ln -s result res/link && chmod 640 res/result
 finalize:

@@ -166,6 +166,8 @@ class Exporter:
         lines = ["ENV " + " ".join(f"{k}={json.dumps(v)}" for k, v in sorted(env.items()))]
         for step in package.steps:
             exports = "".join(f"export {k}={shlex.quote(v)}; " for k, v in sorted(step.env))
+            if step.scratch:  # a plain directory here, there from the step's first snippet on as in the sandbox
+                exports += "mkdir -p " + " ".join(shlex.quote(path) for path in step.scratch) + "; "
             if step.network == "default":
                 result.networked.append(package.name)
             flag = ""

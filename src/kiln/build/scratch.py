@@ -10,8 +10,9 @@ Where: `/dev/shm/kiln-scratch-<uid>-<store digest>/<staging name>/<name per path
 tmpfs with `MIN_FREE` bytes free, else `<staging>/scratch/<name per path>` on the store's disk. /dev/shm
 is writable by every user, so the memory directory is made here (mode 0700) and used only if lstat
 shows a real directory of ours: a link or directory someone planted there is never followed or
-used. A build's directories go when the build ends; what a killed build left goes at the next build
-that uses scratch directories (the directories of staging dirs whose lock nobody holds).
+used. A build's directories go when the build ends (and the store's memory directory with the last of
+them); what a killed build left goes at the next build that uses scratch directories (the
+directories of staging dirs whose lock nobody holds).
 """
 
 from __future__ import annotations
@@ -72,8 +73,12 @@ def _is_tmpfs(path: Path) -> bool:
 
 def remove_dead(store: Store, base: Path) -> list[str]:
     """Remove the scratch directories of builds that are gone (their staging lock is free); their names."""
-    removed = []
-    for entry in sorted(base.iterdir()):
+    removed: list[str] = []
+    try:
+        entries = sorted(base.iterdir())
+    except FileNotFoundError:  # the last build of this store removed it meanwhile
+        return removed
+    for entry in entries:
         with store.unless_staging_live(entry.name) as dead:
             if dead and entry.exists():  # another build may have just removed it
                 rmtree(entry)
@@ -89,13 +94,7 @@ def held(store: Store, staging: Path, paths: Iterable[str], shm: Path = SHM) -> 
     if not wanted:
         yield {}
         return
-    base = memory_base(store, shm)
-    if base is not None:
-        remove_dead(store, base)
-        top = base / staging.name
-    else:
-        top = staging / "scratch"
-    os.mkdir(top, 0o700)
+    top = _make_top(store, staging, shm)
     try:
         directories = {path: top / cache_name(path) for path in wanted}
         for directory in directories.values():
@@ -103,3 +102,22 @@ def held(store: Store, staging: Path, paths: Iterable[str], shm: Path = SHM) -> 
         yield directories
     finally:
         rmtree(top)
+        if top.parent != staging:
+            with contextlib.suppress(OSError):  # another build's directories are still in it
+                top.parent.rmdir()  # the store's memory directory goes with its last build
+
+
+def _make_top(store: Store, staging: Path, shm: Path) -> Path:
+    """The build's own directory: in this store's memory directory, or in the staging dir."""
+    for _ in range(3):
+        base = memory_base(store, shm)
+        if base is None:
+            break
+        remove_dead(store, base)
+        try:
+            os.mkdir(base / staging.name, 0o700)
+            return base / staging.name
+        except FileNotFoundError:
+            continue  # the last build of this store removed the empty memory directory meanwhile
+    os.mkdir(staging / "scratch", 0o700)
+    return staging / "scratch"

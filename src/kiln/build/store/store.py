@@ -400,7 +400,7 @@ class Store:
             names.update(p.stem for p in self.locks_dir.glob("*.lock") if STAGING_RE.fullmatch(p.stem))
         removed: list[str] = []
         for name in sorted(names):
-            with held_if_free(self._lock_path(name)) as free:
+            with self.unless_staging_live(name) as free:
                 if not free:
                     continue  # a live builder
                 target = self.tmp_dir / name

@@ -143,23 +143,18 @@ class Machine:
         is a SCSI CD on virtio-scsi and the booted disk a virtio-blk device that can carry a boot index."""
         args = []
         if self.cdrom and self.arch == "arm64":
-            args += [
-                "-drive",
+            args += _on_bus(
                 f"file={self.cdrom},format=raw,media=cdrom,readonly=on,if=none,id=cd0",
-                "-device",
                 "virtio-scsi-pci,id=scsi0",
-                "-device",
                 "scsi-cd,drive=cd0,bus=scsi0.0,bootindex=0",
-            ]
+            )
         elif self.cdrom:
             args += ["-drive", f"file={self.cdrom},media=cdrom,readonly=on,if=ide,index=1"]
         if self.disk and self.arch == "arm64":
-            args += [
-                "-drive",
+            args += _on_bus(
                 f"file={self.disk},format={self.disk_format},if=none,id=disk0,snapshot=on",
-                "-device",
                 "virtio-blk-pci,drive=disk0,bootindex=1",
-            ]
+            )
         elif self.disk:
             args += ["-drive", f"file={self.disk},format={self.disk_format},if=virtio,snapshot=on"]
         if self.efi_disk:
@@ -185,6 +180,11 @@ class Machine:
             net += f",tftp={self.pxe},bootfile={self.pxe_bootfile or platform.pxe_bootfile}"
             nic += ",bootindex=0"
         return ["-netdev", net, "-device", nic, "-device", "virtio-rng-pci"]
+
+
+def _on_bus(drive: str, *devices: str) -> list[str]:
+    """A drive with no interface of its own (`if=none`) and the devices that put it on a bus."""
+    return ["-drive", drive, *(arg for device in devices for arg in ("-device", device))]
 
 
 def machine_for(artifact: Path, arch: str | None = None) -> Machine:

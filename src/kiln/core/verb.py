@@ -32,3 +32,14 @@ class Context(Generic[G]):
         """The package graph for `platform` (a platform such as linux/arm64), else --platform's, else the
         default platform: every tree of --pkgs, --set's variables, the release version, --from-tar's seed."""
         return self.loader(platform)
+
+
+def generate_action(
+    parser: argparse.ArgumentParser, dest: str, text: str, doc: str, dir_help: str
+) -> tuple[argparse._SubParsersAction[argparse.ArgumentParser], argparse.ArgumentParser]:
+    """The ACTION subcommands of a verb that makes secrets into a directory, and their first,
+    `generate DIR`: `kiln keys` and `kiln secrets` take the same shape, so their help reads alike."""
+    actions = parser.add_subparsers(dest=dest, metavar="ACTION", required=True)
+    generate = actions.add_parser("generate", help=text, description=f"{text} ({doc})")
+    generate.add_argument("dir", metavar="DIR", help=dir_help)
+    return actions, generate

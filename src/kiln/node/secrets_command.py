@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from kiln.core.errors import InputError, display_path, printable
-from kiln.core.verb import Context
+from kiln.core.verb import Context, generate_action
 from kiln.node import pki
 
 
@@ -18,10 +18,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "api: section, each client's certificate (role admin, operator or reader) and kiln node config "
         "(docs/machine-config.md#the-api)"
     )
-    actions = parser.add_subparsers(dest="secrets_action", metavar="ACTION", required=True)
-    text = "write a fleet's two CAs (machines, clients), machines' API certificates and clients' certificates into DIR"
-    gen = actions.add_parser("generate", help=text, description=f"{text} (docs/machine-config.md#the-api)")
-    gen.add_argument("dir", metavar="DIR", help="the fleet's directory; created with mode 0700 if missing")
+    actions, gen = generate_action(
+        parser,
+        "secrets_action",
+        "write a fleet's two CAs (machines, clients), machines' API certificates and clients' certificates into DIR",
+        "docs/machine-config.md#the-api",
+        "the fleet's directory; created with mode 0700 if missing",
+    )
     gen.add_argument(
         "--machine",
         action="append",

@@ -7,17 +7,20 @@ import json
 from pathlib import Path
 
 from kiln.core.errors import InputError, display_path, printable
-from kiln.core.verb import Context
+from kiln.core.verb import Context, generate_action
 from kiln.signing.generate import MAX_NAME, add_missing, files, generate
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """`kiln keys ACTION`: only `generate` so far."""
     parser.description = "make your own Secure Boot, kernel module and release keys (docs/secure-boot.md)"
-    actions = parser.add_subparsers(dest="keys_action", metavar="ACTION", required=True)
-    text = "write new Secure Boot (PK, KEK, db), kernel module and release keys into DIR"
-    gen = actions.add_parser("generate", help=text, description=f"{text} (docs/secure-boot.md)")
-    gen.add_argument("dir", metavar="DIR", help="the key directory; created with mode 0700 if missing")
+    _, gen = generate_action(
+        parser,
+        "keys_action",
+        "write new Secure Boot (PK, KEK, db), kernel module and release keys into DIR",
+        "docs/secure-boot.md",
+        "the key directory; created with mode 0700 if missing",
+    )
     gen.add_argument(
         "--name",
         default="Kiln",

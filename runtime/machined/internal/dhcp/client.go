@@ -103,20 +103,11 @@ func (c *Client) Run(ctx context.Context) {
 	c.Hooks.Cycle(ctx, c.acquire, c.hold)
 }
 
-// acquire runs DISCOVER exchanges until one gives a lease; false when ctx ended.
+// acquire runs DISCOVER exchanges until one gives a lease; false when ctx ended. After a NAK
+// or a broken socket it waits before the next, so as not to loop tightly.
 func (c *Client) acquire(ctx context.Context) (Lease, bool) {
 	retry := c.backoff()
-	for {
-		c.Hooks.Enter(Init)
-		l, err := c.discover(ctx)
-		if ctx.Err() != nil {
-			return Lease{}, false
-		}
-		if err == nil {
-			return l, true
-		}
-		c.clk.Sleep(ctx, retry.wait()) // after a NAK or a broken socket: not in a tight loop
-	}
+	return c.Hooks.Acquire(ctx, c.clk, Init, c.discover, func(error) time.Duration { return retry.wait() })
 }
 
 // discover runs DISCOVER, OFFER, REQUEST, ACK.
@@ -144,25 +135,13 @@ func (c *Client) discover(ctx context.Context) (Lease, error) {
 // hold keeps a lease: BOUND until T1, then extend. It returns the last lease and why it
 // was lost, or no reason when ctx ended.
 func (c *Client) hold(ctx context.Context, l Lease) (Lease, string) {
-	for {
-		c.Hooks.Enter(Bound)
-		c.clk.Sleep(ctx, l.Start.Add(l.Renew).Sub(c.clk.Now()))
-		if ctx.Err() != nil {
-			return l, ""
+	renewAt := func(l Lease) time.Time { return l.Start.Add(l.Renew) }
+	return c.Hooks.Hold(ctx, c.clk, Bound, l, renewAt, c.extend, func(err error) string {
+		if errors.Is(err, errNak) {
+			return "refused by the server (NAK)"
 		}
-		next, err := c.extend(ctx, l)
-		switch {
-		case ctx.Err() != nil:
-			return l, ""
-		case err == nil:
-			c.Hooks.Extended(next)
-			l = next
-		case errors.Is(err, errNak):
-			return l, "refused by the server (NAK)"
-		default:
-			return l, "expired"
-		}
-	}
+		return "expired"
+	})
 }
 
 // extend asks the lease's server (RENEWING, until T2), then any server (REBINDING, until
@@ -180,13 +159,9 @@ func (c *Client) extend(ctx context.Context, l Lease) (Lease, error) {
 // renew sends REQUESTs carrying our address in ciaddr and neither a requested address nor
 // a server id (RFC 2131 table 5), to server (nil: broadcast), until an answer or until.
 func (c *Client) renew(ctx context.Context, l Lease, server net.IP, until time.Time) (Lease, error) {
-	if !c.clk.Now().Before(until) {
+	t, ok := OpenBy(ctx, c.clk, until, c.Open)
+	if !ok {
 		return Lease{}, errNoAnswer
-	}
-	t, err := c.Open()
-	if err != nil {
-		c.clk.Sleep(ctx, until.Sub(c.clk.Now()))
-		return Lease{}, err
 	}
 	defer t.Close()
 	wait := func() time.Duration { return c.renewWait(until) }

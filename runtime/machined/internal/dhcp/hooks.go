@@ -58,6 +58,63 @@ func (h HooksFor[S, L]) Cycle(ctx context.Context, acquire func(context.Context)
 	}
 }
 
+// Acquire runs attempt, in state init, until it gives a lease; false when ctx ended. After a
+// failed attempt it sleeps what rest says for that error (0: try again at once).
+func (h HooksFor[S, L]) Acquire(ctx context.Context, clk Clock, init S, attempt func(context.Context) (L, error),
+	rest func(error) time.Duration) (L, bool) {
+	for {
+		h.Enter(init)
+		l, err := attempt(ctx)
+		if ctx.Err() != nil {
+			var none L
+			return none, false
+		}
+		if err == nil {
+			return l, true
+		}
+		clk.Sleep(ctx, rest(err))
+	}
+}
+
+// Hold keeps lease l: in state bound until renewAt(l), then extend it, again and again. It
+// returns the last lease and why it was lost (lostBecause names extend's error), or no reason
+// when ctx ended.
+func (h HooksFor[S, L]) Hold(ctx context.Context, clk Clock, bound S, l L, renewAt func(L) time.Time,
+	extend func(context.Context, L) (L, error), lostBecause func(error) string) (L, string) {
+	for {
+		h.Enter(bound)
+		clk.Sleep(ctx, renewAt(l).Sub(clk.Now()))
+		if ctx.Err() != nil {
+			return l, ""
+		}
+		next, err := extend(ctx, l)
+		switch {
+		case ctx.Err() != nil:
+			return l, ""
+		case err != nil:
+			return l, lostBecause(err)
+		}
+		h.Extended(next)
+		l = next
+	}
+}
+
+// OpenBy gives open's transport for an exchange that must end by until, and false when until
+// has passed or open failed; after a failure it first waits until then, so that a renewal
+// does not loop on a broken socket.
+func OpenBy[T any](ctx context.Context, clk Clock, until time.Time, open func() (T, error)) (T, bool) {
+	var none T
+	if !clk.Now().Before(until) {
+		return none, false
+	}
+	t, err := open()
+	if err != nil {
+		clk.Sleep(ctx, until.Sub(clk.Now()))
+		return none, false
+	}
+	return t, true
+}
+
 // NewRand seeds a client's randomness from the time with the MAC mixed in, so that identical
 // VMs booted in the same instant (with the same clock) still pick different transaction ids
 // and jitter.

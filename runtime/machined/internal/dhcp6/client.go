@@ -74,22 +74,16 @@ func (c *Client) Run(ctx context.Context) {
 	c.Hooks.Cycle(ctx, c.acquire, c.hold)
 }
 
-// acquire runs SOLICIT conversations until one gives a lease; false when ctx ended.
+// acquire runs SOLICIT conversations until one gives a lease; false when ctx ended. After a
+// refusal or no socket it waits before the next, so as not to loop tightly.
 func (c *Client) acquire(ctx context.Context) (Lease, bool) {
 	retry := c.backoff(solTimeout, solMaxRT)
-	for {
-		c.Hooks.Enter(Init)
-		l, err := c.solicit(ctx)
-		if ctx.Err() != nil {
-			return Lease{}, false
+	return c.Hooks.Acquire(ctx, c.clk, Init, c.solicit, func(err error) time.Duration {
+		if err == errNoAnswer {
+			return 0
 		}
-		if err == nil {
-			return l, true
-		}
-		if err != errNoAnswer { // a refusal or no socket: not in a tight loop
-			c.clk.Sleep(ctx, retry.wait())
-		}
-	}
+		return retry.wait()
+	})
 }
 
 // solicit runs SOLICIT, ADVERTISE, REQUEST, REPLY. The first ADVERTISE with an address is
@@ -123,26 +117,14 @@ func (c *Client) solicit(ctx context.Context) (Lease, error) {
 // hold keeps a lease: BOUND until T1, then extend. It returns the last lease and why it
 // was lost, or no reason when ctx ended.
 func (c *Client) hold(ctx context.Context, l Lease) (Lease, string) {
-	for {
-		c.Hooks.Enter(Bound)
-		c.clk.Sleep(ctx, l.Start.Add(l.T1).Sub(c.clk.Now()))
-		if ctx.Err() != nil {
-			return l, ""
-		}
-		next, err := c.extend(ctx, l)
+	renewAt := func(l Lease) time.Time { return l.Start.Add(l.T1) }
+	return c.Hooks.Hold(ctx, c.clk, Bound, l, renewAt, c.extend, func(err error) string {
 		var refused statusError
-		switch {
-		case ctx.Err() != nil:
-			return l, ""
-		case err == nil:
-			c.Hooks.Extended(next)
-			l = next
-		case errors.As(err, &refused):
-			return l, "ended by the server: " + refused.Error()
-		default:
-			return l, "expired"
+		if errors.As(err, &refused) {
+			return "ended by the server: " + refused.Error()
 		}
-	}
+		return "expired"
+	})
 }
 
 // extend sends RENEW to the lease's server until T2, then REBIND to any server until the
@@ -160,12 +142,8 @@ func (c *Client) extend(ctx context.Context, l Lease) (Lease, error) {
 // renew sends RENEW (naming the server) or REBIND (naming none) for the lease's address
 // until an answer or until.
 func (c *Client) renew(ctx context.Context, l Lease, msgType byte, until time.Time) (Lease, error) {
-	if !c.clk.Now().Before(until) {
-		return Lease{}, errNoAnswer
-	}
-	t, err := c.Open()
-	if err != nil {
-		c.clk.Sleep(ctx, until.Sub(c.clk.Now()))
+	t, ok := dhcp.OpenBy(ctx, c.clk, until, c.Open)
+	if !ok {
 		return Lease{}, errNoAnswer
 	}
 	defer t.Close()

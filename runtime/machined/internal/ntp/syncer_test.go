@@ -22,7 +22,9 @@ func startSyncerSaying(t *testing.T, skew time.Duration, servers []string, say f
 	f := newFakeClock(skew)
 	s := New(servers, say)
 	s.Clock, s.Setter = f, f
-	s.timeout = 300 * time.Millisecond
+	// a query's wait for a reply: long, so that a loaded machine's late scheduling of the fake
+	// servers is not a lost answer (a dead server's port answers at once with ICMP unreachable)
+	s.timeout = 5 * time.Second
 	s.gap = 10 * time.Millisecond
 	testkit.RunUntilStopped(t, 5*time.Second, s.Run)
 	return s, f

@@ -152,7 +152,9 @@ func TestOversizedAnswer(t *testing.T) {
 	// may; the limit, not the clock, is what this checks
 	defer func(d time.Duration) { requestTimeout = d }(requestTimeout)
 	requestTimeout = time.Minute
-	_, err := mustLookup(t, "aws").Fetch(context.Background(), testEnv(big.URL))
+	env := testEnv(big.URL)
+	env.Deadline = time.Minute // the whole fetch's bound too, not only each request's
+	_, err := mustLookup(t, "aws").Fetch(context.Background(), env)
 	wantErr(t, err, "aws: latest/user-data: answer too large", strconv.Itoa(MaxUserData))
 }
 

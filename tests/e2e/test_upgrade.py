@@ -547,11 +547,14 @@ def test_a_power_cut_at_each_step_of_an_upgrade_leaves_a_machine_that_boots(worl
 
 
 LIVE_ADDRESS = "10.0.2.88/24"
+# a service the booted config does not have, started by the services controller once applied
+LIVE_SERVICE = {"name": "probe", "command": "/usr/sbin/blkid", "type": "oneshot", "restart": "never"}
 
 
 def apply_config_live(world: World, session: Session) -> None:
     """`kiln node apply-config` on a running machine: eth0 keeps its DHCP lease (the way in for the API)
-    and takes a static address too, live; `kiln node get` and the status read it back. The machine's
+    and takes a static address too, live, and a new service runs; `kiln node get` and the status read
+    them back. The machine's
     config comes from kiln.config=, so a staged config is refused and what waits for a boot is not kept.
     The config keeps what the upgrade after it needs (its registries, allow_unsigned)."""
     config = world.work / "live.json"
@@ -561,6 +564,7 @@ def apply_config_live(world: World, session: Session) -> None:
         "network": {"interfaces": [{"name": "eth0", "addresses": [LIVE_ADDRESS], "dhcp": True}]},
         "registries": registries,
         "allow_unsigned": True,
+        "services": [LIVE_SERVICE],
     }
     config.write_text(json.dumps(document))
     pki = world.pki
@@ -569,6 +573,7 @@ def apply_config_live(world: World, session: Session) -> None:
     report = json.loads(kiln("node", "apply-config", str(config), "--json", *nodes).stdout)
     results = {s["section"]: s["result"] for s in report["sections"]}
     assert results["network"] == "applied" and results["hostname"] == "unchanged", report
+    assert results["services"] == "applied", report
     assert results["api"] == "not applied", report  # the next boot reads kiln.config= again
     deadline = time.monotonic() + 60
     while True:  # network/status reaches the answer's config version once the network is applied
@@ -589,6 +594,15 @@ def apply_config_live(world: World, session: Session) -> None:
         assert time.monotonic() < deadline, listed
         time.sleep(1)
     session.wait_for(f"machined: network: eth0: {LIVE_ADDRESS} (static)", timeout=30)
+    session.wait_for("machined: services: started probe", timeout=30)
+    deadline = time.monotonic() + 30
+    while True:  # the service ran, as its service/status resource says
+        listed = json.loads(kiln("node", "get", "services", "-o", "json", *nodes).stdout)
+        probe = {r["id"]: r["spec"] for r in listed[0]["resources"]}.get("probe")
+        if probe and probe["state"] == "exited" and probe["source"] == "machine config":
+            break
+        assert time.monotonic() < deadline, listed
+        time.sleep(1)
     code, answer = api(session.port, pki, "POST", "/v1/config?mode=staged", document)
     assert code == 409 and "kiln.config=" in str(answer["error"]), answer
 

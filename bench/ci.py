@@ -11,7 +11,8 @@ empty directory (`--home DIR`, which must hold no Kiln store: on a fresh machine
 so the run also leaves the store warm for CI) and removes Docker's images and build cache first;
 the apt packages stay installed. Without `--cold` it measures a warm run on this machine's stores.
 
-Run: `.venv/bin/python bench/ci.py [--cold] [--label TEXT]`. Appends to bench/results/ci.json.
+Run: `.venv/bin/python bench/ci.py [--cold] [--label TEXT]`. Appends to bench/results/ci.json. A run stopped
+before its end (a session's time ran out) is recorded from what it wrote with `--stopped --work DIR`.
 """
 
 from __future__ import annotations
@@ -108,13 +109,86 @@ def run_ci(clone: Path, env: dict[str, str], log: Path) -> tuple[int, list[tuple
     return code, lines, time.monotonic() - began
 
 
+def read_log(log: Path) -> tuple[list[tuple[float, str]], float]:
+    """The stamped lines of a run's log (as run_ci writes them) and its last stamp."""
+    lines: list[tuple[float, str]] = []
+    for raw in log.read_text(errors="replace").splitlines():
+        stamp, _, text = raw.strip(" ").partition(" ")
+        try:
+            lines.append((float(stamp), text))
+        except ValueError:
+            if lines:  # a line that came without its newline-terminated stamp: part of the one before
+                lines[-1] = (lines[-1][0], lines[-1][1] + raw)
+    return lines, (lines[-1][0] if lines else 0.0)
+
+
+BUILT_IN = re.compile(r"built in ([0-9.]+) s")
+
+
+def store_builds(logs: Path) -> dict[str, float]:
+    """Each package the run's store built, and its longest build's seconds (its store logs), finished ones only."""
+    found: dict[str, float] = {}
+    for log in logs.glob("*/*.log"):
+        if log.is_symlink():
+            continue
+        seconds = [float(m[1]) for m in BUILT_IN.finditer(log.read_text(errors="replace"))]
+        if seconds:
+            found[log.parent.name] = max(found.get(log.parent.name, 0.0), *seconds)
+    return dict(sorted(found.items()))
+
+
+def result_of(
+    lines: list[tuple[float, str]], total: float, code: int | None, junit: Path, commit: str, kind: str, label: str
+) -> dict[str, object]:
+    """The record bench/results/ci.json keeps of one run (exit None: the run was stopped before its end)."""
+    return {
+        "date": datetime.now(UTC).strftime("%Y-%m-%d"),
+        "commit": commit[:12],
+        "kind": kind,
+        "label": label,
+        "exit": code,
+        "total_min": round(total / 60, 1),
+        "budget_min": BUDGET_MIN[kind],
+        "phases_s": phases(lines, total),
+        "lanes": lanes(lines),
+        "pytest_tiers_s": tiers(junit) if junit.is_dir() else {},
+        "prebuilds": [line.split("prebuild: ", 1)[1] for _, line in lines if PREBUILD.match(line)],
+        "slowest_tests": slowest(junit) if junit.is_dir() else [],
+    }
+
+
+def append(result: dict[str, object]) -> None:
+    history = json.loads(RESULTS.read_text()) if RESULTS.exists() else []
+    RESULTS.write_text(json.dumps([*history, result], indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cold", action="store_true", help="empty HOME and Docker first (see above)")
     parser.add_argument("--label", default="", help="a note stored with the result (what else ran, say)")
     parser.add_argument("--home", type=Path, help="with --cold: a HOME without a Kiln store (default: a new one)")
     parser.add_argument("--work", type=Path, help="where the clone (and the cold HOME) go (default: a temp dir)")
+    parser.add_argument(
+        "--stopped",
+        action="store_true",
+        help="record the run in --work that was stopped before its end (its ci.log and JUnit files so far; "
+        "exit null), instead of starting one",
+    )
     args = parser.parse_args()
+    kind = "cold" if args.cold else "warm"
+    if args.stopped:
+        if args.work is None:
+            raise SystemExit("bench/ci.py: --stopped needs --work DIR (the stopped run's)")
+        log = args.work / "ci.log"
+        lines, last = read_log(log)
+        total = time.time() - (log.stat().st_mtime - last)  # until now: the run went on after its last line
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=args.work / "clone", capture_output=True, text=True)
+        result = result_of(lines, total, None, args.work / "junit", head.stdout.strip(), kind, args.label)
+        if args.home:
+            result["store_builds_s"] = store_builds(args.home / ".cache/kiln/logs")
+        append(result)
+        return
     work = args.work or Path(tempfile.mkdtemp(prefix="bench-ci-"))
     clone = work / "clone"
     subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
@@ -133,24 +207,7 @@ def main() -> None:
     log = work / "ci.log"
     print(f"bench/ci.py: .ci/run in {clone} at {commit[:12]}, log {log}", file=sys.stderr)
     code, lines, total = run_ci(clone, env, log)
-    kind = "cold" if args.cold else "warm"
-    result = {
-        "date": datetime.now(UTC).strftime("%Y-%m-%d"),
-        "commit": commit[:12],
-        "kind": kind,
-        "label": args.label,
-        "exit": code,
-        "total_min": round(total / 60, 1),
-        "budget_min": BUDGET_MIN[kind],
-        "phases_s": phases(lines, total),
-        "lanes": lanes(lines),
-        "pytest_tiers_s": tiers(junit),
-        "prebuilds": [line.split("prebuild: ", 1)[1] for _, line in lines if PREBUILD.match(line)],
-        "slowest_tests": slowest(junit),
-    }
-    history = json.loads(RESULTS.read_text()) if RESULTS.exists() else []
-    RESULTS.write_text(json.dumps([*history, result], indent=2) + "\n")
-    print(json.dumps(result, indent=2))
+    append(result_of(lines, total, code, junit, commit, kind, args.label))
     sys.exit(code)
 
 

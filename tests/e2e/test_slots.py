@@ -238,3 +238,62 @@ def test_a_default_slot_that_will_not_load_falls_back_to_the_other(disk: Disk, t
     assert booted_slot(log) == "A"
     assert "boot: slot A (other)" in log.read_text(errors="replace")
     assert disk.state() == before
+
+
+def partition_debugfs(disk: Disk, name: str, *commands: str) -> str:
+    """Run debugfs commands (writable) on the ext4 partition `name` through a loop device over its extent,
+    after e2fsck has replayed its journal."""
+    table = json.loads(subprocess.run(["sfdisk", "-J", str(disk.path)], check=True, capture_output=True).stdout)
+    part = next(p for p in table["partitiontable"]["partitions"] if p.get("name") == name)
+    device = subprocess.run(
+        ["losetup", "--find", "--show", "--offset", str(part["start"] * 512), "--sizelimit", str(part["size"] * 512),
+         str(disk.path)],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    try:
+        # QEMU was stopped at the ready line, so the journal may hold what machined wrote: replay it
+        # (debugfs reads the filesystem as it is on disk)
+        fsck = subprocess.run(["e2fsck", "-fp", device], capture_output=True, text=True)
+        assert fsck.returncode <= 1, fsck.stdout + fsck.stderr  # 1: corrected (the journal replayed)
+        out = []
+        for command in commands:
+            done = subprocess.run(["debugfs", "-w", "-R", command, device], capture_output=True, text=True, check=True)
+            out.append(done.stdout)
+        return "".join(out)
+    finally:
+        subprocess.run(["losetup", "--detach", device], check=False)
+
+
+def test_a_trial_slot_that_cannot_parse_the_kept_config_falls_back(disk: Disk, tmp_path: Path) -> None:
+    """The machine booted once from a config drive, so its config is kept on STATE. The trial slot's
+    machined cannot parse that kept config (it holds a field this release does not know, as a config
+    an older release wrote may): it says so and does not use defaults as if all were well. The trial
+    is not healthy, so it reboots without the ready line and GRUB falls back to slot A, marking B
+    rolled back; /var (EPHEMERAL) keeps what it held."""
+    drive = config_drive(tmp_path / "kept.iso", {"kiln.json": json.dumps({"hostname": "kept-config"}).encode()})
+    boot_disk(disk, "bios", READY, tmp_path / "first.log", cdrom=drive)
+    kept = json.loads(partition_debugfs(disk, "STATE", "cat config.json"))
+    assert kept["hostname"] == "kept-config", kept
+    unknown = tmp_path / "config.json"
+    unknown.write_text(json.dumps({**kept, "retired_setting": True}))
+    unknown.chmod(0o600)
+    marker = tmp_path / "marker"
+    marker.write_text("var survives the trial\n")
+    partition_debugfs(disk, "STATE", "rm config.json", f"write {unknown} config.json")
+    partition_debugfs(disk, "EPHEMERAL", f"write {marker} trial-marker")
+    assert "retired_setting" in partition_debugfs(disk, "STATE", "cat config.json")
+
+    cmdline = "console=ttyS0 panic=1 kiln.trial_grace=3 kiln.trial_network_wait=10"
+    slot_b(disk, tmp_path, initramfs=disk.read("A/initramfs.zst"), cmdline=cmdline)
+    one_try_of_b(disk, tmp_path)
+    log = tmp_path / "trial.log"
+    boot_disk(disk, "bios", "rebooting for the next try", log)
+    assert booted_slot(log) == "B"
+    text = log.read_text(errors="replace")
+    verdict = re.search(r"boot: slot B is on trial and not healthy: (.*); rebooting for the next try", text)
+    assert verdict, text
+    assert "its config could not be used (kept config: " in verdict[1] and "retired_setting" in verdict[1], verdict[1]
+    assert READY not in text and "is the default now" not in text
+    assert disk.state()["kiln_default"] == "A"
+    assert_falls_back_to_a(disk, tmp_path)
+    assert "var survives the trial" in partition_debugfs(disk, "EPHEMERAL", "cat trial-marker")

@@ -24,7 +24,7 @@ import pytest
 from tests.integration import services
 from tests.integration.conftest import FIXTURE, seed_into
 from tests.integration.test_pictures import TINY_INIT, TINY_KERNEL
-from tests.integration.test_rebuild_release import GIT_ENV
+from tests.integration.test_rebuild_release import GIT_ENV, copy_tree_files
 from tests.unit.test_release_signing import make_keys
 
 pytestmark = pytest.mark.integration
@@ -37,15 +37,7 @@ BUILT = {"greet-lib", "greet-conf-src", "greet-conf", "greet-app", "tiny-kernel"
 
 def make_project(project: Path) -> None:
     """The project committed: this tree's Kiln, the fixture graph with the stand-ins, and the profile."""
-    listed = subprocess.run(
-        ["git", "-C", str(ROOT), "ls-files", "-z", "--cached", "--others", "--exclude-standard", "src"],
-        capture_output=True,
-        check=True,
-    ).stdout
-    for rel in sorted({name.decode() for name in listed.split(b"\0") if name}):
-        if (ROOT / rel).is_file() and not (ROOT / rel).is_symlink():
-            (project / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(ROOT / rel, project / rel)
+    copy_tree_files(project, "src")
     shutil.copytree(FIXTURE / "pkgs", project / "pkgs")
     shutil.copytree(FIXTURE / "src", project / "src" / "fixture")  # beside Kiln's own src/kiln
     for name, text in (("tiny-kernel", TINY_KERNEL), ("tiny-init", TINY_INIT)):

@@ -38,22 +38,10 @@ machine_config:
 GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
 
 
-def make_project(project: Path) -> str:
-    """The project committed: Kiln's files as this tree has them, and the profile with its inputs."""
+def copy_tree_files(project: Path, *paths: str) -> None:
+    """This tree's files under `paths` as git sees them (tracked, or new and not ignored), into project."""
     listed = subprocess.run(
-        [
-            "git",
-            "-C",
-            str(ROOT),
-            "ls-files",
-            "-z",
-            "--cached",
-            "--others",
-            "--exclude-standard",
-            "src",
-            "pkgs",
-            "runtime",
-        ],
+        ["git", "-C", str(ROOT), "ls-files", "-z", "--cached", "--others", "--exclude-standard", *paths],
         capture_output=True,
         check=True,
     ).stdout
@@ -61,6 +49,11 @@ def make_project(project: Path) -> str:
         if (ROOT / rel).is_file() and not (ROOT / rel).is_symlink():
             (project / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / rel, project / rel)
+
+
+def make_project(project: Path) -> str:
+    """The project committed: Kiln's files as this tree has them, and the profile with its inputs."""
+    copy_tree_files(project, "src", "pkgs", "runtime")
     inputs = project / "profiles" / "inputs"
     inputs.mkdir(parents=True)
     (inputs / "vmlinuz").write_bytes(b"rebuild kernel\n" + hashlib.sha512(b"k").digest() * 2000)

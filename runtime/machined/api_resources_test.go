@@ -95,7 +95,7 @@ func isObserved(l watchLine) bool {
 		return false
 	}
 	switch resource.Type(l.Resource.Type) {
-	case linkType, addressType, serviceType, bootType, timeType, volumeType, platType, upgradeType:
+	case linkType, addressType, serviceType, bootType, timeType, platType, upgradeType:
 		return true
 	}
 	return false

@@ -229,7 +229,7 @@ func TestAPIOffWithoutCertificates(t *testing.T) {
 	if (APIConfig{}).Enabled() {
 		t.Fatal("an empty API config must leave the API off")
 	}
-	m := &machine{version: "v1", kernel: "6.1", varSource: "tmpfs", extensions: []Extension{{Name: "a"}, {Name: "b"}}}
+	m := withVolume(t, &machine{version: "v1", kernel: "6.1", extensions: []Extension{{Name: "a"}, {Name: "b"}}}, volumeSpec{Var: "tmpfs"})
 	if got := m.readyLine(); got != "machined ready: version=v1 kernel=6.1 extensions=[a,b] var=tmpfs platform=metal" {
 		t.Fatalf("ready line: %q", got)
 	}

@@ -226,7 +226,7 @@ func (m *machine) keptDir() string {
 	if m.live.keptDir != "" {
 		return m.live.keptDir
 	}
-	if m.stateDev != "" {
+	if m.volume().State != "" {
 		return stateMount
 	}
 	return ""

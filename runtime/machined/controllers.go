@@ -79,16 +79,20 @@ func (c *networkController) Reconcile(ctx context.Context, r *resource.Run) erro
 func (m *machine) startControllers(net networkApplier) {
 	m.resources = resource.NewState()
 	rt := resource.NewRuntime(m.resources, m.con.printf)
-	owners := map[resource.Type]string{machineConfigType: configOwner, healthType: healthOwner, readyType: readyOwner}
+	owners := map[resource.Type]string{
+		machineConfigType: configOwner, installConfigType: configOwner, healthType: healthOwner, readyType: readyOwner,
+	}
 	for t, owner := range owners {
 		if err := m.resources.Claim(t, owner); err != nil {
 			m.fatal("resources: %v", err)
 		}
 	}
-	if err := rt.Register(&networkController{net: net, wait: 5 * time.Second}); err != nil {
-		m.fatal("resources: %v", err)
+	setup := m.setupVolumes
+	if !m.pid1 {
+		setup = noVolumes // not PID 1, machined touches no disk
 	}
-	for _, c := range append(m.observers(), m.liveControllers()...) {
+	owning := []resource.Controller{&networkController{net: net, wait: 5 * time.Second}, &volumesController{setup: setup}}
+	for _, c := range append(append(owning, m.observers()...), m.liveControllers()...) {
 		if err := rt.Register(c); err != nil {
 			m.fatal("resources: %v", err)
 		}
@@ -111,20 +115,14 @@ func (m *machine) publishConfig() uint64 {
 // limit passes: the network then goes on converging in the background, as a slow DHCP
 // server's lease does).
 func (m *machine) waitNetwork(version uint64, limit time.Duration) {
-	w := m.resources.Watch(networkStatusType, networkStatusID)
-	defer w.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), limit)
 	defer cancel()
-	for {
-		if res, ok := m.resources.Get(networkStatusType, networkStatusID); ok {
-			if spec, ok := resource.SpecOf[networkStatusSpec](res); ok && spec.ConfigVersion >= version {
-				return
-			}
-		}
-		if _, err := w.Next(ctx); err != nil {
-			m.con.printf("network: the config's network is not applied after %s; going on", limit)
-			return
-		}
+	applied := func(res resource.Resource) bool {
+		spec, ok := resource.SpecOf[networkStatusSpec](res)
+		return ok && spec.ConfigVersion >= version
+	}
+	if _, err := m.resources.Await(ctx, networkStatusType, networkStatusID, applied); err != nil {
+		m.con.printf("network: the config's network is not applied after %s; going on", limit)
 	}
 }
 
@@ -140,13 +138,13 @@ type apiResource struct {
 
 // resourceTypes are the types the machine has, in the order GET /v1/resources lists them.
 var resourceTypes = []resource.Type{
-	machineConfigType, networkStatusType, linkType, addressType, serviceType, bootType, timeType, volumeType,
-	platType, upgradeType, healthType, readyType,
+	machineConfigType, installConfigType, networkStatusType, linkType, addressType, serviceType, bootType, timeType,
+	volumeType, platType, upgradeType, healthType, readyType,
 }
 
 // typeAliases are the short names `kiln node get` takes for the types (as talosctl get does).
 var typeAliases = map[string]resource.Type{
-	"config": machineConfigType, "links": linkType, "addresses": addressType, "services": serviceType,
+	"config": machineConfigType, "install": installConfigType, "links": linkType, "addresses": addressType, "services": serviceType,
 	"bootstate": bootType, "time": timeType, "volumes": volumeType, "platform": platType, "upgrade": upgradeType,
 	"health": healthType, "ready": readyType,
 }

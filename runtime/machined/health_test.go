@@ -186,8 +186,8 @@ func TestHealthResourceKeepsItsSinceWhileTheVerdictHolds(t *testing.T) {
 }
 
 func TestTheReadyLineIsAResourceToo(t *testing.T) {
-	m := &machine{con: quietConsole(), resources: resource.NewState(), version: "v1", kernel: "6.1", varSource: "/dev/vda6",
-		extensions: []Extension{{Name: "lldpd"}}}
+	m := withVolume(t, &machine{con: quietConsole(), version: "v1", kernel: "6.1", extensions: []Extension{{Name: "lldpd"}}},
+		volumeSpec{Disk: "/dev/vda", Var: "/dev/vda6"})
 	if err := m.resources.Claim(readyType, readyOwner); err != nil {
 		t.Fatal(err)
 	}

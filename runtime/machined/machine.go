@@ -32,7 +32,6 @@ type machine struct {
 	cfg           *Config
 	configSource  string
 	configProblem string // why a config that was there could not be used ("" when none), for the trial's verdict
-	varSource     string // the EPHEMERAL device, or "tmpfs"
 	extensions    []Extension
 	schematic     string // the image's schematic ID (kiln image --schematic), "" for none
 	net           *network.Network
@@ -47,8 +46,6 @@ type machine struct {
 	power         chan string
 	shutdownOnce  sync.Once
 	slots         *slots         // the A/B boot state; empty when the boot came from no A/B disk
-	ownedDisk     string         // the disk machined owns ("" when none)
-	stateDev      string         // STATE, mounted at stateMount ("" when not)
 	upgrades      upgrader       // the upgrade under way or the last one that failed
 	isReady       chan struct{}  // closed once the machine is ready
 	platform      *platformState // what kiln.platform='s metadata said
@@ -107,16 +104,21 @@ func (m *machine) boot() {
 	m.applyPlatform()
 	m.phases.mark("config")
 	m.setHostname()
-	// The network controller applies the config published now beside setupVar, and again
-	// whatever setupVar changes of it. Only a boot without a config of its own takes the one
-	// kept on STATE, and only from a disk with a STATE partition: then the network waits for
-	// setupVar instead of starting DHCP on defaults it would give up moments later.
+	// The network controller applies the config published now while the volumes controller sets
+	// the disks up, and again whatever the kept config changes of it. Only a boot without a config
+	// of its own takes the one kept on STATE, and only from a disk with a STATE partition: then the
+	// network waits for the disks instead of starting DHCP on defaults it would give up moments later.
 	m.startControllers(m.net)
+	m.publishInstall() // the volumes controller sets the disks up from it (volumes.go)
 	if m.configSource != "" || !hasStatePartition(disk.ListBlockDevices("/sys")) {
 		m.publishConfig()
 	}
 	published := m.cfg
-	m.setupVar()
+	vol := m.awaitVolumes()
+	m.slots = findSlots(m.params[paramSlot], vol.Disk, disk.ListBlockDevices("/sys"))
+	if vol.State != "" {
+		m.persistConfig()
+	}
 	if m.cfg != published {
 		m.applyPlatform() // the kept config: without a network or hostname it takes the platform's
 		m.setHostname()
@@ -227,41 +229,6 @@ func (m *machine) loadConfig() {
 	if m.configSource != "" {
 		m.con.printf("config: %s", m.configSource)
 	}
-}
-
-// setupVar mounts /var: EPHEMERAL on the owned disk, or a tmpfs when there is none (or
-// the disk cannot be set up, which is said on the console).
-func (m *machine) setupVar() {
-	owned, why := disk.ChooseDisk(disk.ListBlockDevices("/sys"), m.cfg.Install.Disk, m.params[paramDisk], disk.IsBlank)
-	if owned != "" {
-		m.con.printf("disk: using %s (%s)", owned, why)
-		state, ephemeral, err := disk.Prepare(owned, m.cfg.Install.Filesystem, m.con.printf)
-		if err == nil {
-			err = mountFS(ephemeral, "/var", syscall.MS_NOSUID|syscall.MS_NODEV)
-		}
-		if err == nil {
-			m.varSource = ephemeral
-			if err := mountFS(state, stateMount, syscall.MS_NOSUID|syscall.MS_NODEV|syscall.MS_NOEXEC); err != nil {
-				m.con.printf("disk: STATE: %v", err)
-			} else {
-				m.stateDev = state
-				m.persistConfig()
-			}
-		} else {
-			m.con.printf("disk: %v; /var is a tmpfs", err)
-		}
-		m.ownedDisk = owned
-		m.slots = findSlots(m.params[paramSlot], owned, disk.ListBlockDevices("/sys"))
-	} else {
-		m.con.printf("disk: none (%s); /var is a tmpfs", why)
-	}
-	if m.varSource == "" {
-		if err := syscall.Mount("tmpfs", "/var", "tmpfs", syscall.MS_NOSUID|syscall.MS_NODEV, "mode=0755"); err != nil {
-			m.con.printf("tmpfs /var: %v", err)
-		}
-		m.varSource = "tmpfs"
-	}
-	populateVar()
 }
 
 // persistConfig keeps the config on STATE, so a machine that booted once from a config
@@ -383,7 +350,7 @@ func (m *machine) readySpec() readySpec {
 	for i, e := range m.extensions {
 		names[i] = e.Name
 	}
-	return readySpec{Version: m.version, Kernel: m.kernel, Extensions: names, Var: m.varSource, Platform: m.platform.name()}
+	return readySpec{Version: m.version, Kernel: m.kernel, Extensions: names, Var: m.volume().Var, Platform: m.platform.name()}
 }
 
 // publishReady puts the ready line's facts as the machine/ready resource, just before the line.
@@ -478,7 +445,7 @@ func (m *machine) Status() interface{} {
 		"uptime_seconds": int(time.Since(m.started).Seconds()),
 		"extensions":     m.extensions,
 		"schematic":      m.schematic,
-		"var":            m.varSource,
+		"var":            m.volume().Var,
 		"config":         m.configSource,
 		"addresses":      addrs,
 		"leases":         leases,

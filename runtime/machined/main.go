@@ -66,7 +66,7 @@ func userMode(m *machine, configPath, services, logDir string) {
 		}
 		m.configSource = configPath
 	}
-	m.kernel, m.varSource = kernelRelease(), "none"
+	m.kernel = kernelRelease() // var=none: no disks are set up (machine.volume)
 	m.extensions = listExtensions(extensionsDir)
 	if err := m.superviseServices(services, logDir); err != nil {
 		m.con.printf("services: %v", err)

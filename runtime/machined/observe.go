@@ -2,7 +2,7 @@ package main
 
 // Observed resources: what the kernel, the supervisor, the boot slots, the clock, the disks,
 // the platform and the upgrader have now (network/link, network/address, service/status,
-// boot/state, time/status, volume/status, platform/metadata, upgrade/status), refreshed every
+// boot/state, time/status, platform/metadata, upgrade/status), refreshed every
 // observeEvery (links and addresses after each network apply too). They are the machine's
 // facts, not its wishes: `kiln node get addresses` reads them, and the health verdict is judged
 // from them.
@@ -22,7 +22,6 @@ const (
 	serviceType resource.Type = "service/status"
 	bootType    resource.Type = "boot/state"
 	timeType    resource.Type = "time/status"
-	volumeType  resource.Type = "volume/status"
 	platType    resource.Type = "platform/metadata"
 	upgradeType resource.Type = "upgrade/status"
 
@@ -180,7 +179,7 @@ func (c *snapshotObserver) Reconcile(_ context.Context, r *resource.Run) error {
 
 // observers are the machine's observed resources' controllers.
 func (m *machine) observers() []resource.Controller {
-	// what the boot sets up before ready (the slots, the disk and /var) is read only after it
+	// what the boot sets up before ready (the slots) is read only after it
 	afterReady := func(read func() (interface{}, bool)) func() (interface{}, bool) {
 		return func() (interface{}, bool) {
 			select {
@@ -196,7 +195,6 @@ func (m *machine) observers() []resource.Controller {
 		return status, status != nil
 	})
 	timeStatus := func() (interface{}, bool) { return m.timeStatus(), true }
-	volumes := afterReady(func() (interface{}, bool) { return m.volumes(), true })
 	platform := func() (interface{}, bool) { return m.platform.status(), true } // fetched before the controllers start
 	upgrade := func() (interface{}, bool) {
 		status := m.upgrades.snapshot()
@@ -207,19 +205,7 @@ func (m *machine) observers() []resource.Controller {
 		&servicesObserver{read: m.Services},
 		&snapshotObserver{name: "bootstate", typ: bootType, id: "slots", read: bootState},
 		&snapshotObserver{name: "clock", typ: timeType, id: "clock", read: timeStatus},
-		&snapshotObserver{name: "volumes", typ: volumeType, id: "volumes", read: volumes},
 		&snapshotObserver{name: "platform", typ: platType, id: "platform", read: platform},
 		&snapshotObserver{name: "upgrader", typ: upgradeType, id: "upgrade", read: upgrade},
 	}
-}
-
-// volumeSpec is where the machine keeps what it writes: the disk it owns and what is mounted from it.
-type volumeSpec struct {
-	Disk  string `json:"disk,omitempty"`  // the disk machined owns ("" when none)
-	Var   string `json:"var"`             // /var's source: EPHEMERAL's partition, or tmpfs
-	State string `json:"state,omitempty"` // STATE's partition, mounted at stateMount ("" when not)
-}
-
-func (m *machine) volumes() volumeSpec {
-	return volumeSpec{Disk: m.ownedDisk, Var: m.varSource, State: m.stateDev}
 }

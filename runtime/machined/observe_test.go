@@ -223,23 +223,13 @@ func TestBootStateAndTimeAreObserved(t *testing.T) {
 	wait.Until(t, "boot/state made default", observed, func() bool { return bootedAs() == "default" })
 }
 
-// The disks machined uses are a resource once the boot has set them up (kiln node get volumes);
-// the platform's metadata is one from the start; the upgrade's status once there is an upgrade.
-func TestVolumesPlatformAndUpgradeAreObserved(t *testing.T) {
-	m := &machine{con: quietConsole(), cfg: &Config{}, isReady: make(chan struct{}),
-		ownedDisk: "/dev/vda", varSource: "/dev/vda6", stateDev: "/dev/vda5"}
+// The platform's metadata is a resource from the start; the upgrade's status once there is an upgrade.
+func TestPlatformAndUpgradeAreObserved(t *testing.T) {
+	m := &machine{con: quietConsole(), cfg: &Config{}, isReady: make(chan struct{})}
 	m.startControllers(&applyRecorder{})
 	wait.Until(t, "platform/metadata", observed, func() bool { return len(m.Resources("platform")) == 1 })
 	if spec, _ := json.Marshal(m.Resources("platform")[0].Spec); string(spec) != `{"name":"metal"}` {
 		t.Errorf("platform/metadata: %s", spec)
-	}
-	if got := m.Resources("volumes"); len(got) != 0 {
-		t.Fatalf("volumes before ready: %+v", got)
-	}
-	close(m.isReady)
-	wait.Until(t, "volume/status", observed, func() bool { return len(m.Resources("volumes")) == 1 })
-	if got := m.Resources("volumes")[0].Spec; !reflect.DeepEqual(got, volumeSpec{Disk: "/dev/vda", Var: "/dev/vda6", State: "/dev/vda5"}) {
-		t.Errorf("volume/status: %+v", got)
 	}
 	if got := m.Resources("upgrade"); len(got) != 0 {
 		t.Fatalf("an upgrade status with no upgrade: %+v", got)

@@ -102,7 +102,7 @@ func TestPlatformUserDataIsTheConfigOnlyWhenNoneWasGiven(t *testing.T) {
 }
 
 func TestReadyLineAndStatusNameThePlatform(t *testing.T) {
-	m := &machine{version: "v1", kernel: "6.1", varSource: "tmpfs", platform: &platformState{impl: mustLookup(t, "gcp")}}
+	m := withVolume(t, &machine{version: "v1", kernel: "6.1", platform: &platformState{impl: mustLookup(t, "gcp")}}, volumeSpec{Var: "tmpfs"})
 	if got := m.readyLine(); !strings.HasSuffix(got, " platform=gcp") {
 		t.Fatalf("ready line: %q", got)
 	}

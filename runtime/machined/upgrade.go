@@ -530,16 +530,17 @@ func (m *machine) stopForInstall() error {
 
 // resume undoes stopForInstall after a failed install: /var and STATE back, services started.
 func (m *machine) resume() {
-	if m.varSource != "tmpfs" {
+	vol := m.volume()
+	if vol.Var != "tmpfs" {
 		if _, ok := mountedAt(readMounts(), "/var"); !ok {
-			if err := mountFS(m.varSource, "/var", syscall.MS_NOSUID|syscall.MS_NODEV); err != nil {
+			if err := mountFS(vol.Var, "/var", syscall.MS_NOSUID|syscall.MS_NODEV); err != nil {
 				m.con.printf("upgrade: remounting /var: %v", err)
 			}
 		}
 	}
-	if m.stateDev != "" {
+	if vol.State != "" {
 		if _, ok := mountedAt(readMounts(), stateMount); !ok {
-			if err := mountFS(m.stateDev, stateMount, syscall.MS_NOSUID|syscall.MS_NODEV|syscall.MS_NOEXEC); err != nil {
+			if err := mountFS(vol.State, stateMount, syscall.MS_NOSUID|syscall.MS_NODEV|syscall.MS_NOEXEC); err != nil {
 				m.con.printf("upgrade: remounting STATE: %v", err)
 			}
 		}
@@ -572,10 +573,11 @@ func (m *machine) installSlot(root, slot, version string, preserve bool) error {
 		if preserve {
 			return nil
 		}
-		if err := wipeSignatures(m.varSource); err != nil {
-			return fmt.Errorf("preserve false: wiping EPHEMERAL %s: %v", m.varSource, err)
+		ephemeral := m.volume().Var
+		if err := wipeSignatures(ephemeral); err != nil {
+			return fmt.Errorf("preserve false: wiping EPHEMERAL %s: %v", ephemeral, err)
 		}
-		m.con.printf("upgrade: preserve false: EPHEMERAL %s will be formatted on the next boot", m.varSource)
+		m.con.printf("upgrade: preserve false: EPHEMERAL %s will be formatted on the next boot", ephemeral)
 		return nil
 	})
 }

@@ -107,6 +107,21 @@ func (w *Watch) Next(ctx context.Context) ([]Event, error) {
 	}
 }
 
+// Await waits until resource t/id is running and accept (nil: any) takes it, or ctx ends, and
+// returns the resource it took: how a step that needs a controller's result waits for it.
+func (s *State) Await(ctx context.Context, t Type, id string, accept func(Resource) bool) (Resource, error) {
+	w := s.Watch(t, id)
+	defer w.Close()
+	for {
+		if r, ok := s.Get(t, id); ok && r.Phase == Running && (accept == nil || accept(r)) {
+			return r, nil
+		}
+		if _, err := w.Next(ctx); err != nil {
+			return Resource{}, err
+		}
+	}
+}
+
 // Pending returns what Next would return now, without waiting: nothing when there is no news.
 // Right after Watch it is the current state of every resource watched, which may be none.
 func (w *Watch) Pending() []Event { return w.drain() }

@@ -35,3 +35,36 @@ func TestPendingNeverWaits(t *testing.T) {
 		t.Fatalf("after a change: %+v %v", evs, err)
 	}
 }
+
+// Await returns at once for a resource that is already as wanted, waits through versions it does
+// not accept, and gives up when its context ends.
+func TestAwait(t *testing.T) {
+	s := NewState()
+	_ = s.Claim("a", "o")
+	_, _ = s.Put("o", "a", "x", 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if r, err := s.Await(ctx, "a", "x", nil); err != nil || r.Spec != 1 {
+		t.Fatalf("already there: %+v %v", r, err)
+	}
+	atLeast3 := func(r Resource) bool { return r.Spec.(int) >= 3 }
+	done := make(chan Resource, 1)
+	go func() {
+		r, err := s.Await(ctx, "a", "x", atLeast3)
+		if err != nil {
+			t.Errorf("await: %v", err)
+		}
+		done <- r
+	}()
+	for v := 2; v <= 4; v++ {
+		_, _ = s.Put("o", "a", "x", v)
+	}
+	if r := <-done; r.Spec.(int) < 3 {
+		t.Fatalf("took %+v, which it should not accept", r)
+	}
+	short, stop := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer stop()
+	if _, err := s.Await(short, "a", "missing", nil); err == nil {
+		t.Fatal("a resource that never comes: no error")
+	}
+}

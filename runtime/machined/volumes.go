@@ -1,0 +1,132 @@
+package main
+
+import (
+	"context"
+	"syscall"
+
+	"kiln/machined/internal/disk"
+	"kiln/machined/internal/resource"
+)
+
+// The disks and mounts controller owns volume/status: where the machine keeps what it writes.
+// The boot puts the config's install section (config/install) once it has a config of its own or
+// knows it has none; the controller then chooses the disk, prepares STATE and EPHEMERAL, mounts
+// them and puts volume/status. It does so once per boot: the disks a later config names (the one
+// kept on STATE, or one applied over the API) are for the next boot, as docs/machine-config.md
+// says. What needs /var or STATE waits for volume/status (machine.awaitVolumes) and reads the
+// devices from it.
+const (
+	installConfigType resource.Type = "config/install"
+	volumeType        resource.Type = "volume/status"
+
+	installConfigID = "install"
+	volumeID        = "volumes"
+)
+
+// installSpec is what chooses and prepares the disk: the config's install section and kiln.disk=.
+type installSpec struct {
+	Disk       string `json:"disk,omitempty"`
+	Filesystem string `json:"filesystem,omitempty"`
+	Param      string `json:"param,omitempty"` // kiln.disk= on the kernel command line
+}
+
+// volumeSpec is where the machine keeps what it writes: the disk it owns and what is mounted from it.
+type volumeSpec struct {
+	Disk  string `json:"disk,omitempty"`  // the disk machined owns ("" when none)
+	Var   string `json:"var"`             // /var's source: EPHEMERAL's partition, or tmpfs
+	State string `json:"state,omitempty"` // STATE's partition, mounted at stateMount ("" when not)
+}
+
+// volumesController sets the disks up once, from the first config/install it reads.
+type volumesController struct {
+	setup func(installSpec) volumeSpec // the disk work (machine.setupVolumes; a recorder in tests)
+	done  *volumeSpec                  // what setup gave; only this controller's goroutine touches it
+}
+
+func (c *volumesController) Name() string             { return "volumes" }
+func (c *volumesController) Inputs() []resource.Type  { return []resource.Type{installConfigType} }
+func (c *volumesController) Outputs() []resource.Type { return []resource.Type{volumeType} }
+
+func (c *volumesController) Reconcile(_ context.Context, r *resource.Run) error {
+	if c.done == nil {
+		res, ok := r.Get(installConfigType, installConfigID)
+		if !ok || res.Phase != resource.Running {
+			return nil // the boot has not said which disk yet
+		}
+		install, _ := resource.SpecOf[installSpec](res)
+		v := c.setup(install)
+		c.done = &v
+	}
+	return r.Put(volumeType, volumeID, *c.done)
+}
+
+// publishInstall puts the config's install section, which starts the disks' setup.
+func (m *machine) publishInstall() {
+	spec := installSpec{Disk: m.cfg.Install.Disk, Filesystem: m.cfg.Install.Filesystem, Param: m.params[paramDisk]}
+	if _, err := m.resources.Put(configOwner, installConfigType, installConfigID, spec); err != nil {
+		m.con.printf("config: %v", err)
+	}
+}
+
+// awaitVolumes waits for the disks' setup. It has no limit of its own, as formatting a large
+// disk takes what it takes: on a trial slot, the trial deadline (watchTrial) still reboots a boot
+// that hangs here.
+func (m *machine) awaitVolumes() volumeSpec {
+	res, err := m.resources.Await(context.Background(), volumeType, volumeID, nil)
+	if err != nil {
+		return volumeSpec{Var: "tmpfs"}
+	}
+	v, _ := resource.SpecOf[volumeSpec](res)
+	return v
+}
+
+// volume is volume/status's spec: what the disks' setup gave, {Var: "none"} when nothing set
+// disks up (machined not PID 1, or before the setup is done).
+func (m *machine) volume() volumeSpec {
+	if m.resources != nil {
+		if res, ok := m.resources.Get(volumeType, volumeID); ok {
+			if v, ok := resource.SpecOf[volumeSpec](res); ok {
+				return v
+			}
+		}
+	}
+	return volumeSpec{Var: "none"}
+}
+
+// noVolumes is the disks' setup of a machined that is not PID 1: none.
+func noVolumes(installSpec) volumeSpec { return volumeSpec{Var: "none"} }
+
+// setupVolumes mounts /var: EPHEMERAL on the owned disk, with STATE beside it, or a tmpfs when
+// there is none (or the disk cannot be set up, which is said on the console).
+func (m *machine) setupVolumes(install installSpec) volumeSpec {
+	var v volumeSpec
+	owned, why := disk.ChooseDisk(disk.ListBlockDevices("/sys"), install.Disk, install.Param, disk.IsBlank)
+	if owned != "" {
+		m.con.printf("disk: using %s (%s)", owned, why)
+		v.Disk = owned
+		state, ephemeral, err := disk.Prepare(owned, install.Filesystem, m.con.printf)
+		if err == nil {
+			err = mountFS(ephemeral, "/var", syscall.MS_NOSUID|syscall.MS_NODEV)
+		}
+		if err != nil {
+			m.con.printf("disk: %v; /var is a tmpfs", err)
+		} else {
+			v.Var = ephemeral
+			if err := mountFS(state, stateMount, syscall.MS_NOSUID|syscall.MS_NODEV|syscall.MS_NOEXEC); err != nil {
+				m.con.printf("disk: STATE: %v", err)
+			} else {
+				v.State = state
+			}
+		}
+	} else {
+		m.con.printf("disk: none (%s); /var is a tmpfs", why)
+	}
+	if v.Var == "" {
+		if err := syscall.Mount("tmpfs", "/var", "tmpfs", syscall.MS_NOSUID|syscall.MS_NODEV, "mode=0755"); err != nil {
+			m.con.printf("tmpfs /var: %v", err)
+		}
+		v.Var = "tmpfs"
+	}
+	populateVar()
+	return v
+}

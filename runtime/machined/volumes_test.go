@@ -1,0 +1,132 @@
+package main
+
+import (
+	"context"
+	"reflect"
+	"sync"
+	"testing"
+	"time"
+
+	"kiln/machined/internal/resource"
+	"kiln/machined/internal/testkit/wait"
+)
+
+// withVolume gives m the volume/status the volumes controller puts at boot.
+func withVolume(t *testing.T, m *machine, v volumeSpec) *machine {
+	t.Helper()
+	if m.resources == nil {
+		m.resources = resource.NewState()
+	}
+	if err := m.resources.Claim(volumeType, "volumes"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.resources.Put("volumes", volumeType, volumeID, v); err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// setupRecorder stands in for the disk work (setupVolumes formats and mounts real disks, which
+// the e2e boots exercise): it records each install section it is given.
+type setupRecorder struct {
+	mu    sync.Mutex
+	calls []installSpec
+}
+
+func (s *setupRecorder) setup(install installSpec) volumeSpec {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.calls = append(s.calls, install)
+	return volumeSpec{Disk: "/dev/vda", Var: "/dev/vda6", State: "/dev/vda5"}
+}
+
+// countedRuns wraps a controller to count its finished runs: how a test knows the controller
+// has seen a change it must do nothing about.
+type countedRuns struct {
+	resource.Controller
+	mu   sync.Mutex
+	runs int
+}
+
+func (c *countedRuns) Reconcile(ctx context.Context, r *resource.Run) error {
+	err := c.Controller.Reconcile(ctx, r)
+	c.mu.Lock()
+	c.runs++
+	c.mu.Unlock()
+	return err
+}
+
+func (c *countedRuns) count() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.runs
+}
+
+func (s *setupRecorder) count() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.calls)
+}
+
+// The disks are set up once, from the first install section the boot puts, and only then is
+// there a volume/status; an install section that changes later (a kept config's) changes nothing
+// until the next boot.
+func TestVolumesAreSetUpOnceFromTheFirstInstallSection(t *testing.T) {
+	state := resource.NewState()
+	if err := state.Claim(installConfigType, configOwner); err != nil {
+		t.Fatal(err)
+	}
+	rec := &setupRecorder{}
+	rt := resource.NewRuntime(state, t.Logf)
+	ctrl := &countedRuns{Controller: &volumesController{setup: rec.setup}}
+	if err := rt.Register(ctrl); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { rt.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+
+	wait.Until(t, "the controller's first run", 5*time.Second, func() bool { return ctrl.count() >= 1 })
+	if _, ok := state.Get(volumeType, volumeID); ok || rec.count() != 0 {
+		t.Fatalf("disks set up before the boot said which: %d calls", rec.count())
+	}
+	first := installSpec{Disk: "/dev/vda", Filesystem: "xfs", Param: "/dev/vdb"}
+	if _, err := state.Put(configOwner, installConfigType, installConfigID, first); err != nil {
+		t.Fatal(err)
+	}
+	m := &machine{resources: state}
+	want := volumeSpec{Disk: "/dev/vda", Var: "/dev/vda6", State: "/dev/vda5"}
+	if got := m.awaitVolumes(); got != want {
+		t.Fatalf("volume/status: %+v", got)
+	}
+	wait.Until(t, "the run that set the disks up", 5*time.Second, func() bool { return ctrl.count() >= 2 })
+	res, _ := state.Get(volumeType, volumeID)
+	runs := ctrl.count()
+	if _, err := state.Put(configOwner, installConfigType, installConfigID, installSpec{Disk: "/dev/vdc"}); err != nil {
+		t.Fatal(err)
+	}
+	// the controller runs again for the change; it must keep the disks and the resource as they are
+	wait.Until(t, "the controller's run for the new section", 5*time.Second, func() bool { return ctrl.count() > runs })
+	again, _ := state.Get(volumeType, volumeID)
+	if rec.count() != 1 || !reflect.DeepEqual(rec.calls[0], first) || again.Version != res.Version || m.volume() != want {
+		t.Fatalf("calls %+v, version %d then %d, volume %+v", rec.calls, res.Version, again.Version, m.volume())
+	}
+}
+
+// Not PID 1, machined sets no disk up: its volume/status (and ready line) say var=none.
+func TestNotPID1TouchesNoDisk(t *testing.T) {
+	m := &machine{con: quietConsole(), cfg: &Config{Install: InstallConfig{Disk: "/dev/vda"}}, params: map[string]string{},
+		isReady: make(chan struct{}), version: "v1", kernel: "6.1"}
+	m.startControllers(&applyRecorder{})
+	m.publishInstall()
+	if got := m.awaitVolumes(); got != (volumeSpec{Var: "none"}) {
+		t.Fatalf("volume/status: %+v", got)
+	}
+	if got := m.Resources("volumes"); len(got) != 1 || got[0].Owner != "volumes" {
+		t.Fatalf("kiln node get volumes: %+v", got)
+	}
+	if line := m.readyLine(); line != "machined ready: version=v1 kernel=6.1 extensions=[] var=none platform=metal" {
+		t.Fatalf("ready line: %q", line)
+	}
+}

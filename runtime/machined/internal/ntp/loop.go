@@ -240,13 +240,20 @@ func (s *Syncer) poll(ctx context.Context, l *loopState) time.Duration {
 	}
 	s.succeed(c, stepped)
 	l.failures = 0
-	switch {
-	case stepped || first || l.interval == 0:
-		l.interval = minPoll
-	case (c.Offset < stableOffset && c.Offset > -stableOffset) && l.interval < maxPoll:
-		l.interval *= 2
-	}
+	l.interval = nextInterval(l.interval, stepped || first, c.Offset)
 	return l.interval
+}
+
+// nextInterval is the poll interval after a sync: minPoll after a step or the first sync (or
+// with none before), doubled up to maxPoll while the offset stays within stableOffset, else kept.
+func nextInterval(interval time.Duration, restart bool, offset time.Duration) time.Duration {
+	switch {
+	case restart || interval == 0:
+		return minPoll
+	case offset < stableOffset && offset > -stableOffset && interval < maxPoll:
+		return interval * 2
+	}
+	return interval
 }
 
 // joinErrors lists the servers' errors in server order; each already names its server.

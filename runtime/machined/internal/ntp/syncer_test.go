@@ -75,14 +75,54 @@ func TestRunBadAndGoodServer(t *testing.T) {
 	}
 
 	expectWait(t, f, minPoll).fire()
-	expectWait(t, f, 2*minPoll).fire() // in sync now: slewed, interval doubled
-	if steps, slews := f.calls(); len(steps) != 1 || len(slews) != 1 || abs(slews[0]) > 50*time.Millisecond {
-		t.Fatalf("steps %v slews %v", steps, slews)
+	interval := expectNextInterval(t, s, f, minPoll) // in sync now: slewed, interval doubled
+	interval.fire()
+	// a sample's offset is off by at most half its delay, which a loaded machine makes large
+	bound := 50*time.Millisecond + time.Duration(s.Status().DelayMS*1e6)/2
+	if steps, slews := f.calls(); len(steps) != 1 || len(slews) != 1 || abs(slews[0]) > bound {
+		t.Fatalf("steps %v slews %v (bound %v)", steps, slews, bound)
 	}
 	if n := good.requests(); n != 1+s.samples {
 		t.Fatalf("good server asked %d times, want %d", n, 1+s.samples)
 	}
-	expectWait(t, f, 4*minPoll)
+	expectNextInterval(t, s, f, interval.d)
+}
+
+// expectNextInterval takes the loop's next wait and checks it is the interval nextInterval gives
+// for the offset the syncer measured: doubled while the offset stays small, which it is unless
+// the machine schedules the fake server late (TestNextInterval checks the rule itself).
+func expectNextInterval(t *testing.T, s *Syncer, f *fakeClock, previous time.Duration) fakeWait {
+	t.Helper()
+	w := f.nextWait(t)
+	offset := time.Duration(s.Status().OffsetMS * 1e6)
+	if want := nextInterval(previous, false, offset); w.d != want {
+		t.Fatalf("waiting %v after an offset of %v, want %v", w.d, offset, want)
+	}
+	if abs(offset) < stableOffset/2 && w.d != 2*previous { // well within: whatever the rounding
+		t.Fatalf("waiting %v after an offset of %v: not doubled", w.d, offset)
+	}
+	return w
+}
+
+func TestNextInterval(t *testing.T) {
+	for _, c := range []struct {
+		interval time.Duration
+		restart  bool
+		offset   time.Duration
+		want     time.Duration
+	}{
+		{0, false, 0, minPoll},                                     // none before
+		{4 * minPoll, true, 0, minPoll},                            // a step or a first sync
+		{minPoll, false, 5 * time.Millisecond, 2 * minPoll},        // stable: doubled
+		{minPoll, false, -stableOffset + 1, 2 * minPoll},           // just within, below
+		{2 * minPoll, false, stableOffset, 2 * minPoll},            // at the edge: kept
+		{2 * minPoll, false, -100 * time.Millisecond, 2 * minPoll}, // slewed a lot: kept
+		{maxPoll, false, 0, maxPoll},                               // never past maxPoll
+	} {
+		if got := nextInterval(c.interval, c.restart, c.offset); got != c.want {
+			t.Errorf("nextInterval(%v, %v, %v) = %v, want %v", c.interval, c.restart, c.offset, got, c.want)
+		}
+	}
 }
 
 // TestRunBackoffThenNewServers: with no server answering the retries back off from 2 s;

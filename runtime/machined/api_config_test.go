@@ -103,6 +103,7 @@ func newConfigMachine(t *testing.T, adjust ...func(m *machine)) *configMachine {
 	}
 	c.startControllers(c.net)
 	c.waitNetwork(c.publishConfig(), 5*time.Second)
+	c.awaitExtensions() // as the boot does before the API starts
 	c.api = serveAuthAPI(t, defaultAPILimits, c.machine)
 	return c
 }

@@ -123,7 +123,8 @@ func TestWatchSendsTheStateThenEachChange(t *testing.T) {
 		}
 		got = append(got, line.describe())
 	}
-	if strings.Join(got, ", ") != "current config/machine/machine@1, current network/status/applied@1" {
+	want := "current config/machine/machine@1, current extension/services/services@1, current network/status/applied@1"
+	if strings.Join(got, ", ") != want {
 		t.Fatalf("current state: %v", got)
 	}
 	code, report, msg := c.post(t, "admin", "", appliedConfig)

@@ -91,7 +91,10 @@ func (m *machine) startControllers(net networkApplier) {
 	if !m.pid1 {
 		setup = noVolumes // not PID 1, machined touches no disk
 	}
-	owning := []resource.Controller{&networkController{net: net, wait: 5 * time.Second}, &volumesController{setup: setup}}
+	owning := []resource.Controller{
+		&networkController{net: net, wait: 5 * time.Second}, &volumesController{setup: setup},
+		&extensionsController{dirs: m.extDirs, printf: m.con.printf},
+	}
 	for _, c := range append(append(owning, m.observers()...), m.liveControllers()...) {
 		if err := rt.Register(c); err != nil {
 			m.fatal("resources: %v", err)
@@ -139,14 +142,14 @@ type apiResource struct {
 // resourceTypes are the types the machine has, in the order GET /v1/resources lists them.
 var resourceTypes = []resource.Type{
 	machineConfigType, installConfigType, networkStatusType, linkType, addressType, serviceType, bootType, timeType,
-	volumeType, platType, upgradeType, healthType, readyType,
+	volumeType, extensionType, extensionServicesType, platType, upgradeType, healthType, readyType,
 }
 
 // typeAliases are the short names `kiln node get` takes for the types (as talosctl get does).
 var typeAliases = map[string]resource.Type{
 	"config": machineConfigType, "install": installConfigType, "links": linkType, "addresses": addressType, "services": serviceType,
 	"bootstate": bootType, "time": timeType, "volumes": volumeType, "platform": platType, "upgrade": upgradeType,
-	"health": healthType, "ready": readyType,
+	"health": healthType, "ready": readyType, "extensions": extensionType, "extension-services": extensionServicesType,
 }
 
 // canonicalType is the type an API request names, by its full name or its alias.

@@ -35,12 +35,12 @@ type machine struct {
 	extensions    []Extension
 	schematic     string // the image's schematic ID (kiln image --schematic), "" for none
 	net           *network.Network
-	resources     *resource.State          // the machine's resources, which its controllers keep (controllers.go)
-	live          liveConfig               // the config it runs now, and applying a new one (config_apply.go)
-	supMu         sync.Mutex               // guards sup and extServices, which a failed upgrade's resume replaces
-	sup           *supervisor.Supervisor   // read through currentSupervisor()
-	extServices   []supervisor.ServiceSpec // the extensions' services, read through extensionServices()
-	apiAddr       string                   // "" when the API is off
+	resources     *resource.State        // the machine's resources, which its controllers keep (controllers.go)
+	live          liveConfig             // the config it runs now, and applying a new one (config_apply.go)
+	supMu         sync.Mutex             // guards sup, which a failed upgrade's resume replaces
+	sup           *supervisor.Supervisor // read through currentSupervisor()
+	extDirs       extensionDirs          // where the extensions controller reads them (extensions.go)
+	apiAddr       string                 // "" when the API is off
 	stopAPI       func()
 	started       time.Time
 	power         chan string
@@ -129,7 +129,7 @@ func (m *machine) boot() {
 	m.startClock()
 
 	m.watchTrial()
-	m.extensions = listExtensions(extensionsDir)
+	m.extensions, _ = m.awaitExtensions()
 	if m.schematic = readSchematic(schematicFile); m.schematic != "" {
 		m.con.printf("schematic %s", m.schematic)
 	}
@@ -269,27 +269,24 @@ func (m *machine) persistConfig() {
 
 // startServices starts the extensions' services and the config's, supervised.
 func (m *machine) startServices(logDir string) {
-	if err := m.superviseServices(servicesDir, logDir); err != nil {
+	if err := m.superviseServices(logDir); err != nil {
 		m.con.printf("services: %v; none started", err)
 	}
 }
 
 // superviseServices starts a supervisor, logging to logDir ("": memory only), with the
-// services of dir (those that load: the others are logged) and the running config's. An error
-// means none started; the supervisor is kept all the same, so a config applied later (the
-// services controller) can start them.
-func (m *machine) superviseServices(dir, logDir string) error {
-	specs, errs := loadServiceDir(dir)
-	for _, err := range errs {
-		m.con.printf("services: %v", err)
-	}
+// extensions' services (those that load: the extensions controller says which did not) and the
+// running config's. An error means none started; the supervisor is kept all the same, so a
+// config applied later (the services controller) can start them.
+func (m *machine) superviseServices(logDir string) error {
+	_, extensions := m.awaitExtensions()
 	opts := supervisor.DefaultOptions()
 	opts.LogDir = logDir
 	opts.Events = func(line string) { m.con.printf("%s", line) }
 	sup := supervisor.New(opts)
 	// started before it is handed over: the services controller updates only a started one
-	err := sup.Start(supervisor.MergeServices(specs, m.runningConfig().Services))
-	m.setSupervisor(sup, specs)
+	err := sup.Start(supervisor.MergeServices(extensions.Specs, m.runningConfig().Services))
+	m.setSupervisor(sup)
 	return err
 }
 
@@ -300,17 +297,10 @@ func (m *machine) currentSupervisor() *supervisor.Supervisor {
 	return m.sup
 }
 
-// extensionServices are the services the extensions define, as the running supervisor read them.
-func (m *machine) extensionServices() []supervisor.ServiceSpec {
+func (m *machine) setSupervisor(sup *supervisor.Supervisor) {
 	m.supMu.Lock()
 	defer m.supMu.Unlock()
-	return m.extServices
-}
-
-func (m *machine) setSupervisor(sup *supervisor.Supervisor, extensions []supervisor.ServiceSpec) {
-	m.supMu.Lock()
-	defer m.supMu.Unlock()
-	m.sup, m.extServices = sup, extensions
+	m.sup = sup
 }
 
 func (m *machine) startAPI() {

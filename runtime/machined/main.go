@@ -44,14 +44,16 @@ func main() {
 			}
 		})
 		supervisor.Children() // reap orphans from the start
-		m.boot()              // never returns
+		m.extDirs = stacked
+		m.boot() // never returns
 		return
 	}
-	userMode(m, *configPath, *services, *logDir)
+	m.extDirs = extensionDirs{manifests: extensionsDir, services: *services}
+	userMode(m, *configPath, *logDir)
 }
 
 // userMode runs the supervisor and the API of a config on an ordinary system.
-func userMode(m *machine, configPath, services, logDir string) {
+func userMode(m *machine, configPath, logDir string) {
 	m.con = &console{stdout: os.Stdout, log: supervisor.NewRingLog(2000, 256<<10)}
 	handleSignals(m.power, m.con.printf)
 	m.cfg = &Config{}
@@ -67,8 +69,8 @@ func userMode(m *machine, configPath, services, logDir string) {
 		m.configSource = configPath
 	}
 	m.kernel = kernelRelease() // var=none: no disks are set up (machine.volume)
-	m.extensions = listExtensions(extensionsDir)
-	if err := m.superviseServices(services, logDir); err != nil {
+	m.extensions, _ = m.awaitExtensions()
+	if err := m.superviseServices(logDir); err != nil {
 		m.con.printf("services: %v", err)
 		os.Exit(2)
 	}

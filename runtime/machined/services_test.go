@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -8,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"kiln/machined/internal/resource"
 	"kiln/machined/internal/supervisor"
 	"kiln/machined/internal/testkit"
 	"kiln/machined/internal/testkit/wait"
@@ -101,13 +103,13 @@ func serviceState(m *machine, name string) supervisor.ServiceStatus {
 }
 
 func TestAppliedServicesStartRestartAndStopWithoutTouchingTheOthers(t *testing.T) {
-	c := newConfigMachine(t)
 	extensions := t.TempDir()
 	ext := "name: ext\ncommand: /bin/sh\nargs: [-c, exec sleep 60]\nrestart: always\n"
 	if err := os.WriteFile(filepath.Join(extensions, "ext.yaml"), []byte(ext), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if err := c.superviseServices(extensions, ""); err != nil {
+	c := newConfigMachine(t, func(m *machine) { m.extDirs.services = extensions })
+	if err := c.superviseServices(""); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.currentSupervisor().Stop() })
@@ -145,7 +147,7 @@ func TestAppliedServicesStartRestartAndStopWithoutTouchingTheOthers(t *testing.T
 
 func TestAnAppliedServiceSetWithAnUnknownDependencyKeepsWhatRuns(t *testing.T) {
 	c := newConfigMachine(t)
-	if err := c.superviseServices(t.TempDir(), ""); err != nil {
+	if err := c.superviseServices(""); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.currentSupervisor().Stop() })
@@ -158,5 +160,51 @@ func TestAnAppliedServiceSetWithAnUnknownDependencyKeepsWhatRuns(t *testing.T) {
 	})
 	if st := serviceState(c.machine, "web"); st.Name != "web" {
 		t.Errorf("web (booted) should still be there: %+v", c.Services())
+	}
+}
+
+// The services controller leaves a supervisor alone until extension/services is there: merged
+// with no extensions' services, the config's set would stop the extensions' running ones.
+func TestTheServicesControllerWaitsForTheExtensionsServices(t *testing.T) {
+	ext := supervisor.ServiceSpec{Name: "ext", Command: "/bin/sh", Args: []string{"-c", "exec sleep 60"}, Restart: "always"}
+	sup := supervisor.New(supervisor.DefaultOptions())
+	if err := sup.Start([]supervisor.ServiceSpec{ext}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(sup.Stop)
+	m := &machine{con: quietConsole(), sup: sup}
+	wait.Until(t, "ext running", 15*time.Second, func() bool { return serviceState(m, "ext").State == supervisor.StateRunning })
+	pid := serviceState(m, "ext").PID
+
+	state := resource.NewState()
+	for typ, owner := range map[resource.Type]string{machineConfigType: configOwner, extensionServicesType: "extensions"} {
+		if err := state.Claim(typ, owner); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := state.Put(configOwner, machineConfigType, machineConfigID, machineConfigSpec{}); err != nil {
+		t.Fatal(err)
+	}
+	rt := resource.NewRuntime(state, t.Logf)
+	ctrl := &countedRuns{Controller: &servicesController{current: m.currentSupervisor, printf: t.Logf}}
+	if err := rt.Register(ctrl); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { rt.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	wait.Until(t, "the controller's run without extension/services", 5*time.Second, func() bool { return ctrl.count() >= 1 })
+	if st := serviceState(m, "ext"); st.PID != pid || st.State != supervisor.StateRunning {
+		t.Fatalf("the extension's service was touched before its spec was known: %+v", st)
+	}
+	runs := ctrl.count()
+	spec := extensionServicesSpec{Names: []string{"ext"}, Specs: []supervisor.ServiceSpec{ext}}
+	if _, err := state.Put("extensions", extensionServicesType, extensionServicesID, spec); err != nil {
+		t.Fatal(err)
+	}
+	wait.Until(t, "the controller's run with extension/services", 5*time.Second, func() bool { return ctrl.count() > runs })
+	if st := serviceState(m, "ext"); st.PID != pid || st.State != supervisor.StateRunning {
+		t.Fatalf("the extension's service, unchanged, was restarted or stopped: %+v", st)
 	}
 }

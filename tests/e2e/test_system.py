@@ -586,10 +586,12 @@ def test_api_mutual_tls_and_poweroff(image_dir: Path, pki: Path, config_server: 
         # what the kernel, the supervisor and the clock have (no boot/state: this machine has no A/B disk)
         observed = {"network/link", "network/address", "service/status", "time/status"}
         observed.add("platform/metadata")
-        assert status == 200 and {key for key in resources if key[0] not in observed} == {
+        owned = {key for key in resources if key[0] not in observed and key[0] != "extension/status"}
+        assert status == 200 and owned == {
             ("config/machine", "machine"),
             ("config/install", "install"),
             ("volume/status", "volumes"),
+            ("extension/services", "services"),
             ("network/status", "applied"),
             ("health/machine", "machine"),
             ("machine/ready", "machine"),
@@ -605,6 +607,12 @@ def test_api_mutual_tls_and_poweroff(image_dir: Path, pki: Path, config_server: 
         # the disks it uses, as the volumes controller set them up before ready (diskless: /var on a tmpfs)
         volumes = resources[("volume/status", "volumes")]
         assert volumes["owner"] == "volumes" and volumes["spec"] == {"var": "tmpfs"}, volumes
+        # the extensions the ready line names, each an extension/status of the extensions controller
+        extensions = [r for key, r in sorted(resources.items()) if key[0] == "extension/status"]
+        ready_extensions = resources[("machine/ready", "machine")]["spec"]["extensions"]
+        assert [r["id"] for r in extensions] == ready_extensions, extensions
+        assert all(r["owner"] == "extensions" for r in extensions), extensions
+        assert resources[("extension/services", "services")]["owner"] == "extensions", resources
         assert resources[("platform/metadata", "platform")]["spec"]["name"] == "metal", resources
         applied = resources[("network/status", "applied")]
         assert applied["owner"] == "network" and applied["phase"] == "running", applied

@@ -20,11 +20,14 @@ users would: it releases the profiles (default metal and iso) from this commit, 
 made for the run, then times `kiln verify --rebuild` of that release (a scratch checkout of the
 recorded commit building every directory again and comparing each artifact's sha256 with
 SHA256SUMS). Without --store-from the rebuild's store starts empty (every package built cold: about
-two hours here); `--store-from ~/.cache/kiln` gives it a hard-linked copy of that store's entries,
+an hour here); `--store-from ~/.cache/kiln` gives it a hard-linked copy of that store's entries,
 so the packages are found and what is measured is the checkout, the imager and the comparison;
 `--drop` leaves packages out of the copy, so the rebuild builds them again, with `--runner docker`
 on the other runner. The tree must be committed (the provenance names the commit). Its result is the
-`rebuild` entry of bench/results/repro.json.
+`rebuild` entry of bench/results/repro.json (`rebuild_cold` from an empty store; `_RUNNER` added for
+--runner), with the seconds of each package the rebuild compiled. From an empty store, the rebuild's
+build phases are a cold `make image` (`kiln image metal iso` in a store of its own), so the other
+phases (checkout, compare) are what verifying costs beyond it.
 """
 
 from __future__ import annotations
@@ -196,6 +199,7 @@ def rebuild_release(
         "seconds": {"release": round(released, 1), "verify_rebuild": round(rebuilt, 1)},
         "ratio_verify_rebuild_to_release": round(rebuilt / released, 2),
         "phases": outcome["phases"],
+        "package_seconds": built_here(store, store_from),
         "cores": os.cpu_count(),
     }
     for name, same, different in compared:
@@ -204,9 +208,21 @@ def rebuild_release(
     ratio = entry["ratio_verify_rebuild_to_release"]
     print(f"release {released:.0f} s, verify --rebuild {rebuilt:.0f} s ({ratio} x; {entry['store']}): {verdict}")
     stored = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
-    label = "rebuild" + (f"_{runner}" if runner else "")  # one entry per runner
+    # one entry per kind of store and runner
+    label = "rebuild" + ("" if store_from else "_cold") + (f"_{runner}" if runner else "")
     RESULTS.write_text(json.dumps(stored | {label: entry}, indent=2) + "\n")
     return 0 if outcome["ok"] else 1
+
+
+def built_here(store: Path, store_from: Path | None) -> dict[str, float]:
+    """Each package the rebuild compiled into `store` (not one copied from `store_from`): its build seconds."""
+    copied = {p.name for p in (store_from / "store").iterdir()} if store_from else set()
+    seconds = {}
+    for meta_path in sorted((store / "store").glob("*/meta.json")):
+        if meta_path.parent.name not in copied:
+            meta = json.loads(meta_path.read_text())
+            seconds[meta["name"]] = meta.get("meta", {}).get("seconds")
+    return dict(sorted(seconds.items(), key=lambda item: -(item[1] or 0)))
 
 
 def shared_entries(first: Path, second: Path) -> dict[str, dict[str, Any]]:

@@ -147,9 +147,10 @@ var resourceTypes = []resource.Type{
 
 // typeAliases are the short names `kiln node get` takes for the types (as talosctl get does).
 var typeAliases = map[string]resource.Type{
-	"config": machineConfigType, "install": installConfigType, "links": linkType, "addresses": addressType, "services": serviceType,
-	"bootstate": bootType, "time": timeType, "volumes": volumeType, "platform": platType, "upgrade": upgradeType,
-	"health": healthType, "ready": readyType, "extensions": extensionType, "extension-services": extensionServicesType,
+	"config": machineConfigType, "install": installConfigType, "links": linkType, "addresses": addressType,
+	"services": serviceType, "bootstate": bootType, "time": timeType, "volumes": volumeType,
+	"extensions": extensionType, "extension-services": extensionServicesType, "platform": platType,
+	"upgrade": upgradeType, "health": healthType, "ready": readyType,
 }
 
 // canonicalType is the type an API request names, by its full name or its alias.

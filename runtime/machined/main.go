@@ -68,8 +68,8 @@ func userMode(m *machine, configPath, logDir string) {
 		}
 		m.configSource = configPath
 	}
-	m.kernel = kernelRelease() // var=none: no disks are set up (machine.volume)
-	m.extensions, _ = m.awaitExtensions()
+	m.kernel = kernelRelease()                         // var=none: no disks are set up (machine.volume)
+	m.extensions = listExtensions(m.extDirs.manifests) // superviseServices reads their services
 	if err := m.superviseServices(logDir); err != nil {
 		m.con.printf("services: %v", err)
 		os.Exit(2)

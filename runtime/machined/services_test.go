@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -185,15 +184,7 @@ func TestTheServicesControllerWaitsForTheExtensionsServices(t *testing.T) {
 	if _, err := state.Put(configOwner, machineConfigType, machineConfigID, machineConfigSpec{}); err != nil {
 		t.Fatal(err)
 	}
-	rt := resource.NewRuntime(state, t.Logf)
-	ctrl := &countedRuns{Controller: &servicesController{current: m.currentSupervisor, printf: t.Logf}}
-	if err := rt.Register(ctrl); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { rt.Run(ctx); close(done) }()
-	defer func() { cancel(); <-done }()
+	ctrl := runCounted(t, state, &servicesController{current: m.currentSupervisor, printf: t.Logf})
 	wait.Until(t, "the controller's run without extension/services", 5*time.Second, func() bool { return ctrl.count() >= 1 })
 	if st := serviceState(m, "ext"); st.PID != pid || st.State != supervisor.StateRunning {
 		t.Fatalf("the extension's service was touched before its spec was known: %+v", st)

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"kiln/machined/internal/resource"
+	"kiln/machined/internal/testkit"
 	"kiln/machined/internal/testkit/wait"
 )
 
@@ -62,6 +63,18 @@ func (c *countedRuns) count() int {
 	return c.runs
 }
 
+// runCounted runs c alone over state until the test ends, counting its runs.
+func runCounted(t *testing.T, state *resource.State, c resource.Controller) *countedRuns {
+	t.Helper()
+	counted := &countedRuns{Controller: c}
+	rt := resource.NewRuntime(state, t.Logf)
+	if err := rt.Register(counted); err != nil {
+		t.Fatal(err)
+	}
+	testkit.RunUntilStopped(t, 5*time.Second, rt.Run)
+	return counted
+}
+
 func (s *setupRecorder) count() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -77,15 +90,7 @@ func TestVolumesAreSetUpOnceFromTheFirstInstallSection(t *testing.T) {
 		t.Fatal(err)
 	}
 	rec := &setupRecorder{}
-	rt := resource.NewRuntime(state, t.Logf)
-	ctrl := &countedRuns{Controller: &volumesController{setup: rec.setup}}
-	if err := rt.Register(ctrl); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { rt.Run(ctx); close(done) }()
-	defer func() { cancel(); <-done }()
+	ctrl := runCounted(t, state, &volumesController{setup: rec.setup})
 
 	wait.Until(t, "the controller's first run", 5*time.Second, func() bool { return ctrl.count() >= 1 })
 	if _, ok := state.Get(volumeType, volumeID); ok || rec.count() != 0 {

@@ -553,8 +553,8 @@ func TestKeptConfigReplacedAtTheNextBoot(t *testing.T) {
 	}{
 		{&machine{params: map[string]string{}, configSource: "/dev/sr0:kiln.json"}, ""},
 		{&machine{params: map[string]string{paramConfig: "/etc/kiln.yaml"}}, "kiln.config=/etc/kiln.yaml"},
-		{&machine{params: map[string]string{}, configSource: "aws:user-data", platform: &platformState{impl: aws}}, "the platform's user data"},
-		{&machine{params: map[string]string{}, configSource: "nocloud:user-data", platform: &platformState{impl: nocloud, fromConfigDrive: true}}, ""},
+		{withPlatform(t, &machine{params: map[string]string{}, configSource: "aws:user-data"}, &platformState{impl: aws}), "the platform's user data"},
+		{withPlatform(t, &machine{params: map[string]string{}, configSource: "nocloud:user-data"}, &platformState{impl: nocloud, fromConfigDrive: true}), ""},
 		{&machine{params: map[string]string{paramConfigDrive: "replace"}}, "kiln.config.drive=replace (any config drive there at boot)"},
 	} {
 		if got := c.m.keptConfigReplaced(); got != c.want {

@@ -238,12 +238,19 @@ func (m *machine) keptConfigReplaced() string {
 	switch {
 	case m.params[paramConfig] != "":
 		return paramConfig + "=" + configSourceName(m.params[paramConfig])
-	case m.platform != nil && !m.platform.fromConfigDrive && m.configSource == m.platform.name()+":user-data":
+	case m.platformGaveConfig():
 		return "the platform's user data" // a drive's (nocloud) follows the config drive's rule
 	case m.params[paramConfigDrive] == configDriveReplace:
 		return paramConfigDrive + "=" + configDriveReplace + " (any config drive there at boot)"
 	}
 	return ""
+}
+
+// platformGaveConfig says whether the running config is the platform's user data, read from
+// its metadata service (a drive's, as nocloud's, follows the config drive's rule).
+func (m *machine) platformGaveConfig() bool {
+	p := m.fetchedPlatform()
+	return p != nil && !p.fromConfigDrive && m.configSource == p.name()+":user-data"
 }
 
 // ApplyConfig checks req's config, keeps it and publishes its live sections as req.Mode says.
@@ -280,10 +287,11 @@ func (m *machine) ApplyConfig(req configRequest, answer func(*configReport)) err
 // fillFromPlatformFacts gives a new config what the boot would give it from the platform's
 // facts (hostname, static network), unless those came from a config drive the boot ignored.
 func (m *machine) fillFromPlatformFacts(cfg *Config) {
-	if m.platform == nil || (m.platform.fromConfigDrive && !m.configDrive.allowed) {
+	p := m.fetchedPlatform()
+	if p == nil || (p.fromConfigDrive && !m.configDrive.allowed) {
 		return
 	}
-	m.fillFromPlatform(cfg)
+	fillFromPlatform(p, cfg, m.con.printf)
 }
 
 // applyPlan is what an apply does: its report, the running config it makes, and whether that

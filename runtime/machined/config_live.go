@@ -85,7 +85,7 @@ func (m *machine) chooseTimeServers(configured []string) []string {
 	if len(configured) > 0 {
 		return configured
 	}
-	if servers := platformTimeNTP[m.platform.name()]; len(servers) > 0 {
+	if servers := platformTimeNTP[m.fetchedPlatform().name()]; len(servers) > 0 {
 		return servers
 	}
 	return m.net.NTPServers()

@@ -109,14 +109,14 @@ func TestNoCloudDriveFollowsTheConfigDriveRule(t *testing.T) {
 		Network: &platform.Network{Interfaces: []platform.Interface{{Name: "eth0", Addresses: []string{"10.6.6.6/24"}}}}}
 	m := &machine{con: quietConsole(), cfg: &Config{}, params: map[string]string{}}
 	m.configDrive = decideConfigDrive("", "/dev/vda5:config.json", nil)
-	m.platform = &platformState{impl: mustLookup(t, "nocloud"), facts: facts, fromConfigDrive: true}
+	withPlatform(t, m, &platformState{impl: mustLookup(t, "nocloud"), facts: facts, fromConfigDrive: true})
 	m.applyPlatform()
 	if m.configSource != "" || m.cfg.Hostname != "" || len(m.cfg.Network.Interfaces) != 0 {
 		t.Fatalf("a refused cidata drive was used: %q %+v", m.configSource, m.cfg)
 	}
 	m = &machine{con: quietConsole(), cfg: &Config{}, params: map[string]string{}}
 	m.configDrive = decideConfigDrive("", "", nil)
-	m.platform = &platformState{impl: mustLookup(t, "nocloud"), facts: facts, fromConfigDrive: true}
+	withPlatform(t, m, &platformState{impl: mustLookup(t, "nocloud"), facts: facts, fromConfigDrive: true})
 	m.applyPlatform()
 	if m.configSource != "nocloud:user-data" || m.cfg.Hostname != "from-stick" {
 		t.Fatalf("the first boot's cidata drive: %q %+v", m.configSource, m.cfg)

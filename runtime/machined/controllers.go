@@ -81,12 +81,14 @@ func (m *machine) startControllers(net networkApplier) {
 	rt := resource.NewRuntime(m.resources, m.con.printf)
 	owners := map[resource.Type]string{
 		machineConfigType: configOwner, installConfigType: configOwner, healthType: healthOwner, readyType: readyOwner,
+		upgradeType: upgradeOwner,
 	}
 	for t, owner := range owners {
 		if err := m.resources.Claim(t, owner); err != nil {
 			m.fatal("resources: %v", err)
 		}
 	}
+	m.publishUpgrades()
 	setup := m.setupVolumes
 	if !m.pid1 {
 		setup = noVolumes // not PID 1, machined touches no disk
@@ -94,6 +96,7 @@ func (m *machine) startControllers(net networkApplier) {
 	owning := []resource.Controller{
 		&networkController{net: net, wait: 5 * time.Second}, &volumesController{setup: setup},
 		&extensionsController{dirs: m.extDirs, printf: m.con.printf},
+		&platformController{fetch: m.fetchPlatform, report: m.reportReady},
 	}
 	for _, c := range append(append(owning, m.observers()...), m.liveControllers()...) {
 		if err := rt.Register(c); err != nil {

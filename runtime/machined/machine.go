@@ -45,16 +45,15 @@ type machine struct {
 	started       time.Time
 	power         chan string
 	shutdownOnce  sync.Once
-	slots         *slots         // the A/B boot state; empty when the boot came from no A/B disk
-	upgrades      upgrader       // the upgrade under way or the last one that failed
-	isReady       chan struct{}  // closed once the machine is ready
-	platform      *platformState // what kiln.platform='s metadata said
-	clock         *ntp.Syncer    // nil when time sync is off
-	firmware      firmwareState  // UEFI or BIOS, and whether Secure Boot is on
-	lockdown      string         // the kernel's lockdown mode ("" without the lockdown LSM)
-	tpm           *tpmState      // PCR 11 of the TPM 2.0, nil without one
-	phases        phases         // how long each part of the boot took
-	configDrive   driveVerdict   // whether a config drive may replace the kept config (configsource_drive.go)
+	slots         *slots        // the A/B boot state; empty when the boot came from no A/B disk
+	upgrades      upgrader      // the upgrade under way or the last one that failed
+	isReady       chan struct{} // closed once the machine is ready
+	clock         *ntp.Syncer   // nil when time sync is off
+	firmware      firmwareState // UEFI or BIOS, and whether Secure Boot is on
+	lockdown      string        // the kernel's lockdown mode ("" without the lockdown LSM)
+	tpm           *tpmState     // PCR 11 of the TPM 2.0, nil without one
+	phases        phases        // how long each part of the boot took
+	configDrive   driveVerdict  // whether a config drive may replace the kept config (configsource_drive.go)
 }
 
 // boot brings the machine up as PID 1, in order: kernel filesystems and the read-only root
@@ -99,8 +98,11 @@ func (m *machine) boot() {
 	m.net = network.New(m.con.printf)
 	m.net.SetMetadataInterface(metadataInterface(m.params[paramPlatform])) // who may route 169.254.0.0/16
 
+	// The platform controller fetches kiln.platform='s facts while the boot reads kiln.config= or
+	// the config drive; the config is composed from both.
+	m.startControllers(m.net)
 	m.loadConfig()
-	m.fetchPlatform()
+	m.awaitPlatform()
 	m.applyPlatform()
 	m.phases.mark("config")
 	m.setHostname()
@@ -108,7 +110,6 @@ func (m *machine) boot() {
 	// the disks up, and again whatever the kept config changes of it. Only a boot without a config
 	// of its own takes the one kept on STATE, and only from a disk with a STATE partition: then the
 	// network waits for the disks instead of starting DHCP on defaults it would give up moments later.
-	m.startControllers(m.net)
 	m.publishInstall() // the volumes controller sets the disks up from it (volumes.go)
 	if m.configSource != "" || !hasStatePartition(disk.ListBlockDevices("/sys")) {
 		m.publishConfig()
@@ -340,7 +341,7 @@ func (m *machine) readySpec() readySpec {
 	for i, e := range m.extensions {
 		names[i] = e.Name
 	}
-	return readySpec{Version: m.version, Kernel: m.kernel, Extensions: names, Var: m.volume().Var, Platform: m.platform.name()}
+	return readySpec{Version: m.version, Kernel: m.kernel, Extensions: names, Var: m.volume().Var, Platform: m.fetchedPlatform().name()}
 }
 
 // publishReady puts the ready line's facts as the machine/ready resource, just before the line.
@@ -395,8 +396,7 @@ func (m *machine) ready() {
 		m.con.printf("api: off (no api certificates in the machine config)")
 	}
 	m.publishReady()
-	m.con.line(m.readyLine())
-	m.reportPlatformReady()
+	m.con.line(m.readyLine()) // the platform controller now sends the platform its ready report
 }
 
 // startClock keeps the clock in sync, from the config's servers, else the platform's time
@@ -442,7 +442,7 @@ func (m *machine) Status() interface{} {
 		"services":       m.Services(),
 		"boot":           m.slots.status(),
 		"upgrade":        m.upgrades.snapshot(),
-		"platform":       m.platform.status(),
+		"platform":       m.platformStatus(),
 		"time":           m.timeStatus(),
 		"firmware":       m.firmware,
 		"lockdown":       m.lockdown,
@@ -469,6 +469,12 @@ func kernelAddresses() map[string][]string {
 		}
 	}
 	return out
+}
+
+// platformStatus is /v1/status's platform section: platform/metadata as the API shows it.
+func (m *machine) platformStatus() map[string]interface{} {
+	spec, _ := m.platformMetadata()
+	return spec.fetched.status(spec.report)
 }
 
 func (m *machine) timeStatus() interface{} {

@@ -1,8 +1,7 @@
 package main
 
-// Observed resources: what the kernel, the supervisor, the boot slots, the clock, the disks,
-// the platform and the upgrader have now (network/link, network/address, service/status,
-// boot/state, time/status, platform/metadata, upgrade/status), refreshed every
+// Observed resources: what the kernel, the supervisor, the boot slots and the clock have now
+// (network/link, network/address, service/status, boot/state, time/status), refreshed every
 // observeEvery (links and addresses after each network apply too). They are the machine's
 // facts, not its wishes: `kiln node get addresses` reads them, and the health verdict is judged
 // from them.
@@ -22,8 +21,6 @@ const (
 	serviceType resource.Type = "service/status"
 	bootType    resource.Type = "boot/state"
 	timeType    resource.Type = "time/status"
-	platType    resource.Type = "platform/metadata"
-	upgradeType resource.Type = "upgrade/status"
 
 	observeEvery = 2 * time.Second
 )
@@ -195,17 +192,10 @@ func (m *machine) observers() []resource.Controller {
 		return status, status != nil
 	})
 	timeStatus := func() (interface{}, bool) { return m.timeStatus(), true }
-	platform := func() (interface{}, bool) { return m.platform.status(), true } // fetched before the controllers start
-	upgrade := func() (interface{}, bool) {
-		status := m.upgrades.snapshot()
-		return status, status != nil
-	}
 	return []resource.Controller{
 		&linksObserver{read: readKernelLinks},
 		&servicesObserver{read: m.Services},
 		&snapshotObserver{name: "bootstate", typ: bootType, id: "slots", read: bootState},
 		&snapshotObserver{name: "clock", typ: timeType, id: "clock", read: timeStatus},
-		&snapshotObserver{name: "platform", typ: platType, id: "platform", read: platform},
-		&snapshotObserver{name: "upgrader", typ: upgradeType, id: "upgrade", read: upgrade},
 	}
 }

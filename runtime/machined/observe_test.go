@@ -223,21 +223,22 @@ func TestBootStateAndTimeAreObserved(t *testing.T) {
 	wait.Until(t, "boot/state made default", observed, func() bool { return bootedAs() == "default" })
 }
 
-// The platform's metadata is a resource from the start; the upgrade's status once there is an upgrade.
-func TestPlatformAndUpgradeAreObserved(t *testing.T) {
+// The platform's metadata is a resource from the start (the platform controller's; metal here,
+// as no kiln.platform= says otherwise); the upgrade's status once there is an upgrade.
+func TestPlatformAndUpgradeAreResources(t *testing.T) {
 	m := &machine{con: quietConsole(), cfg: &Config{}, isReady: make(chan struct{})}
 	m.startControllers(&applyRecorder{})
 	wait.Until(t, "platform/metadata", observed, func() bool { return len(m.Resources("platform")) == 1 })
-	if spec, _ := json.Marshal(m.Resources("platform")[0].Spec); string(spec) != `{"name":"metal"}` {
-		t.Errorf("platform/metadata: %s", spec)
+	if got := m.Resources("platform")[0]; got.Owner != "platform" || m.platformStatus()["name"] != "metal" {
+		t.Errorf("platform/metadata: %+v", got)
 	}
 	if got := m.Resources("upgrade"); len(got) != 0 {
 		t.Fatalf("an upgrade status with no upgrade: %+v", got)
 	}
 	m.upgrades.mu.Lock()
-	m.upgrades.status = &upgradeStatus{State: upgradeFailed, Version: "0.2.0"}
+	m.upgrades.begin(&upgradeStatus{State: upgradeFailed, Version: "0.2.0"})
 	m.upgrades.mu.Unlock()
-	wait.Until(t, "upgrade/status", observed, func() bool { return len(m.Resources("upgrade")) == 1 })
+	// the upgrader puts its status itself: it is there at once, with no observer's period to wait
 	if got, ok := m.Resources("upgrade")[0].Spec.(*upgradeStatus); !ok || got.State != upgradeFailed || got.Version != "0.2.0" {
 		t.Errorf("upgrade/status: %+v", m.Resources("upgrade")[0].Spec)
 	}

@@ -7,7 +7,6 @@ import (
 	"net"
 	"os"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
@@ -15,7 +14,6 @@ import (
 	"kiln/machined/internal/network"
 	"kiln/machined/internal/platform"
 	"kiln/machined/internal/safefile"
-	"kiln/machined/internal/safego"
 )
 
 const platformDriveMount = "/run/kiln/platform-drive"
@@ -27,17 +25,13 @@ var platformTimeNTP = map[string][]string{
 	"gcp": {"169.254.169.254"},
 }
 
-// platformState is what the platform said, kept for the ready line, the status and the
-// ready report Azure waits for.
+// platformState is what the platform said: the platform controller's fetch, never changed once
+// fetched (platform/metadata carries it).
 type platformState struct {
 	impl  platform.Platform
 	env   platform.Env
 	facts platform.Facts
 	err   string
-	// report is Azure's health report: "", "sent" or the error; the report's goroutine writes
-	// it while the API reads it, so it is only touched under reportMu
-	reportMu sync.Mutex
-	report   string
 	// fromConfigDrive: the facts came from a drive labelled like a config drive (nocloud's
 	// cidata), which the config drive's rule governs (configsource_drive.go)
 	fromConfigDrive bool
@@ -50,7 +44,8 @@ func (p *platformState) name() string {
 	return p.impl.Name()
 }
 
-func (p *platformState) status() map[string]interface{} {
+// status is /v1/status's platform section, with the ready report as it stands.
+func (p *platformState) status(readyReport string) map[string]interface{} {
 	if p == nil || p.impl == nil {
 		return map[string]interface{}{"name": "metal"}
 	}
@@ -61,20 +56,8 @@ func (p *platformState) status() map[string]interface{} {
 		"hostname":     p.facts.Hostname,
 		"warnings":     p.facts.Warnings,
 		"error":        p.err,
-		"ready_report": p.readyReport(),
+		"ready_report": readyReport,
 	}
-}
-
-func (p *platformState) readyReport() string {
-	p.reportMu.Lock()
-	defer p.reportMu.Unlock()
-	return p.report
-}
-
-func (p *platformState) setReadyReport(report string) {
-	p.reportMu.Lock()
-	defer p.reportMu.Unlock()
-	p.report = report
 }
 
 // needsNetwork says whether the platform's facts come over the network (a metadata service)
@@ -87,25 +70,25 @@ func needsNetwork(name string) bool {
 	return true
 }
 
-// fetchPlatform reads kiln.platform='s facts. An unknown platform or a failed fetch is said on
-// the console and leaves the machine on what the config gives: it must still come up.
-func (m *machine) fetchPlatform() {
-	m.platform = &platformState{}
+// fetchPlatform reads kiln.platform='s facts (the platform controller's fetch). An unknown
+// platform or a failed fetch is said on the console and leaves the machine on what the config
+// gives: it must still come up.
+func (m *machine) fetchPlatform() *platformState {
+	p := &platformState{}
 	impl, err := platform.Lookup(m.params[paramPlatform])
 	if err != nil {
 		m.con.printf("platform: %v; running as metal", err)
-		return
+		return p
 	}
-	m.platform.impl = impl
+	p.impl = impl
 	if impl.Name() == "metal" {
-		return
+		return p
 	}
 	if needsNetwork(impl.Name()) {
 		m.net.Configure(network.NetworkConfig{}, 10*time.Second) // DHCP everywhere, to reach the metadata service
 		m.linkLocalWithoutDHCP()
 	}
-	p := m.platform
-	m.platform.env = platform.Env{ReadDrive: func(q platform.DriveQuery) (map[string][]byte, string, error) {
+	p.env = platform.Env{ReadDrive: func(q platform.DriveQuery) (map[string][]byte, string, error) {
 		files, dev, err := readPlatformDrive(q)
 		if err == nil && isConfigDriveQuery(q) {
 			p.fromConfigDrive = true
@@ -113,17 +96,18 @@ func (m *machine) fetchPlatform() {
 		return files, dev, err
 	}}
 	start := time.Now()
-	facts, err := impl.Fetch(context.Background(), m.platform.env)
-	m.platform.facts = facts
+	facts, err := impl.Fetch(context.Background(), p.env)
+	p.facts = facts
 	for _, warning := range facts.Warnings {
 		m.con.printf("platform: %s: %s", impl.Name(), warning)
 	}
 	if err != nil {
-		m.platform.err = err.Error()
+		p.err = err.Error()
 		m.con.printf("platform: %v", err)
-		return
+		return p
 	}
 	m.con.printf("platform: %s: %s (%d ms)", impl.Name(), facts.Source, time.Since(start).Milliseconds())
+	return p
 }
 
 // linkLocalWithoutDHCP gives the first Ethernet interface a link-local IPv4 address when DHCP
@@ -195,13 +179,13 @@ func linkLocalFor(mac net.HardwareAddr) string {
 // applyPlatform fills what the config left open from the platform's facts: the config itself
 // (user data, when no kiln.config= or config drive gave one), the hostname and static network.
 func (m *machine) applyPlatform() {
-	facts := m.platform.facts
-	if m.platform.fromConfigDrive && !m.configDriveAllowed(facts.Source) {
+	p := m.fetchedPlatform()
+	if p == nil || (p.fromConfigDrive && !m.configDriveAllowed(p.facts.Source)) {
 		return // not its user data, hostname or network either: the kept config decides
 	}
-	if m.configSource == "" && len(facts.UserData) > 0 {
-		source := m.platform.name() + ":user-data"
-		cfg, err := parseConfig(source, facts.UserData, false)
+	if m.configSource == "" && len(p.facts.UserData) > 0 {
+		source := p.name() + ":user-data"
+		cfg, err := parseConfig(source, p.facts.UserData, false)
 		if err != nil {
 			m.con.printf("config: %v; using defaults", err)
 			m.configProblem = err.Error()
@@ -210,22 +194,22 @@ func (m *machine) applyPlatform() {
 			m.con.printf("config: %s", source)
 		}
 	}
-	m.fillFromPlatform(m.cfg)
+	fillFromPlatform(p, m.cfg, m.con.printf)
 }
 
-// fillFromPlatform fills the hostname and static network cfg leaves open from the platform's facts.
-func (m *machine) fillFromPlatform(cfg *Config) {
-	facts := m.platform.facts
+// fillFromPlatform fills the hostname and static network cfg leaves open from p's facts.
+func fillFromPlatform(p *platformState, cfg *Config, say func(string, ...interface{})) {
+	facts := p.facts
 	if cfg.Hostname == "" && facts.Hostname != "" {
 		cfg.Hostname = shortHostname(facts.Hostname)
 	}
 	if len(cfg.Network.Interfaces) == 0 && facts.Network != nil {
-		cfg.Network.Interfaces = platformInterfaces(facts.Network, m.con.printf)
+		cfg.Network.Interfaces = platformInterfaces(facts.Network, say)
 		if len(cfg.Network.Nameservers) == 0 {
 			cfg.Network.Nameservers = facts.Network.Nameservers
 		}
 		if err := cfg.Network.Validate(); err != nil {
-			m.con.printf("platform: %s: its network facts are not usable (%v); DHCP everywhere", m.platform.name(), err)
+			say("platform: %s: its network facts are not usable (%v); DHCP everywhere", p.name(), err)
 			cfg.Network = network.NetworkConfig{}
 		}
 	}
@@ -286,24 +270,22 @@ func platformInterfaces(facts *platform.Network, say func(string, ...interface{}
 	return out
 }
 
-// reportPlatformReady tells the platform the machine is up (Azure's WireServer marks a VM
-// failed without it), in the background and bounded by the platform package's deadline.
-func (m *machine) reportPlatformReady() {
-	if m.platform == nil || m.platform.impl == nil || m.platform.err != "" {
-		return
+// reportReady tells the platform the machine is up (Azure's WireServer marks a VM failed
+// without it), bounded by the platform package's deadline. It returns what platform/metadata
+// says of it: "" when the platform takes no report, "sent" once Azure has it, or the error.
+func (m *machine) reportReady(p *platformState) string {
+	if p == nil || p.impl == nil || p.err != "" {
+		return ""
 	}
-	p := m.platform
-	safego.Go("platform ready report", func() {
-		if err := p.impl.ReportReady(context.Background(), p.env, p.facts); err != nil {
-			p.setReadyReport(err.Error())
-			m.con.printf("platform: %s: ready report: %v", p.impl.Name(), err)
-			return
-		}
-		if p.impl.Name() == "azure" {
-			p.setReadyReport("sent")
-			m.con.printf("platform: azure: reported Ready to the WireServer")
-		}
-	})
+	if err := p.impl.ReportReady(context.Background(), p.env, p.facts); err != nil {
+		m.con.printf("platform: %s: ready report: %v", p.impl.Name(), err)
+		return err.Error()
+	}
+	if p.impl.Name() == "azure" {
+		m.con.printf("platform: azure: reported Ready to the WireServer")
+		return "sent"
+	}
+	return ""
 }
 
 // readPlatformDrive finds the drive a platform provisions (by label, or by filesystem type

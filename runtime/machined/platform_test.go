@@ -91,8 +91,8 @@ func TestPlatformUserDataIsTheConfigOnlyWhenNoneWasGiven(t *testing.T) {
 		{"aws", "", "hostname: -bad-\n", "", "", "", "using defaults"},
 	} {
 		m := &machine{con: quietConsole(), cfg: &Config{}, configSource: tc.source}
-		m.platform = &platformState{impl: mustLookup(t, tc.platform),
-			facts: platform.Facts{UserData: []byte(tc.userData), Hostname: tc.hostname}}
+		withPlatform(t, m, &platformState{impl: mustLookup(t, tc.platform),
+			facts: platform.Facts{UserData: []byte(tc.userData), Hostname: tc.hostname}})
 		m.applyPlatform()
 		console := strings.Join(m.con.log.Lines(), "")
 		if m.configSource != tc.wantSource || m.cfg.Hostname != tc.wantHostname || !strings.Contains(console, tc.wantConsole) {
@@ -102,11 +102,12 @@ func TestPlatformUserDataIsTheConfigOnlyWhenNoneWasGiven(t *testing.T) {
 }
 
 func TestReadyLineAndStatusNameThePlatform(t *testing.T) {
-	m := withVolume(t, &machine{version: "v1", kernel: "6.1", platform: &platformState{impl: mustLookup(t, "gcp")}}, volumeSpec{Var: "tmpfs"})
+	m := withVolume(t, &machine{version: "v1", kernel: "6.1"}, volumeSpec{Var: "tmpfs"})
+	withPlatform(t, m, &platformState{impl: mustLookup(t, "gcp")})
 	if got := m.readyLine(); !strings.HasSuffix(got, " platform=gcp") {
 		t.Fatalf("ready line: %q", got)
 	}
-	if (*platformState)(nil).name() != "metal" || m.platform.status()["name"] != "gcp" {
+	if (*platformState)(nil).name() != "metal" || m.platformStatus()["name"] != "gcp" {
 		t.Fatal("platform status")
 	}
 }

@@ -34,6 +34,7 @@ import (
 	"kiln/machined/internal/oci"
 	"kiln/machined/internal/persist"
 	"kiln/machined/internal/redact"
+	"kiln/machined/internal/resource"
 	"kiln/machined/internal/safefile"
 	"kiln/machined/internal/safego"
 	"kiln/machined/internal/supervisor"
@@ -152,10 +153,50 @@ type apiError struct {
 
 func (e *apiError) Error() string { return e.msg }
 
-// upgrader holds the one upgrade a machine may run at a time.
+// upgrader holds the one upgrade a machine may run at a time. It owns upgrade/status and puts
+// each change of the status as it happens; the pulled bytes' progress at most once per
+// progressEvery, as the pull counts every read.
 type upgrader struct {
 	mu     sync.Mutex
 	status *upgradeStatus
+	// publish puts the status as upgrade/status (set when the controllers start; nil without them)
+	publish   func(upgradeStatus)
+	published time.Time // when publish last ran
+}
+
+const (
+	upgradeType  resource.Type = "upgrade/status"
+	upgradeID                  = "upgrade"
+	upgradeOwner               = "upgrader"
+
+	progressEvery = time.Second // how often upgrade/status follows the pulled bytes alone
+)
+
+// publishUpgrades makes the upgrader put its status as upgrade/status from now on.
+func (m *machine) publishUpgrades() {
+	m.upgrades.mu.Lock()
+	defer m.upgrades.mu.Unlock()
+	m.upgrades.publish = func(s upgradeStatus) {
+		if _, err := m.resources.Put(upgradeOwner, upgradeType, upgradeID, &s); err != nil {
+			m.con.printf("upgrade: %v", err)
+		}
+	}
+}
+
+// begin makes s the upgrade's status; u.mu is held.
+func (u *upgrader) begin(s *upgradeStatus) {
+	u.status = s
+	u.publishLocked(true)
+}
+
+// publishLocked hands the status to publish: always when changed says more than the bytes
+// pulled changed, otherwise once progressEvery has passed. u.mu is held.
+func (u *upgrader) publishLocked(changed bool) {
+	if u.publish == nil || u.status == nil || (!changed && time.Since(u.published) < progressEvery) {
+		return
+	}
+	u.published = time.Now()
+	u.publish(*u.status)
 }
 
 func (u *upgrader) snapshot() *upgradeStatus {
@@ -171,7 +212,11 @@ func (u *upgrader) snapshot() *upgradeStatus {
 func (u *upgrader) update(f func(s *upgradeStatus)) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
+	before := *u.status
 	f(u.status)
+	progress := before
+	progress.PulledBytes = u.status.PulledBytes
+	u.publishLocked(progress != *u.status)
 }
 
 // Upgrade starts an upgrade in the background and returns its first status.
@@ -198,7 +243,7 @@ func (m *machine) Upgrade(req upgradeRequest) (*upgradeStatus, error) {
 	if m.slots.defaultSlot() == other || m.slots.trialSlot() == other {
 		return nil, &apiError{409, fmt.Sprintf("slot %s runs but slot %s is the default or on trial; roll back or reboot before upgrading", m.slots.slot, other)}
 	}
-	m.upgrades.status = &upgradeStatus{State: upgradePulling, Image: req.describe(), Slot: other, Preserve: req.preserve()}
+	m.upgrades.begin(&upgradeStatus{State: upgradePulling, Image: req.describe(), Slot: other, Preserve: req.preserve()})
 	first := *m.upgrades.status
 	m.con.printf("upgrade: %s into slot %s", req.describe(), other)
 	safego.Go("upgrade", func() { m.runUpgrade(req, other) })

@@ -329,12 +329,19 @@ def test_the_cloud_image_takes_its_config_and_name_from_its_cloud(
                 eventually(lambda: cloud.health_reports, bool)
                 report = ET.fromstring(cloud.health_reports[0])
                 assert report.findtext(".//State") == "Ready" and report.findtext(".//GoalStateIncarnation") == "7"
+                # the platform controller records the report it sent in platform/metadata
+                reported = eventually(lambda: json.loads(request(port, context, "GET", "/v1/status")[1]), sent_report)
+                assert reported["platform"]["ready_report"] == "sent", reported["platform"]
             if platform == "aws":
                 assert all("x-aws-ec2-metadata-token" in h for m, _, h in cloud.requests if m == "GET")
             assert request(port, context, "POST", "/v1/poweroff")[0] == 202
         finally:
             thread.join(BOOT_TIMEOUT)
     assert results and results[0].exit_code == 0, "the guest did not power off"
+
+
+def sent_report(status: dict[str, Any]) -> bool:
+    return bool(status["platform"]["ready_report"])
 
 
 def has_slaac(status: dict[str, Any]) -> bool:

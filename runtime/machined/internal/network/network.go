@@ -40,7 +40,7 @@ type Network struct {
 	links     map[string]*dhcpLink // interface -> its DHCP state
 	dhcp6     map[string]*loop     // interfaces with a DHCPv6 client running
 	links6    map[string]*dhcp6Link
-	applyMu   sync.Mutex               // one Apply at a time
+	applyMu   sync.Mutex               // one Apply or Configure at a time
 	static    map[string]staticApplied // interface -> what the last Apply set on it (apply.go)
 	lookup    func(name string) (*net.Interface, error)
 	// runDHCP and runDHCP6 are the clients' loops (dhcpLoop, dhcp6Loop); tests stand in for them
@@ -80,7 +80,11 @@ func ethernetInterfaces(sysRoot string) []string {
 // everywhere to reach a config URL or a metadata service) and waits up to wait for the first
 // DHCP leases, so the ready line usually comes with an address; slow servers finish in the
 // background. Apply, not Configure, makes the interfaces exactly what the machine config says.
+// Configures and Applies run one at a time (the config URL's fetch and the platform's may both
+// want DHCP at once).
 func (n *Network) Configure(cfg NetworkConfig, wait time.Duration) {
+	n.applyMu.Lock()
+	defer n.applyMu.Unlock()
 	n.configure(cfg, wait)
 }
 

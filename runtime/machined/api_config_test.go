@@ -21,6 +21,7 @@ import (
 
 	"kiln/machined/internal/resource"
 	"kiln/machined/internal/supervisor"
+	"kiln/machined/internal/testkit/wait"
 )
 
 // hostnames records what the hostname controller sets, and says when it sets one.
@@ -102,7 +103,7 @@ func newConfigMachine(t *testing.T, adjust ...func(m *machine)) *configMachine {
 		f(c.machine)
 	}
 	c.startControllers(c.net)
-	c.waitNetwork(c.publishConfig(), 5*time.Second)
+	c.waitNetwork(c.awaitConfig(), 5*time.Second)
 	c.awaitExtensions() // as the boot does before the API starts
 	c.api = serveAuthAPI(t, defaultAPILimits, c.machine)
 	return c
@@ -574,6 +575,18 @@ func (c *configMachine) presented(t *testing.T) string {
 	return resp.TLS.PeerCertificates[0].Subject.CommonName
 }
 
+// runAs makes cfg the running config, as an earlier apply would have: config/applied, which
+// the config controller makes config/machine.
+func (c *configMachine) runAs(t *testing.T, cfg *Config) {
+	t.Helper()
+	res, _ := c.resources.Get(machineConfigType, machineConfigID)
+	old, _ := resource.SpecOf[machineConfigSpec](res)
+	if _, err := c.resources.Put(appliedOwner, configAppliedType, appliedID, appliedSpec(old, old.Source, cfg)); err != nil {
+		t.Fatal(err)
+	}
+	wait.Until(t, "the config controller's copy of config/applied", 5*time.Second, func() bool { return c.runningConfig() == cfg })
+}
+
 // newAPIConfigMachine is a config machine whose running config has the API its test server
 // serves, wired as startAPI wires it (live applies reach that server's TLS); and that api section.
 func newAPIConfigMachine(t *testing.T) (*configMachine, APIConfig) {
@@ -582,7 +595,7 @@ func newAPIConfigMachine(t *testing.T) (*configMachine, APIConfig) {
 	booted := APIConfig{ClientCA: c.api.clientCA.pem, Cert: c.api.machine.certPEM, Key: c.api.machine.keyPEM}
 	running := *c.cfg
 	running.API = booted
-	c.setRunningConfig(&running)
+	c.runAs(t, &running)
 	c.live.apiMu.Lock()
 	c.live.apiTLS = c.api.server.tls
 	c.live.apiMu.Unlock()

@@ -123,7 +123,9 @@ func TestWatchSendsTheStateThenEachChange(t *testing.T) {
 		}
 		got = append(got, line.describe())
 	}
-	want := "current config/machine/machine@1, current extension/services/services@1, current network/status/applied@1"
+	want := "current config/install/install@1, current config/kept/kept@1, current config/machine/machine@1, " +
+		"current config/source/boot@1, current extension/services/services@1, current network/status/applied@1, " +
+		"current volume/status/volumes@1"
 	if strings.Join(got, ", ") != want {
 		t.Fatalf("current state: %v", got)
 	}
@@ -142,7 +144,7 @@ func TestWatchSendsTheStateThenEachChange(t *testing.T) {
 			}
 		}
 	}
-	if !seen["updated config/machine/machine@2"] || report.ConfigVersion != 2 {
+	if !seen["updated config/applied/applied@1"] || !seen["updated config/machine/machine@2"] || report.ConfigVersion != 2 {
 		t.Errorf("lines %v, report %+v", seen, report)
 	}
 }

@@ -6,6 +6,7 @@ package main
 // resource, whose controllers apply them. The others wait for the next boot.
 
 import (
+	"context"
 	"crypto/x509"
 	"encoding/json"
 	"errors"
@@ -16,6 +17,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 
 	"kiln/machined/internal/persist"
 	"kiln/machined/internal/resource"
@@ -39,11 +41,9 @@ const (
 // keptConfigFile is the config kept on STATE (persistConfig writes it at boot).
 const keptConfigFile = "config.json"
 
-// liveConfig is the config the machine runs now and how a new one reaches it.
+// liveConfig is how a new config reaches the running machine.
 type liveConfig struct {
 	applyMu sync.Mutex // one apply at a time, from its checks to its publishing
-	mu      sync.Mutex // guards running
-	running *Config    // nil until an apply changes something live; runningConfig says what runs
 
 	clockMu sync.Mutex // guards machine.clock between startClock and the time controller
 
@@ -204,21 +204,19 @@ func planConfig(running, next *Config, stagedWhy string, client []*x509.Certific
 	return results, &merged
 }
 
-// runningConfig is the config the machine runs now: the boot's, with the live sections of every
-// apply since. Code that reads a live section after the boot (upgrades) reads it here.
+// runningConfig is the config the machine runs now: config/machine's, which is the boot's with
+// the live sections of every apply since (m.cfg without controllers, not PID 1). Code that reads a
+// live section after the boot (upgrades, the health verdict) reads it here. It is the state's:
+// never changed in place.
 func (m *machine) runningConfig() *Config {
-	m.live.mu.Lock()
-	defer m.live.mu.Unlock()
-	if m.live.running != nil {
-		return m.live.running
+	if m.resources != nil {
+		if res, ok := m.resources.Get(machineConfigType, machineConfigID); ok {
+			if spec, ok := resource.SpecOf[machineConfigSpec](res); ok && spec.Config != nil {
+				return spec.Config
+			}
+		}
 	}
 	return m.cfg
-}
-
-func (m *machine) setRunningConfig(c *Config) {
-	m.live.mu.Lock()
-	defer m.live.mu.Unlock()
-	m.live.running = c
 }
 
 // keptDir is where a config is kept: STATE's mount point, or "" on a machine without one.
@@ -371,19 +369,28 @@ func (m *machine) upgradeUnderWay() string {
 	return ""
 }
 
-// configVersionFor is the version config/machine has once merged is published, and whether
-// publishing changes it: Put raises the version only when the spec changes, and after the boot
-// only ApplyConfig (under applyMu) writes it.
+// configVersionFor is the version config/machine has once merged is applied, and whether
+// applying changes it: the config controller copies config/applied there, Put raises the
+// version only when the spec changes, and after the boot only an apply (under applyMu) changes
+// what the controller puts.
 func (m *machine) configVersionFor(merged *Config) (uint64, bool) {
 	cur, ok := m.resources.Get(machineConfigType, machineConfigID)
 	if !ok {
 		return 1, true
 	}
 	old, ok := resource.SpecOf[machineConfigSpec](cur)
-	if ok && cur.Phase == resource.Running && reflect.DeepEqual(old, configSpec(old.Source, merged)) {
+	if ok && cur.Phase == resource.Running && reflect.DeepEqual(old, appliedSpec(old, old.Source, merged)) {
 		return cur.Version, false
 	}
 	return cur.Version + 1, true
+}
+
+// appliedSpec is config/machine's spec for merged, applied by source over old: the boot's
+// problem stays, as the health verdict judges the boot's config.
+func appliedSpec(old machineConfigSpec, source string, merged *Config) machineConfigSpec {
+	spec := configSpec(source, merged)
+	spec.Problem = old.Problem
+	return spec
 }
 
 // keepConfig writes the config (as the user sent it, before the platform's facts fill it in:
@@ -415,31 +422,37 @@ func (m *machine) keepConfig(doc *Config) (string, error) {
 	return path, nil
 }
 
-// publishRunning makes the plan's merged config the running one and, when the controllers'
-// part of it changed, hands that to them through config/machine.
+// publishRunning makes the plan's merged config the running one: it puts it as config/applied,
+// which the config controller makes config/machine, and waits (a moment: the controller only
+// copies it) until it is there, so the next apply plans against it.
 func (m *machine) publishRunning(p applyPlan, source string) {
-	if !p.live {
+	if !p.live || !p.specChanged {
 		return
 	}
 	before := m.runningConfig().API
-	m.setRunningConfig(p.merged)
+	res, _ := m.resources.Get(machineConfigType, machineConfigID)
+	old, _ := resource.SpecOf[machineConfigSpec](res)
+	if _, err := m.resources.Put(appliedOwner, configAppliedType, appliedID, appliedSpec(old, source, p.merged)); err != nil {
+		m.con.printf("config: %v", err)
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	reached := func(r resource.Resource) bool { return r.Version >= p.report.ConfigVersion }
+	if _, err := m.resources.Await(ctx, machineConfigType, machineConfigID, reached); err != nil {
+		m.con.printf("config: config/machine has not reached version %d: %v", p.report.ConfigVersion, err)
+	}
 	for _, r := range p.report.Sections {
 		if r.Section == "api" && r.Result == sectionApplied {
 			m.useAPI(before, p.merged.API)
 		}
 	}
-	if !p.specChanged {
-		return
-	}
-	if _, err := m.resources.Put(configOwner, machineConfigType, machineConfigID, configSpec(source, p.merged)); err != nil {
-		m.con.printf("config: %v", err)
-	}
 }
 
-// configSpec is the part of c the controllers read, as config/machine holds it.
+// configSpec is config/machine's spec for c from source.
 func configSpec(source string, c *Config) machineConfigSpec {
 	return machineConfigSpec{Source: source, Network: c.Network, Hostname: c.Hostname, TimeServers: c.Time.Servers,
-		Services: c.Services}
+		Services: c.Services, Config: c}
 }
 
 // summarize is the console's line of sections: "applied network; staged for the next boot install".

@@ -107,19 +107,17 @@ func TestConfigDriveIgnoredSaysWhyAndHow(t *testing.T) {
 func TestNoCloudDriveFollowsTheConfigDriveRule(t *testing.T) {
 	facts := platform.Facts{UserData: []byte("hostname: from-stick\n"), Hostname: "meta", Source: "nocloud drive /dev/sdb",
 		Network: &platform.Network{Interfaces: []platform.Interface{{Name: "eth0", Addresses: []string{"10.6.6.6/24"}}}}}
-	m := &machine{con: quietConsole(), cfg: &Config{}, params: map[string]string{}}
-	m.configDrive = decideConfigDrive("", "/dev/vda5:config.json", nil)
-	withPlatform(t, m, &platformState{impl: mustLookup(t, "nocloud"), facts: facts, fromConfigDrive: true})
-	m.applyPlatform()
-	if m.configSource != "" || m.cfg.Hostname != "" || len(m.cfg.Network.Interfaces) != 0 {
-		t.Fatalf("a refused cidata drive was used: %q %+v", m.configSource, m.cfg)
+	compose := func(kept string) *composition {
+		m := &machine{con: quietConsole(), params: map[string]string{}}
+		m.configDrive = decideConfigDrive("", kept, nil)
+		c := &configController{driveAllowed: m.configDriveAllowed, say: m.con.printf}
+		return c.compose(sourceSpec{}, &platformState{impl: mustLookup(t, "nocloud"), facts: facts, fromConfigDrive: true})
 	}
-	m = &machine{con: quietConsole(), cfg: &Config{}, params: map[string]string{}}
-	m.configDrive = decideConfigDrive("", "", nil)
-	withPlatform(t, m, &platformState{impl: mustLookup(t, "nocloud"), facts: facts, fromConfigDrive: true})
-	m.applyPlatform()
-	if m.configSource != "nocloud:user-data" || m.cfg.Hostname != "from-stick" {
-		t.Fatalf("the first boot's cidata drive: %q %+v", m.configSource, m.cfg)
+	if got := compose("/dev/vda5:config.json"); got.source != "" || got.cfg.Hostname != "" || len(got.cfg.Network.Interfaces) != 0 {
+		t.Fatalf("a refused cidata drive was used: %q %+v", got.source, got.cfg)
+	}
+	if got := compose(""); got.source != "nocloud:user-data" || got.cfg.Hostname != "from-stick" {
+		t.Fatalf("the first boot's cidata drive: %q %+v", got.source, got.cfg)
 	}
 	if !isConfigDriveQuery(platform.DriveQuery{Labels: []string{"CIDATA"}}) || isConfigDriveQuery(platform.DriveQuery{Labels: []string{"config-2"}}) {
 		t.Fatal("isConfigDriveQuery")

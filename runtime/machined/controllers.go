@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"kiln/machined/internal/disk"
 	"kiln/machined/internal/network"
 	"kiln/machined/internal/resource"
 	"kiln/machined/internal/safego"
@@ -13,9 +14,10 @@ import (
 
 // The machine's resources (internal/resource) and the controllers that own them.
 //
-// The boot owns the machine config resource: it puts the config it has at each point of the
-// boot (a config drive's or URL's, then the one kept on STATE once /var is set up), and the
-// controllers that read it converge on the latest, whatever they did for an earlier one.
+// The config controller owns the machine config resource (config_controller.go): it puts the
+// config it has at each point of the boot (a config drive's or URL's, then the one kept on STATE
+// once /var is set up, then what the API applies), and the controllers that read it converge on
+// the latest, whatever they did for an earlier one.
 const (
 	machineConfigType resource.Type = "config/machine"
 	networkStatusType resource.Type = "network/status"
@@ -30,14 +32,18 @@ const (
 	readyOwner               = "boot"
 )
 
-// machineConfigSpec is the part of the machine config the controllers read, and where it came from.
+// machineConfigSpec is the machine config: where it came from, the sections the controllers
+// apply, and the whole config for the rest of machined.
 type machineConfigSpec struct {
 	Source      string                `json:"source"`
+	Problem     string                `json:"problem,omitempty"` // why a config that was there is not the one running
 	Network     network.NetworkConfig `json:"network"`
 	Hostname    string                `json:"hostname,omitempty"`     // the hostname controller's (config_live.go)
 	TimeServers []string              `json:"time_servers,omitempty"` // the time controller's
 	// the services controller's (services_live.go); not shown, as a service's env may hold secrets
 	Services []supervisor.ServiceSpec `json:"-"`
+	// the whole config (the API, health checks, upgrades read it); not shown, as it holds the API's key
+	Config *Config `json:"-"`
 }
 
 // networkStatusSpec says which machine config version's network is applied.
@@ -80,8 +86,7 @@ func (m *machine) startControllers(net networkApplier) {
 	m.resources = resource.NewState()
 	rt := resource.NewRuntime(m.resources, m.con.printf)
 	owners := map[resource.Type]string{
-		machineConfigType: configOwner, installConfigType: configOwner, healthType: healthOwner, readyType: readyOwner,
-		upgradeType: upgradeOwner,
+		configAppliedType: appliedOwner, healthType: healthOwner, readyType: readyOwner, upgradeType: upgradeOwner,
 	}
 	for t, owner := range owners {
 		if err := m.resources.Claim(t, owner); err != nil {
@@ -89,11 +94,17 @@ func (m *machine) startControllers(net networkApplier) {
 		}
 	}
 	m.publishUpgrades()
-	setup := m.setupVolumes
+	setup, bootConfig := m.setupVolumes, m.readBootConfig
+	hasState := func() bool { return hasStatePartition(disk.ListBlockDevices("/sys")) }
 	if !m.pid1 {
-		setup = noVolumes // not PID 1, machined touches no disk
+		// not PID 1, machined touches no disk, and its config is -config's
+		own := sourceSpec{Source: m.configSource, Config: m.cfg}
+		setup, bootConfig, hasState = noVolumes, func() sourceSpec { return own }, func() bool { return false }
 	}
 	owning := []resource.Controller{
+		&bootConfigController{read: bootConfig},
+		&configController{diskParam: m.params[paramDisk], stateDir: stateMount, hasState: hasState,
+			driveAllowed: m.configDriveAllowed, say: m.con.printf},
 		&networkController{net: net, wait: 5 * time.Second}, &volumesController{setup: setup},
 		&extensionsController{dirs: m.extDirs, printf: m.con.printf},
 		&platformController{fetch: m.fetchPlatform, report: m.reportReady},
@@ -106,15 +117,11 @@ func (m *machine) startControllers(net networkApplier) {
 	safego.Go("controllers", func() { rt.Run(context.Background()) })
 }
 
-// publishConfig puts the config the machine has now as the machine config resource and
-// returns its version (unchanged when the config is).
-func (m *machine) publishConfig() uint64 {
-	spec := configSpec(m.configSource, m.cfg)
-	if _, err := m.resources.Put(configOwner, machineConfigType, machineConfigID, spec); err != nil {
-		m.con.printf("config: %v", err)
+// awaitInstall waits for the config controller's first composition, which puts the install section.
+func (m *machine) awaitInstall() {
+	if _, err := m.resources.Await(context.Background(), installConfigType, installConfigID, nil); err != nil {
+		m.fatal("config: %v", err) // the context never ends: unreachable
 	}
-	res, _ := m.resources.Get(machineConfigType, machineConfigID)
-	return res.Version
 }
 
 // waitNetwork waits until the network controller has applied machine config version (or
@@ -144,13 +151,14 @@ type apiResource struct {
 
 // resourceTypes are the types the machine has, in the order GET /v1/resources lists them.
 var resourceTypes = []resource.Type{
-	machineConfigType, installConfigType, networkStatusType, linkType, addressType, serviceType, bootType, timeType,
+	machineConfigType, configSourceType, installConfigType, keptConfigType, configAppliedType, networkStatusType, linkType, addressType, serviceType, bootType, timeType,
 	volumeType, extensionType, extensionServicesType, platType, upgradeType, healthType, readyType,
 }
 
 // typeAliases are the short names `kiln node get` takes for the types (as talosctl get does).
 var typeAliases = map[string]resource.Type{
-	"config": machineConfigType, "install": installConfigType, "links": linkType, "addresses": addressType,
+	"config": machineConfigType, "config-source": configSourceType, "install": installConfigType,
+	"kept-config": keptConfigType, "applied-config": configAppliedType, "links": linkType, "addresses": addressType,
 	"services": serviceType, "bootstate": bootType, "time": timeType, "volumes": volumeType,
 	"extensions": extensionType, "extension-services": extensionServicesType, "platform": platType,
 	"upgrade": upgradeType, "health": healthType, "ready": readyType,

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"kiln/machined/internal/network"
+	"kiln/machined/internal/resource"
 	"kiln/machined/internal/testkit/wait"
 )
 
@@ -43,17 +44,28 @@ func staticConfig(addr string) network.NetworkConfig {
 	return network.NetworkConfig{Interfaces: []network.InterfaceConfig{{Name: "eth0", Addresses: []string{addr}, DHCP: &no}}}
 }
 
-// The boot publishes a drive's config, then the kept one replaces it while the network is
-// still being applied: the network ends on the kept config's, and the boot's wait returns
+// The config changes while the network is still being applied (a first config, then another,
+// as an apply over the API does): the network ends on the latest, and the boot's wait returns
 // only once that one is applied (the bug this replaced: the network used the config of the
 // moment it started, so a kept static address was never applied).
 func TestTheNetworkConvergesOnTheLatestConfig(t *testing.T) {
 	rec := &applyRecorder{gate: make(chan struct{})}
-	m := &machine{con: quietConsole(), cfg: &Config{Network: staticConfig("10.0.2.50/24")}, configSource: "/dev/sr0:kiln.json"}
-	m.startControllers(rec)
-	first := m.publishConfig()
-	m.cfg, m.configSource = &Config{Network: staticConfig("10.0.2.77/24")}, "/state/config.json"
-	kept := m.publishConfig()
+	state := resource.NewState()
+	if err := state.Claim(machineConfigType, configOwner); err != nil {
+		t.Fatal(err)
+	}
+	runCounted(t, state, &networkController{net: rec, wait: time.Second})
+	m := &machine{con: quietConsole(), resources: state}
+	publish := func(source, address string) uint64 {
+		cfg := &Config{Network: staticConfig(address)}
+		if _, err := state.Put(configOwner, machineConfigType, machineConfigID, configSpec(source, cfg)); err != nil {
+			t.Fatal(err)
+		}
+		res, _ := state.Get(machineConfigType, machineConfigID)
+		return res.Version
+	}
+	first := publish("/dev/sr0:kiln.json", "10.0.2.50/24")
+	kept := publish("/state/config.json", "10.0.2.77/24")
 	if kept <= first {
 		t.Fatalf("versions %d then %d", first, kept)
 	}
@@ -78,7 +90,7 @@ func TestTheNetworkConvergesOnTheLatestConfig(t *testing.T) {
 		t.Errorf("applied %d configs, the last %+v", n, cfg)
 	}
 	close(rec.gate) // nothing else may be applied: the config did not change again
-	m.publishConfig()
+	publish("/state/config.json", "10.0.2.77/24")
 	time.Sleep(50 * time.Millisecond) // a spurious reconcile would show within this
 	if _, n := rec.last(); n != 2 {
 		t.Errorf("an unchanged config was applied again (%d applies)", n)
@@ -90,7 +102,7 @@ func TestWaitNetworkGivesUpAfterItsLimit(t *testing.T) {
 	m := &machine{con: quietConsole(), cfg: &Config{}}
 	m.startControllers(rec)
 	began := time.Now()
-	m.waitNetwork(m.publishConfig(), 100*time.Millisecond)
+	m.waitNetwork(m.awaitConfig(), 100*time.Millisecond)
 	if took := time.Since(began); took > 2*time.Second {
 		t.Errorf("waited %s", took)
 	}
@@ -108,14 +120,18 @@ func TestResourcesListTheMachinesState(t *testing.T) {
 	}
 	rec := &applyRecorder{}
 	m.startControllers(rec)
-	m.waitNetwork(m.publishConfig(), 5*time.Second)
+	m.waitNetwork(m.awaitConfig(), 5*time.Second)
 	all := m.Resources("")
-	if len(all) < 2 || all[0].Type != "config/machine" || all[1].Type != "network/status" {
+	byType := map[string]int{}
+	for i, r := range all {
+		byType[r.Type] = i
+	}
+	if len(all) < 5 || all[0].Type != "config/machine" || all[1].Type != "config/source" || all[byType["network/status"]].Owner != "network" {
 		t.Fatalf("resources: %+v", all)
 	}
 	// observed from this host's interfaces: lo at least
 	wait.Until(t, "a network/link resource", observed, func() bool { return len(m.Resources("links")) > 0 })
-	if all[0].Owner != "config" || all[1].Owner != "network" || all[1].Phase != "running" || all[0].Version != 1 {
+	if net := all[byType["network/status"]]; all[0].Owner != "config" || all[1].Owner != "bootconfig" || net.Phase != "running" || all[0].Version != 1 {
 		t.Errorf("metadata: %+v", all)
 	}
 	data, _ := json.Marshal(m.Resources("network/status"))

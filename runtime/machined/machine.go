@@ -2,11 +2,8 @@ package main
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
@@ -15,9 +12,7 @@ import (
 	"kiln/machined/internal/disk"
 	"kiln/machined/internal/network"
 	"kiln/machined/internal/ntp"
-	"kiln/machined/internal/persist"
 	"kiln/machined/internal/resource"
-	"kiln/machined/internal/safefile"
 	"kiln/machined/internal/safego"
 	"kiln/machined/internal/supervisor"
 )
@@ -98,34 +93,19 @@ func (m *machine) boot() {
 	m.net = network.New(m.con.printf)
 	m.net.SetMetadataInterface(metadataInterface(m.params[paramPlatform])) // who may route 169.254.0.0/16
 
-	// The platform controller fetches kiln.platform='s facts while the boot reads kiln.config= or
-	// the config drive; the config is composed from both.
+	// The controllers take it from here: the boot-config controller reads kiln.config= or the
+	// config drive while the platform controller fetches kiln.platform='s facts; the config
+	// controller composes the config from both (config_controller.go) and puts its install
+	// section, from which the volumes controller sets the disks up; the network and hostname
+	// controllers apply the config as it is put, and again whatever the kept config changes of it.
 	m.startControllers(m.net)
-	m.loadConfig()
-	m.awaitPlatform()
-	m.applyPlatform()
+	m.awaitInstall()
 	m.phases.mark("config")
-	m.setHostname()
-	// The network controller applies the config published now while the volumes controller sets
-	// the disks up, and again whatever the kept config changes of it. Only a boot without a config
-	// of its own takes the one kept on STATE, and only from a disk with a STATE partition: then the
-	// network waits for the disks instead of starting DHCP on defaults it would give up moments later.
-	m.publishInstall() // the volumes controller sets the disks up from it (volumes.go)
-	if m.configSource != "" || !hasStatePartition(disk.ListBlockDevices("/sys")) {
-		m.publishConfig()
-	}
-	published := m.cfg
 	vol := m.awaitVolumes()
 	m.slots = findSlots(m.params[paramSlot], vol.Disk, disk.ListBlockDevices("/sys"))
-	if vol.State != "" {
-		m.persistConfig()
-	}
-	if m.cfg != published {
-		m.applyPlatform() // the kept config: without a network or hostname it takes the platform's
-		m.setHostname()
-	}
+	version := m.awaitConfig() // the kept config considered: the boot's config, final
 	m.phases.mark("var")
-	m.waitNetwork(m.publishConfig(), 20*time.Second)
+	m.waitNetwork(version, 20*time.Second)
 	m.phases.mark("network") // the wait for the network beyond /var, which ran beside it
 	m.startClock()
 
@@ -162,16 +142,6 @@ func hasStatePartition(devs []disk.BlockDev) bool {
 	return false
 }
 
-// setHostname sets the config's hostname, if it has one.
-func (m *machine) setHostname() {
-	if m.cfg.Hostname == "" {
-		return
-	}
-	if err := syscall.Sethostname([]byte(m.cfg.Hostname)); err != nil {
-		m.con.printf("hostname %s: %v", m.cfg.Hostname, err)
-	}
-}
-
 func kernelRelease() string {
 	var u syscall.Utsname
 	if syscall.Uname(&u) != nil {
@@ -202,11 +172,10 @@ func settleDevices() {
 	}
 }
 
-// loadConfig reads the machine config from kiln.config= or a config drive. Without one
-// the machine runs on defaults; a broken one is reported and also means defaults, so the
-// machine still comes up and can be reached to fix it.
-func (m *machine) loadConfig() {
-	m.cfg = &Config{}
+// readBootConfig reads the machine config from kiln.config= or a config drive (config/source).
+// A broken one is reported and counts as none, with its problem: the machine then runs on what
+// the other sources give, or on defaults, so it still comes up and can be reached to fix it.
+func (m *machine) readBootConfig() sourceSpec {
 	if value, ok := m.params[paramConfig]; ok && value != "" {
 		if isURL(value) {
 			m.net.Configure(network.NetworkConfig{}, 10*time.Second) // DHCP everywhere, to reach the URL
@@ -214,58 +183,22 @@ func (m *machine) loadConfig() {
 		cfg, err := configFromParam(value, m.con.printf)
 		if err != nil {
 			m.con.printf("config: %v; using defaults", err)
-			m.configProblem = err.Error()
-			return
+			return sourceSpec{Problem: err.Error()}
 		}
-		m.cfg, m.configSource = cfg, configSourceName(value) // a URL without credentials or query
-	} else if dev, fstype := findConfigDrive("/sys"); dev != "" && m.configDriveAllowed(dev) {
+		source := configSourceName(value) // a URL without credentials or query
+		m.con.printf("config: %s", source)
+		return sourceSpec{Source: source, Config: cfg}
+	}
+	if dev, fstype := findConfigDrive("/sys"); dev != "" && m.configDriveAllowed(dev) {
 		cfg, source, err := configFromDrive(dev, fstype)
 		if err != nil {
 			m.con.printf("config: %v; using defaults", err)
-			m.configProblem = err.Error()
-			return
+			return sourceSpec{Problem: err.Error()}
 		}
-		m.cfg, m.configSource = cfg, source
+		m.con.printf("config: %s", source)
+		return sourceSpec{Source: source, Config: cfg}
 	}
-	if m.configSource != "" {
-		m.con.printf("config: %s", m.configSource)
-	}
-}
-
-// persistConfig keeps the config on STATE, so a machine that booted once from a config
-// drive or URL still has its config when that is gone; without a new one, the kept one
-// is used.
-func (m *machine) persistConfig() {
-	path := filepath.Join(stateMount, "config.json")
-	if m.configSource == "" {
-		data, err := safefile.ReadUnder(stateMount, "config.json", maxRemoteConfig)
-		if errors.Is(err, os.ErrNotExist) {
-			return
-		}
-		if err != nil {
-			m.con.printf("config: kept config: %v", err)
-			m.configProblem = "kept config: " + err.Error()
-			return
-		}
-		cfg, err := parseConfig(path, data, true)
-		if err != nil {
-			m.con.printf("config: kept config: %v", err)
-			m.configProblem = "kept config: " + err.Error()
-			return
-		}
-		m.cfg, m.configSource = cfg, path
-		m.con.printf("config: %s (kept from an earlier boot)", path)
-		return
-	}
-	data, err := json.MarshalIndent(m.cfg, "", "  ")
-	if err == nil {
-		// 0600: it holds the API's private key; atomic and fsynced, so a power cut never
-		// leaves a truncated config that the next boot would refuse
-		err = persist.WriteFileAtomic(path, data, 0o600)
-	}
-	if err != nil {
-		m.con.printf("config: keeping it on STATE: %v", err)
-	}
+	return sourceSpec{}
 }
 
 // startServices starts the extensions' services and the config's, supervised.

@@ -176,7 +176,7 @@ func TestKernelLinksAreRead(t *testing.T) {
 func TestResourceTypesByAlias(t *testing.T) {
 	m := &machine{con: quietConsole(), cfg: &Config{}, configSource: "test"}
 	m.startControllers(&applyRecorder{})
-	m.publishConfig()
+	m.awaitConfig()
 	wait.Until(t, "links observed", observed, func() bool { return len(m.Resources("network/link")) > 0 })
 	if got, want := len(m.Resources("links")), len(m.Resources("network/link")); got != want {
 		t.Errorf("links: %d, network/link: %d", got, want)

@@ -176,27 +176,6 @@ func linkLocalFor(mac net.HardwareAddr) string {
 	return fmt.Sprintf("169.254.%d.%d/16", third, fourth)
 }
 
-// applyPlatform fills what the config left open from the platform's facts: the config itself
-// (user data, when no kiln.config= or config drive gave one), the hostname and static network.
-func (m *machine) applyPlatform() {
-	p := m.fetchedPlatform()
-	if p == nil || (p.fromConfigDrive && !m.configDriveAllowed(p.facts.Source)) {
-		return // not its user data, hostname or network either: the kept config decides
-	}
-	if m.configSource == "" && len(p.facts.UserData) > 0 {
-		source := p.name() + ":user-data"
-		cfg, err := parseConfig(source, p.facts.UserData, false)
-		if err != nil {
-			m.con.printf("config: %v; using defaults", err)
-			m.configProblem = err.Error()
-		} else {
-			m.cfg, m.configSource = cfg, source
-			m.con.printf("config: %s", source)
-		}
-	}
-	fillFromPlatform(p, m.cfg, m.con.printf)
-}
-
 // fillFromPlatform fills the hostname and static network cfg leaves open from p's facts.
 func fillFromPlatform(p *platformState, cfg *Config, say func(string, ...interface{})) {
 	facts := p.facts

@@ -90,13 +90,13 @@ func TestPlatformUserDataIsTheConfigOnlyWhenNoneWasGiven(t *testing.T) {
 		// user data that is not a valid config leaves the defaults, said on the console
 		{"aws", "", "hostname: -bad-\n", "", "", "", "using defaults"},
 	} {
-		m := &machine{con: quietConsole(), cfg: &Config{}, configSource: tc.source}
-		withPlatform(t, m, &platformState{impl: mustLookup(t, tc.platform),
+		con := quietConsole()
+		c := &configController{say: con.printf}
+		got := c.compose(sourceSpec{Source: tc.source, Config: &Config{}}, &platformState{impl: mustLookup(t, tc.platform),
 			facts: platform.Facts{UserData: []byte(tc.userData), Hostname: tc.hostname}})
-		m.applyPlatform()
-		console := strings.Join(m.con.log.Lines(), "")
-		if m.configSource != tc.wantSource || m.cfg.Hostname != tc.wantHostname || !strings.Contains(console, tc.wantConsole) {
-			t.Errorf("%s user data %q: source %q hostname %q console %q", tc.platform, tc.userData, m.configSource, m.cfg.Hostname, console)
+		console := strings.Join(con.log.Lines(), "")
+		if got.source != tc.wantSource || got.cfg.Hostname != tc.wantHostname || !strings.Contains(console, tc.wantConsole) {
+			t.Errorf("%s user data %q: source %q hostname %q console %q", tc.platform, tc.userData, got.source, got.cfg.Hostname, console)
 		}
 	}
 }

@@ -9,8 +9,8 @@ import (
 )
 
 // The disks and mounts controller owns volume/status: where the machine keeps what it writes.
-// The boot puts the config's install section (config/install) once it has a config of its own or
-// knows it has none; the controller then chooses the disk, prepares STATE and EPHEMERAL, mounts
+// The config controller puts the config's install section (config/install) once it has the
+// boot's own config and the platform's, or knows there is none; this controller then chooses the disk, prepares STATE and EPHEMERAL, mounts
 // them and puts volume/status. It does so once per boot: the disks a later config names (the one
 // kept on STATE, or one applied over the API) are for the next boot, as docs/machine-config.md
 // says. What needs /var or STATE waits for volume/status (machine.awaitVolumes) and reads the
@@ -58,14 +58,6 @@ func (c *volumesController) Reconcile(_ context.Context, r *resource.Run) error 
 		c.done = &v
 	}
 	return r.Put(volumeType, volumeID, *c.done)
-}
-
-// publishInstall puts the config's install section, which starts the disks' setup.
-func (m *machine) publishInstall() {
-	spec := installSpec{Disk: m.cfg.Install.Disk, Filesystem: m.cfg.Install.Filesystem, Param: m.params[paramDisk]}
-	if _, err := m.resources.Put(configOwner, installConfigType, installConfigID, spec); err != nil {
-		m.con.printf("config: %v", err)
-	}
 }
 
 // awaitVolumes waits for the disks' setup. It has no limit of its own, as formatting a large

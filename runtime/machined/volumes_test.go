@@ -124,7 +124,6 @@ func TestNotPID1TouchesNoDisk(t *testing.T) {
 	m := &machine{con: quietConsole(), cfg: &Config{Install: InstallConfig{Disk: "/dev/vda"}}, params: map[string]string{},
 		isReady: make(chan struct{}), version: "v1", kernel: "6.1"}
 	m.startControllers(&applyRecorder{})
-	m.publishInstall()
 	if got := m.awaitVolumes(); got != (volumeSpec{Var: "none"}) {
 		t.Fatalf("volume/status: %+v", got)
 	}

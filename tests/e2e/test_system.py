@@ -585,11 +585,13 @@ def test_api_mutual_tls_and_poweroff(image_dir: Path, pki: Path, config_server: 
         resources = {(r["type"], r["id"]): r for r in json.loads(body)["resources"]}
         # what the kernel, the supervisor and the clock have (no boot/state: this machine has no A/B disk)
         observed = {"network/link", "network/address", "service/status", "time/status"}
-        observed.add("platform/metadata")
         owned = {key for key in resources if key[0] not in observed and key[0] != "extension/status"}
         assert status == 200 and owned == {
+            ("config/source", "boot"),
             ("config/machine", "machine"),
             ("config/install", "install"),
+            ("config/kept", "kept"),
+            ("platform/metadata", "platform"),
             ("volume/status", "volumes"),
             ("extension/services", "services"),
             ("network/status", "applied"),
@@ -614,6 +616,13 @@ def test_api_mutual_tls_and_poweroff(image_dir: Path, pki: Path, config_server: 
         assert all(r["owner"] == "extensions" for r in extensions), extensions
         assert resources[("extension/services", "services")]["owner"] == "extensions", resources
         assert resources[("platform/metadata", "platform")]["spec"]["name"] == "metal", resources
+        assert resources[("platform/metadata", "platform")]["owner"] == "platform", resources
+        # the config controller composed the config from kiln.config= (read by the boot-config
+        # controller); diskless, nothing is kept
+        source = resources[("config/source", "boot")]
+        assert source["owner"] == "bootconfig" and source["spec"] == {"source": config_server}, source
+        assert resources[("config/machine", "machine")]["spec"]["source"] == config_server, resources
+        assert resources[("config/kept", "kept")]["spec"] == {"action": "none"}, resources
         applied = resources[("network/status", "applied")]
         assert applied["owner"] == "network" and applied["phase"] == "running", applied
         assert applied["spec"]["config_version"] == resources[("config/machine", "machine")]["version"], resources

@@ -588,7 +588,8 @@ func (c *configMachine) runAs(t *testing.T, cfg *Config) {
 }
 
 // newAPIConfigMachine is a config machine whose running config has the API its test server
-// serves, wired as startAPI wires it (live applies reach that server's TLS); and that api section.
+// serves, wired as startAPI wires it and ready, so the API controller follows the config (live
+// applies reach that server's TLS); and that api section.
 func newAPIConfigMachine(t *testing.T) (*configMachine, APIConfig) {
 	t.Helper()
 	c := newConfigMachine(t)
@@ -597,8 +598,10 @@ func newAPIConfigMachine(t *testing.T) (*configMachine, APIConfig) {
 	running.API = booted
 	c.runAs(t, &running)
 	c.live.apiMu.Lock()
-	c.live.apiTLS = c.api.server.tls
+	c.live.api = runningAPI{addr: c.api.url, tls: c.api.server.tls, started: booted}
 	c.live.apiMu.Unlock()
+	c.publishReady()
+	wait.Until(t, "api/status", 5*time.Second, func() bool { return len(c.Resources("api")) == 1 })
 	return c, booted
 }
 
@@ -691,6 +694,11 @@ func TestAnAPICertificateAppliedLiveIsServedAtOnce(t *testing.T) {
 	}
 	if !bytes.Equal(c.api.server.tls.serverKey(), fresh.cert.RawSubjectPublicKeyInfo) {
 		t.Error("the machine's own key, which no client may use, is still the old one")
+	}
+	// api/status (kiln node get api) says which certificate is served, for which config version
+	if got, ok := c.Resources("api")[0].Spec.(apiStatusSpec); !ok || !strings.Contains(got.Certificate, `"machine-2"`) ||
+		got.ConfigVersion != report.ConfigVersion || got.Address != c.api.url || got.Problem != "" {
+		t.Errorf("api/status: %+v (config version %d)", c.Resources("api")[0].Spec, report.ConfigVersion)
 	}
 
 	otherCA := newTestCA(t, "another clients CA")

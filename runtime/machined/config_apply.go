@@ -47,8 +47,8 @@ type liveConfig struct {
 
 	clockMu sync.Mutex // guards machine.clock between startClock and the time controller
 
-	apiMu  sync.Mutex // guards apiTLS between startAPI and an apply
-	apiTLS *apiTLS    // the running API's TLS side, nil when the API is off
+	apiMu sync.Mutex // guards api between startAPI and the API controller
+	api   runningAPI // the API the boot started; its TLS side is nil when the API is off
 
 	keptDir     string                  // tests: the directory the config is kept in instead of STATE
 	setHostname func(name string) error // tests: instead of sethostname(2)
@@ -423,13 +423,13 @@ func (m *machine) keepConfig(doc *Config) (string, error) {
 }
 
 // publishRunning makes the plan's merged config the running one: it puts it as config/applied,
-// which the config controller makes config/machine, and waits (a moment: the controller only
-// copies it) until it is there, so the next apply plans against it.
+// which the config controller makes config/machine, and waits (a moment: the controllers only
+// copy it) until it is there, so the next apply plans against it, and until the API controller
+// has put a changed api section in place, so the next request meets it.
 func (m *machine) publishRunning(p applyPlan, source string) {
 	if !p.live || !p.specChanged {
 		return
 	}
-	before := m.runningConfig().API
 	res, _ := m.resources.Get(machineConfigType, machineConfigID)
 	old, _ := resource.SpecOf[machineConfigSpec](res)
 	if _, err := m.resources.Put(appliedOwner, configAppliedType, appliedID, appliedSpec(old, source, p.merged)); err != nil {
@@ -443,8 +443,15 @@ func (m *machine) publishRunning(p applyPlan, source string) {
 		m.con.printf("config: config/machine has not reached version %d: %v", p.report.ConfigVersion, err)
 	}
 	for _, r := range p.report.Sections {
-		if r.Section == "api" && r.Result == sectionApplied {
-			m.useAPI(before, p.merged.API)
+		if r.Section != "api" || r.Result != sectionApplied {
+			continue
+		}
+		serves := func(r resource.Resource) bool {
+			s, ok := resource.SpecOf[apiStatusSpec](r)
+			return ok && s.ConfigVersion >= p.report.ConfigVersion
+		}
+		if _, err := m.resources.Await(ctx, apiStatusType, apiStatusID, serves); err != nil {
+			m.con.printf("config: the API does not serve config version %d yet: %v", p.report.ConfigVersion, err)
 		}
 	}
 }
@@ -476,33 +483,4 @@ func summarize(results []sectionResult) string {
 		parts[i] = result + " " + strings.Join(by[result], ", ")
 	}
 	return strings.Join(parts, "; ")
-}
-
-// useAPI puts what an apply changed of the API in place in the running API (nothing when the API
-// is off): the machine's certificate and key, the client CAs. The config was checked before, so
-// this holds.
-func (m *machine) useAPI(before, api APIConfig) {
-	m.live.apiMu.Lock()
-	t := m.live.apiTLS
-	m.live.apiMu.Unlock()
-	if t == nil || !api.Enabled() {
-		return
-	}
-	if before.Cert != api.Cert || before.Key != api.Key {
-		if err := t.setCert(api.Cert, api.Key); err != nil {
-			m.con.printf("api: the new certificate was not put in place: %v", err)
-		} else {
-			m.con.printf("api: serving certificate %s from now on", certName(t))
-		}
-	}
-	oldCA, _ := before.clientCA()
-	newCA, err := api.clientCA()
-	if err != nil || oldCA == newCA {
-		return
-	}
-	if err := t.setClientCAs(newCA); err != nil {
-		m.con.printf("api: the new client CA was not put in place: %v", err)
-		return
-	}
-	m.con.printf("api: clients' certificates must chain to %s from now on", caNames(newCA))
 }

@@ -108,6 +108,7 @@ func (m *machine) startControllers(net networkApplier) {
 		&networkController{net: net, wait: 5 * time.Second}, &volumesController{setup: setup},
 		&extensionsController{dirs: m.extDirs, printf: m.con.printf},
 		&platformController{fetch: m.fetchPlatform, report: m.reportReady},
+		&apiController{running: m.runningAPI, say: m.con.printf},
 	}
 	for _, c := range append(append(owning, m.observers()...), m.liveControllers()...) {
 		if err := rt.Register(c); err != nil {
@@ -152,7 +153,7 @@ type apiResource struct {
 // resourceTypes are the types the machine has, in the order GET /v1/resources lists them.
 var resourceTypes = []resource.Type{
 	machineConfigType, configSourceType, installConfigType, keptConfigType, configAppliedType, networkStatusType, linkType, addressType, serviceType, bootType, timeType,
-	volumeType, extensionType, extensionServicesType, platType, upgradeType, healthType, readyType,
+	volumeType, extensionType, extensionServicesType, platType, apiStatusType, upgradeType, healthType, readyType,
 }
 
 // typeAliases are the short names `kiln node get` takes for the types (as talosctl get does).
@@ -160,7 +161,7 @@ var typeAliases = map[string]resource.Type{
 	"config": machineConfigType, "config-source": configSourceType, "install": installConfigType,
 	"kept-config": keptConfigType, "applied-config": configAppliedType, "links": linkType, "addresses": addressType,
 	"services": serviceType, "bootstate": bootType, "time": timeType, "volumes": volumeType,
-	"extensions": extensionType, "extension-services": extensionServicesType, "platform": platType,
+	"extensions": extensionType, "extension-services": extensionServicesType, "platform": platType, "api": apiStatusType,
 	"upgrade": upgradeType, "health": healthType, "ready": readyType,
 }
 

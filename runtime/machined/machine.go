@@ -248,7 +248,7 @@ func (m *machine) startAPI() {
 	}
 	m.apiAddr, m.stopAPI = server.addr.String(), server.stop
 	m.live.apiMu.Lock()
-	m.live.apiTLS = server.tls
+	m.live.api = runningAPI{addr: m.apiAddr, tls: server.tls, started: m.cfg.API}
 	m.live.apiMu.Unlock()
 }
 
@@ -408,6 +408,13 @@ func kernelAddresses() map[string][]string {
 func (m *machine) platformStatus() map[string]interface{} {
 	spec, _ := m.platformMetadata()
 	return spec.fetched.status(spec.report)
+}
+
+// runningAPI is the API the boot started (zero before, or when it is off).
+func (m *machine) runningAPI() runningAPI {
+	m.live.apiMu.Lock()
+	defer m.live.apiMu.Unlock()
+	return m.live.api
 }
 
 func (m *machine) timeStatus() interface{} {

@@ -592,6 +592,7 @@ def test_api_mutual_tls_and_poweroff(image_dir: Path, pki: Path, config_server: 
             ("config/install", "install"),
             ("config/kept", "kept"),
             ("platform/metadata", "platform"),
+            ("api/status", "api"),
             ("volume/status", "volumes"),
             ("extension/services", "services"),
             ("network/status", "applied"),
@@ -623,6 +624,11 @@ def test_api_mutual_tls_and_poweroff(image_dir: Path, pki: Path, config_server: 
         assert source["owner"] == "bootconfig" and source["spec"] == {"source": config_server}, source
         assert resources[("config/machine", "machine")]["spec"]["source"] == config_server, resources
         assert resources[("config/kept", "kept")]["spec"] == {"action": "none"}, resources
+        # the API controller says what the API serves, for the config version it follows
+        api = resources[("api/status", "api")]
+        assert api["owner"] == "api" and api["spec"]["address"].endswith(":50000"), api
+        assert '"machine"' in api["spec"]["certificate"], api
+        assert api["spec"]["config_version"] == resources[("config/machine", "machine")]["version"], api
         applied = resources[("network/status", "applied")]
         assert applied["owner"] == "network" and applied["phase"] == "running", applied
         assert applied["spec"]["config_version"] == resources[("config/machine", "machine")]["version"], resources

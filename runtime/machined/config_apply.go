@@ -2,8 +2,9 @@ package main
 
 // Day-2 config: POST /v1/config (api_config.go) hands a new machine config to ApplyConfig,
 // which checks it with the parser the boot uses, keeps it on STATE where the boot finds it, and
-// publishes the sections that can change while the machine runs to the machine config
-// resource, whose controllers apply them. The others wait for the next boot.
+// puts the running config it makes (the sections that can change while the machine runs) as
+// config/applied, which the config controller makes the machine config resource, whose
+// controllers apply them. The others wait for the next boot.
 
 import (
 	"context"
@@ -38,7 +39,7 @@ const (
 	sectionNotKept   = "not applied" // the next boot reads its config from elsewhere
 )
 
-// keptConfigFile is the config kept on STATE (persistConfig writes it at boot).
+// keptConfigFile is the config kept on STATE (the config controller writes it at boot: keepConfigIn).
 const keptConfigFile = "config.json"
 
 // liveConfig is how a new config reaches the running machine.
@@ -394,7 +395,7 @@ func appliedSpec(old machineConfigSpec, source string, merged *Config) machineCo
 }
 
 // keepConfig writes the config (as the user sent it, before the platform's facts fill it in:
-// the next boot fills it again) to STATE, as persistConfig does: JSON, 0600, atomically. The
+// the next boot fills it again) to STATE, as the config controller does at boot: JSON, 0600, atomically. The
 // upgrade lock keeps an upgrade from unmounting STATE meanwhile.
 func (m *machine) keepConfig(doc *Config) (string, error) {
 	m.upgrades.mu.Lock()

@@ -15,8 +15,8 @@ func fuzzSeeds(f *testing.F) {
 }
 
 // FuzzParseConfig: a config decodes and validates or is an error, never a panic; what
-// decodes survives a round trip through JSON (what persistConfig and POST /v1/config keep on
-// STATE), and can be planned against the defaults as POST /v1/config plans it, either way.
+// decodes survives a round trip through JSON (what the config controller and POST /v1/config
+// keep on STATE), and can be planned against the defaults as POST /v1/config plans it, either way.
 func FuzzParseConfig(f *testing.F) {
 	fuzzSeeds(f)
 	f.Fuzz(func(t *testing.T, data []byte) {

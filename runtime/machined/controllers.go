@@ -86,7 +86,7 @@ func (m *machine) startControllers(net networkApplier) {
 	m.resources = resource.NewState()
 	rt := resource.NewRuntime(m.resources, m.con.printf)
 	owners := map[resource.Type]string{
-		configAppliedType: appliedOwner, healthType: healthOwner, readyType: readyOwner, upgradeType: upgradeOwner,
+		configAppliedType: appliedOwner, readyType: readyOwner, upgradeType: upgradeOwner,
 	}
 	for t, owner := range owners {
 		if err := m.resources.Claim(t, owner); err != nil {
@@ -109,6 +109,8 @@ func (m *machine) startControllers(net networkApplier) {
 		&extensionsController{dirs: m.extDirs, printf: m.con.printf},
 		&platformController{fetch: m.fetchPlatform, report: m.reportReady},
 		&apiController{running: m.runningAPI, say: m.con.printf},
+		&healthController{judge: m.judgeHealth, interval: m.healthInterval},
+		&trialController{gate: m.trialGateAt, good: m.markTrialGood, fail: m.failTrial},
 	}
 	for _, c := range append(append(owning, m.observers()...), m.liveControllers()...) {
 		if err := rt.Register(c); err != nil {

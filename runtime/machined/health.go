@@ -1,8 +1,10 @@
 package main
 
-// The machine's health: one resource (health/machine) that says whether the machine does what
-// its config asks, re-judged from ready on (every second while on trial, every 10 s after). A trial slot becomes the default only
-// once the health has held for a grace period (kiln.trial_grace=, 60 s by default): a release
+// The machine's health: one resource (health/machine), owned by the health controller, that says
+// whether the machine does what its config asks, judged from ready on whenever its inputs change
+// and at least every second while on trial, every 10 s after. The trial controller makes a trial
+// slot the default only once the health has held for a grace period (kiln.trial_grace=, 60 s
+// by default): a release
 // that reaches ready and then loses its network, whose service crash-loops, or whose machined
 // dies within the grace period is never marked good, so GRUB counts the next try.
 
@@ -17,7 +19,6 @@ import (
 
 	"kiln/machined/internal/network"
 	"kiln/machined/internal/resource"
-	"kiln/machined/internal/safego"
 	"kiln/machined/internal/supervisor"
 )
 
@@ -210,16 +211,11 @@ func (m *machine) judgeHealth(ctx context.Context) []string {
 	})
 }
 
-// publishHealth puts the verdict as the health resource; Since moves only when the verdict does.
-func (m *machine) publishHealth(problems []string, now time.Time) healthSpec {
+// nextHealth is the verdict problems give at now, after prev: Since moves only when the verdict does.
+func nextHealth(prev healthSpec, problems []string, now time.Time) healthSpec {
 	spec := healthSpec{Healthy: len(problems) == 0, Problems: problems, Since: now}
-	if res, ok := m.resources.Get(healthType, healthID); ok {
-		if old, ok := resource.SpecOf[healthSpec](res); ok && old.Healthy == spec.Healthy {
-			spec.Since = old.Since
-		}
-	}
-	if _, err := m.resources.Put(healthOwner, healthType, healthID, spec); err != nil {
-		m.con.printf("health: %v", err)
+	if prev.Healthy == spec.Healthy && !prev.Since.IsZero() {
+		spec.Since = prev.Since
 	}
 	return spec
 }
@@ -251,49 +247,106 @@ func trialGrace(params map[string]string) time.Duration {
 	return defaultTrialGrace
 }
 
-// watchHealth keeps the health resource current from ready on; on a trial boot it marks the
-// slot good once the gate opens, or reboots when the deadline passes first. The deadline is
-// the trial timeout from machined's start, and never less than the grace plus the network
-// wait from ready, so a slow boot that just made ready still gets its full grace period.
-func (m *machine) watchHealth(readyAt time.Time) {
-	trial := m.slots.bootedAs() == "trial"
-	grace := trialGrace(m.params)
-	deadline := m.started.Add(trialTimeout(m.params))
-	if least := readyAt.Add(grace + trialNetworkWait(m.params)); deadline.Before(least) {
-		deadline = least
-	}
-	gate := trialGate{grace: grace, deadline: deadline}
-	if trial {
-		m.con.printf("boot: slot %s becomes the default once healthy for %s", m.slots.slot, grace)
-	}
-	// judged in the background from the start, so the ready line does not wait on slow checks;
-	// the resource is there from the ready line on
-	m.publishHealth([]string{"not judged yet"}, readyAt)
-	safego.Go("health", func() {
-		for ; ; time.Sleep(healthEvery(trial)) {
-			now := time.Now()
-			h := m.publishHealth(m.judgeHealth(context.Background()), now)
-			if !trial {
-				continue
-			}
-			switch gate.step(h, now) {
-			case "good":
-				m.markTrialGood(grace)
-				trial = false
-			case "fail":
-				problems := h.Problems
-				if len(problems) == 0 {
-					problems = []string{fmt.Sprintf("it was not healthy for %s on end before the trial's deadline", grace)}
-				}
-				m.failTrial(problems)
-				return
-			}
-		}
-	})
+// healthController keeps health/machine current from the ready line on (machine/ready): it
+// judges again whenever what it judges changes (the config, the addresses, the services) and
+// at least every interval(): every second while a trial is open, every 10 s otherwise. Between
+// judgements it keeps the verdict it has.
+type healthController struct {
+	judge    func(ctx context.Context) []string
+	interval func() time.Duration
+	judged   time.Time // when it last judged; only this controller's goroutine touches it
 }
 
-func healthEvery(trial bool) time.Duration {
-	if trial {
+func (c *healthController) Name() string { return healthOwner }
+func (c *healthController) Inputs() []resource.Type {
+	return []resource.Type{readyType, machineConfigType, addressType, serviceType}
+}
+func (c *healthController) Outputs() []resource.Type { return []resource.Type{healthType} }
+func (c *healthController) Every() time.Duration     { return trialHealthEvery }
+
+func (c *healthController) Reconcile(ctx context.Context, r *resource.Run) error {
+	if _, ready := r.Get(readyType, readyID); !ready {
+		return nil // health is judged from the ready line on
+	}
+	prev, judged := specAt[healthSpec](r, healthType, healthID)
+	now := time.Now()
+	if judged && now.Sub(c.judged) < c.interval() {
+		return r.Put(healthType, healthID, prev)
+	}
+	if !judged { // the resource is there from the ready line on, before slow checks answer
+		prev = healthSpec{Problems: []string{"not judged yet"}, Since: now}
+		if err := r.Put(healthType, healthID, prev); err != nil {
+			return err
+		}
+	}
+	c.judged = now
+	return r.Put(healthType, healthID, nextHealth(prev, c.judge(ctx), now))
+}
+
+// trialController closes a trial from the ready line on: it marks the slot good once the
+// health has held for the grace period (trialGate), or reboots for GRUB's next try when the
+// deadline passes first. It re-reads the health every second, as the grace period ends with
+// time, not with a change.
+type trialController struct {
+	gate   func() (trialGate, bool) // the trial's gate; false when no trial is open (or before ready)
+	good   func(grace time.Duration)
+	fail   func(problems []string)
+	closed bool // only this controller's goroutine touches it
+}
+
+func (c *trialController) Name() string             { return "trial" }
+func (c *trialController) Inputs() []resource.Type  { return []resource.Type{healthType} }
+func (c *trialController) Outputs() []resource.Type { return nil }
+func (c *trialController) Every() time.Duration     { return trialHealthEvery }
+
+func (c *trialController) Reconcile(_ context.Context, r *resource.Run) error {
+	if c.closed {
+		return nil
+	}
+	gate, open := c.gate()
+	h, judged := specAt[healthSpec](r, healthType, healthID)
+	if !open || !judged {
+		return nil
+	}
+	switch gate.step(h, time.Now()) {
+	case "good":
+		c.closed = true
+		c.good(gate.grace)
+	case "fail":
+		c.closed = true
+		problems := h.Problems
+		if len(problems) == 0 {
+			problems = []string{fmt.Sprintf("it was not healthy for %s on end before the trial's deadline", gate.grace)}
+		}
+		c.fail(problems)
+	}
+	return nil
+}
+
+// trialGateAt is the gate of this boot's trial, from the ready line on; false when this boot is
+// no trial, or is not ready yet. The deadline is the trial timeout from machined's start, and
+// never less than the grace plus the network wait from ready, so a slow boot that just made
+// ready still gets its full grace period.
+func (m *machine) trialGateAt() (trialGate, bool) {
+	select {
+	case <-m.isReady:
+	default:
+		return trialGate{}, false
+	}
+	if m.slots.bootedAs() != "trial" {
+		return trialGate{}, false
+	}
+	grace := trialGrace(m.params)
+	deadline := m.started.Add(trialTimeout(m.params))
+	if least := m.readyAt.Add(grace + trialNetworkWait(m.params)); deadline.Before(least) {
+		deadline = least
+	}
+	return trialGate{grace: grace, deadline: deadline}, true
+}
+
+// healthInterval is how often the health is judged: every second while a trial is open.
+func (m *machine) healthInterval() time.Duration {
+	if m.slots.bootedAs() == "trial" {
 		return trialHealthEvery
 	}
 	return steadyHealthEvery

@@ -7,12 +7,14 @@ import (
 	"net/http/httptest"
 	"reflect"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"kiln/machined/internal/network"
 	"kiln/machined/internal/resource"
 	"kiln/machined/internal/supervisor"
+	"kiln/machined/internal/testkit/wait"
 )
 
 func healthyInputs() healthInputs {
@@ -164,24 +166,124 @@ func TestTrialGrace(t *testing.T) {
 	}
 }
 
-func TestHealthResourceKeepsItsSinceWhileTheVerdictHolds(t *testing.T) {
-	m := &machine{con: quietConsole(), resources: resource.NewState()}
-	if err := m.resources.Claim(healthType, healthOwner); err != nil {
+func TestHealthKeepsItsSinceWhileTheVerdictHolds(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	sick := nextHealth(healthSpec{}, []string{"no interface has an address"}, t0)
+	first := nextHealth(sick, nil, t0.Add(time.Second))
+	second := nextHealth(first, nil, t0.Add(2*time.Second))
+	if sick.Healthy || !first.Healthy || !second.Since.Equal(t0.Add(time.Second)) {
+		t.Fatalf("since moved while healthy: %+v then %+v then %+v", sick, first, second)
+	}
+	if again := nextHealth(second, []string{"x"}, t0.Add(3*time.Second)); again.Healthy || !again.Since.Equal(t0.Add(3*time.Second)) {
+		t.Fatalf("a new verdict keeps the old since: %+v", again)
+	}
+}
+
+// judgeCounter stands in for the health's inputs (machine.judgeHealth reads the addresses and
+// services the observers put, and runs the config's checks; the e2e trials judge real ones).
+type judgeCounter struct {
+	mu       sync.Mutex
+	calls    int
+	problems []string
+}
+
+func (j *judgeCounter) judge(context.Context) []string {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	j.calls++
+	return j.problems
+}
+
+func (j *judgeCounter) count() int {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.calls
+}
+
+// The health controller judges from the ready line on, keeps its verdict between judgements,
+// and judges no more often than its interval whatever its inputs do.
+func TestTheHealthControllerJudgesFromReadyOnAtItsPace(t *testing.T) {
+	state := resource.NewState()
+	for typ, owner := range map[resource.Type]string{readyType: readyOwner, machineConfigType: configOwner} {
+		if err := state.Claim(typ, owner); err != nil {
+			t.Fatal(err)
+		}
+	}
+	j := &judgeCounter{problems: []string{"no interface has an address"}}
+	ctrl := runCounted(t, state, &healthController{judge: j.judge, interval: func() time.Duration { return time.Hour }})
+	wait.Until(t, "the controller's first run", 5*time.Second, func() bool { return ctrl.count() >= 1 })
+	if _, ok := state.Get(healthType, healthID); ok || j.count() != 0 {
+		t.Fatalf("judged before ready: %d", j.count())
+	}
+	if _, err := state.Put(readyOwner, readyType, readyID, readySpec{}); err != nil {
 		t.Fatal(err)
 	}
-	t0 := time.Unix(1000, 0)
-	m.publishHealth([]string{"no interface has an address"}, t0)
-	first := m.publishHealth(nil, t0.Add(time.Second))
-	second := m.publishHealth(nil, t0.Add(2*time.Second))
-	if !first.Healthy || !second.Since.Equal(t0.Add(time.Second)) {
-		t.Fatalf("since moved while healthy: %+v then %+v", first, second)
+	m := &machine{resources: state}
+	wait.Until(t, "a verdict", 5*time.Second, func() bool {
+		got := m.Resources("health")
+		return len(got) == 1 && got[0].Spec.(healthSpec).Problems[0] == "no interface has an address"
+	})
+	runs := ctrl.count()
+	if _, err := state.Put(configOwner, machineConfigType, machineConfigID, configSpec("x", &Config{})); err != nil {
+		t.Fatal(err)
 	}
-	res, _ := m.resources.Get(healthType, healthID)
-	if res.Version != 2 {
-		t.Fatalf("an unchanged verdict bumped the version: %d", res.Version)
+	wait.Until(t, "the run for the new config", 5*time.Second, func() bool { return ctrl.count() > runs })
+	if got := m.Resources("health"); j.count() != 1 || len(got) != 1 {
+		t.Fatalf("within its interval: %d judgements, health %+v", j.count(), got)
 	}
-	if got := m.Resources(string(healthType)); len(got) != 1 || got[0].Owner != healthOwner {
-		t.Fatalf("GET /v1/resources?type=health/machine: %+v", got)
+}
+
+// The trial controller marks the slot good once the health has held for the grace period (which
+// ends with time, not with a change: its period's run sees it), once; it reboots (fail) with the
+// health's problems when the deadline comes first; and does nothing while no trial is open.
+func TestTheTrialControllerClosesTheTrial(t *testing.T) {
+	for name, tc := range map[string]struct {
+		open               bool
+		gate               trialGate
+		health             healthSpec
+		wantGood, wantFail int
+	}{
+		"held for the grace": {true, trialGate{grace: 1500 * time.Millisecond, deadline: time.Now().Add(time.Hour)},
+			healthSpec{Healthy: true, Since: time.Now()}, 1, 0},
+		"deadline first": {true, trialGate{grace: time.Hour, deadline: time.Now().Add(-time.Second)},
+			healthSpec{Problems: []string{"service web: crash-looping"}, Since: time.Now()}, 0, 1},
+		"no trial": {false, trialGate{}, healthSpec{Healthy: true, Since: time.Now().Add(-time.Hour)}, 0, 0},
+	} {
+		t.Run(name, func(t *testing.T) {
+			state := resource.NewState()
+			if err := state.Claim(healthType, healthOwner); err != nil {
+				t.Fatal(err)
+			}
+			var mu sync.Mutex
+			good, fail, failedWith := 0, 0, []string(nil)
+			ctrl := runCounted(t, state, &trialController{
+				gate: func() (trialGate, bool) { return tc.gate, tc.open },
+				good: func(time.Duration) { mu.Lock(); good++; mu.Unlock() },
+				fail: func(p []string) { mu.Lock(); fail++; failedWith = p; mu.Unlock() },
+			})
+			wait.Until(t, "the first run", 5*time.Second, func() bool { return ctrl.count() >= 1 })
+			if _, err := state.Put(healthOwner, healthType, healthID, tc.health); err != nil {
+				t.Fatal(err)
+			}
+			wait.Until(t, "the run for the verdict", 5*time.Second, func() bool { return ctrl.count() >= 2 })
+			if tc.wantGood > 0 {
+				mu.Lock()
+				early := good
+				mu.Unlock()
+				if early != 0 {
+					t.Fatal("marked good before the grace period ended")
+				}
+				// the periodic runs (every second) see the grace period end
+				wait.Until(t, "marked good", 5*time.Second, func() bool { mu.Lock(); defer mu.Unlock(); return good > 0 })
+			}
+			runs := ctrl.count()
+			wait.Until(t, "another run", 5*time.Second, func() bool { return ctrl.count() > runs }) // nothing more may happen
+			mu.Lock()
+			defer mu.Unlock()
+			if good != tc.wantGood || fail != tc.wantFail || (fail == 1 && failedWith[0] != "service web: crash-looping") {
+				t.Fatalf("good %d, fail %d (%v)", good, fail, failedWith)
+			}
+		})
 	}
 }
 

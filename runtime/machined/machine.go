@@ -43,6 +43,7 @@ type machine struct {
 	slots         *slots        // the A/B boot state; empty when the boot came from no A/B disk
 	upgrades      upgrader      // the upgrade under way or the last one that failed
 	isReady       chan struct{} // closed once the machine is ready
+	readyAt       time.Time     // when it was; set before isReady is closed
 	clock         *ntp.Syncer   // nil when time sync is off
 	firmware      firmwareState // UEFI or BIOS, and whether Secure Boot is on
 	lockdown      string        // the kernel's lockdown mode ("" without the lockdown LSM)
@@ -319,8 +320,11 @@ func (m *machine) ready() {
 			return
 		}
 	}
-	m.watchHealth(time.Now())
-	if m.isReady != nil {
+	m.readyAt = time.Now()
+	if m.slots.bootedAs() == "trial" {
+		m.con.printf("boot: slot %s becomes the default once healthy for %s", m.slots.slot, trialGrace(m.params))
+	}
+	if m.isReady != nil { // the health and trial controllers start judging once it is closed and machine/ready is out
 		close(m.isReady)
 	}
 	if m.apiAddr != "" {

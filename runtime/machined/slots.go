@@ -228,6 +228,9 @@ func (s *slots) trialSlot() string {
 
 // bootedAs says what this boot is: "trial", "default" or "other" ("" off an A/B disk).
 func (s *slots) bootedAs() string {
+	if s == nil {
+		return ""
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.booted

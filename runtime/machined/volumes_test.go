@@ -57,6 +57,14 @@ func (c *countedRuns) Reconcile(ctx context.Context, r *resource.Run) error {
 	return err
 }
 
+// Every keeps a periodic controller periodic under the count (0, not periodic, otherwise).
+func (c *countedRuns) Every() time.Duration {
+	if p, ok := c.Controller.(resource.Periodic); ok {
+		return p.Every()
+	}
+	return 0
+}
+
 func (c *countedRuns) count() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()

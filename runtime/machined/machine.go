@@ -24,9 +24,9 @@ type machine struct {
 	version       string
 	kernel        string
 	params        map[string]string
-	cfg           *Config
-	configSource  string
-	configProblem string // why a config that was there could not be used ("" when none), for the trial's verdict
+	cfg           *Config // the boot's config as the config controller composed it (awaitConfig); -config's not PID 1
+	configSource  string  // where it came from ("" for defaults)
+	configProblem string  // why a config that was there could not be used ("" when none), for the trial's verdict
 	extensions    []Extension
 	schematic     string // the image's schematic ID (kiln image --schematic), "" for none
 	net           *network.Network

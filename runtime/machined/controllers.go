@@ -86,7 +86,7 @@ func (m *machine) startControllers(net networkApplier) {
 	m.resources = resource.NewState()
 	rt := resource.NewRuntime(m.resources, m.con.printf)
 	owners := map[resource.Type]string{
-		configAppliedType: appliedOwner, readyType: readyOwner, upgradeType: upgradeOwner,
+		configAppliedType: appliedOwner, readyType: readyOwner, upgradeType: upgradeOwner, upgradeAskType: upgradeAskOwner,
 	}
 	for t, owner := range owners {
 		if err := m.resources.Claim(t, owner); err != nil {
@@ -111,6 +111,7 @@ func (m *machine) startControllers(net networkApplier) {
 		&apiController{running: m.runningAPI, say: m.con.printf},
 		&healthController{judge: m.judgeHealth, interval: m.healthInterval},
 		&trialController{gate: m.trialGateAt, good: m.markTrialGood, fail: m.failTrial},
+		&upgradeController{run: m.runUpgrade},
 	}
 	for _, c := range append(append(owning, m.observers()...), m.liveControllers()...) {
 		if err := rt.Register(c); err != nil {
@@ -155,7 +156,7 @@ type apiResource struct {
 // resourceTypes are the types the machine has, in the order GET /v1/resources lists them.
 var resourceTypes = []resource.Type{
 	machineConfigType, configSourceType, installConfigType, keptConfigType, configAppliedType, networkStatusType, linkType, addressType, serviceType, bootType, timeType,
-	volumeType, extensionType, extensionServicesType, platType, apiStatusType, upgradeType, healthType, readyType,
+	volumeType, extensionType, extensionServicesType, platType, apiStatusType, upgradeAskType, upgradeType, healthType, readyType,
 }
 
 // typeAliases are the short names `kiln node get` takes for the types (as talosctl get does).
@@ -164,7 +165,7 @@ var typeAliases = map[string]resource.Type{
 	"kept-config": keptConfigType, "applied-config": configAppliedType, "links": linkType, "addresses": addressType,
 	"services": serviceType, "bootstate": bootType, "time": timeType, "volumes": volumeType,
 	"extensions": extensionType, "extension-services": extensionServicesType, "platform": platType, "api": apiStatusType,
-	"upgrade": upgradeType, "health": healthType, "ready": readyType,
+	"upgrade": upgradeType, "upgrade-request": upgradeAskType, "health": healthType, "ready": readyType,
 }
 
 // canonicalType is the type an API request names, by its full name or its alias.

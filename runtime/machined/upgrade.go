@@ -162,12 +162,17 @@ type upgrader struct {
 	// publish puts the status as upgrade/status (set when the controllers start; nil without them)
 	publish   func(upgradeStatus)
 	published time.Time // when publish last ran
+	asked     int       // upgrades accepted since boot (upgrade/request's number)
 }
 
 const (
 	upgradeType  resource.Type = "upgrade/status"
 	upgradeID                  = "upgrade"
 	upgradeOwner               = "upgrader"
+
+	upgradeAskType  resource.Type = "upgrade/request"
+	upgradeAskID                  = "request"
+	upgradeAskOwner               = "api"
 
 	progressEvery = time.Second // how often upgrade/status follows the pulled bytes alone
 )
@@ -234,6 +239,9 @@ func (m *machine) Upgrade(req upgradeRequest) (*upgradeStatus, error) {
 	if m.slots.err != "" {
 		return nil, &apiError{409, "the boot state cannot be read: " + m.slots.err}
 	}
+	if m.resources == nil {
+		return nil, &apiError{409, "this machine runs no controllers to run an upgrade"}
+	}
 	other := bootstate.Other(m.slots.slot)
 	m.upgrades.mu.Lock() // a rollback holds it while it changes the boot state
 	defer m.upgrades.mu.Unlock()
@@ -246,8 +254,46 @@ func (m *machine) Upgrade(req upgradeRequest) (*upgradeStatus, error) {
 	m.upgrades.begin(&upgradeStatus{State: upgradePulling, Image: req.describe(), Slot: other, Preserve: req.preserve()})
 	first := *m.upgrades.status
 	m.con.printf("upgrade: %s into slot %s", req.describe(), other)
-	safego.Go("upgrade", func() { m.runUpgrade(req, other) })
+	m.upgrades.asked++
+	ask := upgradeAsk{Number: m.upgrades.asked, Image: req.describe(), Slot: other, req: req}
+	if _, err := m.resources.Put(upgradeAskOwner, upgradeAskType, upgradeAskID, ask); err != nil {
+		m.upgrades.status.State, m.upgrades.status.Error = upgradeFailed, err.Error()
+		m.upgrades.publishLocked(true)
+		return nil, err
+	}
 	return &first, nil
+}
+
+// upgradeAsk is upgrade/request: the upgrade the API accepted last, which the upgrade
+// controller runs. Its request is not shown: a URL may carry credentials or a presigned query.
+type upgradeAsk struct {
+	Number int    `json:"number"` // the how-manieth accepted since boot: each runs once
+	Image  string `json:"image"`  // what it installs, without credentials or query
+	Slot   string `json:"slot"`   // into which slot
+	req    upgradeRequest
+}
+
+// upgradeController runs each upgrade the API accepts (upgrade/request), one at a time, in its
+// own goroutine: an upgrade takes minutes, and the runtime runs each controller apart. The
+// upgrader puts each step as upgrade/status (upgrade.go), which Rollback and the next request
+// read under the upgrader's lock.
+type upgradeController struct {
+	run  func(req upgradeRequest, slot string)
+	done int // the last request it ran; only this controller's goroutine touches it
+}
+
+func (c *upgradeController) Name() string             { return "upgrade" }
+func (c *upgradeController) Inputs() []resource.Type  { return []resource.Type{upgradeAskType} }
+func (c *upgradeController) Outputs() []resource.Type { return nil }
+
+func (c *upgradeController) Reconcile(_ context.Context, r *resource.Run) error {
+	ask, ok := specAt[upgradeAsk](r, upgradeAskType, upgradeAskID)
+	if !ok || ask.Number <= c.done {
+		return nil
+	}
+	c.done = ask.Number // before it runs: a panic in it is not retried
+	c.run(ask.req, ask.Slot)
+	return nil
 }
 
 // runUpgrade does the work; any error ends in the failed state with the machine as it was.

@@ -75,9 +75,10 @@ type configController struct {
 	say          func(string, ...interface{}) // the console
 
 	// this boot's composition; only this controller's goroutine touches it
-	first *composition // the boot's own sources and the platform's
-	final *composition // with the kept config considered, once the disks are set up
-	kept  *keptSpec
+	platform *platformState // the platform's facts, nil when they do not count (a refused drive's)
+	first    *composition   // the boot's own sources and the platform's
+	final    *composition   // with the kept config considered, once the disks are set up
+	kept     *keptSpec
 }
 
 func (c *configController) Name() string { return configOwner }
@@ -102,8 +103,7 @@ func (c *configController) Reconcile(_ context.Context, r *resource.Run) error {
 		return err
 	}
 	if vol, ok := specAt[volumeSpec](r, volumeType, volumeID); ok && c.final == nil {
-		plat, _ := specAt[platformSpec](r, platType, platformID)
-		c.final, c.kept = c.settle(vol, plat.fetched)
+		c.final, c.kept = c.settle(vol)
 	}
 	current := c.final
 	if current == nil {
@@ -139,15 +139,20 @@ func specAt[T any](r *resource.Run, t resource.Type, id string) (T, bool) {
 }
 
 // compose takes the boot's own config, else the platform's user data, and fills what it leaves
-// open from the platform's facts.
+// open from the platform's facts. Facts from a config drive the drive rule refuses count for
+// nothing (not its user data, hostname or network either: the kept config decides), here and
+// when the kept config is filled (settle).
 func (c *configController) compose(boot sourceSpec, p *platformState) *composition {
 	comp := &composition{cfg: &Config{}, source: boot.Source, problem: boot.Problem}
 	if boot.Config != nil {
 		copied := *boot.Config // the source's spec is the state's: filled on a copy
 		comp.cfg = &copied
 	}
-	if p == nil || (p.fromConfigDrive && !c.driveAllowed(p.facts.Source)) {
-		return comp // not its user data, hostname or network either: the kept config decides
+	if p != nil && p.fromConfigDrive && !c.driveAllowed(p.facts.Source) {
+		p = nil
+	}
+	if c.platform = p; p == nil {
+		return comp
 	}
 	if comp.source == "" && len(p.facts.UserData) > 0 {
 		source := p.name() + ":user-data"
@@ -166,7 +171,7 @@ func (c *configController) compose(boot sourceSpec, p *platformState) *compositi
 
 // settle considers STATE's kept config once the disks are set up: a boot without a config of its
 // own runs the kept one; a boot with one keeps it for the next boot.
-func (c *configController) settle(vol volumeSpec, p *platformState) (*composition, *keptSpec) {
+func (c *configController) settle(vol volumeSpec) (*composition, *keptSpec) {
 	if vol.State == "" {
 		return c.first, &keptSpec{Action: keptNone}
 	}
@@ -191,8 +196,8 @@ func (c *configController) settle(vol volumeSpec, p *platformState) (*compositio
 	}
 	c.say("config: %s (kept from an earlier boot)", path)
 	used := &composition{cfg: cfg, source: path, problem: c.first.problem}
-	if p != nil && !(p.fromConfigDrive && !c.driveAllowed(p.facts.Source)) {
-		fillFromPlatform(p, cfg, c.say) // without a network or hostname it takes the platform's
+	if c.platform != nil {
+		fillFromPlatform(c.platform, cfg, c.say) // without a network or hostname it takes the platform's
 	}
 	return used, &keptSpec{Action: keptUsed, Path: path}
 }
@@ -240,9 +245,7 @@ func (c *bootConfigController) Reconcile(_ context.Context, r *resource.Run) err
 // composed config as the boot's (m.cfg, its source and its problem), and returns
 // config/machine's version.
 func (m *machine) awaitConfig() uint64 {
-	if _, err := m.resources.Await(context.Background(), keptConfigType, keptID, nil); err != nil {
-		m.fatal("config: %v", err) // the context never ends: unreachable
-	}
+	m.awaitBoot(keptConfigType, keptID)
 	res, _ := m.resources.Get(machineConfigType, machineConfigID)
 	spec, ok := resource.SpecOf[machineConfigSpec](res)
 	if !ok || spec.Config == nil {

@@ -48,11 +48,7 @@ func (c *timeController) Reconcile(ctx context.Context, r *resource.Run) error {
 
 // runningConfigSpec is config/machine's spec while it is running.
 func runningConfigSpec(r *resource.Run) (machineConfigSpec, bool) {
-	res, ok := r.Get(machineConfigType, machineConfigID)
-	if !ok || res.Phase != resource.Running {
-		return machineConfigSpec{}, false
-	}
-	return resource.SpecOf[machineConfigSpec](res)
+	return specAt[machineConfigSpec](r, machineConfigType, machineConfigID)
 }
 
 // liveControllers are the hostname, time and services controllers of this machine: only PID 1 sets the

@@ -121,12 +121,16 @@ func (m *machine) startControllers(net networkApplier) {
 	safego.Go("controllers", func() { rt.Run(context.Background()) })
 }
 
-// awaitInstall waits for the config controller's first composition, which puts the install section.
-func (m *machine) awaitInstall() {
-	if _, err := m.resources.Await(context.Background(), installConfigType, installConfigID, nil); err != nil {
-		m.fatal("config: %v", err) // the context never ends: unreachable
-	}
+// awaitBoot waits, with no limit of its own, for a resource the boot cannot go on without. What
+// puts it is bounded (fetches by their deadlines), or on a trial slot the trial deadline
+// (watchTrial) reboots a boot that hangs here.
+func (m *machine) awaitBoot(t resource.Type, id string) resource.Resource {
+	res, _ := m.resources.Await(context.Background(), t, id, nil) // no error: the context never ends
+	return res
 }
+
+// awaitInstall waits for the config controller's first composition, which puts the install section.
+func (m *machine) awaitInstall() { m.awaitBoot(installConfigType, installConfigID) }
 
 // waitNetwork waits until the network controller has applied machine config version (or
 // limit passes: the network then goes on converging in the background, as a slow DHCP

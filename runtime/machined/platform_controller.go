@@ -10,8 +10,8 @@ import (
 // The platform controller owns platform/metadata: it fetches kiln.platform='s facts once, as
 // soon as the controllers run (beside the boot's own reading of kiln.config= and the config
 // drive), and once the machine is ready (machine/ready) it sends the platform its ready report.
-// The boot waits for the resource (machine.awaitPlatform) to compose the config from the facts;
-// everything after reads them from it (machine.fetchedPlatform).
+// The config controller composes the config from the facts; everything after reads them from the
+// resource (machine.fetchedPlatform).
 const (
 	platType   resource.Type = "platform/metadata"
 	platformID               = "platform"
@@ -54,14 +54,6 @@ func (c *platformController) Reconcile(_ context.Context, r *resource.Run) error
 		spec.report = *c.sent
 	}
 	return r.Put(platType, platformID, spec)
-}
-
-// awaitPlatform waits for the platform's facts. Each fetch is bounded by the platform package's
-// deadlines, so this is too.
-func (m *machine) awaitPlatform() *platformState {
-	res, _ := m.resources.Await(context.Background(), platType, platformID, nil) // no error: the context never ends
-	spec, _ := resource.SpecOf[platformSpec](res)
-	return spec.fetched
 }
 
 // fetchedPlatform is what the platform said, nil before its facts are fetched (or with no

@@ -65,8 +65,9 @@ func TestPlatformIsFetchedOnceAndReportsOnceReady(t *testing.T) {
 	calls := &platformCalls{impl: mustLookup(t, "azure")}
 	ctrl := runCounted(t, state, &platformController{fetch: calls.fetch, report: calls.report})
 	m := &machine{resources: state}
-	if got := m.awaitPlatform(); got.name() != "azure" {
-		t.Fatalf("awaited platform: %q", got.name())
+	wait.Until(t, "platform/metadata", 5*time.Second, func() bool { return m.fetchedPlatform() != nil })
+	if got := m.fetchedPlatform(); got.name() != "azure" {
+		t.Fatalf("fetched platform: %q", got.name())
 	}
 	shown := func() map[string]interface{} {
 		spec, _ := json.Marshal(m.Resources("platform")[0].Spec)

@@ -10,8 +10,8 @@ import (
 
 // The disks and mounts controller owns volume/status: where the machine keeps what it writes.
 // The config controller puts the config's install section (config/install) once it has the
-// boot's own config and the platform's, or knows there is none; this controller then chooses the disk, prepares STATE and EPHEMERAL, mounts
-// them and puts volume/status. It does so once per boot: the disks a later config names (the one
+// boot's own config and the platform's, or knows there is none; this controller then chooses
+// the disk, prepares STATE and EPHEMERAL, mounts them and puts volume/status. It does so once per boot: the disks a later config names (the one
 // kept on STATE, or one applied over the API) are for the next boot, as docs/machine-config.md
 // says. What needs /var or STATE waits for volume/status (machine.awaitVolumes) and reads the
 // devices from it.
@@ -64,8 +64,7 @@ func (c *volumesController) Reconcile(_ context.Context, r *resource.Run) error 
 // disk takes what it takes: on a trial slot, the trial deadline (watchTrial) still reboots a boot
 // that hangs here.
 func (m *machine) awaitVolumes() volumeSpec {
-	res, _ := m.resources.Await(context.Background(), volumeType, volumeID, nil) // no error: the context never ends
-	v, _ := resource.SpecOf[volumeSpec](res)
+	v, _ := resource.SpecOf[volumeSpec](m.awaitBoot(volumeType, volumeID))
 	return v
 }
 

@@ -124,8 +124,8 @@ func TestWatchSendsTheStateThenEachChange(t *testing.T) {
 		got = append(got, line.describe())
 	}
 	want := "current config/install/install@1, current config/kept/kept@1, current config/machine/machine@1, " +
-		"current config/source/boot@1, current extension/services/services@1, current network/status/applied@1, " +
-		"current volume/status/volumes@1"
+		"current config/source/boot@1, current extension/services/services@1, current machine/stage/machine@1, " +
+		"current network/status/applied@1, current service/set/services@1, current volume/status/volumes@1"
 	if strings.Join(got, ", ") != want {
 		t.Fatalf("current state: %v", got)
 	}

@@ -61,7 +61,7 @@ func (m *machine) liveControllers() []resource.Controller {
 			set = func(name string) error { return syscall.Sethostname([]byte(name)) }
 		}
 	}
-	services := &servicesController{current: m.currentSupervisor, printf: m.con.printf}
+	services := &servicesController{logDir: m.logDir, publish: m.setSupervisor, printf: m.con.printf}
 	return []resource.Controller{&hostnameController{set: set}, &timeController{apply: m.useTimeServers}, services}
 }
 

@@ -86,26 +86,30 @@ func (m *machine) startControllers(net networkApplier) {
 	m.resources = resource.NewState()
 	rt := resource.NewRuntime(m.resources, m.con.printf)
 	owners := map[resource.Type]string{
-		configAppliedType: appliedOwner, readyType: readyOwner, upgradeType: upgradeOwner, upgradeAskType: upgradeAskOwner,
+		configAppliedType: appliedOwner, readyType: readyOwner, stageType: stageOwner, upgradeType: upgradeOwner,
+		upgradeAskType: upgradeAskOwner,
 	}
 	for t, owner := range owners {
 		if err := m.resources.Claim(t, owner); err != nil {
 			m.fatal("resources: %v", err)
 		}
 	}
+	m.enterStage(stageBooting, "")
 	m.publishUpgrades()
 	setup, bootConfig := m.setupVolumes, m.readBootConfig
+	release, remount := releaseVolumes, m.remountVolumes
 	hasState := func() bool { return hasStatePartition(disk.ListBlockDevices("/sys")) }
 	if !m.pid1 {
 		// not PID 1, machined touches no disk, and its config is -config's
 		own := sourceSpec{Source: m.configSource, Config: m.cfg}
 		setup, bootConfig, hasState = noVolumes, func() sourceSpec { return own }, func() bool { return false }
+		release, remount = nil, nil
 	}
 	owning := []resource.Controller{
 		&bootConfigController{read: bootConfig},
 		&configController{diskParam: m.params[paramDisk], stateDir: stateMount, hasState: hasState,
 			driveAllowed: m.configDriveAllowed, say: m.con.printf},
-		&networkController{net: net, wait: 5 * time.Second}, &volumesController{setup: setup},
+		&networkController{net: net, wait: 5 * time.Second}, &volumesController{setup: setup, release: release, remount: remount},
 		&extensionsController{dirs: m.extDirs, printf: m.con.printf},
 		&platformController{fetch: m.fetchPlatform, report: m.reportReady},
 		&apiController{running: m.runningAPI, say: m.con.printf},
@@ -159,17 +163,17 @@ type apiResource struct {
 
 // resourceTypes are the types the machine has, in the order GET /v1/resources lists them.
 var resourceTypes = []resource.Type{
-	machineConfigType, configSourceType, installConfigType, keptConfigType, configAppliedType, networkStatusType, linkType, addressType, serviceType, bootType, timeType,
-	volumeType, extensionType, extensionServicesType, platType, apiStatusType, upgradeAskType, upgradeType, healthType, readyType,
+	machineConfigType, configSourceType, installConfigType, keptConfigType, configAppliedType, networkStatusType, linkType, addressType, serviceSetType, serviceType, bootType, timeType,
+	volumeType, extensionType, extensionServicesType, platType, apiStatusType, upgradeAskType, upgradeType, healthType, stageType, readyType,
 }
 
 // typeAliases are the short names `kiln node get` takes for the types (as talosctl get does).
 var typeAliases = map[string]resource.Type{
 	"config": machineConfigType, "config-source": configSourceType, "install": installConfigType,
 	"kept-config": keptConfigType, "applied-config": configAppliedType, "links": linkType, "addresses": addressType,
-	"services": serviceType, "bootstate": bootType, "time": timeType, "volumes": volumeType,
+	"services": serviceType, "service-set": serviceSetType, "bootstate": bootType, "time": timeType, "volumes": volumeType,
 	"extensions": extensionType, "extension-services": extensionServicesType, "platform": platType, "api": apiStatusType,
-	"upgrade": upgradeType, "upgrade-request": upgradeAskType, "health": healthType, "ready": readyType,
+	"upgrade": upgradeType, "upgrade-request": upgradeAskType, "health": healthType, "ready": readyType, "stage": stageType,
 }
 
 // canonicalType is the type an API request names, by its full name or its alias.

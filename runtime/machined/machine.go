@@ -32,8 +32,9 @@ type machine struct {
 	net           *network.Network
 	resources     *resource.State        // the machine's resources, which its controllers keep (controllers.go)
 	live          liveConfig             // the config it runs now, and applying a new one (config_apply.go)
-	supMu         sync.Mutex             // guards sup, which a failed upgrade's resume replaces
+	supMu         sync.Mutex             // guards sup, which the services controller replaces
 	sup           *supervisor.Supervisor // read through currentSupervisor()
+	logDir        string                 // where the services' log files go ("": memory only)
 	extDirs       extensionDirs          // where the extensions controller reads them (extensions.go)
 	apiAddr       string                 // "" when the API is off
 	stopAPI       func()
@@ -93,6 +94,7 @@ func (m *machine) boot() {
 	m.phases.mark("devices")
 	m.net = network.New(m.con.printf)
 	m.net.SetMetadataInterface(metadataInterface(m.params[paramPlatform])) // who may route 169.254.0.0/16
+	m.logDir = "/var/log"
 
 	// The controllers take it from here: the boot-config controller reads kiln.config= or the
 	// config drive while the platform controller fetches kiln.platform='s facts; the config
@@ -115,7 +117,7 @@ func (m *machine) boot() {
 	if m.schematic = readSchematic(schematicFile); m.schematic != "" {
 		m.con.printf("schematic %s", m.schematic)
 	}
-	m.startServices("/var/log")
+	m.startServices()
 	m.startAPI()
 	m.phases.mark("services")
 	m.con.printf("boot: %s", m.phases.describe(uptime()))
@@ -202,27 +204,27 @@ func (m *machine) readBootConfig() sourceSpec {
 	return sourceSpec{}
 }
 
-// startServices starts the extensions' services and the config's, supervised.
-func (m *machine) startServices(logDir string) {
-	if err := m.superviseServices(logDir); err != nil {
-		m.con.printf("services: %v; none started", err)
-	}
-}
+// servicesWait bounds the boot's wait for the services controller to start the services (it
+// waits for the extensions' services, which the boot has waited for already).
+const servicesWait = 30 * time.Second
 
-// superviseServices starts a supervisor, logging to logDir ("": memory only), with the
-// extensions' services (those that load: the extensions controller says which did not) and the
-// running config's. An error means none started; the supervisor is kept all the same, so a
-// config applied later (the services controller) can start them.
-func (m *machine) superviseServices(logDir string) error {
-	_, extensions := m.awaitExtensions()
-	opts := supervisor.DefaultOptions()
-	opts.LogDir = logDir
-	opts.Events = func(line string) { m.con.printf("%s", line) }
-	sup := supervisor.New(opts)
-	// started before it is handed over: the services controller updates only a started one
-	err := sup.Start(supervisor.MergeServices(extensions.Specs, m.runningConfig().Services))
-	m.setSupervisor(sup)
-	return err
+// startServices says the boot is starting the machine's services, and waits until the services
+// controller has started them (services_live.go). It returns service/set as it found it.
+func (m *machine) startServices() serviceSetSpec {
+	m.enterStage(stageStarting, "")
+	started := func(res resource.Resource) bool {
+		set, ok := resource.SpecOf[serviceSetSpec](res)
+		return ok && set.State != setWaiting
+	}
+	res, ok := m.awaitFor(serviceSetType, serviceSetID, servicesWait, started)
+	if !ok {
+		res, _ = m.resources.Get(serviceSetType, serviceSetID)
+	}
+	set, _ := resource.SpecOf[serviceSetSpec](res)
+	if !ok {
+		m.con.printf("services: not started within %s (waiting for %s); going on", servicesWait, set.Reason)
+	}
+	return set
 }
 
 // currentSupervisor is the supervisor running the services now, nil before there is one.
@@ -232,6 +234,7 @@ func (m *machine) currentSupervisor() *supervisor.Supervisor {
 	return m.sup
 }
 
+// setSupervisor hands the supervisor the services controller started to the API's readers.
 func (m *machine) setSupervisor(sup *supervisor.Supervisor) {
 	m.supMu.Lock()
 	defer m.supMu.Unlock()
@@ -333,6 +336,7 @@ func (m *machine) ready() {
 		m.con.printf("api: off (no api certificates in the machine config)")
 	}
 	m.publishReady()
+	m.enterStage(stageRunning, "")
 	m.con.line(m.readyLine()) // the platform controller now sends the platform its ready report
 }
 

@@ -13,6 +13,7 @@ import (
 	"os"
 	"time"
 
+	"kiln/machined/internal/network"
 	"kiln/machined/internal/supervisor"
 )
 
@@ -68,13 +69,23 @@ func userMode(m *machine, configPath, logDir string) {
 		}
 		m.configSource = configPath
 	}
-	m.kernel = kernelRelease()                         // var=none: no disks are set up (machine.volume)
-	m.extensions = listExtensions(m.extDirs.manifests) // superviseServices reads their services
-	if err := m.superviseServices(logDir); err != nil {
-		m.con.printf("services: %v", err)
-		os.Exit(2)
+	m.kernel = kernelRelease()
+	m.extensions = listExtensions(m.extDirs.manifests)
+	m.logDir = logDir
+	// the controllers of an ordinary system: no disks (var=none), no network changes, the
+	// config is -config's (startControllers)
+	m.startControllers(leaveNetwork{})
+	m.awaitConfig()
+	if set := m.startServices(); set.Problem != "" {
+		os.Exit(2) // the services controller said why
 	}
 	m.startAPI()
 	m.ready()
 	m.shutdown(<-m.power)
 }
+
+// leaveNetwork is the network controller's applier on an ordinary system, whose network is not
+// machined's to change.
+type leaveNetwork struct{}
+
+func (leaveNetwork) Apply(network.NetworkConfig, time.Duration) {}

@@ -6,6 +6,7 @@ import (
 	"syscall"
 	"time"
 
+	"kiln/machined/internal/resource"
 	"kiln/machined/internal/safego"
 )
 
@@ -42,9 +43,7 @@ func handleSignals(power chan<- string, say func(string, ...interface{})) {
 func (m *machine) shutdown(action string) {
 	m.shutdownOnce.Do(func() {
 		m.con.printf("%s: stopping services", action)
-		if sup := m.currentSupervisor(); sup != nil {
-			sup.Stop()
-		}
+		m.stopServices(action)
 		if m.stopAPI != nil {
 			m.stopAPI()
 		}
@@ -99,4 +98,24 @@ func (m *machine) fatal(format string, args ...interface{}) {
 	syscall.Sync()
 	_ = syscall.Reboot(syscall.LINUX_REBOOT_CMD_RESTART)
 	select {}
+}
+
+// shutdownWait bounds the shutdown's wait for the services to stop: each has its stop timeout,
+// and whatever is still running after it is killed with everything else.
+const shutdownWait = 30 * time.Second
+
+// stopServices says the machine is stopping, and waits until the services controller has
+// stopped the services (services_live.go).
+func (m *machine) stopServices(action string) {
+	if m.resources == nil {
+		return // no controllers, so no supervisor either
+	}
+	m.enterStage(stageStopping, action)
+	stopped := func(res resource.Resource) bool {
+		set, ok := resource.SpecOf[serviceSetSpec](res)
+		return ok && set.State == setStopped
+	}
+	if _, ok := m.awaitFor(serviceSetType, serviceSetID, shutdownWait, stopped); !ok {
+		m.con.printf("%s: the services did not stop within %s; ending them", action, shutdownWait)
+	}
 }

@@ -60,23 +60,80 @@ func TestAnExtensionServiceCaughtRunningBetweenCrashesIsUnhealthy(t *testing.T) 
 	}
 }
 
-// A failed upgrade's resume starts a new supervisor while the API lists services and reads
-// their logs; under -race this shows the swap is guarded.
-func TestSupervisorSwapWhileAPIReads(t *testing.T) {
-	m := &machine{con: quietConsole(), cfg: &Config{}}
+// An upgrade's install stops the services and has the disk released; a failed upgrade gets
+// /var back and the services started again, by a new supervisor, while the API lists services
+// and reads their logs (under -race this shows the swap is guarded). The disk work itself (the
+// unmount and the mount) is the e2e upgrade tests': this machine is not PID 1 and has none.
+func TestServicesStopForAnUpgradeAndStartAgainWhileTheAPIReads(t *testing.T) {
+	c := newConfigMachine(t, withExtensionService(t, "ext", "exec sleep 60"))
+	c.startServices()
+	t.Cleanup(func() { c.stopServices("test") })
+	wait.Until(t, "ext running", 15*time.Second, func() bool { return serviceState(c.machine, "ext").State == supervisor.StateRunning })
 	done := make(chan struct{})
+	reading := make(chan struct{})
 	go func() {
 		defer close(done)
-		for i := 0; i < 50; i++ {
-			_ = m.Services()
-			_, _ = m.Logs("none")
+		for {
+			select {
+			case <-reading:
+				return
+			default:
+				_ = c.Services()
+				_, _ = c.Logs("ext")
+			}
 		}
 	}()
-	for i := 0; i < 20; i++ {
-		m.startServices(t.TempDir())
-		m.currentSupervisor().Stop()
+	for number := 1; number <= 3; number++ {
+		pid := serviceState(c.machine, "ext").PID
+		putUpgrade(t, c.machine, upgradeStatus{State: upgradePulling, Number: number, Slot: "B"})
+		putUpgrade(t, c.machine, upgradeStatus{State: upgradeInstalling, Number: number, Slot: "B"})
+		if err := c.awaitDiskReleased(number); err != nil {
+			t.Fatalf("upgrade %d: %v", number, err)
+		}
+		if set := serviceSet(c.machine); set.State != setStopped || set.Reason != "an upgrade installing slot B" {
+			t.Fatalf("upgrade %d: service/set while the disk is released: %+v", number, set)
+		}
+		if st := serviceState(c.machine, "ext"); st.State != supervisor.StateStopped {
+			t.Fatalf("upgrade %d: ext while the disk is released: %+v", number, st)
+		}
+		putUpgrade(t, c.machine, upgradeStatus{State: upgradeFailed, Number: number, Slot: "B", Error: "test"})
+		wait.Until(t, "ext running again", 15*time.Second, func() bool {
+			st := serviceState(c.machine, "ext")
+			return st.State == supervisor.StateRunning && st.PID != pid
+		})
+		if v := c.volume(); v.Released || v.ReleasedFor != 0 {
+			t.Fatalf("upgrade %d failed: the disk should be back: %+v", number, v)
+		}
 	}
+	close(reading)
 	<-done
+	if n := strings.Count(strings.Join(c.con.log.Lines(), "\n"), "services: started again"); n != 3 {
+		t.Errorf("services started again %d times, not 3", n)
+	}
+}
+
+// withExtensionService gives a config machine an extension whose service runs script.
+func withExtensionService(t *testing.T, name, script string) func(m *machine) {
+	dir := t.TempDir()
+	spec := "name: " + name + "\ncommand: /bin/sh\nargs: [-c, " + script + "]\nrestart: always\n"
+	if err := os.WriteFile(filepath.Join(dir, name+".yaml"), []byte(spec), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return func(m *machine) { m.extDirs.services = dir }
+}
+
+// putUpgrade puts upgrade/status as the upgrader does.
+func putUpgrade(t *testing.T, m *machine, s upgradeStatus) {
+	t.Helper()
+	if _, err := m.resources.Put(upgradeOwner, upgradeType, upgradeID, &s); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func serviceSet(m *machine) serviceSetSpec {
+	res, _ := m.resources.Get(serviceSetType, serviceSetID)
+	set, _ := resource.SpecOf[serviceSetSpec](res)
+	return set
 }
 
 // The services section applied live, on real processes: newConfigMachine's controllers, and a
@@ -102,16 +159,9 @@ func serviceState(m *machine, name string) supervisor.ServiceStatus {
 }
 
 func TestAppliedServicesStartRestartAndStopWithoutTouchingTheOthers(t *testing.T) {
-	extensions := t.TempDir()
-	ext := "name: ext\ncommand: /bin/sh\nargs: [-c, exec sleep 60]\nrestart: always\n"
-	if err := os.WriteFile(filepath.Join(extensions, "ext.yaml"), []byte(ext), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	c := newConfigMachine(t, func(m *machine) { m.extDirs.services = extensions })
-	if err := c.superviseServices(""); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.currentSupervisor().Stop() })
+	c := newConfigMachine(t, withExtensionService(t, "ext", "exec sleep 60"))
+	c.startServices()
+	t.Cleanup(func() { c.stopServices("test") })
 	wait.Until(t, "ext running", 15*time.Second, func() bool { return serviceState(c.machine, "ext").State == supervisor.StateRunning })
 	extPID := serviceState(c.machine, "ext").PID
 
@@ -146,10 +196,8 @@ func TestAppliedServicesStartRestartAndStopWithoutTouchingTheOthers(t *testing.T
 
 func TestAnAppliedServiceSetWithAnUnknownDependencyKeepsWhatRuns(t *testing.T) {
 	c := newConfigMachine(t)
-	if err := c.superviseServices(""); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.currentSupervisor().Stop() })
+	c.startServices()
+	t.Cleanup(func() { c.stopServices("test") })
 	code, _, msg := c.post(t, "admin", "", withServices("{name: lone, command: /bin/sh, args: [-c, exec sleep 60], after: [nowhere]}"))
 	if code != http.StatusOK {
 		t.Fatalf("%d %s", code, msg)
@@ -162,40 +210,56 @@ func TestAnAppliedServiceSetWithAnUnknownDependencyKeepsWhatRuns(t *testing.T) {
 	}
 }
 
-// The services controller leaves a supervisor alone until extension/services is there: merged
-// with no extensions' services, the config's set would stop the extensions' running ones.
-func TestTheServicesControllerWaitsForTheExtensionsServices(t *testing.T) {
+// The services controller starts nothing until the boot says so, there is a config, the
+// extensions' services are known (merged without them, the config's set would lack the
+// extensions' services) and /var is set up; then one supervisor runs them all.
+func TestTheServicesControllerWaitsForTheBootTheExtensionsAndVar(t *testing.T) {
 	ext := supervisor.ServiceSpec{Name: "ext", Command: "/bin/sh", Args: []string{"-c", "exec sleep 60"}, Restart: "always"}
-	sup := supervisor.New(supervisor.DefaultOptions())
-	if err := sup.Start([]supervisor.ServiceSpec{ext}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(sup.Stop)
-	m := &machine{con: quietConsole(), sup: sup}
-	wait.Until(t, "ext running", 15*time.Second, func() bool { return serviceState(m, "ext").State == supervisor.StateRunning })
-	pid := serviceState(m, "ext").PID
-
 	state := resource.NewState()
-	for typ, owner := range map[resource.Type]string{machineConfigType: configOwner, extensionServicesType: "extensions"} {
+	owners := map[resource.Type]string{machineConfigType: configOwner, extensionServicesType: "extensions", stageType: stageOwner, volumeType: "volumes"}
+	for typ, owner := range owners {
 		if err := state.Claim(typ, owner); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if _, err := state.Put(configOwner, machineConfigType, machineConfigID, machineConfigSpec{}); err != nil {
-		t.Fatal(err)
+	m := &machine{con: quietConsole(), resources: state}
+	runCounted(t, state, &servicesController{publish: m.setSupervisor, printf: t.Logf})
+	t.Cleanup(func() {
+		if sup := m.currentSupervisor(); sup != nil {
+			sup.Stop()
+		}
+	})
+	put := func(typ resource.Type, id string, spec interface{}) {
+		t.Helper()
+		if _, err := state.Put(owners[typ], typ, id, spec); err != nil {
+			t.Fatal(err)
+		}
 	}
-	ctrl := runCounted(t, state, &servicesController{current: m.currentSupervisor, printf: t.Logf})
-	wait.Until(t, "the controller's run without extension/services", 5*time.Second, func() bool { return ctrl.count() >= 1 })
-	if st := serviceState(m, "ext"); st.PID != pid || st.State != supervisor.StateRunning {
-		t.Fatalf("the extension's service was touched before its spec was known: %+v", st)
+	waiting := func(why string) {
+		t.Helper()
+		wait.Until(t, "service/set waiting for "+why, 5*time.Second, func() bool {
+			set := serviceSet(m)
+			return set.State == setWaiting && set.Reason == why
+		})
+		if m.currentSupervisor() != nil {
+			t.Fatalf("a supervisor while waiting for %s", why)
+		}
 	}
-	runs := ctrl.count()
-	spec := extensionServicesSpec{Names: []string{"ext"}, Specs: []supervisor.ServiceSpec{ext}}
-	if _, err := state.Put("extensions", extensionServicesType, extensionServicesID, spec); err != nil {
-		t.Fatal(err)
+	waiting("the boot")
+	put(stageType, stageID, stageSpec{Stage: stageStarting})
+	waiting("the machine config")
+	put(machineConfigType, machineConfigID, machineConfigSpec{})
+	waiting("the extensions' services")
+	put(extensionServicesType, extensionServicesID, extensionServicesSpec{Names: []string{"ext"}, Specs: []supervisor.ServiceSpec{ext}})
+	waiting("/var")
+	put(volumeType, volumeID, volumeSpec{Var: "tmpfs"})
+	wait.Until(t, "ext running", 15*time.Second, func() bool { return serviceState(m, "ext").State == supervisor.StateRunning })
+	if set := serviceSet(m); set.State != setRunning || set.ConfigVersion != 1 {
+		t.Fatalf("service/set: %+v", set)
 	}
-	wait.Until(t, "the controller's run with extension/services", 5*time.Second, func() bool { return ctrl.count() > runs })
-	if st := serviceState(m, "ext"); st.PID != pid || st.State != supervisor.StateRunning {
-		t.Fatalf("the extension's service, unchanged, was restarted or stopped: %+v", st)
+	put(stageType, stageID, stageSpec{Stage: stageStopping, Action: actionPoweroff})
+	wait.Until(t, "ext stopped", 15*time.Second, func() bool { return serviceState(m, "ext").State == supervisor.StateStopped })
+	if set := serviceSet(m); set.State != setStopped || set.Reason != "the machine stops" {
+		t.Fatalf("service/set once the machine stops: %+v", set)
 	}
 }

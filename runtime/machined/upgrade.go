@@ -131,6 +131,7 @@ func (r upgradeRequest) describe() string {
 // upgradeStatus is the upgrade section of /v1/status.
 type upgradeStatus struct {
 	State          string  `json:"state"`
+	Number         int     `json:"number,omitempty"` // upgrade/request's number: which accepted upgrade this is
 	Image          string  `json:"image,omitempty"`
 	Digest         string  `json:"digest,omitempty"`
 	Version        string  `json:"version,omitempty"`
@@ -251,10 +252,10 @@ func (m *machine) Upgrade(req upgradeRequest) (*upgradeStatus, error) {
 	if m.slots.defaultSlot() == other || m.slots.trialSlot() == other {
 		return nil, &apiError{409, fmt.Sprintf("slot %s runs but slot %s is the default or on trial; roll back or reboot before upgrading", m.slots.slot, other)}
 	}
-	m.upgrades.begin(&upgradeStatus{State: upgradePulling, Image: req.describe(), Slot: other, Preserve: req.preserve()})
+	m.upgrades.asked++
+	m.upgrades.begin(&upgradeStatus{State: upgradePulling, Number: m.upgrades.asked, Image: req.describe(), Slot: other, Preserve: req.preserve()})
 	first := *m.upgrades.status
 	m.con.printf("upgrade: %s into slot %s", req.describe(), other)
-	m.upgrades.asked++
 	ask := upgradeAsk{Number: m.upgrades.asked, Image: req.describe(), Slot: other, req: req}
 	if _, err := m.resources.Put(upgradeAskOwner, upgradeAskType, upgradeAskID, ask); err != nil {
 		m.upgrades.status.State, m.upgrades.status.Error = upgradeFailed, err.Error()
@@ -296,9 +297,10 @@ func (c *upgradeController) Reconcile(_ context.Context, r *resource.Run) error 
 	return nil
 }
 
-// runUpgrade does the work; any error ends in the failed state with the machine as it was.
+// runUpgrade does the work; any error ends in the failed state, from which the volumes and
+// services controllers put the machine back as it was (/var mounted, the services running).
 func (m *machine) runUpgrade(req upgradeRequest, slot string) {
-	stopped, err := m.pullAndInstall(req, slot)
+	err := m.pullAndInstall(req, slot)
 	if err == nil {
 		m.upgrades.update(func(s *upgradeStatus) { s.State = upgradeRebooting })
 		done := m.upgrades.snapshot()
@@ -308,57 +310,54 @@ func (m *machine) runUpgrade(req upgradeRequest, slot string) {
 		return
 	}
 	m.con.printf("upgrade: failed: %v", err)
-	if stopped {
-		m.resume()
-	}
 	_ = syscall.Unmount(upgradeWork, syscall.MNT_DETACH)
 	m.upgrades.update(func(s *upgradeStatus) { s.State, s.Error = upgradeFailed, err.Error() })
 	m.con.printf("upgrade: the machine keeps running %s", m.version)
 }
 
-// pullAndInstall returns whether it stopped the services (and so whether resume is due).
-func (m *machine) pullAndInstall(req upgradeRequest, slot string) (bool, error) {
+// pullAndInstall pulls the release, has the disk released to it and installs the slot.
+func (m *machine) pullAndInstall(req upgradeRequest, slot string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), pullTimeout)
 	defer cancel()
 	start := time.Now()
 	if err := os.MkdirAll(upgradeWork, 0o700); err != nil {
-		return false, err
+		return err
 	}
 	_ = syscall.Unmount(upgradeWork, syscall.MNT_DETACH) // a failed earlier try's
 	// not nodev: the isolated root gets the owned disk's device nodes
 	if err := syscall.Mount("tmpfs", upgradeWork, "tmpfs", syscall.MS_NOSUID, upgradeTmpfsOptions); err != nil {
-		return false, fmt.Errorf("tmpfs for the image: %v", err)
+		return fmt.Errorf("tmpfs for the image: %v", err)
 	}
 	// private: the installer's mounts in its own namespace never show up here
 	_ = syscall.Mount("", upgradeWork, "", syscall.MS_PRIVATE, "")
 	src, ref, err := m.upgradeSource(ctx, req)
 	if err != nil {
-		return false, err
+		return err
 	}
 	if closer, ok := src.(io.Closer); ok {
 		defer closer.Close()
 	}
 	img, err := src.Resolve(ctx, ref, oci.Platform{OS: "linux", Architecture: runtime.GOARCH})
 	if err != nil {
-		return false, err
+		return err
 	}
 	signer, err := m.checkSignature(ctx, src, img.Digest)
 	if err != nil {
-		return false, err
+		return err
 	}
 	rel := oci.ReleaseOf(ref, img)
 	if err := checkChannel(req, rel); err != nil {
-		return false, err
+		return err
 	}
 	if err := m.acceptable(rel, req.AllowDowngrade); err != nil {
-		return false, err
+		return err
 	}
 	m.upgrades.update(func(s *upgradeStatus) {
 		s.Digest, s.Version, s.SignedBy, s.Unsigned = img.Digest, rel.Version, signer, signer == ""
 	})
 	root := filepath.Join(upgradeWork, "root")
 	if err := m.unpackImage(ctx, src, img, root); err != nil {
-		return false, err
+		return err
 	}
 	pulled := time.Since(start)
 	m.upgrades.update(func(s *upgradeStatus) { s.PullSeconds = pulled.Seconds() })
@@ -367,14 +366,14 @@ func (m *machine) pullAndInstall(req upgradeRequest, slot string) (bool, error) 
 
 	installStart := time.Now()
 	m.upgrades.update(func(s *upgradeStatus) { s.State = upgradeInstalling })
-	if err := m.stopForInstall(); err != nil {
-		return true, err
+	if err := m.awaitDiskReleased(m.upgrades.snapshot().Number); err != nil {
+		return err
 	}
 	if err := m.installSlot(root, slot, rel.Version, req.preserve()); err != nil {
-		return true, err
+		return err
 	}
 	m.upgrades.update(func(s *upgradeStatus) { s.InstallSeconds = time.Since(installStart).Seconds() })
-	return true, nil
+	return nil
 }
 
 // upgradeSource returns where the image comes from and the reference to resolve there.
@@ -600,45 +599,27 @@ func (c *countingReader) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// stopForInstall stops the services and unmounts /var and STATE, so nothing on the owned
-// disk is in use while the installer writes it.
-func (m *machine) stopForInstall() error {
-	m.con.printf("upgrade: stopping services")
-	if sup := m.currentSupervisor(); sup != nil {
-		sup.Stop()
+// releaseWait bounds the wait for the services to stop and the disk to be released: the
+// supervisor gives each service its stop timeout, then kills it.
+const releaseWait = 2 * time.Minute
+
+// awaitDiskReleased waits until the volumes controller has released the owned disk to upgrade
+// number (the services controller stops the services first, as upgrade/status says installing),
+// or says why it could not.
+func (m *machine) awaitDiskReleased(number int) error {
+	m.con.printf("upgrade: stopping services and releasing the disk")
+	released := func(res resource.Resource) bool {
+		v, ok := resource.SpecOf[volumeSpec](res)
+		return ok && v.ReleasedFor == number && (v.Released || v.Problem != "")
 	}
-	syscall.Sync()
-	for _, target := range []string{"/var", stateMount} {
-		if _, ok := mountedAt(readMounts(), target); !ok {
-			continue
-		}
-		if err := syscall.Unmount(target, 0); err != nil {
-			return fmt.Errorf("unmount %s: %v (something still uses it)", target, err)
-		}
+	res, ok := m.awaitFor(volumeType, volumeID, releaseWait, released)
+	if !ok {
+		return fmt.Errorf("the services did not stop and release the disk within %s", releaseWait)
+	}
+	if v, _ := resource.SpecOf[volumeSpec](res); v.Problem != "" {
+		return errors.New(v.Problem)
 	}
 	return nil
-}
-
-// resume undoes stopForInstall after a failed install: /var and STATE back, services started.
-func (m *machine) resume() {
-	vol := m.volume()
-	if vol.Var != "tmpfs" {
-		if _, ok := mountedAt(readMounts(), "/var"); !ok {
-			if err := mountFS(vol.Var, "/var", syscall.MS_NOSUID|syscall.MS_NODEV); err != nil {
-				m.con.printf("upgrade: remounting /var: %v", err)
-			}
-		}
-	}
-	if vol.State != "" {
-		if _, ok := mountedAt(readMounts(), stateMount); !ok {
-			if err := mountFS(vol.State, stateMount, syscall.MS_NOSUID|syscall.MS_NODEV|syscall.MS_NOEXEC); err != nil {
-				m.con.printf("upgrade: remounting STATE: %v", err)
-			}
-		}
-	}
-	populateVar()
-	m.startServices("/var/log")
-	m.con.printf("upgrade: services started again")
 }
 
 // installSlot mounts BOOT for the installer, runs it in its sandbox, checks the boot state it

@@ -31,10 +31,15 @@ func runReaped(cmd *exec.Cmd) ([]byte, error) {
 	return b, nil
 }
 
-// TestMain lets the test binary be the sandbox helper, as machined is (main.go).
+// TestMain lets the test binary be the sandbox helper, as machined is (main.go), and machined
+// itself when runMainEnv is set (user_mode_test.go).
 func TestMain(m *testing.M) {
 	if len(os.Args) > 1 && os.Args[1] == sandboxCommand {
 		os.Exit(sandboxMain(os.Args[2:], os.Stderr))
+	}
+	if os.Getenv(runMainEnv) == "1" {
+		main()
+		os.Exit(0)
 	}
 	os.Exit(m.Run())
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"syscall"
 
 	"kiln/machined/internal/disk"
@@ -11,10 +12,15 @@ import (
 // The disks and mounts controller owns volume/status: where the machine keeps what it writes.
 // The config controller puts the config's install section (config/install) once it has the
 // boot's own config and the platform's, or knows there is none; this controller then chooses
-// the disk, prepares STATE and EPHEMERAL, mounts them and puts volume/status. It does so once per boot: the disks a later config names (the one
-// kept on STATE, or one applied over the API) are for the next boot, as docs/machine-config.md
-// says. What needs /var or STATE waits for volume/status (machine.awaitVolumes) and reads the
-// devices from it.
+// the disk, prepares STATE and EPHEMERAL, mounts them and puts volume/status. It does so once
+// per boot: the disks a later config names (the one kept on STATE, or one applied over the API)
+// are for the next boot, as docs/machine-config.md says. What needs /var or STATE waits for
+// volume/status (machine.awaitVolumes) and reads the devices from it.
+//
+// While an upgrade installs (upgrade/status) and the services are stopped (service/set), it
+// releases the disk to the installer: /var and STATE are unmounted, which volume/status says for
+// that upgrade's number (the upgrader waits for it). When the upgrade fails it mounts them again,
+// and the services controller starts the services on them.
 const (
 	installConfigType resource.Type = "config/install"
 	volumeType        resource.Type = "volume/status"
@@ -35,16 +41,29 @@ type volumeSpec struct {
 	Disk  string `json:"disk,omitempty"`  // the disk machined owns ("" when none)
 	Var   string `json:"var"`             // /var's source: EPHEMERAL's partition, or tmpfs
 	State string `json:"state,omitempty"` // STATE's partition, mounted at stateMount ("" when not)
+	// the disk released to an upgrade's installer: for which upgrade (upgrade/status's number),
+	// and whether that worked (Released) or why not (Problem)
+	Released    bool   `json:"released,omitempty"`
+	ReleasedFor int    `json:"released_for,omitempty"`
+	Problem     string `json:"problem,omitempty"`
 }
 
-// volumesController sets the disks up once, from the first config/install it reads.
+// volumesController sets the disks up once, from the first config/install it reads, and
+// releases them to an upgrade's installer and takes them back (see above).
 type volumesController struct {
-	setup func(installSpec) volumeSpec // the disk work (machine.setupVolumes; a recorder in tests)
-	done  *volumeSpec                  // what setup gave; only this controller's goroutine touches it
+	setup   func(installSpec) volumeSpec // the disk work (machine.setupVolumes; a recorder in tests)
+	release func(volumeSpec) error       // unmounts /var and STATE (nil: nothing to unmount)
+	remount func(volumeSpec)             // mounts what release unmounted (nil: nothing to mount)
+	// only this controller's goroutine touches these
+	done        *volumeSpec // what setup gave
+	releasedFor int         // the upgrade the disk was released to, 0 when it is mounted
+	problem     string      // why releasing it failed
 }
 
-func (c *volumesController) Name() string             { return "volumes" }
-func (c *volumesController) Inputs() []resource.Type  { return []resource.Type{installConfigType} }
+func (c *volumesController) Name() string { return "volumes" }
+func (c *volumesController) Inputs() []resource.Type {
+	return []resource.Type{installConfigType, upgradeType, serviceSetType}
+}
 func (c *volumesController) Outputs() []resource.Type { return []resource.Type{volumeType} }
 
 func (c *volumesController) Reconcile(_ context.Context, r *resource.Run) error {
@@ -57,7 +76,27 @@ func (c *volumesController) Reconcile(_ context.Context, r *resource.Run) error 
 		v := c.setup(install)
 		c.done = &v
 	}
-	return r.Put(volumeType, volumeID, *c.done)
+	upgrade, _ := specAt[*upgradeStatus](r, upgradeType, upgradeID)
+	holds := upgrade != nil && upgradeHoldsDisk(upgrade.State)
+	set, _ := specAt[serviceSetSpec](r, serviceSetType, serviceSetID)
+	switch {
+	case holds && set.State == setStopped && c.releasedFor != upgrade.Number:
+		c.releasedFor, c.problem = upgrade.Number, ""
+		if c.release != nil {
+			if err := c.release(*c.done); err != nil {
+				c.problem = err.Error()
+			}
+		}
+	case !holds && c.releasedFor != 0:
+		if c.remount != nil {
+			c.remount(*c.done)
+		}
+		c.releasedFor, c.problem = 0, ""
+	}
+	v := *c.done
+	v.ReleasedFor, v.Problem = c.releasedFor, c.problem
+	v.Released = c.releasedFor != 0 && c.problem == ""
+	return r.Put(volumeType, volumeID, v)
 }
 
 // awaitVolumes waits for the disks' setup. It has no limit of its own, as formatting a large
@@ -117,4 +156,45 @@ func (m *machine) setupVolumes(install installSpec) volumeSpec {
 	}
 	populateVar()
 	return v
+}
+
+// releaseVolumes unmounts /var (unless it is a tmpfs, which is not on the disk) and STATE, so
+// nothing on the owned disk is in use while an installer writes it.
+func releaseVolumes(v volumeSpec) error {
+	syscall.Sync()
+	for _, target := range []struct{ path, source string }{{"/var", v.Var}, {stateMount, v.State}} {
+		if target.source == "" || target.source == "tmpfs" {
+			continue
+		}
+		if _, ok := mountedAt(readMounts(), target.path); !ok {
+			continue
+		}
+		if err := syscall.Unmount(target.path, 0); err != nil {
+			return fmt.Errorf("unmount %s: %v (something still uses it)", target.path, err)
+		}
+	}
+	return nil
+}
+
+// remountVolumes mounts again what releaseVolumes unmounted, and what /var must hold.
+func (m *machine) remountVolumes(v volumeSpec) {
+	for _, target := range []struct {
+		path, source string
+		flags        uintptr
+	}{
+		{"/var", v.Var, syscall.MS_NOSUID | syscall.MS_NODEV},
+		{stateMount, v.State, syscall.MS_NOSUID | syscall.MS_NODEV | syscall.MS_NOEXEC},
+	} {
+		if target.source == "" || target.source == "tmpfs" {
+			continue
+		}
+		if _, ok := mountedAt(readMounts(), target.path); ok {
+			continue
+		}
+		if err := mountFS(target.source, target.path, target.flags); err != nil {
+			m.con.printf("disk: mounting %s again: %v", target.path, err)
+		}
+	}
+	populateVar()
+	m.con.printf("disk: /var and STATE are mounted again")
 }

@@ -2,7 +2,9 @@ package main
 
 import (
 	"context"
+	"errors"
 	"reflect"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -140,5 +142,83 @@ func TestNotPID1TouchesNoDisk(t *testing.T) {
 	}
 	if line := m.readyLine(); line != "machined ready: version=v1 kernel=6.1 extensions=[] var=none platform=metal" {
 		t.Fatalf("ready line: %q", line)
+	}
+}
+
+// diskRecorder stands in for releasing and mounting again (the e2e upgrade tests do the real
+// unmounts and mounts): it counts each, and fails a release when told to.
+type diskRecorder struct {
+	mu                 sync.Mutex
+	released, remounts int
+	fail               error
+}
+
+func (d *diskRecorder) release(volumeSpec) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.released++
+	return d.fail
+}
+
+func (d *diskRecorder) remount(volumeSpec) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.remounts++
+}
+
+func (d *diskRecorder) counts() (int, int) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.released, d.remounts
+}
+
+// The disk is released to an upgrade only once the services are stopped, once per upgrade; a
+// failed upgrade gets it back; a release that fails says why, for that upgrade's number.
+func TestTheDiskIsReleasedToAnUpgradeOnlyOnceTheServicesAreStopped(t *testing.T) {
+	state := resource.NewState()
+	owners := map[resource.Type]string{installConfigType: configOwner, upgradeType: upgradeOwner, serviceSetType: "service-set"}
+	for typ, owner := range owners {
+		if err := state.Claim(typ, owner); err != nil {
+			t.Fatal(err)
+		}
+	}
+	put := func(typ resource.Type, id string, spec interface{}) {
+		t.Helper()
+		if _, err := state.Put(owners[typ], typ, id, spec); err != nil {
+			t.Fatal(err)
+		}
+	}
+	disks, rec := &diskRecorder{}, &setupRecorder{}
+	ctrl := runCounted(t, state, &volumesController{setup: rec.setup, release: disks.release, remount: disks.remount})
+	m := &machine{con: quietConsole(), resources: state}
+	put(serviceSetType, serviceSetID, serviceSetSpec{State: setRunning})
+	put(installConfigType, installConfigID, installSpec{})
+	m.awaitVolumes()
+	runs := ctrl.count()
+	put(upgradeType, upgradeID, &upgradeStatus{State: upgradeInstalling, Number: 1})
+	wait.Until(t, "the run for the upgrade", 5*time.Second, func() bool { return ctrl.count() > runs })
+	if released, _ := disks.counts(); released != 0 || m.volume().ReleasedFor != 0 {
+		t.Fatalf("released while the services run: %d, %+v", released, m.volume())
+	}
+	put(serviceSetType, serviceSetID, serviceSetSpec{State: setStopped})
+	wait.Until(t, "the disk released", 5*time.Second, func() bool { return m.volume().Released && m.volume().ReleasedFor == 1 })
+	put(upgradeType, upgradeID, &upgradeStatus{State: upgradeRebooting, Number: 1})
+	put(upgradeType, upgradeID, &upgradeStatus{State: upgradeFailed, Number: 1})
+	wait.Until(t, "the disk back", 5*time.Second, func() bool { return m.volume().ReleasedFor == 0 })
+	if released, remounts := disks.counts(); released != 1 || remounts != 1 {
+		t.Fatalf("released %d times, mounted again %d times; want 1 and 1", released, remounts)
+	}
+
+	disks.mu.Lock()
+	disks.fail = errors.New("unmount /var: device or resource busy (something still uses it)")
+	disks.mu.Unlock()
+	put(upgradeType, upgradeID, &upgradeStatus{State: upgradeInstalling, Number: 2})
+	if err := m.awaitDiskReleased(2); err == nil || !strings.Contains(err.Error(), "busy") {
+		t.Fatalf("a release that failed: %v", err)
+	}
+	put(upgradeType, upgradeID, &upgradeStatus{State: upgradeFailed, Number: 2})
+	wait.Until(t, "the problem cleared", 5*time.Second, func() bool { v := m.volume(); return v.ReleasedFor == 0 && v.Problem == "" })
+	if _, remounts := disks.counts(); remounts != 2 {
+		t.Fatalf("a part-released disk is mounted again: %d", remounts)
 	}
 }

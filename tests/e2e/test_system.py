@@ -597,7 +597,9 @@ def test_api_mutual_tls_and_poweroff(image_dir: Path, pki: Path, config_server: 
             ("extension/services", "services"),
             ("network/status", "applied"),
             ("health/machine", "machine"),
+            ("machine/stage", "machine"),
             ("machine/ready", "machine"),
+            ("service/set", "services"),
         }
         assert resources[("network/link", "eth0")]["spec"]["up"] is True, sorted(resources)
         assert ("time/status", "clock") in resources and not any(key[0] == "boot/state" for key in resources)
@@ -607,6 +609,11 @@ def test_api_mutual_tls_and_poweroff(image_dir: Path, pki: Path, config_server: 
         assert status == 200 and {r["type"] for r in json.loads(body)["resources"]} == {"network/address"}, body
         assert resources[("health/machine", "machine")]["owner"] == "health", resources
         assert resources[("machine/ready", "machine")]["spec"]["var"] == "tmpfs", resources
+        # the boot is over, and the services controller runs the services of the config it follows
+        assert resources[("machine/stage", "machine")]["spec"] == {"stage": "running"}, resources
+        services = resources[("service/set", "services")]
+        assert services["owner"] == "service-set" and services["spec"]["state"] == "running", services
+        assert services["spec"]["config_version"] == resources[("config/machine", "machine")]["version"], services
         # the disks it uses, as the volumes controller set them up before ready (diskless: /var on a tmpfs)
         volumes = resources[("volume/status", "volumes")]
         assert volumes["owner"] == "volumes" and volumes["spec"] == {"var": "tmpfs"}, volumes

@@ -588,8 +588,9 @@ func (c *configMachine) runAs(t *testing.T, cfg *Config) {
 }
 
 // newAPIConfigMachine is a config machine whose running config has the API its test server
-// serves, wired as startAPI wires it and ready, so the API controller follows the config (live
-// applies reach that server's TLS); and that api section.
+// serves, and whose API controller has started that server (as it would a real one: the boot
+// starts the services), so it follows the config (live applies reach that server's TLS); and
+// that api section.
 func newAPIConfigMachine(t *testing.T) (*configMachine, APIConfig) {
 	t.Helper()
 	c := newConfigMachine(t)
@@ -597,10 +598,10 @@ func newAPIConfigMachine(t *testing.T) (*configMachine, APIConfig) {
 	running := *c.cfg
 	running.API = booted
 	c.runAs(t, &running)
-	c.live.apiMu.Lock()
-	c.live.api = runningAPI{addr: c.api.url, tls: c.api.server.tls, started: booted}
-	c.live.apiMu.Unlock()
-	c.publishReady()
+	c.live.serveAPI = func(APIConfig) (*apiServer, error) { return c.api.server, nil }
+	c.startServices()
+	t.Cleanup(func() { c.stopServices("test") })
+	c.awaitAPI()
 	wait.Until(t, "api/status", 5*time.Second, func() bool { return len(c.Resources("api")) == 1 })
 	return c, booted
 }
@@ -697,7 +698,7 @@ func TestAnAPICertificateAppliedLiveIsServedAtOnce(t *testing.T) {
 	}
 	// api/status (kiln node get api) says which certificate is served, for which config version
 	if got, ok := c.Resources("api")[0].Spec.(apiStatusSpec); !ok || !strings.Contains(got.Certificate, `"machine-2"`) ||
-		got.ConfigVersion != report.ConfigVersion || got.Address != c.api.url || got.Problem != "" {
+		got.ConfigVersion != report.ConfigVersion || "https://"+got.Address != c.api.url || got.Problem != "" {
 		t.Errorf("api/status: %+v (config version %d)", c.Resources("api")[0].Spec, report.ConfigVersion)
 	}
 

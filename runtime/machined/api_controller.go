@@ -6,13 +6,13 @@ import (
 	"kiln/machined/internal/resource"
 )
 
-// The API controller keeps the running API's certificate and client CAs what config/machine's
-// api section says, and owns api/status: where the API listens, what it presents, and which
-// config version that is. The boot starts the API (it serves the machine's state, which the boot
-// has finished setting by then); from the ready line on, this controller follows each config:
-// a new certificate, or a new client CA bundle, is in place for the next handshake without a
-// restart, as connections already open keep theirs. Turning the API on or off waits for the next
-// boot (config_apply.go says so to whoever applies it).
+// The API controller runs the API and owns api/status: where the API listens, what it
+// presents, and which config version that is. It starts the API when the boot starts the
+// services (machine/stage: by then the boot has set the facts the API serves) from the config's
+// api section, and stops it when the machine stops. It follows each config from then on: a new
+// certificate, or a new client CA bundle, is in place for the next handshake without a restart,
+// as connections already open keep theirs. Turning the API on or off waits for the next boot
+// (config_apply.go says so to whoever applies it).
 const (
 	apiStatusType resource.Type = "api/status"
 	apiStatusID                 = "api"
@@ -27,50 +27,76 @@ type apiStatusSpec struct {
 	Problem       string `json:"problem,omitempty"`     // why the config's certificate or CAs are not in place
 }
 
-// runningAPI is the API the boot started: its address, TLS side, and the api section it started
-// with; nil TLS when it is off.
+// runningAPI is the API the controller started: its address, TLS side, and the api section it
+// started with; nil TLS when it is off.
 type runningAPI struct {
 	addr    string
 	tls     *apiTLS
 	started APIConfig
 }
 
-// apiController follows config/machine's api section once the machine is ready.
+// apiController runs the API (see above).
 type apiController struct {
-	running func() runningAPI
+	serve   func(APIConfig) (*apiServer, error) // starts an API (serveAPI, with the machine as its backend)
+	publish func(runningAPI)                    // tells the machine what runs (machine.runningAPI)
 	say     func(string, ...interface{})
-	serving *APIConfig // what it put in place last; only this controller's goroutine touches it
+	// only this controller's goroutine touches these
+	tried   bool       // it started the API, or found it off, once this boot
+	server  *apiServer // the running API, nil when off or stopped
+	off     string     // why the config's API is not running ("" when it is, or the config has none)
+	serving *APIConfig // what it put in place last
 }
 
 func (c *apiController) Name() string { return "api" }
 func (c *apiController) Inputs() []resource.Type {
-	return []resource.Type{machineConfigType, readyType}
+	return []resource.Type{machineConfigType, stageType}
 }
 func (c *apiController) Outputs() []resource.Type { return []resource.Type{apiStatusType} }
 
 func (c *apiController) Reconcile(_ context.Context, r *resource.Run) error {
-	if _, ready := r.Get(readyType, readyID); !ready {
-		return nil // the boot is still starting the API
+	stage := stageIn(r)
+	if stage == stageStopping && c.server != nil {
+		c.server.stop()
+		c.server = nil
+		c.publish(runningAPI{})
+	}
+	if !serving(stage) && c.server == nil && !c.tried {
+		return nil // the boot has not started the services yet
 	}
 	res, ok := r.Get(machineConfigType, machineConfigID)
 	spec, isSpec := resource.SpecOf[machineConfigSpec](res)
 	if !ok || !isSpec || spec.Config == nil {
 		return nil
 	}
-	api := c.running()
-	status := apiStatusSpec{ConfigVersion: res.Version}
-	if api.tls == nil {
+	if !c.tried && serving(stage) {
+		c.tried = true
+		c.start(spec.Config.API)
+	}
+	status := apiStatusSpec{ConfigVersion: res.Version, Problem: c.off}
+	if c.server == nil {
 		return r.Put(apiStatusType, apiStatusID, status) // off until the next boot
 	}
-	if c.serving == nil {
-		c.serving = &api.started
-	}
 	if want := spec.Config.API; want.Enabled() {
-		status.Problem = c.follow(api.tls, want)
+		status.Problem = c.follow(c.server.tls, want)
 	}
 	caPEM, _ := c.serving.clientCA()
-	status.Address, status.Certificate, status.ClientCAs = api.addr, certName(api.tls), caNames(caPEM)
+	status.Address, status.Certificate, status.ClientCAs = c.server.addr.String(), certName(c.server.tls), caNames(caPEM)
 	return r.Put(apiStatusType, apiStatusID, status)
+}
+
+// start starts the API of the config's api section, if it has one.
+func (c *apiController) start(api APIConfig) {
+	if !api.Enabled() {
+		return
+	}
+	server, err := c.serve(api)
+	if err != nil {
+		c.say("api: %v; the API is off", err)
+		c.off = "the API is off: " + err.Error()
+		return
+	}
+	c.server, c.serving = server, &api
+	c.publish(runningAPI{addr: server.addr.String(), tls: server.tls, started: api})
 }
 
 // follow puts want's certificate and client CAs in place where they differ from what is served,

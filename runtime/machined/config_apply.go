@@ -48,8 +48,10 @@ type liveConfig struct {
 
 	clockMu sync.Mutex // guards machine.clock between startClock and the time controller
 
-	apiMu sync.Mutex // guards api between startAPI and the API controller
-	api   runningAPI // the API the boot started; its TLS side is nil when the API is off
+	apiMu sync.Mutex // guards api, which the API controller sets
+	api   runningAPI // the API that runs; its TLS side is nil when the API is off
+
+	serveAPI func(APIConfig) (*apiServer, error) // tests: instead of serving one on the config's address
 
 	keptDir     string                  // tests: the directory the config is kept in instead of STATE
 	setHostname func(name string) error // tests: instead of sethostname(2)

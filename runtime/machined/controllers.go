@@ -112,7 +112,7 @@ func (m *machine) startControllers(net networkApplier) {
 		&networkController{net: net, wait: 5 * time.Second}, &volumesController{setup: setup, release: release, remount: remount},
 		&extensionsController{dirs: m.extDirs, printf: m.con.printf},
 		&platformController{fetch: m.fetchPlatform, report: m.reportReady},
-		&apiController{running: m.runningAPI, say: m.con.printf},
+		&apiController{serve: m.openAPI, publish: m.setRunningAPI, say: m.con.printf},
 		&healthController{judge: m.judgeHealth, interval: m.healthInterval},
 		&trialController{gate: m.trialGateAt, good: m.markTrialGood, fail: m.failTrial},
 		&upgradeController{run: m.runUpgrade},

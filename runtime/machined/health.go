@@ -202,7 +202,7 @@ func (m *machine) judgeHealth(ctx context.Context) []string {
 	return healthProblems(healthInputs{
 		configProblem: m.configProblem,
 		apiWanted:     m.cfg.API.Enabled(),
-		apiUp:         m.apiAddr != "",
+		apiUp:         m.runningAPI().addr != "",
 		network:       cfg.Network,
 		addresses:     observedAddresses(m.resources),
 		services:      observedServices(m.resources),

@@ -241,15 +241,18 @@ func TestTheTrialControllerClosesTheTrial(t *testing.T) {
 		open               bool
 		gate               trialGate
 		health             healthSpec
+		healthyFor         time.Duration // how long before the subtest starts the verdict was reached
 		wantGood, wantFail int
 	}{
 		"held for the grace": {true, trialGate{grace: 1500 * time.Millisecond, deadline: time.Now().Add(time.Hour)},
-			healthSpec{Healthy: true, Since: time.Now()}, 1, 0},
+			healthSpec{Healthy: true}, 0, 1, 0},
 		"deadline first": {true, trialGate{grace: time.Hour, deadline: time.Now().Add(-time.Second)},
-			healthSpec{Problems: []string{"service web: crash-looping"}, Since: time.Now()}, 0, 1},
-		"no trial": {false, trialGate{}, healthSpec{Healthy: true, Since: time.Now().Add(-time.Hour)}, 0, 0},
+			healthSpec{Problems: []string{"service web: crash-looping"}}, 0, 0, 1},
+		"no trial": {false, trialGate{}, healthSpec{Healthy: true}, time.Hour, 0, 0},
 	} {
 		t.Run(name, func(t *testing.T) {
+			// from the subtest's start, not the table's: the subtests before it take seconds
+			tc.health.Since = time.Now().Add(-tc.healthyFor)
 			state := resource.NewState()
 			if err := state.Claim(healthType, healthOwner); err != nil {
 				t.Fatal(err)

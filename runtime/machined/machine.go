@@ -36,8 +36,6 @@ type machine struct {
 	sup           *supervisor.Supervisor // read through currentSupervisor()
 	logDir        string                 // where the services' log files go ("": memory only)
 	extDirs       extensionDirs          // where the extensions controller reads them (extensions.go)
-	apiAddr       string                 // "" when the API is off
-	stopAPI       func()
 	started       time.Time
 	power         chan string
 	shutdownOnce  sync.Once
@@ -118,7 +116,7 @@ func (m *machine) boot() {
 		m.con.printf("schematic %s", m.schematic)
 	}
 	m.startServices()
-	m.startAPI()
+	m.awaitAPI()
 	m.phases.mark("services")
 	m.con.printf("boot: %s", m.phases.describe(uptime()))
 	m.ready()
@@ -241,19 +239,32 @@ func (m *machine) setSupervisor(sup *supervisor.Supervisor) {
 	m.sup = sup
 }
 
-func (m *machine) startAPI() {
-	if !m.cfg.API.Enabled() {
-		return
+// apiWait bounds the boot's wait for the API controller to start the API (a listen and a
+// certificate check).
+const apiWait = 30 * time.Second
+
+// awaitAPI waits until the API controller has started the API the boot's config asks for, or
+// found it off (api/status at the config's version; api_controller.go).
+func (m *machine) awaitAPI() {
+	config, _ := m.resources.Get(machineConfigType, machineConfigID)
+	tried := func(res resource.Resource) bool { return statusVersion(res) >= config.Version }
+	if _, ok := m.awaitFor(apiStatusType, apiStatusID, apiWait, tried); !ok {
+		m.con.printf("api: not started within %s; going on", apiWait)
 	}
-	server, err := serveAPI(m.cfg.API, m, m.con.log)
-	if err != nil {
-		m.con.printf("api: %v; the API is off", err)
-		return
+}
+
+// statusVersion is the config version api/status follows.
+func statusVersion(res resource.Resource) uint64 {
+	spec, _ := resource.SpecOf[apiStatusSpec](res)
+	return spec.ConfigVersion
+}
+
+// openAPI starts an API serving this machine (a test may set live.serveAPI instead).
+func (m *machine) openAPI(api APIConfig) (*apiServer, error) {
+	if m.live.serveAPI != nil {
+		return m.live.serveAPI(api)
 	}
-	m.apiAddr, m.stopAPI = server.addr.String(), server.stop
-	m.live.apiMu.Lock()
-	m.live.api = runningAPI{addr: m.apiAddr, tls: server.tls, started: m.cfg.API}
-	m.live.apiMu.Unlock()
+	return serveAPI(api, m, m.con.log)
 }
 
 // readyLine is the one line the boot harness waits for, exactly as the boot contract specifies it
@@ -330,8 +341,8 @@ func (m *machine) ready() {
 	if m.isReady != nil { // the health and trial controllers start judging once it is closed and machine/ready is out
 		close(m.isReady)
 	}
-	if m.apiAddr != "" {
-		m.con.printf("api: listening on %s (mutual TLS)", m.apiAddr)
+	if addr := m.runningAPI().addr; addr != "" {
+		m.con.printf("api: listening on %s (mutual TLS)", addr)
 	} else {
 		m.con.printf("api: off (no api certificates in the machine config)")
 	}
@@ -418,11 +429,18 @@ func (m *machine) platformStatus() map[string]interface{} {
 	return spec.fetched.status(spec.report)
 }
 
-// runningAPI is the API the boot started (zero before, or when it is off).
+// runningAPI is the API the API controller runs (zero before, or when it is off).
 func (m *machine) runningAPI() runningAPI {
 	m.live.apiMu.Lock()
 	defer m.live.apiMu.Unlock()
 	return m.live.api
+}
+
+// setRunningAPI is how the API controller says what runs.
+func (m *machine) setRunningAPI(api runningAPI) {
+	m.live.apiMu.Lock()
+	defer m.live.apiMu.Unlock()
+	m.live.api = api
 }
 
 func (m *machine) timeStatus() interface{} {

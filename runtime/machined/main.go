@@ -79,7 +79,7 @@ func userMode(m *machine, configPath, logDir string) {
 	if set := m.startServices(); set.Problem != "" {
 		os.Exit(2) // the services controller said why
 	}
-	m.startAPI()
+	m.awaitAPI()
 	m.ready()
 	m.shutdown(<-m.power)
 }

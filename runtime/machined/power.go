@@ -43,10 +43,7 @@ func handleSignals(power chan<- string, say func(string, ...interface{})) {
 func (m *machine) shutdown(action string) {
 	m.shutdownOnce.Do(func() {
 		m.con.printf("%s: stopping services", action)
-		m.stopServices(action)
-		if m.stopAPI != nil {
-			m.stopAPI()
-		}
+		m.stopServices(action) // the API controller stops the API too
 		if !m.pid1 {
 			os.Exit(0)
 		}

@@ -17,7 +17,7 @@ const defaultTrialNetworkWait = 30 * time.Second
 
 // trialProblems says what keeps this trial boot from being marked good; empty when healthy.
 func (m *machine) trialProblems() []string {
-	return trialVerdict(m.configProblem, m.cfg.API.Enabled(), m.apiAddr != "", hasAddress, trialNetworkWait(m.params))
+	return trialVerdict(m.configProblem, m.cfg.API.Enabled(), m.runningAPI().addr != "", hasAddress, trialNetworkWait(m.params))
 }
 
 // trialVerdict judges a trial boot: its config was read (no fallback to defaults), the API

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"kiln/machined/internal/supervisor"
 	"kiln/machined/internal/testkit/wait"
 )
 
@@ -17,8 +18,10 @@ import (
 const runMainEnv = "MACHINED_TEST_RUN_MAIN"
 
 // userMachined starts machined as an ordinary process (not PID 1) on config, with an extension
-// service directory; its stdout lines arrive on the channel.
-func userMachined(t *testing.T, config string) (*exec.Cmd, <-chan string, string) {
+// service directory; its stdout lines arrive on the channel, its exit status on the other. It
+// starts through the package's reaper, which another test may have running (it would reap
+// machined before exec.Cmd.Wait could).
+func userMachined(t *testing.T, config string) (*exec.Cmd, <-chan string, <-chan syscall.WaitStatus, string) {
 	t.Helper()
 	dir := t.TempDir()
 	services, logs := filepath.Join(dir, "services"), filepath.Join(dir, "logs")
@@ -38,11 +41,8 @@ func userMachined(t *testing.T, config string) (*exec.Cmd, <-chan string, string
 	cmd := exec.Command(os.Args[0], "-config", configPath, "-services", services, "-logdir", logs)
 	cmd.Env = append(os.Environ(), runMainEnv+"=1")
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // its services go with it, whatever happens
-	out, err := cmd.StdoutPipe()
+	out, exited, err := supervisor.Children().StartPiped(cmd)
 	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) })
@@ -54,7 +54,7 @@ func userMachined(t *testing.T, config string) (*exec.Cmd, <-chan string, string
 			lines <- scanner.Text()
 		}
 	}()
-	return cmd, lines, logs
+	return cmd, lines, exited, logs
 }
 
 // awaitLine reads lines until one holds text, and fails the test if none does in time.
@@ -80,7 +80,7 @@ func awaitLine(t *testing.T, lines <-chan string, text string) {
 // controllers as a boot (the services controller starts them, with their log files), says
 // ready, and stops them on SIGTERM.
 func TestUserModeRunsTheServicesThroughTheControllers(t *testing.T) {
-	cmd, lines, logs := userMachined(t, "services:\n  - {name: own, command: /bin/sh, args: [-c, 'echo own up; exec sleep 60']}\n")
+	cmd, lines, exited, logs := userMachined(t, "services:\n  - {name: own, command: /bin/sh, args: [-c, 'echo own up; exec sleep 60']}\n")
 	awaitLine(t, lines, "machined ready: version=")
 	for _, name := range []string{"ext", "own"} {
 		wait.Until(t, name+"'s log", 15*time.Second, func() bool {
@@ -92,32 +92,29 @@ func TestUserModeRunsTheServicesThroughTheControllers(t *testing.T) {
 		t.Fatal(err)
 	}
 	awaitLine(t, lines, "services: stopping them all, as the machine stops")
-	if err := waitExit(t, cmd); err != nil {
-		t.Fatalf("machined after SIGTERM: %v", err)
+	if status := waitExit(t, exited); !status.Exited() || status.ExitStatus() != 0 {
+		t.Fatalf("machined after SIGTERM: %s", supervisor.DescribeExit(status))
 	}
 }
 
 // A service set that cannot start (a service after one that is not defined) ends machined with
 // exit code 2, after the services controller said why.
 func TestUserModeExitsTwoWhenTheServicesCannotStart(t *testing.T) {
-	cmd, lines, _ := userMachined(t, "services:\n  - {name: lone, command: /bin/sh, args: [-c, 'exec sleep 60'], after: [nowhere]}\n")
+	_, lines, exited, _ := userMachined(t, "services:\n  - {name: lone, command: /bin/sh, args: [-c, 'exec sleep 60'], after: [nowhere]}\n")
 	awaitLine(t, lines, `starts after "nowhere", which is not defined; none started`)
-	err := waitExit(t, cmd)
-	if exit, ok := err.(*exec.ExitError); !ok || exit.ExitCode() != 2 {
-		t.Fatalf("machined with services that cannot start: %v, want exit code 2", err)
+	if status := waitExit(t, exited); !status.Exited() || status.ExitStatus() != 2 {
+		t.Fatalf("machined with services that cannot start: %s, want exit code 2", supervisor.DescribeExit(status))
 	}
 }
 
 // waitExit waits at most 30 s for machined to exit, and fails the test if it does not.
-func waitExit(t *testing.T, cmd *exec.Cmd) error {
+func waitExit(t *testing.T, exited <-chan syscall.WaitStatus) syscall.WaitStatus {
 	t.Helper()
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
 	select {
-	case err := <-done:
-		return err
+	case status := <-exited:
+		return status
 	case <-time.After(30 * time.Second):
 		t.Fatal("machined still runs 30 s later")
-		return nil
+		return 0
 	}
 }

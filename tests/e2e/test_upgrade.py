@@ -6,8 +6,10 @@ runs; version 2 is the same profile built with `--set kiln_version=0.2.0`, so it
 init and rootfs are rebuilt; both are pushed with `kiln release push` to Debian's
 docker-registry on the host, which the guest reaches through QEMU's user network. Version 3 is
 deliberately broken: version 2's kernel with an initramfs the kernel cannot unpack, so every
-boot of it panics (and `panic=1` reboots). The machine takes its config (API certificates,
-the registries it may reach over plain http) from a URL pinned by its sha256.
+boot of it panics (and `panic=1` reboots); version 0.2.5 is version 2 with its installer cut
+short, so the upgrade to it fails after the services are stopped and the disk is released. The
+machine takes its config (API certificates, the registries it may reach over plain http) from a
+URL pinned by its sha256.
 
 Each QEMU run is one boot (`-no-reboot`: a reboot ends QEMU), on a disk that keeps what GRUB
 and machined write; between runs the test reads the disk (the boot state with mtools, the
@@ -54,6 +56,7 @@ pytestmark = pytest.mark.e2e
 
 BOOT_TIMEOUT = 300.0
 V1, V2, V3 = __version__, "0.2.0", "0.3.0"
+V_CUT = "0.2.5"  # a release whose installer is cut short
 LIVE: list[Session] = []  # the sessions started by the running test
 REPO = "kiln/installer"
 DISK_SIZE = 2 << 30
@@ -126,8 +129,8 @@ def blob_path(layout: Path, digest: str) -> Path:
     return layout / "blobs" / "sha256" / digest.removeprefix("sha256:")
 
 
-def broken_release(v2: Release, work: Path) -> Path:
-    """Version 3: version 2's kernel with an initramfs no kernel can unpack (it panics, panic=1 reboots)."""
+def release_files(v2: Release) -> dict[str, bytes]:
+    """The kernel, boot and installer layers' files of release 2, by path."""
     index = json.loads((v2.layout / "index.json").read_text())
     manifest = json.loads(blob_path(v2.layout, index["manifests"][0]["digest"]).read_bytes())
     files: dict[str, bytes] = {}
@@ -138,15 +141,34 @@ def broken_release(v2: Release, work: Path) -> Path:
                     extracted = tar.extractfile(member) if member.isfile() else None
                     if extracted is not None:
                         files[member.name] = extracted.read()
+    return files
+
+
+def derived_release(
+    v2: Release, work: Path, version: str, *, initramfs: bytes | None = None, installer: bytes | None = None
+) -> Path:
+    """Release 2 as `version`, with its initramfs or its installer replaced."""
+    files = release_files(v2)
     release = json.loads(files["usr/share/kiln/release.json"])
     work.mkdir(parents=True, exist_ok=True)
-    for name, data in (("vmlinuz", files["usr/share/kiln/vmlinuz"]), ("initramfs.zst", b"not an initramfs\n" * 64)):
-        (work / name).write_bytes(data)
-    (work / "installer").write_bytes(files["usr/bin/installer"])
+    (work / "vmlinuz").write_bytes(files["usr/share/kiln/vmlinuz"])
+    (work / "initramfs.zst").write_bytes(initramfs if initramfs is not None else files["usr/share/kiln/initramfs.zst"])
+    (work / "installer").write_bytes(installer if installer is not None else files["usr/bin/installer"])
     (work / "disk.raw").write_bytes(b"\0" * 4096)  # a fresh install is not what this release is for
-    assets = BootAssets.make(work / "vmlinuz", work / "initramfs.zst", release["cmdline"], V3, 1704067200)
-    layout, _ = build_installer(assets, work / "disk.raw", work / "installer", work / "out", "broken")
+    assets = BootAssets.make(work / "vmlinuz", work / "initramfs.zst", release["cmdline"], version, 1704067200)
+    layout, _ = build_installer(assets, work / "disk.raw", work / "installer", work / "out", "derived")
     return layout
+
+
+def broken_release(v2: Release, work: Path) -> Path:
+    """Version 3: version 2's kernel with an initramfs no kernel can unpack (it panics, panic=1 reboots)."""
+    return derived_release(v2, work, V3, initramfs=b"not an initramfs\n" * 64)
+
+
+def cut_installer_release(v2: Release, work: Path) -> Path:
+    """Version V_CUT: release 2 whose installer is its first 64 KiB (the ELF header says amd64, so
+    the release is built and pulled as any other; exec'd, it cannot run)."""
+    return derived_release(v2, work, V_CUT, installer=release_files(v2)["usr/bin/installer"][: 64 << 10])
 
 
 def push(layout: Path, registry: str, channel: str) -> None:
@@ -453,6 +475,21 @@ def test_upgrade_rollback_and_refusals_under_bios(world: World) -> None:
     assert status["version"] == V1 and session.thread.is_alive()
     services_now = status["services"]
     assert isinstance(services_now, list) and all(x["state"] != "stopped" for x in services_now), services_now
+    # an installer that cannot run fails once the services are stopped and the disk released:
+    # the controllers mount /var and STATE again and start the services again, on version 1
+    push(cut_installer_release(world.v2, world.work / "cut"), world.registry, "beta")
+    status = session.upgrade(world.pki, {"image": f"{world.guest_registry}/{REPO}:{V_CUT}"})
+    upgrade = status["upgrade"]
+    assert isinstance(upgrade, dict) and upgrade["state"] == "failed" and "installer" in str(upgrade["error"]), upgrade
+    session.wait_for("machined: services: started again", timeout=60)
+    said = session.log.read_text(errors="replace")
+    stopped = said.index("services: stopping them all, as an upgrade installing slot B")
+    mounted = said.index("disk: /var and STATE are mounted again")
+    assert stopped < mounted < said.index("services: started again") and "disk: mounting" not in said, said[stopped:]
+    status = session.status(world.pki)
+    services_now = status["services"]
+    assert isinstance(services_now, list) and all(x["state"] != "stopped" for x in services_now), services_now
+    assert status["version"] == V1 and Disk(disk).state()["kiln_default"] == "A"
     session.upgrade(world.pki, {"image": f"{world.guest_registry}/{REPO}:{V2}"})
     assert session.end().exit_code == 0, "the upgrade did not end in a reboot"
     assert "upgrade: slot B holds 0.2.0 and is on trial; rebooting" in session.log.read_text(errors="replace")

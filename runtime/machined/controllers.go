@@ -87,7 +87,7 @@ func (m *machine) startControllers(net networkApplier) {
 	rt := resource.NewRuntime(m.resources, m.con.printf)
 	owners := map[resource.Type]string{
 		configAppliedType: appliedOwner, readyType: readyOwner, stageType: stageOwner, upgradeType: upgradeOwner,
-		upgradeAskType: upgradeAskOwner,
+		upgradeAskType: upgradeAskOwner, rollbackAskType: rollbackAskOwner,
 	}
 	for t, owner := range owners {
 		if err := m.resources.Claim(t, owner); err != nil {
@@ -115,7 +115,7 @@ func (m *machine) startControllers(net networkApplier) {
 		&apiController{serve: m.openAPI, publish: m.setRunningAPI, say: m.con.printf},
 		&healthController{judge: m.judgeHealth, interval: m.healthInterval},
 		&trialController{gate: m.trialGateAt, good: m.markTrialGood, fail: m.failTrial},
-		&upgradeController{run: m.runUpgrade},
+		&upgradeController{run: m.runUpgrade}, &rollbackController{run: m.rollBack},
 	}
 	for _, c := range append(append(owning, m.observers()...), m.liveControllers()...) {
 		if err := rt.Register(c); err != nil {
@@ -164,7 +164,7 @@ type apiResource struct {
 // resourceTypes are the types the machine has, in the order GET /v1/resources lists them.
 var resourceTypes = []resource.Type{
 	machineConfigType, configSourceType, installConfigType, keptConfigType, configAppliedType, networkStatusType, linkType, addressType, serviceSetType, serviceType, bootType, timeType,
-	volumeType, extensionType, extensionServicesType, platType, apiStatusType, upgradeAskType, upgradeType, healthType, stageType, readyType,
+	volumeType, extensionType, extensionServicesType, platType, apiStatusType, upgradeAskType, upgradeType, rollbackAskType, rollbackType, healthType, stageType, readyType,
 }
 
 // typeAliases are the short names `kiln node get` takes for the types (as talosctl get does).
@@ -173,7 +173,7 @@ var typeAliases = map[string]resource.Type{
 	"kept-config": keptConfigType, "applied-config": configAppliedType, "links": linkType, "addresses": addressType,
 	"services": serviceType, "service-set": serviceSetType, "bootstate": bootType, "time": timeType, "volumes": volumeType,
 	"extensions": extensionType, "extension-services": extensionServicesType, "platform": platType, "api": apiStatusType,
-	"upgrade": upgradeType, "upgrade-request": upgradeAskType, "health": healthType, "ready": readyType, "stage": stageType,
+	"upgrade": upgradeType, "upgrade-request": upgradeAskType, "rollback-request": rollbackAskType, "rollback": rollbackType, "health": healthType, "ready": readyType, "stage": stageType,
 }
 
 // canonicalType is the type an API request names, by its full name or its alias.

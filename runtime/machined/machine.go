@@ -41,6 +41,7 @@ type machine struct {
 	shutdownOnce  sync.Once
 	slots         *slots        // the A/B boot state; empty when the boot came from no A/B disk
 	upgrades      upgrader      // the upgrade under way or the last one that failed
+	rollbacks     rollbackAsks  // the rollbacks the API asked for (rollback.go)
 	isReady       chan struct{} // closed once the machine is ready
 	readyAt       time.Time     // when it was; set before isReady is closed
 	clock         *ntp.Syncer   // nil when time sync is off
@@ -453,10 +454,10 @@ func (m *machine) timeStatus() interface{} {
 	return clock.Status()
 }
 
-// Rollback puts the other slot on trial; the API reboots once the reply is sent. It waits for
-// no upgrade: while one is under way (or done and rebooting) it is refused, since both write
+// rollBack puts the other slot on trial (the rollback controller runs it, rollback.go). It waits
+// for no upgrade: while one is under way (or done and rebooting) it is refused, since both write
 // the boot state, and the upgrade's check of the default slot runs under the same lock.
-func (m *machine) Rollback() (string, error) {
+func (m *machine) rollBack() (string, error) {
 	m.upgrades.mu.Lock()
 	defer m.upgrades.mu.Unlock()
 	if s := m.upgrades.status; s != nil && s.State != upgradeFailed {

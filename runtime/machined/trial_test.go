@@ -63,11 +63,11 @@ func TestRollbackWaitsForNoUpgrade(t *testing.T) {
 	st := bootstate.State{Default: "B", Versions: map[string]string{"A": "1", "B": "2"}}
 	m := &machine{con: quietConsole(), slots: &slots{slot: "B", state: st, booted: "default", err: "BOOT not mounted in this test"}}
 	m.upgrades.status = &upgradeStatus{State: upgradePulling}
-	if _, err := m.Rollback(); err == nil || !strings.Contains(err.Error(), "an upgrade is pulling") {
+	if _, err := m.rollBack(); err == nil || !strings.Contains(err.Error(), "an upgrade is pulling") {
 		t.Fatalf("rollback during an upgrade: %v", err)
 	}
 	m.upgrades.status = &upgradeStatus{State: upgradeFailed}
-	if _, err := m.Rollback(); err == nil || !strings.Contains(err.Error(), "cannot be read") {
+	if _, err := m.rollBack(); err == nil || !strings.Contains(err.Error(), "cannot be read") {
 		t.Fatalf("rollback after a failed upgrade reaches the slots: %v", err)
 	}
 }

@@ -216,13 +216,13 @@ func (m *machine) startServices() serviceSetSpec {
 		return ok && set.State != setWaiting
 	}
 	res, ok := m.awaitFor(serviceSetType, serviceSetID, servicesWait, started)
-	if !ok {
-		res, _ = m.resources.Get(serviceSetType, serviceSetID)
+	if ok {
+		set, _ := resource.SpecOf[serviceSetSpec](res)
+		return set
 	}
+	res, _ = m.resources.Get(serviceSetType, serviceSetID)
 	set, _ := resource.SpecOf[serviceSetSpec](res)
-	if !ok {
-		m.con.printf("services: not started within %s (waiting for %s); going on", servicesWait, set.Reason)
-	}
+	m.con.printf("services: not started within %s (waiting for %s); going on", servicesWait, set.Reason)
 	return set
 }
 

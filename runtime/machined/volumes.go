@@ -133,13 +133,13 @@ func (m *machine) setupVolumes(install installSpec) volumeSpec {
 		v.Disk = owned
 		state, ephemeral, err := disk.Prepare(owned, install.Filesystem, m.con.printf)
 		if err == nil {
-			err = mountFS(ephemeral, "/var", syscall.MS_NOSUID|syscall.MS_NODEV)
+			err = mountFS(ephemeral, "/var", varFlags)
 		}
 		if err != nil {
 			m.con.printf("disk: %v; /var is a tmpfs", err)
 		} else {
 			v.Var = ephemeral
-			if err := mountFS(state, stateMount, syscall.MS_NOSUID|syscall.MS_NODEV|syscall.MS_NOEXEC); err != nil {
+			if err := mountFS(state, stateMount, stateFlags); err != nil {
 				m.con.printf("disk: STATE: %v", err)
 			} else {
 				v.State = state
@@ -149,7 +149,7 @@ func (m *machine) setupVolumes(install installSpec) volumeSpec {
 		m.con.printf("disk: none (%s); /var is a tmpfs", why)
 	}
 	if v.Var == "" {
-		if err := syscall.Mount("tmpfs", "/var", "tmpfs", syscall.MS_NOSUID|syscall.MS_NODEV, "mode=0755"); err != nil {
+		if err := syscall.Mount("tmpfs", "/var", "tmpfs", varFlags, "mode=0755"); err != nil {
 			m.con.printf("tmpfs /var: %v", err)
 		}
 		v.Var = "tmpfs"
@@ -158,19 +158,40 @@ func (m *machine) setupVolumes(install installSpec) volumeSpec {
 	return v
 }
 
+// How /var (EPHEMERAL, or a tmpfs) and STATE are mounted.
+const (
+	varFlags   = syscall.MS_NOSUID | syscall.MS_NODEV
+	stateFlags = syscall.MS_NOSUID | syscall.MS_NODEV | syscall.MS_NOEXEC
+)
+
+// diskMount is one filesystem on the owned disk that the machine mounts.
+type diskMount struct {
+	path, source string
+	flags        uintptr
+}
+
+// diskMounts are /var and STATE as v has them, those on the disk only (not a tmpfs /var, nor a
+// STATE that is not mounted): what an installer needs unmounted, and what comes back after.
+func diskMounts(v volumeSpec) []diskMount {
+	var out []diskMount
+	for _, d := range []diskMount{{"/var", v.Var, varFlags}, {stateMount, v.State, stateFlags}} {
+		if d.source != "" && d.source != "tmpfs" {
+			out = append(out, d)
+		}
+	}
+	return out
+}
+
 // releaseVolumes unmounts /var (unless it is a tmpfs, which is not on the disk) and STATE, so
 // nothing on the owned disk is in use while an installer writes it.
 func releaseVolumes(v volumeSpec) error {
 	syscall.Sync()
-	for _, target := range []struct{ path, source string }{{"/var", v.Var}, {stateMount, v.State}} {
-		if target.source == "" || target.source == "tmpfs" {
+	for _, d := range diskMounts(v) {
+		if _, ok := mountedAt(readMounts(), d.path); !ok {
 			continue
 		}
-		if _, ok := mountedAt(readMounts(), target.path); !ok {
-			continue
-		}
-		if err := syscall.Unmount(target.path, 0); err != nil {
-			return fmt.Errorf("unmount %s: %v (something still uses it)", target.path, err)
+		if err := syscall.Unmount(d.path, 0); err != nil {
+			return fmt.Errorf("unmount %s: %v (something still uses it)", d.path, err)
 		}
 	}
 	return nil
@@ -178,21 +199,12 @@ func releaseVolumes(v volumeSpec) error {
 
 // remountVolumes mounts again what releaseVolumes unmounted, and what /var must hold.
 func (m *machine) remountVolumes(v volumeSpec) {
-	for _, target := range []struct {
-		path, source string
-		flags        uintptr
-	}{
-		{"/var", v.Var, syscall.MS_NOSUID | syscall.MS_NODEV},
-		{stateMount, v.State, syscall.MS_NOSUID | syscall.MS_NODEV | syscall.MS_NOEXEC},
-	} {
-		if target.source == "" || target.source == "tmpfs" {
+	for _, d := range diskMounts(v) {
+		if _, ok := mountedAt(readMounts(), d.path); ok {
 			continue
 		}
-		if _, ok := mountedAt(readMounts(), target.path); ok {
-			continue
-		}
-		if err := mountFS(target.source, target.path, target.flags); err != nil {
-			m.con.printf("disk: mounting %s again: %v", target.path, err)
+		if err := mountFS(d.source, d.path, d.flags); err != nil {
+			m.con.printf("disk: mounting %s again: %v", d.path, err)
 		}
 	}
 	populateVar()

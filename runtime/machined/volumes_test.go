@@ -222,3 +222,19 @@ func TestTheDiskIsReleasedToAnUpgradeOnlyOnceTheServicesAreStopped(t *testing.T)
 		t.Fatalf("a part-released disk is mounted again: %d", remounts)
 	}
 }
+
+// What an installer gets released is on the disk only: a tmpfs /var, or a STATE that is not
+// mounted, is neither unmounted nor mounted again; each comes back with the flags setup used.
+func TestDiskMountsAreTheOwnedDisksOnly(t *testing.T) {
+	both := diskMounts(volumeSpec{Var: "/dev/vda6", State: "/dev/vda5"})
+	want := []diskMount{{"/var", "/dev/vda6", varFlags}, {stateMount, "/dev/vda5", stateFlags}}
+	if !reflect.DeepEqual(both, want) {
+		t.Fatalf("EPHEMERAL and STATE: %+v", both)
+	}
+	if got := diskMounts(volumeSpec{Var: "tmpfs", State: "/dev/vda5"}); len(got) != 1 || got[0].path != stateMount {
+		t.Fatalf("a tmpfs /var: %+v", got)
+	}
+	if got := diskMounts(volumeSpec{Var: "/dev/vda6"}); len(got) != 1 || got[0].path != "/var" {
+		t.Fatalf("no STATE: %+v", got)
+	}
+}
